@@ -1,0 +1,505 @@
+"""Llama-family decoder: model args, presets, HF ``config.json`` loading.
+
+Shape legend (suffixes on tensor names, as in ``x_BTD``):
+
+    B  batch (micro-batch rows)
+    T  tokens per row (sequence length)
+    D  model dim (hidden_size)
+    H  attention heads
+    K  key/value heads (grouped-query attention: K divides H)
+    d  head dim (D // H)
+    F  FFN dim (intermediate_size)
+    V  vocab size
+    P  positions in the RoPE table (max_position_embeddings)
+    N  flattened positions (B * (T - 1) in the loss)
+
+The fused ops (RMSNorm, SwiGLU, RoPE, LM-head + cross-entropy) go through an
+:class:`~workbench.ops.OpSet`, so a Triton backend replaces one op at a time.
+
+Packed records: a row may hold several documents whose ``position_ids`` restart
+at 0 at each document start. Positions drive RoPE only; attention stays plainly
+causal over the whole row (a document may attend to the documents packed
+before it), as in most pretraining loops. Which positions count in the loss is
+the data pipeline's ``loss_mask``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from workbench.ops import OpSet, resolve
+
+__all__ = [
+    "GR00T_N1_6",
+    "Llama",
+    "ModelArgs",
+    "PRESETS",
+    "TINY",
+    "causal_attention",
+    "get_preset",
+    "num_params",
+    "rope_cos_sin",
+]
+
+
+# ---------------------------------------------------------------------------
+# Model args
+# ---------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class ModelArgs:
+    """Architecture of a Llama-family decoder (names as in HF ``config.json``)."""
+
+    hidden_size: int
+    """Model dim D."""
+    intermediate_size: int
+    """FFN dim F of the SwiGLU MLP."""
+    num_attention_heads: int
+    """Query heads H; must divide hidden_size."""
+    num_key_value_heads: int
+    """Key/value heads K; must divide num_attention_heads (K < H is GQA)."""
+    num_hidden_layers: int
+    """Decoder blocks."""
+    vocab_size: int
+    """Vocabulary size V."""
+    max_position_embeddings: int
+    """Rows of the RoPE table: position ids must be below this."""
+    rms_norm_eps: float = 1e-5
+    """Epsilon inside RMSNorm's square root."""
+    rope_theta: float = 10000.0
+    """RoPE base frequency."""
+    tie_word_embeddings: bool = False
+    """LM head shares the token-embedding matrix."""
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "num_hidden_layers",
+            "vocab_size",
+            "max_position_embeddings",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"num_attention_heads={self.num_attention_heads} must divide "
+                f"hidden_size={self.hidden_size}"
+            )
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(
+                f"num_key_value_heads={self.num_key_value_heads} must divide "
+                f"num_attention_heads={self.num_attention_heads}"
+            )
+        if self.head_dim % 2:
+            raise ValueError(
+                f"hidden_size / num_attention_heads = {self.head_dim} must be even for RoPE "
+                f"(hidden_size={self.hidden_size}, num_attention_heads={self.num_attention_heads})"
+            )
+        if not self.rms_norm_eps > 0:
+            raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
+        if not self.rope_theta > 0:
+            raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(
+                f"tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        """Head dim d = hidden_size // num_attention_heads."""
+        return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_hf_config(cls, path_or_dict: str | os.PathLike | Mapping[str, Any]) -> ModelArgs:
+        """Read an HF-format Llama ``config.json`` (a file, its folder, or a dict).
+
+        Keys that do not shape the model (``architectures``, ``torch_dtype``,
+        ``bos_token_id``, ...) are ignored. ``num_key_value_heads`` defaults to
+        ``num_attention_heads``; ``head_dim``, if present, must equal
+        hidden_size / num_attention_heads. Keys that would need a different
+        architecture (biases, another activation) are rejected; ``rope_scaling``
+        is ignored with a warning (it changes numerics, not shapes or FLOPs).
+        Errors name the file and the key.
+        """
+        if isinstance(path_or_dict, Mapping):
+            cfg, source = dict(path_or_dict), "<config dict>"
+        else:
+            path = Path(path_or_dict)
+            if path.is_dir():
+                path = path / "config.json"
+            source = str(path)
+            try:
+                cfg = json.loads(path.read_text())
+            except FileNotFoundError:
+                raise FileNotFoundError(f"{source}: HF config.json not found") from None
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{source}: not valid JSON: {e}") from e
+            if not isinstance(cfg, dict):
+                raise ValueError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
+
+        required = (
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_hidden_layers",
+            "vocab_size",
+            "max_position_embeddings",
+        )
+        for key in required:
+            if key not in cfg:
+                raise ValueError(f"{source}: missing required key {key!r}")
+        kwargs = {key: cfg[key] for key in required}
+        kv_heads = cfg.get("num_key_value_heads")
+        kwargs["num_key_value_heads"] = cfg["num_attention_heads"] if kv_heads is None else kv_heads
+        for key in ("rms_norm_eps", "rope_theta", "tie_word_embeddings"):
+            if cfg.get(key) is not None:
+                kwargs[key] = cfg[key]
+
+        if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
+            raise ValueError(
+                f"{source}: hidden_act={cfg['hidden_act']!r} is not supported; allowed: 'silu'"
+            )
+        for key in ("attention_bias", "mlp_bias"):
+            if cfg.get(key):
+                raise ValueError(f"{source}: {key}={cfg[key]!r} is not supported; allowed: false")
+        if cfg.get("rope_scaling") is not None:
+            warnings.warn(
+                f"{source}: rope_scaling={cfg['rope_scaling']!r} is ignored (plain RoPE is used; "
+                "shapes and FLOPs are unchanged, numerics differ from the checkpoint)",
+                stacklevel=2,
+            )
+        try:
+            args = cls(**kwargs)
+        except ValueError as e:
+            raise ValueError(f"{source}: {e}") from e
+        head_dim = cfg.get("head_dim")
+        if head_dim is not None and head_dim != args.head_dim:
+            raise ValueError(
+                f"{source}: head_dim={head_dim!r} must equal hidden_size / num_attention_heads "
+                f"= {args.head_dim}"
+            )
+        return args
+
+
+# ---------------------------------------------------------------------------
+# Presets
+# ---------------------------------------------------------------------------
+
+TINY = ModelArgs(
+    hidden_size=128,
+    intermediate_size=384,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    num_hidden_layers=4,
+    vocab_size=4096,
+    max_position_embeddings=1024,
+    tie_word_embeddings=True,
+)
+"""CPU preset: 1,311,872 parameters (524,288 of them the tied 4096 x 128
+embedding), GQA with 2 kv heads for 4 query heads. The vocabulary is small on
+purpose: with 32,000 ids the LM head was 25 of the step's 31 GFLOP and a step
+took ~0.39 s on 2 CPU cores; with 4,096 the step is a few times cheaper, so the
+preset trains at several steps per second (the synthetic corpus follows the
+model's vocabulary)."""
+
+GR00T_N1_6 = ModelArgs(
+    hidden_size=2048,
+    intermediate_size=5632,
+    num_attention_heads=32,
+    num_key_value_heads=32,
+    num_hidden_layers=28,
+    vocab_size=50257,
+    max_position_embeddings=2048,
+    tie_word_embeddings=False,
+)
+"""The study's target model, ~1.6B parameters.
+
+The seed gave both "12 layers" and "1.6B parameters"; with hidden 2048, FFN
+5632, vocab 50257 and untied embeddings these disagree: 12 layers give
+822,466,560 parameters. 28 layers give 1,644,615,680 (51,384,320 per block,
+2 x 102,926,336 for the embedding and the LM head, 2,048 for the final norm),
+so the preset keeps the parameter count and uses 28 layers."""
+
+PRESETS: dict[str, ModelArgs] = {"tiny": TINY, "gr00t-n1.6": GR00T_N1_6}
+"""Preset name -> model args; use :func:`get_preset` for a private copy."""
+
+
+def get_preset(name: str) -> ModelArgs:
+    """A copy of preset ``name``; the error lists the preset names."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model preset {name!r}; presets: {sorted(PRESETS)}")
+    return replace(PRESETS[name])
+
+
+# ---------------------------------------------------------------------------
+# Parameter count
+# ---------------------------------------------------------------------------
+
+
+def num_params(model_or_args: nn.Module | ModelArgs, exclude_embedding: bool = False) -> int:
+    """Parameters of a model, or of the model ``ModelArgs`` would build (no allocation).
+
+    A tied LM head is counted once. ``exclude_embedding`` drops the input
+    token-embedding table (V x D); an untied LM head stays (it is a matmul),
+    while a tied one goes with the table it shares.
+    """
+    if isinstance(model_or_args, ModelArgs):
+        a = model_or_args
+        D, F_, L, V, d = a.hidden_size, a.intermediate_size, a.num_hidden_layers, a.vocab_size, a.head_dim
+        H, K = a.num_attention_heads, a.num_key_value_heads
+        attn = D * H * d + 2 * D * K * d + H * d * D  # q, k, v, o
+        mlp = 3 * D * F_  # gate, up, down
+        norms = 2 * D
+        total = V * D + L * (attn + mlp + norms) + D + (0 if a.tie_word_embeddings else V * D)
+        return total - V * D if exclude_embedding else total
+    total = sum(p.numel() for p in model_or_args.parameters())  # parameters() dedups tied weights
+    if exclude_embedding:
+        total -= model_or_args.embed_tokens.weight.numel()
+    return total
+
+
+# ---------------------------------------------------------------------------
+# Modules
+# ---------------------------------------------------------------------------
+
+
+def rope_cos_sin(
+    head_dim: int,
+    positions: int | torch.Tensor,
+    theta: float,
+    device: torch.device | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE tables ``cos_Pd, sin_Pd`` (float32) in HF Llama's ``cat(freqs, freqs)`` layout.
+
+    ``positions`` is a count P (positions 0..P-1) or a 1-D tensor of positions.
+    Angles are computed in float64, then rounded to float32.
+    """
+    if isinstance(positions, int):
+        positions = torch.arange(positions, device=device)
+    pos_P = positions.to(device=device, dtype=torch.float64)
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+    freqs_Pd2 = torch.outer(pos_P, inv_freq)
+    emb_Pd = torch.cat((freqs_Pd2, freqs_Pd2), dim=-1)
+    return emb_Pd.cos().float(), emb_Pd.sin().float()
+
+
+class RotaryCache(nn.Module):
+    """cos/sin tables for positions 0..P-1, gathered by position id.
+
+    Non-persistent float32 buffers, computed once. ``model.to(torch.bfloat16)``
+    would round them; instead ``_apply`` rebuilds them in float32 on the new
+    device after any move or cast.
+    """
+
+    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.max_positions, self.theta = head_dim, max_positions, theta
+        cos_Pd, sin_Pd = rope_cos_sin(head_dim, max_positions, theta)
+        self.register_buffer("cos_Pd", cos_Pd, persistent=False)
+        self.register_buffer("sin_Pd", sin_Pd, persistent=False)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001 (torch's signature)
+        super()._apply(fn, recurse)
+        self.cos_Pd, self.sin_Pd = rope_cos_sin(
+            self.head_dim, self.max_positions, self.theta, device=self.cos_Pd.device
+        )
+        return self
+
+    def forward(self, position_ids_BT: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # Out-of-range ids raise on CPU and trip a device assert on GPU; no host check here
+        # because that would be a CPU-GPU sync point inside the step.
+        return self.cos_Pd[position_ids_BT], self.sin_Pd[position_ids_BT]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm with a learned scale; the math is ``ops.rmsnorm``."""
+
+    def __init__(self, dim: int, eps: float, ops: OpSet) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+        self.ops = ops
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.ops.rmsnorm(x_BTD, self.weight, self.eps)
+
+
+# enable_gqa arrived in torch 2.5; before it, kv heads are repeated explicitly.
+_SDPA_HAS_GQA = torch.__version__ >= "2.5"
+
+
+def causal_attention(
+    q_BHTd: torch.Tensor, k_BKTd: torch.Tensor, v_BKTd: torch.Tensor
+) -> torch.Tensor:
+    """Causal scaled-dot-product attention with grouped-query heads -> ``o_BHTd``.
+
+    Query head h reads kv head ``h // (H // K)`` (HF's ``repeat_kv`` layout).
+    """
+    H, K = q_BHTd.shape[1], k_BKTd.shape[1]
+    if H == K:
+        return F.scaled_dot_product_attention(q_BHTd, k_BKTd, v_BKTd, is_causal=True)
+    if _SDPA_HAS_GQA:
+        return F.scaled_dot_product_attention(
+            q_BHTd, k_BKTd, v_BKTd, is_causal=True, enable_gqa=True
+        )
+    k_BHTd = k_BKTd.repeat_interleave(H // K, dim=1)
+    v_BHTd = v_BKTd.repeat_interleave(H // K, dim=1)
+    return F.scaled_dot_product_attention(q_BHTd, k_BHTd, v_BHTd, is_causal=True)
+
+
+class Attention(nn.Module):
+    """Grouped-query self-attention with RoPE; projections without bias."""
+
+    def __init__(self, args: ModelArgs, ops: OpSet) -> None:
+        super().__init__()
+        D, H, K, d = args.hidden_size, args.num_attention_heads, args.num_key_value_heads, args.head_dim
+        self.n_heads, self.n_kv_heads, self.head_dim = H, K, d
+        self.q_proj = nn.Linear(D, H * d, bias=False)
+        self.k_proj = nn.Linear(D, K * d, bias=False)
+        self.v_proj = nn.Linear(D, K * d, bias=False)
+        self.o_proj = nn.Linear(H * d, D, bias=False)
+        self.ops = ops
+
+    def forward(self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
+        B, T, _ = x_BTD.shape
+        H, K, d = self.n_heads, self.n_kv_heads, self.head_dim
+        q_BHTd = self.q_proj(x_BTD).view(B, T, H, d).transpose(1, 2)
+        k_BKTd = self.k_proj(x_BTD).view(B, T, K, d).transpose(1, 2)
+        v_BKTd = self.v_proj(x_BTD).view(B, T, K, d).transpose(1, 2)
+        q_BHTd, k_BKTd = self.ops.rope(q_BHTd, k_BKTd, cos_BTd, sin_BTd)
+        o_BHTd = causal_attention(q_BHTd, k_BKTd, v_BKTd)
+        return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: ``down(swiglu(gate(x), up(x)))``; no bias."""
+
+    def __init__(self, args: ModelArgs, ops: OpSet) -> None:
+        super().__init__()
+        D, F_ = args.hidden_size, args.intermediate_size
+        self.gate_proj = nn.Linear(D, F_, bias=False)
+        self.up_proj = nn.Linear(D, F_, bias=False)
+        self.down_proj = nn.Linear(F_, D, bias=False)
+        self.ops = ops
+
+    def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.ops.swiglu(self.gate_proj(x_BTD), self.up_proj(x_BTD)))
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, args: ModelArgs, ops: OpSet) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
+        self.self_attn = Attention(args, ops)
+        self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
+        self.mlp = MLP(args, ops)
+
+    def forward(self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
+        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos_BTd, sin_BTd)
+        return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+
+
+class Llama(nn.Module):
+    """Llama-family decoder. Submodule names follow HF's ``LlamaModel`` (minus
+    the ``model.`` prefix): ``embed_tokens``, ``layers.<i>.self_attn.q_proj``, ...,
+    ``norm``, ``lm_head`` (``None`` when tied to ``embed_tokens``)."""
+
+    def __init__(self, args: ModelArgs, ops: OpSet | None = None) -> None:
+        super().__init__()
+        self.args = args
+        self.ops = ops if ops is not None else resolve()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = nn.ModuleList(Block(args, self.ops) for _ in range(args.num_hidden_layers))
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps, self.ops)
+        self.lm_head = (
+            None
+            if args.tie_word_embeddings
+            else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        )
+        self.rotary = RotaryCache(args.head_dim, args.max_position_embeddings, args.rope_theta)
+        self.init_weights()
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        """The LM head's ``weight_VD`` (the embedding matrix when tied)."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def set_ops(self, ops: OpSet) -> None:
+        """Switch every submodule to ``ops`` (e.g. after ``import kernels``)."""
+        for module in self.modules():
+            if hasattr(module, "ops"):
+                module.ops = ops
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """GPT-2/Llama init: normal(0, 0.02); the projections that write into the
+        residual stream (``o_proj``, ``down_proj``) use 0.02 / sqrt(2 * layers) so
+        the residual's variance does not grow with depth; RMSNorm scales are 1.
+        Deterministic under ``torch.manual_seed``."""
+        std = 0.02
+        resid_std = std / math.sqrt(2 * self.args.num_hidden_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, nn.Linear):
+                is_resid = name.endswith(("o_proj", "down_proj"))
+                nn.init.normal_(module.weight, mean=0.0, std=resid_std if is_resid else std)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def forward(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states ``h_BTD``. ``position_ids_BT`` restart at 0 at
+        each packed document and must be below ``max_position_embeddings``."""
+        if input_ids_BT.shape != position_ids_BT.shape:
+            raise ValueError(
+                f"input_ids {tuple(input_ids_BT.shape)} and position_ids "
+                f"{tuple(position_ids_BT.shape)} must have the same (B, T) shape"
+            )
+        cos_BTd, sin_BTd = self.rotary(position_ids_BT)
+        x_BTD = self.embed_tokens(input_ids_BT)
+        for layer in self.layers:
+            x_BTD = layer(x_BTD, cos_BTd, sin_BTd)
+        return self.norm(x_BTD)
+
+    def logits(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor) -> torch.Tensor:
+        """``logits_BTV`` (materialised; for tests and evaluation, not the training loss)."""
+        return F.linear(self(input_ids_BT, position_ids_BT), self.lm_head_weight)
+
+    def loss(
+        self,
+        input_ids_BT: torch.Tensor,
+        position_ids_BT: torch.Tensor,
+        loss_mask_BT: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next-token loss ``(loss_sum, n_tokens)`` through ``ops.loss``.
+
+        The hidden state at t predicts token t+1 and counts where
+        ``loss_mask_BT[:, t+1]`` is true, so ``n_tokens == loss_mask_BT[:, 1:].sum()``.
+        The caller divides the summed ``loss_sum`` by the summed ``n_tokens``
+        over micro-batches to average over real tokens.
+        """
+        h_BTD = self(input_ids_BT, position_ids_BT)
+        D = h_BTD.shape[-1]
+        h_ND = h_BTD[:, :-1].reshape(-1, D)
+        labels_N = input_ids_BT[:, 1:].reshape(-1)
+        mask_N = loss_mask_BT[:, 1:].reshape(-1)
+        return self.ops.loss(h_ND, self.lm_head_weight, labels_N, mask_N)
+

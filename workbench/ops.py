@@ -1,0 +1,185 @@
+"""The one switch point for fused ops: op name -> backend name -> callable.
+
+The model never calls a fused op directly; it calls the callables of an
+:class:`OpSet` built by :func:`resolve` from a mapping such as
+``{"rmsnorm": "triton", "loss": "torch"}``. Ops left out of the mapping use the
+``"torch"`` reference backend defined here.
+
+This module registers only the ``"torch"`` backends. Importing ``kernels``
+registers the ``"triton"`` backends (each kernel file calls :func:`register` on
+import), so a caller that wants them does ``import kernels`` before
+:func:`resolve`.
+
+Calling conventions every backend of an op must follow (shape legend: B batch,
+T tokens, D model dim, H heads, K kv heads, d head dim, N flattened positions,
+V vocab):
+
+- ``rmsnorm(x_BTD, weight_D, eps) -> y_BTD``: computed in float32, returned in
+  the dtype of ``x``.
+- ``swiglu(gate, up) -> silu(gate) * up`` (any shape, same dtype).
+- ``rope(q_BHTd, k_BKTd, cos_BTd, sin_BTd) -> (q_BHTd, k_BKTd)``: rotate-half
+  convention of HF Llama; ``cos``/``sin`` are already gathered by position id.
+- ``loss(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``:
+  cross-entropy of ``h @ weight.T`` summed over positions where ``mask`` is
+  true (0-d float32 tensor) and the number of those positions (0-d int64
+  tensor). Returning the sum and the count lets the caller average over real
+  tokens across micro-batches; neither is synced to the host here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "OPS",
+    "OP_NAMES",
+    "OpSet",
+    "linear_cross_entropy_torch",
+    "register",
+    "resolve",
+    "rms_norm_torch",
+    "rope_torch",
+    "swiglu_torch",
+]
+
+OP_NAMES: tuple[str, ...] = ("rmsnorm", "swiglu", "rope", "loss")
+"""The switchable ops, in the order of :class:`OpSet`'s fields."""
+
+
+# ---------------------------------------------------------------------------
+# Reference torch implementations
+# ---------------------------------------------------------------------------
+
+
+def rms_norm_torch(x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in float32, cast back to ``x``'s dtype."""
+    x_f = x_BTD.float()
+    inv_rms = torch.rsqrt(x_f.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return (x_f * inv_rms * weight_D.float()).to(x_BTD.dtype)
+
+
+def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU activation: ``silu(gate) * up``."""
+    return F.silu(gate) * up
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    # HF Llama convention: the head dim is split in two halves, not interleaved pairs.
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_torch(
+    q_BHTd: torch.Tensor,
+    k_BKTd: torch.Tensor,
+    cos_BTd: torch.Tensor,
+    sin_BTd: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary position embedding of q and k (rotate-half convention of HF Llama).
+
+    ``cos``/``sin`` hold ``cat(freqs, freqs)`` per position, already gathered by
+    position id (so packed documents whose positions restart are handled by the
+    caller). The rotation is computed in float32 and cast back to each input's
+    dtype.
+    """
+    cos_B1Td = cos_BTd.float().unsqueeze(1)  # broadcast over heads
+    sin_B1Td = sin_BTd.float().unsqueeze(1)
+    q_f, k_f = q_BHTd.float(), k_BKTd.float()
+    q_out = q_f * cos_B1Td + _rotate_half(q_f) * sin_B1Td
+    k_out = k_f * cos_B1Td + _rotate_half(k_f) * sin_B1Td
+    return q_out.to(q_BHTd.dtype), k_out.to(k_BKTd.dtype)
+
+
+_IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
+
+
+def linear_cross_entropy_torch(
+    h_ND: torch.Tensor,
+    weight_VD: torch.Tensor,
+    labels_N: torch.Tensor,
+    mask_N: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """LM-head matmul + cross-entropy, summed over unmasked positions.
+
+    ``logits = h @ weight.T`` in the compute dtype (that of ``h``, or autocast's),
+    cross-entropy in float32. Masked positions are ignored whatever their label
+    holds (a padding id outside the vocab is fine). This reference materialises
+    the N x V logits; a fused kernel registered for ``"loss"`` need not.
+
+    Returns ``(loss_sum, n_tokens)``: a 0-d float32 tensor and a 0-d int64 tensor.
+    """
+    mask_N = mask_N.bool()
+    logits_NV = F.linear(h_ND, weight_VD)
+    labels_N = labels_N.long().masked_fill(~mask_N, _IGNORE_INDEX)
+    loss_sum = F.cross_entropy(
+        logits_NV.float(), labels_N, ignore_index=_IGNORE_INDEX, reduction="sum"
+    )
+    return loss_sum, mask_N.sum()
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+
+OPS: dict[str, dict[str, Callable]] = {
+    "rmsnorm": {"torch": rms_norm_torch},
+    "swiglu": {"torch": swiglu_torch},
+    "rope": {"torch": rope_torch},
+    "loss": {"torch": linear_cross_entropy_torch},
+}
+"""op name -> backend name -> callable. Extend it with :func:`register`."""
+
+
+def register(op: str, backend: str, fn: Callable) -> None:
+    """Register ``fn`` as ``backend`` for ``op``; registering again replaces it."""
+    if op not in OPS:
+        raise ValueError(f"unknown op {op!r}; ops: {sorted(OPS)}")
+    if not callable(fn):
+        raise TypeError(f"backend {backend!r} for op {op!r} is not callable: {fn!r}")
+    OPS[op][backend] = fn
+
+
+@dataclass(frozen=True)
+class OpSet:
+    """The callables the model uses for each switchable op."""
+
+    rmsnorm: Callable = rms_norm_torch
+    """``(x_BTD, weight_D, eps) -> y_BTD``"""
+    swiglu: Callable = swiglu_torch
+    """``(gate, up) -> silu(gate) * up``"""
+    rope: Callable = rope_torch
+    """``(q_BHTd, k_BKTd, cos_BTd, sin_BTd) -> (q_BHTd, k_BKTd)``"""
+    loss: Callable = linear_cross_entropy_torch
+    """``(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``"""
+    backends: Mapping[str, str] = field(
+        default_factory=lambda: {op: "torch" for op in OP_NAMES}, hash=False
+    )
+    """op name -> backend name chosen, to record with results."""
+
+
+def resolve(ops: Mapping[str, str] | None = None) -> OpSet:
+    """Build an :class:`OpSet` from ``{op: backend}``; unnamed ops use ``"torch"``.
+
+    Raises ``ValueError`` naming the op and its registered backends when a
+    backend is not registered (e.g. ``"triton"`` before ``import kernels``), or
+    naming the known ops when an op is unknown.
+    """
+    ops = dict(ops or {})
+    unknown = sorted(set(ops) - set(OP_NAMES))
+    if unknown:
+        raise ValueError(f"unknown op(s) {unknown}; ops: {list(OP_NAMES)}")
+    chosen = {op: ops.get(op, "torch") for op in OP_NAMES}
+    fns = {}
+    for op, backend in chosen.items():
+        available = OPS[op]
+        if backend not in available:
+            hint = " (import kernels to register the triton backends)" if backend == "triton" else ""
+            raise ValueError(
+                f"op {op!r} has no backend {backend!r}; available: {sorted(available)}{hint}"
+            )
+        fns[op] = available[backend]
+    return OpSet(**fns, backends=chosen)
