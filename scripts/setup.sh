@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Sets up .venv with the project and its test tools. Uses the CPU build of torch
+# where no NVIDIA GPU is present (a bare `torch` requirement would pull a
+# multi-GB CUDA build); where a GPU is present, the torch already installed (or
+# pip's default) is used. Idempotent: re-running only installs what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+. .venv/bin/activate
+python -m pip install -q --upgrade pip >/dev/null
+if ! python -c "import torch" 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    python -m pip install -q torch
+  else
+    python -m pip install -q torch==2.13.0  # the CPU build
+  fi
+fi
+python -m pip install -q -e ".[dev]"
+python -c "import torch, optuna, zstandard; print(f'setup ok: torch {torch.__version__}, optuna {optuna.__version__}, zstandard {zstandard.__version__}')"

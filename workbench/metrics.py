@@ -1,0 +1,178 @@
+"""Window metrics of a training run: throughput, MFU, phase shares, memory, loss.
+
+Names carry a namespace and a unit (``throughput/real_tokens_per_s_per_gpu``,
+``memory/max_reserved_gib``, ``time/forward_pct``...). Every window (``log_every``
+steps after the warm-up) becomes one JSON line in ``metrics.jsonl``; every step
+one row of the phase table ``phases.csv`` (seconds per phase, step time, tokens,
+bucket length, loss). Optionally the latest window is served to Prometheus
+under the orchestrator's names (``loongforge_throughput_tokens_per_sec``,
+``loongforge_io_read_latency_ms{quantile="0.5"}``...).
+
+MFU = achieved model FLOP/s / peak FLOP/s, where achieved = sum over steps of
+real tokens x ``flops_per_token(model, bucket length)`` (6 x parameters + 12 x
+layers x hidden x sequence length; padding tokens are not counted) divided by
+wall time, and the peak is dense bf16 from ``workbench.flops.PEAK_TFLOPS``
+keyed by GPU name, or ``hardware.peak_tflops`` from the config. On the CPU
+there is no peak and MFU is reported as null.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import resource
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.timing import PHASES
+
+__all__ = ["StepRecord", "MetricsWriter", "summarize_window", "memory_snapshot", "PrometheusExporter"]
+
+GIB = 1024 ** 3
+
+
+@dataclass
+class StepRecord:
+    """What the loop knows about one step without a device sync."""
+
+    step: int
+    real_tokens: int
+    padded_tokens: int
+    seq_len: int
+    flops: float
+    phases: dict[str, float] = field(default_factory=dict)
+    loss: float | None = None
+
+
+def memory_snapshot(device: torch.device) -> dict[str, float | None]:
+    """Peak allocated/reserved (GiB), fragmentation and allocator retries; host RSS on the CPU."""
+    if device.type == "cuda":
+        stats = torch.cuda.memory_stats(device)
+        alloc = stats.get("allocated_bytes.all.peak", 0) / GIB
+        reserved = stats.get("reserved_bytes.all.peak", 0) / GIB
+        cur_alloc = stats.get("allocated_bytes.all.current", 0) / GIB
+        cur_res = stats.get("reserved_bytes.all.current", 0) / GIB
+        return {
+            "memory/max_allocated_gib": round(alloc, 4),
+            "memory/max_reserved_gib": round(reserved, 4),
+            "memory/fragmentation_gib": round(cur_res - cur_alloc, 4),
+            "memory/alloc_retries": int(stats.get("num_alloc_retries", 0)),
+            "memory/device_total_gib": round(torch.cuda.get_device_properties(device).total_memory / GIB, 2),
+        }
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
+    return {"memory/max_allocated_gib": None, "memory/max_reserved_gib": None,
+            "memory/fragmentation_gib": None, "memory/alloc_retries": None,
+            "memory/max_rss_gib": round(rss, 4)}
+
+
+def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
+                     peak_tflops: float | None = None) -> dict[str, Any]:
+    """Aggregate a window of steps (already read back) into namespaced metrics."""
+    wall = sum(s.phases["step"] for s in steps)
+    real = sum(s.real_tokens for s in steps)
+    padded = sum(s.padded_tokens for s in steps)
+    flops = sum(s.flops for s in steps)
+    out: dict[str, Any] = {
+        "step": steps[-1].step,
+        "steps": len(steps),
+        "time/step_s": wall / len(steps),
+        "time/step_s_median": statistics.median(s.phases["step"] for s in steps),
+        "throughput/real_tokens_per_s_per_gpu": real / wall if wall else 0.0,
+        "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else 0.0,
+        "data/padding_ratio": 1 - real / padded if padded else 0.0,
+        "mfu_pct": (100 * flops / wall / (peak_tflops * 1e12)) if (peak_tflops and wall) else None,
+        "flops/achieved_tflops_per_gpu": flops / wall / 1e12 if wall else 0.0,
+    }
+    for p in PHASES:
+        t = sum(s.phases.get(p, 0.0) for s in steps)
+        out[f"time/{p}_s"] = t / len(steps)
+        out[f"time/{p}_pct"] = 100 * t / wall if wall else 0.0
+    losses = [s.loss for s in steps if s.loss is not None]
+    out["loss"] = losses[-1] if losses else None
+    out["loss/mean"] = sum(losses) / len(losses) if losses else None
+    out["world_size"] = world_size
+    return out
+
+
+class MetricsWriter:
+    """Appends window metrics to ``metrics.jsonl`` and step rows to ``phases.csv``."""
+
+    def __init__(self, out_dir: str | Path | None) -> None:
+        self.out_dir = Path(out_dir) if out_dir else None
+        self._csv_header = False
+        if self.out_dir:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self._jsonl = open(self.out_dir / "metrics.jsonl", "a")
+            self._csv = open(self.out_dir / "phases.csv", "a")
+            self._csv_header = self._csv.tell() > 0
+
+    def window(self, metrics: dict[str, Any]) -> None:
+        if self.out_dir:
+            self._jsonl.write(json.dumps(_finite(metrics)) + "\n")
+            self._jsonl.flush()
+
+    def steps(self, steps: list[StepRecord], *, measured: bool) -> None:
+        if not self.out_dir:
+            return
+        cols = ["step", "measured", "seq_len", "real_tokens", "padded_tokens", "loss", *PHASES, "step_s"]
+        if not self._csv_header:
+            self._csv.write(",".join(cols) + "\n")
+            self._csv_header = True
+        for s in steps:
+            vals = [s.step, int(measured), s.seq_len, s.real_tokens, s.padded_tokens,
+                    "" if s.loss is None else f"{s.loss:.6g}",
+                    *(f"{s.phases.get(p, 0.0):.6e}" for p in PHASES), f"{s.phases.get('step', 0.0):.6e}"]
+            self._csv.write(",".join(map(str, vals)) + "\n")
+        self._csv.flush()
+
+    def close(self) -> None:
+        if self.out_dir:
+            self._jsonl.close()
+            self._csv.close()
+
+
+def _finite(d: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN: write non-finite floats as strings so a reader sees them."""
+    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+
+
+class PrometheusExporter:
+    """Serves the latest window on ``port`` with the orchestrator's metric names."""
+
+    def __init__(self, port: int) -> None:
+        try:
+            import prometheus_client as pc
+        except ImportError as e:  # pragma: no cover
+            raise RuntimeError("metrics.prometheus_port is set but prometheus_client is not installed: "
+                               "pip install prometheus_client") from e
+        self.registry = pc.CollectorRegistry()
+        self.tput = pc.Gauge("loongforge_throughput_tokens_per_sec", "real tokens/s per GPU",
+                             registry=self.registry)
+        self.mfu = pc.Gauge("loongforge_mfu_percent", "model FLOPs utilisation, %", registry=self.registry)
+        self.phase = pc.Gauge("loongforge_phase_seconds", "seconds per step in each phase", ["phase"],
+                              registry=self.registry)
+        self.mem = pc.Gauge("loongforge_memory_reserved_gib", "peak reserved GiB", registry=self.registry)
+        self.lat = pc.Gauge("loongforge_io_read_latency_ms", "shard read latency, ms", ["quantile"],
+                            registry=self.registry)
+        self.loss = pc.Gauge("loongforge_loss", "training loss", registry=self.registry)
+        self.server, self.thread = pc.start_http_server(port, registry=self.registry)
+
+    def update(self, m: dict[str, Any]) -> None:
+        self.tput.set(m.get("throughput/real_tokens_per_s_per_gpu") or 0)
+        self.mfu.set(m.get("mfu_pct") or 0)
+        for p in PHASES:
+            self.phase.labels(p).set(m.get(f"time/{p}_s") or 0)
+        self.mem.set(m.get("memory/max_reserved_gib") or 0)
+        for q, key in (("0.5", "io/read_latency_ms_p50"), ("0.9", "io/read_latency_ms_p90"),
+                       ("0.99", "io/read_latency_ms_p99")):
+            if m.get(key) is not None:
+                self.lat.labels(q).set(m[key])
+        if m.get("loss") is not None and math.isfinite(m["loss"]):
+            self.loss.set(m["loss"])
+
+    def close(self) -> None:
+        self.server.shutdown()
