@@ -1,0 +1,296 @@
+"""Check a loongbin shard directory end to end (``python -m loaders.verify DIR``).
+
+Checks, in order, stopping at the first bad item:
+
+1. the directory opens as complete (``ShardSet``: manifest says complete,
+   index header, magic, version, columns, dictionaries and data files present,
+   no data file shorter than its frames);
+2. the manifest's checksums of the index and of every dictionary (xxh3-64);
+3. the index structure: buckets sorted with contiguous frame ranges, frames of
+   a bucket back to back from offset 0, each data file exactly as long as its
+   frames, records numbered contiguously, record offsets back to back inside
+   each frame, every record in the bucket its length rounds to, each frame's
+   decompressed size equal to its records' tokens;
+4. the manifest against the index (records, real tokens, buckets, padding,
+   compressed and raw bytes);
+5. every frame: read, xxh3 of the compressed bytes, zstd decompression with
+   the bucket's dictionary (zstd's content checksum included), decompressed
+   size, token ids < vocabulary size, position ids restarting at 0 at every
+   record and counting up by one, loss mask values 0/1.
+
+Prints the summary (buckets, records, real tokens, padding ratio, compression
+ratios) and ``OK``; ``--json`` prints the summary as JSON instead. On the
+first bad item, prints one line naming the file and the frame (or the index
+column / record / dictionary / manifest key) and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet, _file_xxh3, bucket_length
+
+__all__ = ["verify", "summary", "format_summary", "main"]
+
+# Frames whose index rows are checked per step (bounds verify's memory on huge directories).
+_FRAME_BLOCK = 1 << 16
+
+
+def _check_checksums(s: ShardSet) -> None:
+    sums = s.manifest.get("checksums")
+    if sums is None:
+        return  # written before checksums were recorded: the per-frame checks still run
+    idx = s.root / INDEX_NAME
+    if _file_xxh3(idx) != sums.get("index_xxh3"):
+        raise ShardFormatError(f"{idx}: checksum mismatch (xxh3-64 differs from {MANIFEST_NAME}): the index is "
+                               f"corrupt")
+    for d in sorted({int(x) for x in s.bucket_dict.tolist() if x >= 0}):
+        path = s.root / "dicts" / f"{d}.zdict"
+        want = sums.get("dicts", {}).get(str(d))
+        if want is None:
+            raise ShardFormatError(f"{s.root / MANIFEST_NAME}: checksums.dicts has no entry for dictionary {d}")
+        if _file_xxh3(path) != want:
+            raise ShardFormatError(f"{path}: dictionary {d}: checksum mismatch (xxh3-64 differs from "
+                                   f"{MANIFEST_NAME}): the dictionary is corrupt")
+
+
+def _check_index(s: ShardSet, max_len: int) -> None:
+    idx = s.root / INDEX_NAME
+    nb, nf, nr = s.n_buckets, s.n_frames, s.n_records
+
+    def bad(what: str) -> ShardFormatError:
+        return ShardFormatError(f"{idx}: {what}")
+
+    if nb == 0 or nf == 0 or nr == 0:
+        raise bad(f"empty ({nb} buckets, {nf} frames, {nr} records)")
+    lengths = np.asarray(s.bucket_length, np.int64)
+    if np.any(np.diff(lengths) <= 0):
+        b = int(np.flatnonzero(np.diff(lengths) <= 0)[0]) + 1
+        raise bad(f"bucket {b}: bucket.length {lengths[b]} not above the previous one ({lengths[b - 1]})")
+    f0 = np.asarray(s.bucket_first_frame, np.int64)
+    nfr = np.asarray(s.bucket_n_frames, np.int64)
+    want_f0 = np.concatenate([[0], np.cumsum(nfr)[:-1]])
+    for b in range(nb):
+        if nfr[b] < 1 or f0[b] != want_f0[b]:
+            raise bad(f"bucket {b} (length {lengths[b]}): frames {f0[b]}+{nfr[b]}, expected a non-empty range "
+                      f"starting at {want_f0[b]}")
+    if int(nfr.sum()) != nf:
+        raise bad(f"bucket.nframes add up to {int(nfr.sum())}, the header says {nf} frames")
+    per_tok = s.tok_dtype.itemsize + s.pos_dtype.itemsize + 1
+
+    for b in range(nb):  # frames of a bucket are back to back and fill its data file exactly
+        a, z = int(f0[b]), int(f0[b] + nfr[b])
+        fb = np.asarray(s.frame_bucket[a:z], np.int64)
+        if np.any(fb != b):
+            f = a + int(np.flatnonzero(fb != b)[0])
+            raise bad(f"frame {f}: frame.bucket {fb[f - a]}, expected {b}")
+        off = np.asarray(s.frame_offset[a:z], np.int64)
+        clen = np.asarray(s.frame_clen[a:z], np.int64)
+        want = np.concatenate([[0], np.cumsum(clen)[:-1]])
+        if np.any(off != want):
+            f = a + int(np.flatnonzero(off != want)[0])
+            raise bad(f"frame {f}: frame.offset {off[f - a]}, expected {want[f - a]} (frames are back to back)")
+        path = s.data_path_for_length(int(lengths[b]))
+        size, end = path.stat().st_size, int(clen.sum())
+        if size != end:
+            raise ShardFormatError(f"{path}: {size} bytes, its {z - a} frames add up to {end}"
+                                   + (" (truncated)" if size < end else " (trailing bytes)"))
+
+    next_rec = 0
+    for fa in range(0, nf, _FRAME_BLOCK):  # records: numbering, offsets, lengths, buckets
+        fz = min(nf, fa + _FRAME_BLOCK)
+        first = np.asarray(s.frame_first_rec[fa:fz], np.int64)
+        nrec = np.asarray(s.frame_n_rec[fa:fz], np.int64)
+        want = next_rec + np.concatenate([[0], np.cumsum(nrec)[:-1]])
+        if np.any(nrec < 1) or np.any(first != want):
+            i = int(np.flatnonzero((nrec < 1) | (first != want))[0])
+            raise bad(f"frame {fa + i}: records {first[i]}+{nrec[i]}, expected a non-empty range starting at "
+                      f"{want[i]}")
+        ra, rz = int(first[0]), int(first[-1] + nrec[-1])
+        if rz > nr:
+            raise bad(f"frame {fz - 1}: records up to {rz}, the header says {nr} records")
+        next_rec = rz
+        rlen = np.asarray(s.rec_length[ra:rz], np.int64)
+        roff = np.asarray(s.rec_offset[ra:rz], np.int64)
+        rec_frame = np.repeat(np.arange(fa, fz), nrec)
+        start = np.cumsum(rlen) - rlen
+        want_off = start - np.repeat(start[first - ra], nrec)
+        if np.any(roff != want_off):
+            i = int(np.flatnonzero(roff != want_off)[0])
+            raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.offset {roff[i]}, expected {want_off[i]} "
+                      f"(records are back to back)")
+        blen = lengths[np.asarray(s.frame_bucket[fa:fz], np.int64)][rec_frame - fa]
+        want_blen = np.minimum(max_len, -(-rlen // s.bucket_width) * s.bucket_width)
+        if np.any(rlen < 1) or np.any(blen != want_blen):
+            i = int(np.flatnonzero((rlen < 1) | (blen != want_blen))[0])
+            raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.length {rlen[i]} does not belong in bucket "
+                      f"{blen[i]} (expected bucket {bucket_length(max(int(rlen[i]), 1), s.bucket_width, max_len)})")
+        toks = np.add.reduceat(rlen, first - ra)
+        dlen = np.asarray(s.frame_dlen[fa:fz], np.int64)
+        if np.any(dlen != toks * per_tok):
+            i = int(np.flatnonzero(dlen != toks * per_tok)[0])
+            raise bad(f"frame {fa + i}: frame.dlen {dlen[i]}, its records hold {toks[i]} tokens = "
+                      f"{toks[i] * per_tok} bytes")
+    if next_rec != nr:
+        raise bad(f"frames hold {next_rec} records, the header says {nr}")
+
+
+def _check_manifest(s: ShardSet) -> None:
+    m, mp = s.manifest, s.root / MANIFEST_NAME
+    rlen = np.asarray(s.rec_length, np.int64)
+    lengths = np.asarray(s.bucket_length, np.int64).tolist()
+    recs_per_bucket = np.add.reduceat(np.asarray(s.frame_n_rec, np.int64), np.asarray(s.bucket_first_frame, np.int64))
+    expect = {
+        "vocab_size": s.vocab_size, "bucket_width": s.bucket_width, "records": s.n_records,
+        "real_tokens": int(rlen.sum()), "padded_tokens": int((recs_per_bucket * np.asarray(lengths)).sum()),
+    }
+    for key, want in expect.items():
+        if m.get(key) != want:
+            raise ShardFormatError(f"{mp}: {key} is {m.get(key)!r}, the index says {want}")
+    got = [(b.get("length"), b.get("records")) for b in m.get("buckets", [])]
+    want = list(zip(lengths, recs_per_bucket.tolist()))
+    if got != want:
+        raise ShardFormatError(f"{mp}: buckets (length, records) {got} differ from the index's {want}")
+    ratio = 1 - expect["real_tokens"] / expect["padded_tokens"]
+    if abs(m.get("padding_ratio", -1) - ratio) > 1e-6:
+        raise ShardFormatError(f"{mp}: padding_ratio {m.get('padding_ratio')!r}, the index gives {ratio:.6f}")
+    comp = m.get("compression", {})
+    for key, col in (("raw_bytes", s.frame_dlen), ("per_bucket_dict_bytes", s.frame_clen)):
+        total = int(np.asarray(col, np.int64).sum())
+        if comp.get(key) != total:
+            raise ShardFormatError(f"{mp}: compression.{key} is {comp.get(key)!r}, the frames add up to {total}")
+
+
+def _check_frame(s: ShardSet, f: int) -> int:
+    """Decode one frame with every check; returns its token count."""
+    fr = s.load_frame(f)  # size, xxh3, zstd (with content checksum), dlen, coverage, ids < vocab
+    where = f"{s.data_path(f)}: frame {f}"
+    pos = fr.position_ids.astype(np.int64)
+    starts = np.zeros(len(pos), bool)
+    starts[fr.rec_offset] = True
+    # inside a record, a position is 0 (a new document) or the previous one + 1; a record starts at 0
+    ok = np.empty(len(pos), bool)
+    ok[0] = pos[0] == 0
+    ok[1:] = np.where(starts[1:], pos[1:] == 0, (pos[1:] == 0) | (pos[1:] == pos[:-1] + 1))
+    if not ok.all():
+        i = int(np.flatnonzero(~ok)[0])
+        rec = int(s.frame_first_rec[f]) + int(np.searchsorted(fr.rec_offset, i, side="right")) - 1
+        raise ShardFormatError(f"{where}: record {rec}: position id {pos[i]} at token {i} of the frame breaks "
+                               f"the 0, 1, 2, ... sequence")
+    if len(fr.loss_mask) and int(fr.loss_mask.max()) > 1:
+        i = int(np.argmax(fr.loss_mask > 1))
+        raise ShardFormatError(f"{where}: loss mask value {int(fr.loss_mask[i])} at token {i}, expected 0 or 1")
+    return len(fr.tokens)
+
+
+def verify(root: str | os.PathLike, *, progress: bool = False) -> dict:
+    """Run every check on a shard directory; returns ``summary()`` of it.
+
+    Raises ShardFormatError on the first bad item, naming the file and the
+    frame, record, column, dictionary or manifest key.
+    """
+    with ShardSet(root) as s:
+        max_len = int(s.manifest.get("max_len", int(np.max(s.bucket_length))))
+        _check_checksums(s)
+        _check_index(s, max_len)
+        _check_manifest(s)
+        frames = range(s.n_frames)
+        if progress:
+            from tqdm import tqdm
+
+            frames = tqdm(frames, desc="verify", unit="frame", file=sys.stderr, leave=False,
+                          disable=not sys.stderr.isatty())
+        tokens = sum(_check_frame(s, f) for f in frames)
+        if tokens != s.manifest["real_tokens"]:
+            raise ShardFormatError(f"{s.root / MANIFEST_NAME}: real_tokens {s.manifest['real_tokens']}, the frames "
+                                   f"hold {tokens}")
+        return summary(s.manifest, s.root, frames=s.n_frames)
+
+
+def summary(manifest: dict, root: str | os.PathLike | None = None, *, frames: int | None = None) -> dict:
+    """The headline figures of a manifest, flat (what the CLIs print)."""
+    c = manifest.get("compression", {})
+    b = manifest.get("buckets", [])
+    out = {
+        "dir": str(root) if root is not None else None,
+        "buckets": len(b), "bucket_lengths": [x["length"] for x in b],
+        "records": manifest["records"], "frames": frames if frames is not None else sum(x["frames"] for x in b),
+        "real_tokens": manifest["real_tokens"], "padded_tokens": manifest["padded_tokens"],
+        "padding_ratio": manifest["padding_ratio"], "vocab_size": manifest["vocab_size"],
+        "token_dtype": manifest.get("token_dtype"),
+        "raw_bytes": c.get("raw_bytes"), "compressed_bytes": c.get("per_bucket_dict_bytes"),
+        "compression_ratio": c.get("ratio_per_bucket_dict"),
+    }
+    for k in ("ratio_global_dict", "ratio_no_dict", "ratio_whole_file"):
+        if k in c:
+            out[k] = c[k]
+    p = manifest.get("preprocess")
+    if p:
+        out.update({k: p[k] for k in ("documents_read", "pieces_dropped", "tokens_dropped", "elapsed_s",
+                                      "tokens_per_s") if k in p})
+    return out
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.2f} MB"
+
+
+def format_summary(manifest: dict, root: str | os.PathLike | None = None) -> str:
+    """A few human-readable lines about a shard directory's manifest."""
+    s = summary(manifest, root)
+    L = s["bucket_lengths"]
+    lines = [f"{s['dir'] or 'shards'}: {s['buckets']} buckets ({L[0]}..{L[-1]} tokens), {s['records']:,} records "
+             f"in {s['frames']:,} frames, vocab {s['vocab_size']:,} ({s['token_dtype']})",
+             f"tokens: {s['real_tokens']:,} real, {s['padded_tokens']:,} padded: padding ratio "
+             f"{s['padding_ratio']:.2%}"]
+    if s["compression_ratio"] is not None:
+        line = (f"compression: {s['compression_ratio']:.2f}x with per-bucket dictionaries "
+                f"({_mb(s['raw_bytes'])} -> {_mb(s['compressed_bytes'])})")
+        base = [f"{name} {s[k]:.2f}x" for name, k in (("global dict", "ratio_global_dict"),
+                                                      ("no dict", "ratio_no_dict"),
+                                                      ("whole file", "ratio_whole_file")) if k in s]
+        lines.append(line + ("; " + ", ".join(base) if base else ""))
+    p = manifest.get("preprocess")
+    if p and "elapsed_s" in p:
+        lines.append(f"preprocess: {p['documents_read']:,} documents, {p['input_tokens']:,} tokens in "
+                     f"{p['elapsed_s']:.1f} s ({p['tokens_per_s'] / 1e6:.2f} M tokens/s); chunked "
+                     f"{p['documents_chunked']:,}, packed {p['pieces_packed']:,} pieces into "
+                     f"{p['records_packed']:,} records, dropped {p['pieces_dropped']:,} pieces "
+                     f"({p['tokens_dropped']:,} tokens)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m loaders.verify", description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("dir", metavar="DIR", help="shard directory written by python -m loaders.preprocess")
+    ap.add_argument("--json", action="store_true", help="print the summary as JSON")
+    args = ap.parse_args(argv)
+    try:
+        result = verify(args.dir, progress=not args.json)
+    except Exception as e:  # noqa: BLE001 - whatever is wrong, the answer is one line and exit 1
+        msg = " ".join(str(e).split("\n"))
+        if not isinstance(e, (ShardFormatError, OSError)):  # a damage no check anticipated
+            msg = f"{args.dir}: {type(e).__name__}: {msg}"
+        if args.json:
+            print(json.dumps({"ok": False, "dir": args.dir, "error": msg}))
+        print(f"error: {msg}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"ok": True, **result}, indent=2))
+    else:
+        manifest = json.loads((Path(args.dir) / MANIFEST_NAME).read_text())
+        print(format_summary(manifest, args.dir))
+        print("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
