@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Sets up .venv and runs the test suite. As root on Debian it first installs and
+# starts PostgreSQL and Chromium for the distributed-tuning and report tests
+# (set SKIP_SERVICES=1 to skip them; those tests then skip, except under CI=true
+# where a missing service is a failure).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ "${SKIP_SERVICES:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  WORKBENCH_TEST_PG_URL=$(bash scripts/services.sh | tail -n 1)
+  export WORKBENCH_TEST_PG_URL
+fi
+exec .venv/bin/python -m pytest -q "$@"
