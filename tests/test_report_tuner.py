@@ -1,0 +1,74 @@
+"""A report from a real tiny study: ``python -m workbench.tune`` on the CPU with a small budget and a short
+protocol, then ``reports.build_report`` on what it wrote.
+
+Slow (a dozen training subprocesses), so kept out of the default run: ``test_report.py`` covers the
+report on a fixture that follows the same data contract. Run it with ``pytest -m slow
+tests/test_report_tuner.py``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reports import build_report, compute_sections
+from test_report import SECTION_IDS, _parse
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow
+
+if not (REPO / "workbench" / "tune.py").exists():
+    pytest.skip("workbench/tune.py not there yet", allow_module_level=True)
+
+
+def _fast_spec(out: Path) -> Path:
+    """studies/tiny-cpu.yaml with a 3-trial budget and the shortest protocol that still has a noise floor
+    (2 baseline repeats) and an A/B validation (1 candidate, 2 rounds)."""
+    spec = yaml.safe_load((REPO / "studies" / "tiny-cpu.yaml").read_text())
+    spec["name"] = "tiny-report"
+    spec["budget"]["trials"] = 3
+    spec["sampler"]["n_startup_trials"] = 2
+    spec["protocol"].update(warmup_steps=2, window_steps=3, windows=2, baseline_repeats=2, top_k=1, ab_rounds=2)
+    path = out / "tiny-report.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+def test_report_of_a_real_tiny_study(tmp_path):
+    spec = _fast_spec(tmp_path)
+    runs = tmp_path / "runs"
+    r = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(spec), "--trials", "3",
+                        "--out", str(runs), "--no-report", "--no-progress"],
+                       cwd=REPO, capture_output=True, text=True, timeout=900)
+    study_dir = runs / "tiny-report"
+    # Whatever the tuner managed to write, the report builds and degrades section by section.
+    page = build_report(study_dir, f"sqlite:///{study_dir / 'study.db'}", "tiny-report").read_text()
+    parsed = _parse(page)
+    assert not parsed.errors and set(SECTION_IDS) <= set(parsed.ids)
+    assert "section-error" not in page
+    if r.returncode != 0:
+        pytest.fail(f"python -m workbench.tune exited {r.returncode}; its output ends with:\n"
+                    + "\n".join((r.stdout + r.stderr).splitlines()[-15:]), pytrace=False)
+
+    rep = compute_sections(study_dir)  # default storage and study name, as `python -m reports` uses them
+    assert rep.summary.message is None and rep.summary.best_trial is not None
+    tput = rep.summary.table.set_index("metric").loc["throughput/real_tokens_per_s_per_gpu"]
+    assert tput["baseline"] > 0 and tput["best"] > 0
+    assert len(rep.trials.table) >= 3
+    assert set(rep.trials.knob_names) == {"bucket_width", "io_uring_entries", "num_workers",
+                                          "micro_batch_size"} - set(rep.environment.dropped["knob"])
+    bd = rep.time.breakdown
+    assert list(bd.index) == ["baseline", "best"]
+    assert bd[["data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other"]].sum(
+        axis=1).to_numpy() == pytest.approx(bd["step_s"].to_numpy(), rel=1e-3)
+    assert rep.memory.message.startswith("No device memory figures")  # a CPU study
+    assert rep.environment.noise is not None and len(rep.environment.noise.runs) == 2
+    r = subprocess.run([sys.executable, "-m", "workbench.tune", "report", "--study", str(spec),
+                        "--out", str(runs)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "section-error" not in (study_dir / "report.html").read_text()
