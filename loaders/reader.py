@@ -581,15 +581,15 @@ def make_reader(backend: str = "auto", depth: int = 64, threads: int = 4) -> Ord
     if backend not in BACKENDS:
         raise ValueError(f"io_backend={backend!r}: expected one of {', '.join(BACKENDS)}")
     if backend == "threadpool":
-        log.info("loaders io backend: threadpool (%d threads, depth %d), as configured", threads, depth)
+        log.info("io backend: threadpool (%d threads, depth %d), as configured", threads, depth)
         return ThreadPoolReader(threads, depth)
     ok, reason = _probe_once()
     if not ok:
         if backend == "io_uring":
             raise IoUringUnavailable(f"io_backend='io_uring' was requested but io_uring is unavailable: {reason}; "
                                      f"use io_backend='auto' or 'threadpool'")
-        log.info("loaders io backend: threadpool (%d threads, depth %d): io_uring unavailable: %s",
+        log.info("io backend: threadpool (%d threads, depth %d): io_uring unavailable: %s",
                  threads, depth, reason)
         return ThreadPoolReader(threads, depth)
-    log.info("loaders io backend: io_uring (depth %d)%s", depth, ", as configured" if backend == "io_uring" else "")
+    log.info("io backend: io_uring (depth %d)%s", depth, ", as configured" if backend == "io_uring" else "")
     return UringReader(depth)

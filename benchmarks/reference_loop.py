@@ -1,0 +1,134 @@
+"""A plain PyTorch training loop of the same model and data, nanoGPT style.
+
+The yardstick for the workbench's loop: no loader threads, no phase timer, no
+buckets. Batches are random windows of a flat uint16 token file (nanoGPT's
+``get_batch``: np.memmap, pinned, non-blocking copy), the model is
+``workbench.model.Llama`` with the torch ops, AdamW is fused, attention is SDPA,
+bf16 autocast; optionally ``torch.compile`` of the model's loss.
+
+    python benchmarks/reference_loop.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 \
+        --steps 40 --warmup 10 [--compile] --json out.json
+
+Every token of a window is a real token (no padding), so its tokens/s is
+directly comparable with the workbench's real tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from loaders.synth import SynthSpec, generate_documents, write_bin  # noqa: E402
+from workbench.flops import flops_per_token, peak_tflops  # noqa: E402
+from workbench.model import Llama, get_preset  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="gr00t-n1.6")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--compile", action="store_true")
+    p.add_argument("--data", default="/tmp/reference_tokens.bin")
+    p.add_argument("--json")
+    a = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args = get_preset(a.preset)
+    data_path = Path(a.data)
+    if not data_path.exists():
+        docs = generate_documents(SynthSpec(vocab_size=min(args.vocab_size, 65535), num_docs=2000, seed=0))
+        write_bin(docs, data_path, eos_id=min(args.vocab_size, 65535) - 1)
+    data = np.memmap(data_path, dtype=np.uint16, mode="r")
+    B, T = a.micro_batch, a.seq_len
+
+    def get_batch():  # nanoGPT: random windows, pinned, non_blocking
+        ix = np.random.randint(0, len(data) - T - 1, B)
+        x = torch.from_numpy(np.stack([data[i:i + T].astype(np.int64) for i in ix]))
+        if device.type == "cuda":
+            return x.pin_memory().to(device, non_blocking=True)
+        return x
+
+    model = Llama(args).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
+                            fused=device.type == "cuda")
+    pos = torch.arange(T, device=device).expand(B, T)
+    mask = torch.ones(B, T, dtype=torch.bool, device=device)
+    loss_fn = torch.compile(model.loss) if a.compile else model.loss
+    amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
+
+    def step(x):
+        with amp:
+            loss_sum, n = loss_fn(x, pos, mask)
+            loss = loss_sum / n
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    x = get_batch()
+    for _ in range(a.warmup):
+        step(x)
+        x = get_batch()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    cuda = device.type == "cuda"
+    stamps = []  # CUDA events (no sync inside the loop) or host times
+    t0 = time.perf_counter()
+    for _ in range(a.steps):
+        if cuda:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            stamps.append(ev)
+        else:
+            stamps.append(time.perf_counter())
+        loss = step(x)
+        x = get_batch()
+    if cuda:
+        ev = torch.cuda.Event(enable_timing=True)
+        ev.record()
+        stamps.append(ev)
+        torch.cuda.synchronize()  # note: the one CPU-GPU sync, at the end of the timed steps
+        times = [a_.elapsed_time(b_) / 1e3 for a_, b_ in zip(stamps, stamps[1:])]
+    else:
+        stamps.append(time.perf_counter())
+        times = [b_ - a_ for a_, b_ in zip(stamps, stamps[1:])]
+    wall = time.perf_counter() - t0
+    tok_s = a.steps * B * T / wall
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    peak = peak_tflops(name)
+    out = {
+        "variant": "reference_compiled" if a.compile else "reference_eager",
+        "throughput/real_tokens_per_s_per_gpu": tok_s,
+        "mfu_pct": 100 * tok_s * flops_per_token(args, T) / (peak * 1e12) if peak else None,
+        "time/step_s": wall / a.steps,
+        "time/step_s_median": float(np.median(times)),
+        "time/step_s_p20": float(np.percentile(times, 20)),
+        "time/step_s_p80": float(np.percentile(times, 80)),
+        "memory/max_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None,
+        "memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
+        else None,
+        "last_loss": float(loss.detach()),
+        "steps": a.steps, "micro_batch": B, "seq_len": T, "gpu_name": name,
+    }
+    print(json.dumps(out))
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=2))
+    return out
+
+
+if __name__ == "__main__":
+    main()

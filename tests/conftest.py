@@ -1,0 +1,63 @@
+"""Shared pytest configuration and fixtures (the tuner tests' small study)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# Before torch is imported anywhere in the test process: OpenMP threads that spin
+# collapse on 2 shared cores (see workbench/train.py, which sets the same default).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A study small enough for the test suite: the tiny model on the CPU, 2 + 3 x 2 steps per trial.
+FAST_PROTOCOL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 2, "top_k": 1,
+                 "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60}
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "postgres: needs a PostgreSQL server at $WORKBENCH_TEST_PG_URL (skipped when unset, a failure under CI=true)",
+    )
+
+
+@pytest.fixture
+def study_spec_file(tmp_path):
+    """Write a small study spec: ``study_spec_file(name, space=..., trials=..., protocol={...})`` -> its path."""
+
+    def write(name: str = "t", *, space=None, trials: int = 3, protocol=None, base=None, pruner=None,
+              sampler=None) -> Path:
+        spec = {
+            "name": name,
+            "model": "tiny",
+            "base": base or {
+                "data": {"seq_len": 256, "micro_batch_size": 4, "bucket_width": 64, "num_workers": 0},
+                "training": {"global_batch_size": 8, "max_steps": 16, "log_every": 4, "warmup_measure_steps": 2,
+                             "dtype": "fp32"},
+                "hardware": {"device": "cpu"},
+            },
+            "space": space or {"micro_batch_size": {"choices": [2, 8]}, "num_workers": {"low": 0, "high": 1}},
+            "budget": {"trials": trials},
+            "sampler": sampler or {"name": "random", "seed": 0},
+            "pruner": pruner or {"name": "none"},
+            "protocol": {**FAST_PROTOCOL, **(protocol or {})},
+        }
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        return path
+
+    return write
+
+
+@pytest.fixture
+def subprocess_env():
+    """Environment for running the CLIs in a subprocess from any working directory."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env.pop("WORKBENCH_TEST_TRIAL_FAULT", None)
+    return env

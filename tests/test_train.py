@@ -1,0 +1,157 @@
+"""The training loop on the CPU: loss goes down, the golden curve holds, resume is
+exact, HF configs run, phases add up, errors are clear, Ctrl-C checkpoints."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from workbench.config import merge_overrides, preset_config
+from workbench.loop import Trainer
+from workbench.timing import PHASES
+from workbench.train import synthetic_data_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = ROOT / "tests" / "assets" / "losses" / "tiny_seed0.json"
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory):
+    """A small synthetic shard dir for the tiny model (vocab 4096, records up to 256 tokens)."""
+    os.environ["LOONGFORGE_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    return synthetic_data_dir(vocab_size=4096, seq_len=256, num_docs=300, seed=0)
+
+
+def _cfg(**over):
+    base = {"hardware.device": "cpu", "data.seq_len": 256, "data.micro_batch_size": 4, "data.bucket_width": 64,
+            "data.num_workers": 1, "training.dtype": "fp32", "training.log_every": 4,
+            "training.warmup_measure_steps": 2, "training.learning_rate": 1e-3, "training.warmup_steps": 4}
+    base.update(over)
+    return merge_overrides(preset_config("tiny"), base)
+
+
+def _run(cfg, data_dir, out_dir=None, stop_at=None):
+    trainer = Trainer(cfg, data_dir=data_dir, out_dir=out_dir)
+    try:
+        return trainer.run(stop_at)
+    finally:
+        trainer.close()
+
+
+def _losses(out_dir: Path) -> list[float]:
+    return pd.read_csv(out_dir / "phases.csv")["loss"].tolist()
+
+
+def test_loss_decreases_and_phases_add_up(synth, tmp_path):
+    s = _run(_cfg(**{"training.max_steps": 36}), synth, tmp_path)
+    losses = _losses(tmp_path)
+    assert len(losses) == 36
+    # ln(4096) = 8.32 at init; 36 steps at lr 1e-3 on a structured corpus must learn the unigram statistics
+    assert losses[0] == pytest.approx(8.32, abs=0.15)
+    assert sum(losses[-6:]) / 6 < losses[0] - 1.0
+    steps = pd.read_csv(tmp_path / "phases.csv")
+    # phases.csv keeps 7 significant digits: the sum matches the step time to that precision
+    assert ((steps[list(PHASES)].sum(axis=1) - steps["step_s"]).abs() <= 1e-5 * steps["step_s"]).all()
+    assert (steps["real_tokens"] <= steps["padded_tokens"]).all()
+    assert s["measured_steps"] == 34 and s["throughput/real_tokens_per_s_per_gpu"] > 0
+    assert s["first_loss"] == pytest.approx(losses[0]) and s["last_loss"] == pytest.approx(losses[-1])
+    windows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [w["step"] for w in windows] == [6, 10, 14, 18, 22, 26, 30, 34, 36]
+    for w in windows:
+        assert sum(w[f"time/{p}_pct"] for p in PHASES) == pytest.approx(100.0)
+        assert w["io/backend"] in ("io_uring", "threadpool")
+
+
+def test_golden_loss_curve(synth, tmp_path):
+    """Guards the numerics: model init, data order, loss, optimizer, schedule (fixed seed)."""
+    _run(_cfg(**{"training.max_steps": 12}), synth, tmp_path)
+    losses = _losses(tmp_path)
+    if os.environ.get("WORKBENCH_WRITE_GOLDEN"):
+        GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+        GOLDEN.write_text(json.dumps({"steps": 12, "losses": losses}, indent=1) + "\n")
+    golden = json.loads(GOLDEN.read_text())["losses"]
+    # float32 on the CPU: summation order may differ with the thread count (2e-4 relative seen
+    # between 1 and 2 threads); a changed init, data order or schedule moves losses by >1e-2.
+    assert losses == pytest.approx(golden, rel=1e-3)
+
+
+def test_checkpoint_resume_reproduces_uninterrupted_curve(synth, tmp_path):
+    full = tmp_path / "full"
+    _run(_cfg(**{"training.max_steps": 12}), synth, full)
+    ck = tmp_path / "ck"
+    part = tmp_path / "part"
+    # the same run (same schedule), stopped after 6 of its 12 steps
+    _run(_cfg(**{"training.max_steps": 12, "training.checkpoint_dir": str(ck)}), synth, part, stop_at=6)
+    assert (ck / "latest.pt").exists()
+    rest = tmp_path / "rest"
+    s = _run(_cfg(**{"training.max_steps": 12, "training.checkpoint_dir": str(ck)}), synth, rest)
+    assert s["steps"] == 12
+    resumed = pd.read_csv(rest / "phases.csv")
+    assert resumed["step"].tolist() == list(range(7, 13))
+    assert resumed["loss"].tolist() == pytest.approx(_losses(full)[6:], rel=1e-5)
+
+
+def test_hf_config_json_gqa_model_runs(tmp_path, subprocess_env):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+model: {{name: custom, config_path: {ROOT / 'tests' / 'assets' / 'gqa_config.json'}}}
+data: {{seq_len: 128, micro_batch_size: 2, bucket_width: 32, min_len: 32}}
+training: {{max_steps: 6, log_every: 2, warmup_measure_steps: 2}}
+hardware: {{device: cpu}}
+""")
+    env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--config", str(cfg), "--synthetic",
+                        "--summary", str(tmp_path / "s.json")], env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = json.loads((tmp_path / "s.json").read_text())
+    assert s["steps"] == 6 and s["model_params"] == 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 176 + 2 * 64) \
+        + 64 + 2 * 256 * 64
+    assert s["last_loss"] < s["first_loss"] + 0.5
+
+
+def test_config_errors_name_the_key(tmp_path, subprocess_env):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("data: {micro_batch_size: 0}\n")
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--config", str(bad), "--out",
+                        str(tmp_path / "o")], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "data.micro_batch_size" in r.stderr and "bad.yaml" in r.stderr
+    assert json.loads((tmp_path / "o" / "failure.json").read_text())["kind"] == "invalid_config"
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny", "--set",
+                        "data.micro_batchsize=2"], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "micro_batchsize" in r.stderr and "micro_batch_size" in r.stderr
+
+
+def test_ctrl_c_leaves_a_usable_checkpoint(synth, tmp_path, subprocess_env):
+    cfg = tmp_path / "c.yaml"
+    ck = tmp_path / "ck"
+    cfg.write_text(f"""
+data: {{loongbin_dir: {synth}, seq_len: 256, micro_batch_size: 4, bucket_width: 64}}
+training: {{max_steps: 100000, log_every: 4, warmup_measure_steps: 2, checkpoint_dir: {ck}}}
+hardware: {{device: cpu}}
+""")
+    hb = tmp_path / "hb"
+    p = subprocess.Popen([sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb),
+                          "-q"], env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and not (hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2")):
+        time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130, err[-2000:]
+    import torch
+
+    ck_data = torch.load(ck / "latest.pt", weights_only=False)
+    # one micro-batch per step: the loader's position equals the step count (within the first epoch)
+    assert ck_data["step"] >= 3
+    assert ck_data["data"]["epoch"] * ck_data["data"]["batches_per_epoch"] + ck_data["data"]["batch"] \
+        == ck_data["step"]

@@ -1,0 +1,491 @@
+"""The training loop: one ``Trainer`` that builds model, data, optimizer from a
+``Config`` and runs measured steps.
+
+The step (``Trainer.train_step``) reads top to bottom: data_wait, h2d,
+forward, backward per micro-batch, then grad_sync, optimizer. Every phase is an
+NVTX range timed by ``PhaseTimer`` without a host sync inside the step; the
+loss is accumulated on the device and read back at the end of each window.
+
+Options, each a config switch:
+* ``loongforge.compute_domain.compile``: ``torch.compile`` of the loss module
+  (one compile per bucket shape; ``dynamic=False`` keeps every shape static).
+* ``loongforge.compute_domain.graph_capture``: one CUDA graph per bucket shape
+  for forward+backward (static input buffers; warm-up on a side stream before
+  capture) and one for clip + optimizer (AdamW ``capturable=True``, learning
+  rate as a device tensor). Under capture the forward phase covers forward and
+  backward (they are one replay) and backward reads 0. Graphs are dropped and
+  re-captured after a checkpoint load (the optimizer state tensors change).
+* checkpoints of model, optimizer, step and data-loader state
+  (``training.checkpoint_dir``), written atomically; Ctrl-C saves one.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from workbench.config import Config, to_dict
+from workbench.flops import flops_per_token, peak_tflops
+from workbench.metrics import MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_window
+from workbench.model import Llama, ModelArgs, get_preset
+from workbench.ops import resolve
+from workbench.timing import PHASES, PhaseTimer
+
+log = logging.getLogger("workbench")
+
+__all__ = ["Trainer", "NanLossError", "build_model_args", "resolve_device"]
+
+
+class NanLossError(RuntimeError):
+    """The loss became NaN or infinite."""
+
+
+def resolve_device(cfg: Config) -> torch.device:
+    want = cfg.hardware.device
+    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RuntimeError("hardware.device is 'cuda' but no CUDA device is available")
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+
+
+def build_model_args(cfg: Config) -> ModelArgs:
+    if cfg.model.config_path:
+        return ModelArgs.from_hf_config(cfg.model.config_path)
+    return get_preset(cfg.model.name)
+
+
+class LossModule(nn.Module):
+    """``forward`` returns (loss_sum, n_tokens), so DDP and torch.compile see the whole loss."""
+
+    def __init__(self, model: Llama) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor):
+        return self.model.loss(input_ids, position_ids, loss_mask)
+
+
+@dataclass
+class _Graph:
+    graph: torch.cuda.CUDAGraph
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    loss_sum: torch.Tensor
+    n_tokens: torch.Tensor
+
+
+class Trainer:
+    """Builds everything from a Config; ``run()`` trains and returns the summary."""
+
+    def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
+                 heartbeat: str | Path | None = None) -> None:
+        self.cfg = cfg
+        self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        self.device = resolve_device(cfg)
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+        torch.manual_seed(cfg.training.seed)
+        self.out_dir = Path(out_dir) if out_dir else (Path(cfg.metrics.out_dir) if cfg.metrics.out_dir else None)
+        self.heartbeat = Path(heartbeat) if heartbeat else None
+        t = cfg.training
+        self.amp_dtype = torch.bfloat16 if (t.dtype == "bf16" or (t.dtype == "auto" and self.device.type == "cuda")) \
+            else None
+
+        # model and ops
+        self.args = build_model_args(cfg)
+        if cfg.data.seq_len > self.args.max_position_embeddings:
+            raise ValueError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings "
+                             f"({self.args.max_position_embeddings})")
+        self.model = Llama(self.args, resolve(cfg.loongforge.compute_domain.effective_ops())).to(self.device)
+        self.loss_module: nn.Module = LossModule(self.model)
+        if self.world > 1:
+            ov = cfg.loongforge.overlap
+            self.loss_module = nn.parallel.DistributedDataParallel(
+                self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=ov.bucket_size_mb)
+        self.compute = self.loss_module
+        mode = cfg.loongforge.compute_domain.compile
+        if mode != "none":
+            from torch import _dynamo
+
+            # one compiled graph per bucket shape: allow as many as there are buckets
+            _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
+            self.compute = torch.compile(self.loss_module, mode=mode, dynamic=False)
+
+        # optimizer: fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture
+        self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        lr: float | torch.Tensor = t.learning_rate
+        if self.graphs_on:
+            lr = torch.tensor(t.learning_rate, device=self.device)
+        self.opt = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr, betas=(t.beta1, t.beta2), fused=self.device.type == "cuda",
+            capturable=self.graphs_on)
+        self.grad_accum = self._grad_accum()
+        self._graphs: dict[tuple[int, int], _Graph] = {}
+        self._opt_graph: torch.cuda.CUDAGraph | None = None
+        self._pool = None
+
+        # data
+        self.data_dir = Path(data_dir) if data_dir else self._data_dir()
+        self.pipeline = self._pipeline()
+        self.timer = PhaseTimer(self.device, enabled=cfg.metrics.phase_timing)
+        self.writer = MetricsWriter(self.out_dir if self.rank == 0 else None)
+        self.prom = PrometheusExporter(cfg.metrics.prometheus_port) \
+            if (cfg.metrics.prometheus_port and self.rank == 0) else None
+        self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+                                cfg.hardware.peak_tflops)
+        self.step = 0
+        self._flops_cache: dict[int, int] = {}
+        self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+        if self.ckpt_dir and (self.ckpt_dir / "latest.pt").exists():
+            self.load_checkpoint(self.ckpt_dir / "latest.pt")
+
+    # ------------------------------------------------------------------ setup helpers
+    def _grad_accum(self) -> int:
+        t, d = self.cfg.training, self.cfg.data
+        if t.global_batch_size:
+            return t.global_batch_size // (d.micro_batch_size * self.world)
+        return t.grad_accum_steps
+
+    def _data_dir(self) -> Path:
+        if self.cfg.data.loongbin_dir:
+            return Path(self.cfg.data.loongbin_dir)
+        raise ValueError("data.loongbin_dir is not set: point it at a shard directory written by "
+                         "`python -m loaders.preprocess`, or run with --synthetic")
+
+    def _pipeline(self):
+        from loaders.format import ShardSet
+        from loaders.pipeline import BatchPipeline
+
+        d, io, mem = self.cfg.data, self.cfg.loongforge.io_domain, self.cfg.loongforge.memory_domain
+        self.shards = ShardSet(self.data_dir)
+        if self.shards.vocab_size > self.args.vocab_size:
+            raise ValueError(f"{self.data_dir}: vocabulary of the shards ({self.shards.vocab_size}) is larger "
+                             f"than the model's vocab_size ({self.args.vocab_size})")
+        longest = int(self.shards.bucket_length.max())
+        if longest > d.seq_len:
+            raise ValueError(f"{self.data_dir}: records up to {longest} tokens, longer than data.seq_len="
+                             f"{d.seq_len}")
+        return BatchPipeline(
+            self.shards, micro_batch=d.micro_batch_size, seed=d.seed + 1_000_003 * self.rank,
+            num_workers=d.num_workers, io_backend=io.io_backend, ring_depth=io.io_uring_entries,
+            read_threads=io.read_threads, prefetch_batches=d.prefetch_batches,
+            shuffle_window_frames=d.shuffle_window_frames, num_staging_blocks=mem.num_staging_blocks,
+            pinned_block_kb=mem.pinned_block_kb, device=self.device, bucket_width=d.bucket_width)
+
+    def _lr(self, step: int) -> float:
+        t = self.cfg.training
+        if step < t.warmup_steps:
+            return t.learning_rate * (step + 1) / t.warmup_steps
+        if t.scheduler == "constant":
+            return t.learning_rate
+        progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
+        cos = 0.5 * (1 + math.cos(math.pi * progress))
+        return t.learning_rate * (t.min_lr_ratio + (1 - t.min_lr_ratio) * cos)
+
+    def _set_lr(self, lr: float) -> None:
+        for g in self.opt.param_groups:
+            if isinstance(g["lr"], torch.Tensor):
+                g["lr"].fill_(lr)
+            else:
+                g["lr"] = lr
+
+    def _flops(self, seq_len: int) -> int:
+        f = self._flops_cache.get(seq_len)
+        if f is None:
+            f = self._flops_cache[seq_len] = flops_per_token(self.args, seq_len)
+        return f
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self) -> tuple[StepRecord, torch.Tensor]:
+        """One optimizer step over ``grad_accum`` micro-batches; returns its record and device loss."""
+        timer, loss_acc = self.timer, torch.zeros((), device=self.device)
+        real = padded = 0
+        flops = 0.0
+        self._set_lr(self._lr(self.step))  # host-side write (a device fill_ under graph capture), no sync
+        for micro in range(self.grad_accum):
+            with timer.phase("data_wait"):
+                batch = next(self.pipeline)  # blocks only if the loader fell behind
+            with timer.phase("h2d"):
+                batch.ready()  # the current stream waits on the side-stream copy; no host sync
+                ids, pos, mask = batch.input_ids, batch.position_ids, batch.loss_mask
+            last = micro == self.grad_accum - 1
+            sync_ctx = self.loss_module.no_sync() if (self.world > 1 and not last) else _nullctx()
+            with sync_ctx:
+                if self.graphs_on:
+                    with timer.phase("forward"):  # forward + backward: one graph replay
+                        loss_sum, n_tok = self._graph_fwd_bwd(ids, pos, mask)
+                else:
+                    with timer.phase("forward"), torch.autocast(self.device.type, self.amp_dtype,
+                                                                enabled=self.amp_dtype is not None):
+                        loss_sum, n_tok = self.compute(ids, pos, mask)
+                        loss = loss_sum / n_tok.clamp(min=1) / self.grad_accum
+                    with timer.phase("backward"):
+                        loss.backward()
+            loss_acc += loss_sum.detach() / n_tok.clamp(min=1) / self.grad_accum
+            batch.release()  # CPU path: the staging block may be refilled now
+            real, padded = real + batch.real_tokens, padded + batch.padded_tokens
+            flops += batch.real_tokens * self._flops(batch.seq_len)
+        with timer.phase("grad_sync"):
+            pass  # DDP all-reduces inside backward; the overlap scheduler's exposed wait goes here
+        with timer.phase("optimizer"):
+            if self.graphs_on:
+                self._graph_optimizer()
+            else:
+                if self.cfg.training.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+        timer.step_end()
+        self.step += 1
+        return StepRecord(self.step, real, padded, batch.seq_len, flops), loss_acc
+
+    # ------------------------------------------------------------------ CUDA graphs
+    def _graph_fwd_bwd(self, ids, pos, mask):
+        key = tuple(ids.shape)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(ids, pos, mask)
+        g.inputs[0].copy_(ids)
+        g.inputs[1].copy_(pos)
+        g.inputs[2].copy_(mask)
+        g.graph.replay()
+        return g.loss_sum, g.n_tokens
+
+    def _ensure_static_grads(self) -> None:
+        for p in self.model.parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+
+    def _capture(self, ids, pos, mask) -> _Graph:
+        self._ensure_static_grads()
+        static = (ids.clone(), pos.clone(), mask.clone())
+        grads = [p.grad.clone() for p in self.model.parameters()]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up before capture (allocator, autotuning, lazy init)
+            for _ in range(3):
+                with torch.autocast("cuda", self.amp_dtype, enabled=self.amp_dtype is not None):
+                    ls, nt = self.compute(*static)
+                (ls / nt.clamp(min=1) / self.grad_accum).backward()
+        torch.cuda.current_stream().wait_stream(side)
+        for p, g0 in zip(self.model.parameters(), grads):
+            p.grad.copy_(g0)  # undo the warm-up's accumulation
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            with torch.autocast("cuda", self.amp_dtype, enabled=self.amp_dtype is not None):
+                ls, nt = self.compute(*static)
+            (ls / nt.clamp(min=1) / self.grad_accum).backward()
+        g = _Graph(graph, static, ls, nt)
+        self._graphs[tuple(ids.shape)] = g
+        return g
+
+    def _graph_optimizer(self) -> None:
+        if self._opt_graph is None:
+            grads = [p.grad.clone() for p in self.model.parameters()]
+            params = [p.detach().clone() for p in self.model.parameters()]
+            state = {k: {n: (v.clone() if isinstance(v, torch.Tensor) else v) for n, v in s.items()}
+                     for k, s in self.opt.state.items()}
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):  # warm-up: creates the optimizer state
+                for _ in range(2):
+                    self._optimizer_body()
+            torch.cuda.current_stream().wait_stream(side)
+            # restore what the warm-up changed, so the first real step is exact
+            with torch.no_grad():
+                for p, p0, g0 in zip(self.model.parameters(), params, grads):
+                    p.copy_(p0)
+                    p.grad.copy_(g0)
+                for p, s in self.opt.state.items():
+                    s0 = state.get(p)
+                    for n, v in s.items():
+                        if isinstance(v, torch.Tensor):
+                            v.copy_(s0[n]) if s0 is not None else v.zero_()
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g, pool=self._pool):
+                self._optimizer_body()
+            self._opt_graph = g
+        self._opt_graph.replay()
+
+    def _optimizer_body(self) -> None:
+        if self.cfg.training.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip, foreach=True)
+        self.opt.step()
+        for p in self.model.parameters():
+            p.grad.zero_()  # in place: the graphs hold these tensors
+
+    # ------------------------------------------------------------------ the run
+    def run(self, max_steps: int | None = None) -> dict[str, Any]:
+        """Train to ``max_steps`` (default training.max_steps); returns the summary."""
+        cfg = self.cfg
+        total = max_steps or cfg.training.max_steps
+        warm, every = cfg.training.warmup_measure_steps, cfg.training.log_every
+        measured: list[dict[str, Any]] = []
+        pending: list[tuple[StepRecord, torch.Tensor]] = []
+        first_loss = last_loss = None
+        interrupted = False
+        prev_sigint = signal.getsignal(signal.SIGINT)
+        stop = {"flag": False}
+
+        def _on_sigint(signum, frame):  # finish the step, then stop and checkpoint
+            if stop["flag"]:
+                raise KeyboardInterrupt
+            stop["flag"] = True
+
+        if threading_main():
+            signal.signal(signal.SIGINT, _on_sigint)
+        t_start = time.perf_counter()
+        self.timer.start()
+        try:
+            while self.step < total:
+                pending.append(self.train_step())
+                self._beat()
+                done = self.step >= total
+                boundary = self.step == warm or (self.step > warm and (self.step - warm) % every == 0)
+                if boundary or done or stop["flag"]:
+                    rows = self.timer.flush()  # note: one CPU-GPU sync per window, here
+                    losses = torch.stack([lt for _, lt in pending]).tolist()
+                    recs = []
+                    for (rec, _), row, lv in zip(pending, rows or [{}] * len(pending), losses):
+                        rec.phases, rec.loss = row, lv
+                        recs.append(rec)
+                    pending.clear()
+                    if any(not math.isfinite(r.loss) for r in recs):
+                        bad = next(r for r in recs if not math.isfinite(r.loss))
+                        raise NanLossError(f"loss is {bad.loss} at step {bad.step}")
+                    first_loss = recs[0].loss if first_loss is None else first_loss
+                    last_loss = recs[-1].loss
+                    is_measured = self.step > warm and recs[0].step > warm
+                    self.writer.steps(recs, measured=is_measured)
+                    if is_measured and recs and "step" in recs[0].phases:
+                        m = summarize_window(recs, world_size=self.world, peak_tflops=self.peak)
+                        m.update(memory_snapshot(self.device))
+                        m.update(self.pipeline.metrics())
+                        m["lr"] = self._lr(self.step - 1)
+                        measured.append(m)
+                        self.writer.window(m)
+                        if self.prom:
+                            self.prom.update(m)
+                        if self.rank == 0:
+                            print(progress_line(m, total), flush=True)
+                if self.ckpt_dir and cfg.training.checkpoint_every and self.step % cfg.training.checkpoint_every == 0:
+                    self.save_checkpoint()
+                if stop["flag"]:
+                    interrupted = True
+                    break
+        finally:
+            if threading_main():
+                signal.signal(signal.SIGINT, prev_sigint)
+        if self.ckpt_dir:
+            self.save_checkpoint()
+        summary = self._summary(measured, first_loss, last_loss, time.perf_counter() - t_start, interrupted)
+        return summary
+
+    def _summary(self, windows, first_loss, last_loss, elapsed, interrupted) -> dict[str, Any]:
+        steps = sum(w["steps"] for w in windows)
+        wall = sum(w["time/step_s"] * w["steps"] for w in windows)
+        real = sum(w["throughput/real_tokens_per_s_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
+        padded = sum(w["throughput/padded_tokens_per_s_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
+        achieved = sum(w["flops/achieved_tflops_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
+        s: dict[str, Any] = {
+            "steps": self.step, "measured_steps": steps, "elapsed_s": elapsed, "interrupted": interrupted,
+            "throughput/real_tokens_per_s_per_gpu": real / wall if wall else None,
+            "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else None,
+            "mfu_pct": (100 * achieved / wall / self.peak) if (wall and self.peak) else None,
+            "peak_tflops": self.peak,
+            "time/step_s": wall / steps if steps else None,
+            "phase_s_per_step": {p: (sum(w[f"time/{p}_s"] * w["steps"] for w in windows) / steps if steps else None)
+                                 for p in PHASES},
+            "first_loss": first_loss, "last_loss": last_loss,
+            "device": str(self.device), "world_size": self.world,
+            "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+            "model_params": sum(p.numel() for p in self.model.parameters()),
+            "grad_accum_steps": self.grad_accum,
+        }
+        s.update(memory_snapshot(self.device))
+        s.update(self.pipeline.metrics())
+        s["windows"] = len(windows)
+        return s
+
+    def _beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.write_text(str(self.step))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self) -> Path | None:
+        if self.rank != 0 or self.ckpt_dir is None:
+            return None
+        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
+        path = self.ckpt_dir / "latest.pt"
+        tmp = path.with_suffix(".tmp")
+        torch.save({"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                    "data": self.pipeline.state_dict(), "config": to_dict(self.cfg),
+                    "torch_rng": torch.get_rng_state()}, tmp)
+        os.replace(tmp, path)  # atomic: a crash mid-save keeps the previous checkpoint
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        ck = torch.load(path, map_location=self.device, weights_only=False)
+        self.model.load_state_dict(ck["model"])
+        self.opt.load_state_dict(ck["optimizer"])
+        if self.graphs_on:  # restore capturable lr tensors, then re-capture with the new state tensors
+            for g in self.opt.param_groups:
+                if not isinstance(g["lr"], torch.Tensor):
+                    g["lr"] = torch.tensor(g["lr"], device=self.device)
+        self.pipeline.load_state_dict(ck["data"])
+        torch.set_rng_state(ck["torch_rng"].cpu())
+        self.step = int(ck["step"])
+        self._graphs.clear()
+        self._opt_graph = None
+        log.info("resumed from %s at step %d", path, self.step)
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.writer.close()
+        if self.prom:
+            self.prom.close()
+
+
+class _nullctx:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def threading_main() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def progress_line(m: dict[str, Any], total: int) -> str:
+    """One line per window: throughput, MFU, phase shares, memory, loss."""
+    short = {"data_wait": "data", "h2d": "h2d", "forward": "fwd", "backward": "bwd", "grad_sync": "sync",
+             "optimizer": "opt", "other": "other"}
+    phases = " ".join(f"{short[p]} {m[f'time/{p}_pct']:.0f}%" for p in PHASES)
+    mfu = f"MFU {m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "MFU n/a"
+    mem = m.get("memory/max_reserved_gib")
+    mem_s = f"mem {mem:.2f} GiB" if mem is not None else f"rss {m.get('memory/max_rss_gib', 0):.2f} GiB"
+    loss = m.get("loss")
+    return (f"step {m['step']}/{total} | {m['throughput/real_tokens_per_s_per_gpu']:,.0f} tok/s/gpu | {mfu} | "
+            f"{phases} | {mem_s} | loss {loss:.4f}")
