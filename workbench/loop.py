@@ -412,7 +412,8 @@ class Trainer:
             "mfu_pct": (100 * achieved / wall / self.peak) if (wall and self.peak) else None,
             "peak_tflops": self.peak,
             "time/step_s": wall / steps if steps else None,
-            "phase_s_per_step": {p: (sum(w[f"time/{p}_s"] * w["steps"] for w in windows) / steps if steps else None)
+            "phase_s_per_step": {p: (sum(w[f"time/{p}_s"] * w["steps"] for w in windows) / steps
+                                     if steps and windows[0][f"time/{p}_s"] is not None else None)
                                  for p in PHASES},
             "first_loss": first_loss, "last_loss": last_loss,
             "device": str(self.device), "world_size": self.world,
@@ -482,7 +483,8 @@ def progress_line(m: dict[str, Any], total: int) -> str:
     """One line per window: throughput, MFU, phase shares, memory, loss."""
     short = {"data_wait": "data", "h2d": "h2d", "forward": "fwd", "backward": "bwd", "grad_sync": "sync",
              "optimizer": "opt", "other": "other"}
-    phases = " ".join(f"{short[p]} {m[f'time/{p}_pct']:.0f}%" for p in PHASES)
+    phases = " ".join(f"{short[p]} {m[f'time/{p}_pct']:.0f}%" for p in PHASES) \
+        if m["time/forward_pct"] is not None else "phase timing off"
     mfu = f"MFU {m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "MFU n/a"
     mem = m.get("memory/max_reserved_gib")
     mem_s = f"mem {mem:.2f} GiB" if mem is not None else f"rss {m.get('memory/max_rss_gib', 0):.2f} GiB"

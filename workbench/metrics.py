@@ -88,6 +88,9 @@ def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
         "flops/achieved_tflops_per_gpu": flops / wall / 1e12 if wall else 0.0,
     }
     for p in PHASES:
+        if p not in steps[0].phases:  # phase timing off: only the step time is known
+            out[f"time/{p}_s"] = out[f"time/{p}_pct"] = None
+            continue
         t = sum(s.phases.get(p, 0.0) for s in steps)
         out[f"time/{p}_s"] = t / len(steps)
         out[f"time/{p}_pct"] = 100 * t / wall if wall else 0.0

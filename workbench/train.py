@@ -47,7 +47,7 @@ def cache_root() -> Path:
 
 
 def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, seed: int = 0,
-                       zstd_level: int = 12, dict_size: int = 112640) -> Path:
+                       min_len: int = 64, zstd_level: int = 12, dict_size: int = 112640) -> Path:
     """Generate and preprocess the synthetic corpus once per parameters; return its shard dir.
 
     Concurrent callers (parallel trials) serialise on a lock file; the writer's
@@ -56,7 +56,8 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
     from loaders.preprocess import preprocess
     from loaders.synth import SynthSpec, generate_documents, write_npy
 
-    key = f"synth-v{vocab_size}-L{seq_len}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}-z{zstd_level}"
+    min_len = min(min_len, seq_len)
+    key = f"synth-v{vocab_size}-L{seq_len}-m{min_len}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}-z{zstd_level}"
     root = cache_root()
     out = root / key
     if (out / "manifest.json").exists():
@@ -70,7 +71,7 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
         src = root / f"{key}.npy"
         eos = vocab_size - 1
         write_npy(docs, src, eos)
-        preprocess([str(src)], str(out), bucket_width=SYNTH_STORED_WIDTH, min_len=min(64, seq_len),
+        preprocess([str(src)], str(out), bucket_width=SYNTH_STORED_WIDTH, min_len=min_len,
                    max_len=seq_len, num_workers=2, zstd_level=zstd_level, vocab_size=vocab_size, eos_id=eos,
                    dict_size=dict_size, short="pack", compare=False, quiet=True)
         src.unlink()
@@ -143,7 +144,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "or point data.loongbin_dir at `python -m loaders.preprocess` output")
         margs = build_model_args(cfg)
         data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
-                                      seed=cfg.data.seed)
+                                      min_len=cfg.data.min_len, seed=cfg.data.seed)
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat)
     try:
         summary = trainer.run()

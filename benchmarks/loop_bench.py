@@ -1,0 +1,153 @@
+"""Side-by-side benchmark of the training loop against a plain PyTorch loop.
+
+    python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 \
+        --variants ref_eager,wb_eager,wb_eager_notiming,ref_compiled,wb_compiled,wb_compiled_graphs \
+        --steps 40 --warmup 10 --out DIR
+
+Each variant runs in its own process (fresh allocator, fresh compile caches),
+one after the other in the order given, so an interleaved order (A, B, A, B)
+gives repeats. Results: ``DIR/loop_bench.csv`` in long format (one row per
+variant, repeat and metric, with GPU name, versions, timestamp and the config),
+the per-variant summaries as JSON, and a table printed last.
+
+Variants:
+  ref_eager / ref_compiled         benchmarks/reference_loop.py (nanoGPT style), eager / torch.compile
+  wb_eager                         python -m workbench.train, eager
+  wb_eager_notiming                the same with metrics.phase_timing=false (instrumentation overhead)
+  wb_compiled                      compile=default
+  wb_compiled_graphs               compile=default + graph_capture (CUDA graphs per bucket shape)
+  wb_graphs                        eager + graph_capture
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+WB_SETS = {
+    "wb_eager": [],
+    "wb_eager_notiming": ["metrics.phase_timing=false"],
+    "wb_compiled": ["loongforge.compute_domain.compile=default"],
+    "wb_compiled_graphs": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.graph_capture=true"],
+    "wb_graphs": ["loongforge.compute_domain.graph_capture=true"],
+}
+METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
+           "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss"]
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    v = {"torch": torch.__version__, "python": sys.version.split()[0]}
+    try:
+        import triton
+
+        v["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        v["gpu"] = torch.cuda.get_device_name(0)
+        v["cuda"] = torch.version.cuda or ""
+    return v
+
+
+def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
+    d = out / f"{name}-{rep}"
+    d.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}  # the same for every variant
+    if name.startswith("ref_"):
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "reference_loop.py"), "--preset", a.preset,
+               "--micro-batch", str(a.micro_batch), "--seq-len", str(a.seq_len), "--steps", str(a.steps),
+               "--warmup", str(a.warmup), "--json", str(d / "summary.json")]
+        if name == "ref_compiled":
+            cmd.append("--compile")
+    else:
+        sets = [f"data.micro_batch_size={a.micro_batch}", f"data.seq_len={a.seq_len}",
+                f"data.bucket_width={a.seq_len}", f"data.min_len={a.seq_len}",
+                f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
+                f"training.log_every={a.log_every}", *WB_SETS[name]]
+        cmd = [sys.executable, "-m", "workbench.train", "--preset", a.preset, "--synthetic", "-q",
+               "--summary", str(d / "summary.json"), "--out", str(d)]
+        for s in sets:
+            cmd += ["--set", s]
+    t0 = time.time()
+    with open(d / "log.txt", "w") as log:
+        r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=a.timeout)
+    res = {"variant": name, "repeat": rep, "returncode": r.returncode, "wall_s": time.time() - t0}
+    if r.returncode == 0 and (d / "summary.json").exists():
+        res.update({k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k != "variant"})
+    else:
+        res["log_tail"] = (d / "log.txt").read_text()[-3000:]
+    return res
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--preset", default="gr00t-n1.6")
+    p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--steps", type=int, default=40, help="measured steps")
+    p.add_argument("--warmup", type=int, default=10, help="steps before measuring")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--variants", default="ref_eager,wb_eager")
+    p.add_argument("--timeout", type=int, default=900)
+    p.add_argument("--out", default="benchmarks/out")
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ver = versions()
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    seen: dict[str, int] = {}
+    results = []
+    for name in a.variants.split(","):
+        rep = seen[name] = seen.get(name, -1) + 1
+        res = run_variant(name, a, out, rep)
+        results.append(res)
+        status = "ok" if res["returncode"] == 0 else f"FAILED rc={res['returncode']}"
+        print(f"[{name}#{rep}] {status} in {res['wall_s']:.0f} s: "
+              f"{res.get('throughput/real_tokens_per_s_per_gpu') or 0:,.0f} tok/s", flush=True)
+        if res["returncode"]:
+            print(res.get("log_tail", "")[-1500:], flush=True)
+    (out / "loop_bench.json").write_text(json.dumps(results, indent=1, default=str))
+    rows = []
+    config = f"preset={a.preset} micro_batch={a.micro_batch} seq_len={a.seq_len} steps={a.steps} warmup={a.warmup}"
+    for r in results:
+        for m in METRICS:
+            if r.get(m) is not None:
+                rows.append({"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"], "metric": m,
+                             "value": r[m], "gpu": ver.get("gpu", "cpu"), "torch": ver["torch"],
+                             "triton": ver.get("triton", ""), "cuda": ver.get("cuda", ""), "timestamp": stamp,
+                             "config": config})
+        for ph, v in (r.get("phase_s_per_step") or {}).items():
+            if v is not None:
+                rows.append({"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"],
+                             "metric": f"time/{ph}_s", "value": v, "gpu": ver.get("gpu", "cpu"),
+                             "torch": ver["torch"], "triton": ver.get("triton", ""), "cuda": ver.get("cuda", ""),
+                             "timestamp": stamp, "config": config})
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    df.to_csv(out / "loop_bench.csv", index=False)
+    if df.empty:
+        print("no results")
+        return
+    wide = df.pivot_table(index="variant", columns="metric", values="value", aggfunc="median")
+    cols = [c for c in ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
+                        "time/step_s", "memory/max_reserved_gib", "time/data_wait_s", "time/forward_s",
+                        "time/backward_s", "time/optimizer_s"] if c in wide.columns]
+    print(f"\n{ver}\n{config}")
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:,.4g}".format):
+        print(wide[cols].rename(columns=lambda c: c.split("/")[-1]))
+
+
+if __name__ == "__main__":
+    main()
