@@ -76,6 +76,7 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
                 f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
                 f"training.log_every={a.log_every}", *WB_SETS[name]]
         cmd = [sys.executable, "-m", "workbench.train", "--preset", a.preset, "--synthetic", "-q",
+               "--synthetic-packing", "fill",  # full records, like the reference's token-stream windows
                "--summary", str(d / "summary.json"), "--out", str(d)]
         for s in sets:
             cmd += ["--set", s]

@@ -20,6 +20,14 @@ From documents to records
           soon as it reaches ``min-len``. Position ids restart at 0 at each
           document. The last packed record (and one closed because the next
           piece did not fit) may stay under ``min-len``.
+      ``fill``
+          like ``pack``, but a piece that does not fit is split: its head
+          fills the record to ``max-len`` and its tail starts the next record,
+          position ids continuing where the head stopped (nanoGPT/Megatron-style
+          packing of a token stream; every piece, long or short, goes through
+          the stream, so token order is the input's). With ``--min-len`` equal to ``--max-len``
+          every record but the last is exactly ``max-len`` tokens: no padding
+          at one bucket of ``max-len``.
       ``drop``
           short pieces are discarded (counted in the manifest).
       ``keep``
@@ -78,7 +86,7 @@ from loaders.inputs import BIN_DTYPES, InputFile, open_input
 
 __all__ = ["PreprocessConfig", "preprocess", "main", "SHORT_POLICIES"]
 
-SHORT_POLICIES = ("pack", "drop", "keep")
+SHORT_POLICIES = ("pack", "fill", "drop", "keep")
 # Largest record length accepted: position ids are stored as uint32 at most,
 # and one record must fit a frame's uint32 byte count.
 _MAX_LEN_LIMIT = 1 << 24
@@ -111,7 +119,7 @@ class PreprocessConfig:
     frame_kb: int = 256
     """Target decompressed size of a frame, KiB (64..1024)."""
     short: str = "pack"
-    """What to do with pieces shorter than min_len: pack, drop or keep."""
+    """What to do with pieces shorter than min_len: pack, fill, drop or keep."""
     bin_dtype: str = "uint16"
     """Token dtype of .bin inputs: uint16 or uint32."""
     overwrite: bool = False
@@ -172,7 +180,7 @@ class _Records:
         self._arange = np.arange(cfg.max_len, dtype=np.uint32)
         self._mask = np.ones(cfg.max_len, np.uint8)
         self._mask[0] = 0  # first token of a document piece: not a prediction target
-        self._pending: list[np.ndarray] = []
+        self._pending: list[tuple[np.ndarray, int]] = []  # (tokens, position id of the first token)
         self._pending_len = 0
 
     def document(self, doc: np.ndarray) -> None:
@@ -182,8 +190,12 @@ class _Records:
             self.c.pieces_chunked += math.ceil(n / L)
         for a in range(0, n, L):
             piece = doc[a:a + L]
-            if len(piece) >= self.cfg.min_len:
-                self._write([piece])
+            if self.cfg.short == "fill":  # every piece joins the stream, so token order is kept
+                if len(piece) < self.cfg.min_len:
+                    self.c.pieces_short += 1
+                self._fill(piece)
+            elif len(piece) >= self.cfg.min_len:
+                self._write([(piece, 0)])
             else:
                 self._short(piece)
 
@@ -193,13 +205,24 @@ class _Records:
             self.c.pieces_dropped += 1
             self.c.tokens_dropped += len(piece)
         elif self.cfg.short == "keep":
-            self._write([piece])
+            self._write([(piece, 0)])
         else:
             if self._pending_len + len(piece) > self.cfg.max_len:
                 self.flush()
-            self._pending.append(piece)
+            self._pending.append((piece, 0))
             self._pending_len += len(piece)
             if self._pending_len >= self.cfg.min_len:
+                self.flush()
+
+    def _fill(self, piece: np.ndarray) -> None:
+        """Append a piece to the stream; a piece that does not fit is split across records."""
+        start = 0
+        while len(piece):
+            take = min(len(piece), self.cfg.max_len - self._pending_len)
+            self._pending.append((piece[:take], start))
+            self._pending_len += take
+            piece, start = piece[take:], start + take
+            if self._pending_len >= self.cfg.min_len or len(piece):
                 self.flush()
 
     def flush(self) -> None:
@@ -211,13 +234,13 @@ class _Records:
         self._write(self._pending)
         self._pending, self._pending_len = [], 0
 
-    def _write(self, pieces: list[np.ndarray]) -> None:
-        if len(pieces) == 1:
-            n = len(pieces[0])
-            tokens, pos, mask = pieces[0], self._arange[:n], self._mask[:n]
+    def _write(self, pieces: list[tuple[np.ndarray, int]]) -> None:
+        if len(pieces) == 1 and pieces[0][1] == 0:
+            n = len(pieces[0][0])
+            tokens, pos, mask = pieces[0][0], self._arange[:n], self._mask[:n]
         else:
-            tokens = np.concatenate(pieces)
-            pos = np.concatenate([self._arange[:len(p)] for p in pieces])
+            tokens = np.concatenate([p for p, _ in pieces])
+            pos = np.concatenate([np.arange(a, a + len(p), dtype=np.uint32) for p, a in pieces])
             mask = (pos != 0).astype(np.uint8)
         if len(tokens) < self.cfg.min_len:
             self.c.records_below_min_len += 1
@@ -404,7 +427,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dict-size", type=int, default=112640, help="bytes per bucket dictionary (default 112640)")
     p.add_argument("--frame-kb", type=int, default=256, help="decompressed KiB per frame, 64..1024 (default 256)")
     p.add_argument("--short", choices=SHORT_POLICIES, default="pack",
-                   help="pieces under --min-len: pack (default), drop or keep")
+                   help="pieces under --min-len: pack (default), fill (pack, splitting pieces to fill records), "
+                        "drop or keep")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists (atomically, at the end)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the global-dict / no-dict / whole-file compression baselines")

@@ -349,3 +349,32 @@ def test_interrupt_cleans_up(big_bin, tmp_path, sig, code, word):
     assert err == f"{word}: {out} was not written (left as it was)\n"
     assert _tree_digest(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.bin", "out"]  # temporary directory removed
+
+
+def test_fill_packs_a_stream_into_full_records(tmp_path):
+    """--short fill: with min_len == max_len every record but the last is exactly max_len, and the
+    tokens come back in order, split pieces continuing their position ids."""
+    from loaders.format import ShardSet
+    from loaders.preprocess import preprocess
+
+    rng = np.random.default_rng(3)
+    docs = [rng.integers(0, 500, int(n)).astype(np.uint16) for n in rng.integers(5, 300, 60)]
+    src = tmp_path / "d.npy"
+    np.save(src, np.concatenate([np.append(d, 511) for d in docs]).astype(np.uint16))
+    m = preprocess([str(src)], str(tmp_path / "out"), bucket_width=32, min_len=128, max_len=128,
+                   vocab_size=512, eos_id=511, short="fill", compare=False)
+    recs = list(ShardSet(tmp_path / "out").iter_records())
+    lengths = sorted((len(t) for _, t, _, _ in recs), reverse=True)
+    assert lengths[:-1] == [128] * (len(recs) - 1) and 0 < lengths[-1] <= 128
+    assert m["real_tokens"] == sum(len(d) for d in docs)
+    # stored in input order within the bucket of 128: the concatenation equals the document stream
+    full = [r for r in recs if len(r[1]) == 128]
+    stream = np.concatenate([t for _, t, _, _ in full])
+    assert np.array_equal(stream, np.concatenate(docs)[:len(stream)])
+    # positions restart at each document (and every max_len tokens of a long one, as in chunking) and
+    # continue across a split between records; mask 0 exactly where the position is 0
+    pos = np.concatenate([p for _, _, p, _ in full]).astype(np.int64)
+    expect = np.concatenate([np.arange(len(d)) % 128 for d in docs])[:len(pos)]
+    assert np.array_equal(pos, expect)
+    mask = np.concatenate([k for _, _, _, k in full])
+    assert np.array_equal(mask == 0, pos == 0)

@@ -47,7 +47,8 @@ def cache_root() -> Path:
 
 
 def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, seed: int = 0,
-                       min_len: int = 64, zstd_level: int = 12, dict_size: int = 112640) -> Path:
+                       min_len: int = 64, short: str = "pack", zstd_level: int = 12,
+                       dict_size: int = 112640) -> Path:
     """Generate and preprocess the synthetic corpus once per parameters; return its shard dir.
 
     Concurrent callers (parallel trials) serialise on a lock file; the writer's
@@ -57,7 +58,8 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
     from loaders.synth import SynthSpec, generate_documents, write_npy
 
     min_len = min(min_len, seq_len)
-    key = f"synth-v{vocab_size}-L{seq_len}-m{min_len}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}-z{zstd_level}"
+    key = (f"synth-v{vocab_size}-L{seq_len}-m{min_len}-{short}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}"
+           f"-z{zstd_level}")
     root = cache_root()
     out = root / key
     if (out / "manifest.json").exists():
@@ -73,7 +75,7 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
         write_npy(docs, src, eos)
         preprocess([str(src)], str(out), bucket_width=SYNTH_STORED_WIDTH, min_len=min_len,
                    max_len=seq_len, num_workers=2, zstd_level=zstd_level, vocab_size=vocab_size, eos_id=eos,
-                   dict_size=dict_size, short="pack", compare=False, quiet=True)
+                   dict_size=dict_size, short=short, compare=False, quiet=True)
         src.unlink()
     return out
 
@@ -108,6 +110,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="override training.max_steps")
     p.add_argument("--synthetic", action="store_true",
                    help="generate + preprocess a synthetic corpus when data.loongbin_dir is not set")
+    p.add_argument("--synthetic-packing", choices=("pack", "fill"), default="pack",
+                   help="how the synthetic corpus packs short pieces: pack (records of varied lengths, the "
+                        "default) or fill (a token stream cut into full records, as nanoGPT does)")
     p.add_argument("--summary", help="write the summary JSON here")
     p.add_argument("--out", help="directory for metrics.jsonl / phases.csv (default metrics.out_dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -144,7 +149,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                              "or point data.loongbin_dir at `python -m loaders.preprocess` output")
         margs = build_model_args(cfg)
         data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
-                                      min_len=cfg.data.min_len, seed=cfg.data.seed)
+                                      min_len=cfg.data.min_len, short=args.synthetic_packing,
+                                      seed=cfg.data.seed)
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat)
     try:
         summary = trainer.run()
