@@ -114,7 +114,7 @@ class PreprocessConfig:
     """Vocabulary size; ids >= it are an error. None: inferred as max id + 1."""
     eos_id: int | None = None
     """End-of-document id: splits flat streams (required for .bin and 1-D .npy); dropped."""
-    dict_size: int = 112640
+    dict_size: int = 262144
     """Bytes of each bucket's zstd dictionary."""
     frame_kb: int = 256
     """Target decompressed size of a frame, KiB (64..1024)."""
@@ -276,7 +276,7 @@ def _log(quiet: bool, msg: str) -> None:
 
 def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_len: int = 512,
                max_len: int = 2048, num_workers: int = 1, zstd_level: int = 12,
-               vocab_size: int | None = None, eos_id: int | None = None, dict_size: int = 112640,
+               vocab_size: int | None = None, eos_id: int | None = None, dict_size: int = 262144,
                frame_kb: int = 256, short: str = "pack", overwrite: bool = False, compare: bool = True,
                quiet: bool = True, bin_dtype: str = "uint16") -> dict:
     """Preprocess ``inputs`` into the shard directory ``output``; returns the manifest.
@@ -424,7 +424,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eos-id", type=int, default=None,
                    help="end-of-document id (required for .bin and 1-D .npy; dropped from documents)")
     p.add_argument("--bin-dtype", choices=BIN_DTYPES, default="uint16", help="token dtype of .bin inputs")
-    p.add_argument("--dict-size", type=int, default=112640, help="bytes per bucket dictionary (default 112640)")
+    p.add_argument("--dict-size", type=int, default=262144,
+                   help="bytes per bucket dictionary (default 256 KiB; see loaders.format.DEFAULT_DICT_SIZE)")
     p.add_argument("--frame-kb", type=int, default=256, help="decompressed KiB per frame, 64..1024 (default 256)")
     p.add_argument("--short", choices=SHORT_POLICIES, default="pack",
                    help="pieces under --min-len: pack (default), fill (pack, splitting pieces to fill records), "

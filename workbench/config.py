@@ -289,7 +289,7 @@ class IODomainConfig:
     """Read backend; auto = io_uring where available, else the thread pool."""
     io_uring_entries: int = field(default=64, metadata={"power_of_two": True, "ge": 1, "le": 4096})
     """io_uring submission ring depth (reads in flight)."""
-    zstd_dict_size: int = field(default=112640, metadata={"ge": 1024})
+    zstd_dict_size: int = field(default=262144, metadata={"ge": 1024})
     """Bytes of each bucket's zstd dictionary (used by preprocess)."""
     zstd_level: int = field(default=12, metadata={"ge": 1, "le": 22})
     """zstd compression level (used by preprocess)."""

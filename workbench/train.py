@@ -48,7 +48,7 @@ def cache_root() -> Path:
 
 def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, seed: int = 0,
                        min_len: int = 64, short: str = "pack", zstd_level: int = 12,
-                       dict_size: int = 112640) -> Path:
+                       dict_size: int = 262144) -> Path:
     """Generate and preprocess the synthetic corpus once per parameters; return its shard dir.
 
     Concurrent callers (parallel trials) serialise on a lock file; the writer's
