@@ -1,0 +1,108 @@
+"""Knob registry: one declaration per knob, capabilities, dropping knobs the hardware cannot act on."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from workbench import knobs
+from workbench.config import Config, merge_overrides, to_dict
+from workbench.knobs import KNOBS, Knob, detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
+
+
+def _get(data: dict, dotted: str):
+    for part in dotted.split("."):
+        data = data[part]
+    return data
+
+
+def test_every_knob_names_a_real_config_key_of_its_kind():
+    data = to_dict(Config())
+    for k in KNOBS:
+        _get(data, k.key)  # KeyError if the schema has no such key
+    assert [k.name for k in KNOBS] == list(knob_names())
+    assert len(set(knob_names())) == len(KNOBS)
+
+
+def test_the_issue_knobs_are_declared():
+    expected = {
+        "bucket_width": ("data.bucket_width", frozenset()),
+        "io_uring_entries": ("loongforge.io_domain.io_uring_entries", {"io_uring"}),
+        "num_workers": ("data.num_workers", frozenset()),
+        "micro_batch_size": ("data.micro_batch_size", frozenset()),
+        "compile": ("loongforge.compute_domain.compile", frozenset()),
+        "graph_capture": ("loongforge.compute_domain.graph_capture", {"cuda"}),
+        "bucket_size_mb": ("loongforge.overlap.bucket_size_mb", {"multi_gpu"}),
+        "overlap_ratio": ("loongforge.overlap.overlap_ratio", {"multi_gpu"}),
+        "pinned_block_kb": ("loongforge.memory_domain.pinned_block_kb", {"cuda"}),
+        "expandable_segments": ("loongforge.memory_domain.allocator.expandable_segments", {"cuda"}),
+        "roundup_power2_divisions": ("loongforge.memory_domain.allocator.roundup_power2_divisions", {"cuda"}),
+        "max_split_size_mb": ("loongforge.memory_domain.allocator.max_split_size_mb", {"cuda"}),
+        "garbage_collection_threshold": ("loongforge.memory_domain.allocator.garbage_collection_threshold",
+                                         {"cuda"}),
+    }
+    for name, (key, requires) in expected.items():
+        k = get_knob(name)
+        assert (k.key, set(k.requires)) == (key, set(requires)), name
+
+
+def test_graph_capture_is_conditional_on_the_compile_mode():
+    k = get_knob("graph_capture")
+    assert k.active({"compile": "none"}) and k.active({"compile": "max-autotune-no-cudagraphs"})
+    assert not k.active({"compile": "reduce-overhead"}) and not k.active({"compile": "max-autotune"})
+    assert k.inactive is False
+    # the inactive value is what the config accepts with those modes
+    merge_overrides(Config(), {"loongforge.compute_domain.compile": "reduce-overhead", k.key: k.inactive})
+
+
+def test_kind_checks():
+    assert get_knob("num_workers").accepts(2) and not get_knob("num_workers").accepts(True)
+    assert not get_knob("num_workers").accepts(2.5)
+    assert get_knob("overlap_ratio").accepts(1) and get_knob("overlap_ratio").accepts(0.5)
+    assert get_knob("graph_capture").accepts(False) and not get_knob("graph_capture").accepts(0)
+
+
+def test_a_bad_declaration_is_refused():
+    with pytest.raises(ValueError, match="unknown capabilities"):
+        Knob(name="x", key="data.seed", kind="int", requires=frozenset({"tpu"}))
+    with pytest.raises(ValueError, match="declared twice"):
+        knobs._check_registry([*KNOBS, dataclasses.replace(KNOBS[0])])
+    with pytest.raises(KeyError, match="known knobs"):
+        get_knob("bucket_widht")
+
+
+def test_dropping_on_a_cpu_host():
+    names = list(knob_names())
+    kept, dropped = drop_unsupported(names, {"io_uring"})
+    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "compile"]
+    reasons = {d.knob: d.reason for d in dropped}
+    assert reasons["graph_capture"] == "needs cuda"
+    assert reasons["bucket_size_mb"] == "needs multi-gpu"
+    text = format_dropped(dropped)
+    assert text.startswith("dropped for this hardware: graph_capture (needs cuda), ")
+    assert "overlap_ratio (needs multi-gpu)" in text
+    assert format_dropped([]) == ""
+
+
+def test_dropping_on_a_gpu_host_without_io_uring():
+    kept, dropped = drop_unsupported(list(knob_names()), {"cuda"})
+    assert "graph_capture" in kept and "pinned_block_kb" in kept
+    assert {d.knob for d in dropped} == {"io_uring_entries", "bucket_size_mb", "overlap_ratio"}
+    kept, dropped = drop_unsupported(list(knob_names()), {"cuda", "multi_gpu", "io_uring"})
+    assert not dropped
+
+
+def test_detect_capabilities_here(monkeypatch):
+    import torch
+
+    caps = detect_capabilities(1)
+    assert caps <= knobs.CAPABILITIES
+    assert ("cuda" in caps) == torch.cuda.is_available()
+    assert "multi_gpu" not in caps  # one GPU asked for
+    monkeypatch.setattr(knobs, "_probe_io_uring", lambda: False)
+    assert "io_uring" not in detect_capabilities(1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    assert detect_capabilities(8) == {"cuda", "multi_gpu"}
+    assert detect_capabilities(16) == {"cuda"}

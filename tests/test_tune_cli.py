@@ -1,0 +1,103 @@
+"""Tuner bookkeeping without running trials: dropped knobs, the exact budget across workers, spec
+mismatches, storage URLs, CLI errors, the fallback report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from workbench import tune
+from workbench.study import load_study_spec
+from workbench.tune import TuneError, Tuner, normalize_storage_url
+
+pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+
+
+def test_knobs_the_hardware_cannot_use_are_dropped_and_recorded(study_spec_file, tmp_path, monkeypatch):
+    base = {"training": {"global_batch_size": 8}, "hardware": {"device": "auto"}}
+    spec = load_study_spec(str(study_spec_file(
+        "drop", base=base, space={"micro_batch_size": {"choices": [2, 8]}, "graph_capture": {"choices": [False, True]},
+                                  "expandable_segments": {"choices": [False, True]}})))
+    monkeypatch.setattr(tune, "detect_capabilities", lambda gpus: frozenset({"io_uring"}))
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False)
+    study = tuner.open()
+    assert tuner.active == ["micro_batch_size"]
+    assert tuner.dropped == [{"knob": "graph_capture", "reason": "needs cuda"},
+                             {"knob": "expandable_segments", "reason": "needs cuda"}]
+    assert study.user_attrs["dropped_knobs"] == tuner.dropped
+    tuner._write_tune_json("2026-01-01T00:00:00+00:00", None)
+    data = json.loads((tmp_path / "runs" / "drop" / "tune.json").read_text())
+    assert data["dropped_knobs"] == tuner.dropped and data["hardware"]["capabilities"] == ["io_uring"]
+    # the sampler only ever sees the kept knobs
+    trial = study.ask()
+    assert set(tuner.sample(trial)) == {"micro_batch_size"}
+
+
+def test_the_budget_is_exact_across_workers(study_spec_file, tmp_path, monkeypatch):
+    spec = load_study_spec(str(study_spec_file("budget", trials=1)))
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, worker=True)
+    study = tuner.open()
+    other = study.ask()  # another machine's worker holds the only trial of the budget
+    other.set_user_attr("worker", {"host": "elsewhere", "pid": 1, "start": None, "role": "worker"})
+    # this worker raced past its budget check (the other's trial did not exist yet) and asks anyway
+    monkeypatch.setattr(tuner, "_counts", lambda: (0, 0, 0))
+    tuner.search()
+    trials = study.get_trials()
+    assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.FAIL]
+    assert trials[1].user_attrs["status"] == "skipped_budget"
+    assert not (tmp_path / "runs" / "budget" / "trials").exists()  # nothing launched
+
+
+def test_a_changed_spec_is_refused_on_resume(study_spec_file, tmp_path):
+    Tuner(load_study_spec(str(study_spec_file("same"))), out_root=tmp_path / "runs", progress=False).open()
+    changed = load_study_spec(str(study_spec_file("same", protocol={"windows": 5})))
+    with pytest.raises(TuneError, match="different spec .*protocol"):
+        Tuner(changed, out_root=tmp_path / "runs", progress=False).open()
+    # a bigger budget is not a different study
+    Tuner(load_study_spec(str(study_spec_file("same", trials=9))), out_root=tmp_path / "runs", progress=False).open()
+
+
+def test_storage_urls():
+    url = "postgresql://u:p@h:5432/db"
+    assert normalize_storage_url("postgres://u:p@h:5432/db").endswith("://u:p@h:5432/db")
+    import importlib.util
+
+    if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
+        assert normalize_storage_url(url) == "postgresql+psycopg2://u:p@h:5432/db"
+    assert normalize_storage_url("sqlite:///x.db") == "sqlite:///x.db"
+    assert tune.default_storage_url(tune.Path("runs/s")).endswith("/runs/s/study.db")
+
+
+def test_cli_errors_are_clear(tmp_path, subprocess_env):
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", "nope", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "unknown study 'nope'" in p.stderr and "tiny-cpu" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--out", str(tmp_path)],
+                       capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 1 and "no study at" in p.stderr
+
+
+def test_fallback_report_when_reports_is_missing_or_broken(study_spec_file, tmp_path, monkeypatch):
+    spec = load_study_spec(str(study_spec_file("rep")))
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False)
+    study = tuner.open()
+    t = study.ask()
+    tuner.sample(t)
+    t.set_user_attr("status", "crash")
+    t.set_user_attr("failure_reason", "boom <b>")
+    study.tell(t, [0.0])
+    import reports
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("not today")
+
+    monkeypatch.setattr(reports, "build_report", broken)
+    path = tune.build_report(tuner.study_dir, tuner.storage_url, "rep")
+    text = path.read_text()
+    assert path.name == "report.html" and "<table>" in text and "boom &lt;b&gt;" in text
+    assert optuna.load_study(study_name="rep", storage=tuner.storage_url).trials[0].number == 0

@@ -1,0 +1,108 @@
+"""A real tiny study end to end through the CLI: baseline, search, A/B validation, export, report;
+the exported config runs with the train CLI and reproduces the measured throughput."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import optuna
+import pytest
+
+from workbench.config import load_config
+from workbench.trial import STATUSES
+
+
+def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
+    spec_path = study_spec_file("e2e", trials=3)
+    out = tmp_path / "runs"
+    proc = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(spec_path), "--out", str(out),
+                           "--no-progress"], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    sdir = out / "e2e"
+    assert "noise floor: median" in proc.stderr
+    assert ("winner: trial #" in proc.stdout) or ("no significant gain" in proc.stdout)
+
+    # tune.json: the contract the report reads
+    tune = json.loads((sdir / "tune.json").read_text())
+    assert set(tune) >= {"study_name", "storage_url", "spec", "dropped_knobs", "hardware", "noise_floor",
+                         "started", "finished"}
+    assert tune["finished"] and tune["spec"]["name"] == "e2e" and tune["noise_floor"]["n"] == 2
+    assert tune["noise_floor"]["runs"] == json.loads((sdir / "validation.json").read_text())["baseline_runs"]
+    assert tune["storage_url"] == f"sqlite:///{(sdir / 'study.db').resolve()}"
+
+    # every trial: status, log tail, config, dir, summary, constraint
+    study = optuna.load_study(study_name="e2e", storage=tune["storage_url"])
+    trials = study.get_trials()
+    counted = [t for t in trials if t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)]
+    assert len(counted) == 3
+    for t in counted:
+        ua = t.user_attrs
+        assert ua["status"] in STATUSES
+        assert set(ua) >= {"status", "failure_reason", "log_tail", "config_path", "trial_dir", "summary",
+                           "constraint"}
+        assert ua["trial_dir"] == str(sdir / "trials" / str(t.number))
+        assert (sdir / "trials" / str(t.number) / "log.txt").exists()
+        if ua["status"] == "ok":
+            assert ua["constraint"] == [0.0, 0.0] and t.values[0] > 0
+            assert ua["summary"]["throughput/real_tokens_per_s_per_gpu"] > 0
+            assert (sdir / "trials" / str(t.number) / "phases.csv").exists()
+            assert len(t.intermediate_values) == 2  # one per measured window
+    assert len(list((sdir / "baseline").iterdir())) == 2
+
+    # validation.json
+    val = json.loads((sdir / "validation.json").read_text())
+    assert set(val) >= {"baseline_runs", "candidates", "winner"}
+    assert len(val["baseline_runs"]) == 2
+    for c in val["candidates"]:
+        assert len(c["runs"]) == len(c["baseline_runs"]) == len(c["ratios"]) == 2
+        assert c["ci_low"] <= c["speedup_median"] <= c["ci_high"] or c["ci_low"] is None
+        assert (sdir / "validation" / f"trial-{c['trial']}-0").is_dir()
+    w = val["winner"]
+    assert set(w) == {"trial", "significant", "speedup_median", "ci_low", "ci_high"}
+
+    # exported config with provenance; environment.json; report.html
+    cfg = load_config(sdir / "config.yaml")
+    prov = cfg.provenance
+    assert prov is not None and prov.study == "e2e" and prov.trial == w["trial"]
+    assert prov.significant is bool(w["significant"])
+    assert prov.tokens_per_s_per_gpu > 0 and prov.baseline_tokens_per_s_per_gpu > 0
+    assert {"python", "torch", "hostname", "cpu_count"} <= set(prov.fingerprint)
+    assert json.loads((sdir / "environment.json").read_text()) == prov.fingerprint
+    if w["trial"] is None:
+        assert prov.speedup == 1.0 and prov.speedup_ci is None
+    else:
+        assert prov.speedup == pytest.approx(w["speedup_median"]) and prov.speedup_ci[0] > 1.0
+        winner = study.trials[w["trial"]]
+        assert cfg.data.micro_batch_size == winner.params.get("micro_batch_size", 4)
+    assert cfg.training.max_steps == 16  # the base's run length, not the protocol's
+    assert (sdir / "report.html").stat().st_size > 0
+
+    # The exported config runs as is and reproduces the throughput it was exported with, within the noise
+    # floor. On 2 CPU cores shared with other machines' work, the spread of two baseline runs is itself a
+    # noisy estimate, so the bound is max(spread, 25%): the spread of the tiny study's baseline repeats was
+    # 1-20% here depending on that load, and 25% is still below what separates a wrong config (micro-batch 2
+    # vs 8 differ by ~1.5x). A neighbour's burst can still slow one whole run, so a second run is allowed: a
+    # config that does not reproduce fails both.
+    bound = max(tune["noise_floor"]["rel_spread"], 0.25)
+    got = []
+    for attempt in range(2):
+        summary = tmp_path / f"rerun{attempt}.json"
+        rerun = subprocess.run([sys.executable, "-m", "workbench.train", "--config", str(sdir / "config.yaml"),
+                                "--synthetic", "--summary", str(summary), "-q"], capture_output=True, text=True,
+                               env=subprocess_env, cwd=tmp_path, timeout=300)
+        assert rerun.returncode == 0, rerun.stdout + rerun.stderr
+        got.append(json.loads(summary.read_text())["throughput/real_tokens_per_s_per_gpu"])
+        if abs(got[-1] / prov.tokens_per_s_per_gpu - 1) <= bound:
+            break
+    else:
+        raise AssertionError(f"re-runs {got} vs exported {prov.tokens_per_s_per_gpu} (bound {bound:.0%})")
+
+    # the export and report subcommands work on the finished study
+    for sub in ("export", "report"):
+        p = subprocess.run([sys.executable, "-m", "workbench.tune", sub, "--study", str(spec_path), "--out",
+                            str(out)], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+    assert load_config(sdir / "config.yaml").provenance.trial == w["trial"]

@@ -1,0 +1,56 @@
+"""Failure kinds inside a study: each is recorded with its status and log tail, told to the sampler as
+infeasible, and the study goes on to finish its budget."""
+
+from __future__ import annotations
+
+from optuna.trial import TrialState
+
+from workbench.config import load_config
+from workbench.study import load_study_spec
+from workbench.trial import TEST_FAULT_ENV
+from workbench.tune import Tuner
+
+
+def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, monkeypatch, capsys):
+    # micro_batch_size 2..8 with a global batch of 8: 3 is in the range but rejected by the config
+    path = study_spec_file("fail", space={"micro_batch_size": {"low": 2, "high": 8}}, trials=4,
+                           protocol={"baseline_repeats": 1, "top_k": 0, "heartbeat_timeout_s": 5})
+    spec = load_study_spec(str(path))
+    monkeypatch.setenv(TEST_FAULT_ENV, "trial-1:crash,trial-2:hang")
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+    study = tuner.open()
+    for mbs in (3, 4, 4, 8):
+        study.enqueue_trial({"micro_batch_size": mbs})
+    tuner.run()
+
+    trials = {t.number: t for t in study.get_trials()}
+    assert len(trials) == 4
+
+    invalid = trials[0]
+    assert invalid.state == TrialState.COMPLETE and invalid.values == [0.0]
+    assert invalid.user_attrs["status"] == "invalid_config"
+    assert "global_batch_size" in invalid.user_attrs["failure_reason"]
+    assert "rejected before launch" in invalid.user_attrs["log_tail"]
+    assert not (tmp_path / "runs" / "fail" / "trials" / "0" / "metrics.jsonl").exists()  # never launched
+
+    crash = trials[1]
+    assert crash.user_attrs["status"] == "crash" and "deliberate crash" in crash.user_attrs["log_tail"]
+
+    hang = trials[2]
+    assert hang.user_attrs["status"] == "timeout"
+    assert "no step for 5 s" in hang.user_attrs["failure_reason"]
+
+    for t in (invalid, crash, hang):  # infeasible for the constraint-aware samplers
+        assert t.user_attrs["constraint"] == [1.0] and t.constraints == {"failed": 1.0}
+
+    ok = trials[3]
+    assert ok.state == TrialState.COMPLETE and ok.user_attrs["status"] == "ok" and ok.values[0] > 0
+    assert ok.constraints == {"memory": 0.0, "finite_loss": 0.0}
+    assert study.best_trial.number == 3  # chosen among feasible trials only
+
+    # top_k 0: nothing validated, so the base config is exported and provenance says so
+    cfg = load_config(tmp_path / "runs" / "fail" / "config.yaml")
+    assert cfg.provenance.trial is None and cfg.provenance.significant is False
+    assert cfg.data.micro_batch_size == 4
+    err = capsys.readouterr().err
+    assert "trial 1: crash" in err and "trial 2: timeout" in err

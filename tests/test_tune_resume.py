@@ -1,0 +1,101 @@
+"""Ctrl-C and kill -9 of the tuner: the running trial is marked FAIL (it does not count), finished trials
+and the baseline are kept, and re-running the same command completes the budget."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+from optuna.trial import TrialState
+
+
+def _study(url: str) -> optuna.Study | None:
+    if not Path(url.split(":///", 1)[1]).exists():
+        return None  # the tuner has not created it yet (opening would create an empty one)
+    try:
+        storage = optuna.storages.RDBStorage(url, skip_table_creation=True, skip_compatibility_check=True)
+        return optuna.load_study(study_name="resume", storage=storage)
+    except Exception:  # noqa: BLE001 - not created yet, or its schema is being written right now
+        return None
+
+
+def _wait_for(proc: subprocess.Popen, url: str, complete: int, timeout: float = 300) -> optuna.Study:
+    """Wait until ``complete`` trials are COMPLETE and one more is RUNNING with its train process up."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()
+        study = _study(url)
+        if study is not None:
+            trials = study.get_trials()
+            done = sum(t.state == TrialState.COMPLETE for t in trials)
+            running = [t for t in trials if t.state == TrialState.RUNNING and "pgid" in t.user_attrs]
+            if done >= complete and running:
+                return study
+        time.sleep(0.3)
+    raise AssertionError("the tuner made no progress")
+
+
+def _alive_group(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_ctrl_c_then_kill_9_then_resume(study_spec_file, tmp_path, subprocess_env):
+    spec = study_spec_file("resume", trials=4, protocol={"baseline_repeats": 1, "top_k": 0})
+    out = tmp_path / "runs"
+    url = f"sqlite:///{(out / 'resume' / 'study.db').resolve()}"
+    # a relative --out: trial processes must get paths that do not depend on their working directory
+    cmd = [sys.executable, "-m", "workbench.tune", "--study", str(spec), "--out", "runs", "--no-progress",
+           "--no-report"]
+    run = dict(env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    # 1. Ctrl-C while trial 1 runs: exit 130, the trial is FAIL/interrupted, the way to resume is printed
+    proc = subprocess.Popen(cmd, **run)
+    _wait_for(proc, url, complete=1)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Resume with: python -m workbench.tune --study" in err
+    study = _study(url)
+    first = {t.number: t.values for t in study.get_trials() if t.state == TrialState.COMPLETE}
+    interrupted = [t for t in study.get_trials() if t.state == TrialState.FAIL]
+    assert len(first) == 1 and len(interrupted) == 1
+    assert interrupted[0].user_attrs["status"] == "interrupted"
+    baseline = study.user_attrs["baseline_runs"]
+    assert len(baseline) == 1
+
+    # 2. kill -9 while a trial runs: the trial stays RUNNING in the storage; its process group dies with it
+    proc = subprocess.Popen(cmd, **run)
+    study = _wait_for(proc, url, complete=2)
+    victim = next(t for t in study.get_trials() if t.state == TrialState.RUNNING)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    end = time.monotonic() + 10
+    while _alive_group(victim.user_attrs["pgid"]) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _alive_group(victim.user_attrs["pgid"]), "the trial outlived its tuner"
+    assert _study(url).trials[victim.number].state == TrialState.RUNNING
+
+    # 3. the same command resumes: dead trial -> FAIL, finished trials and the baseline kept, budget done
+    proc = subprocess.run(cmd, timeout=600, **{k: v for k, v in run.items() if k not in ("stdout", "stderr")},
+                          capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    study = _study(url)
+    trials = study.get_trials()
+    assert trials[victim.number].state == TrialState.FAIL
+    assert trials[victim.number].user_attrs["status"] == "interrupted"
+    assert "died" in trials[victim.number].user_attrs["failure_reason"]
+    for number, values in first.items():
+        assert trials[number].values == values  # not re-run
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 4
+    assert study.user_attrs["baseline_runs"] == baseline
+    assert len(list((out / "resume" / "baseline").iterdir())) == 1
+    assert (out / "resume" / "config.yaml").exists()

@@ -1,0 +1,100 @@
+"""Study specs: the built-ins load; bad specs are rejected naming the file and the key path."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from workbench.config import ConfigError, load_config
+from workbench.study import builtin_studies, load_study_spec, loads_study_spec
+
+GOOD = """
+name: t
+space:
+  num_workers: {low: 0, high: 2}
+"""
+
+
+def _write(tmp_path: Path, text: str) -> str:
+    p = tmp_path / "bad.yaml"
+    p.write_text(textwrap.dedent(text))
+    return str(p)
+
+
+def test_builtins_load_and_make_valid_trial_configs():
+    assert {"tiny-cpu", "gr00t-n1.6"} <= set(builtin_studies())
+    tiny = load_study_spec()  # the default
+    assert tiny.name == "tiny-cpu" and tiny.model == "tiny"
+    assert set(tiny.space) == {"bucket_width", "io_uring_entries", "num_workers", "micro_batch_size"}
+    for mbs in tiny.space["micro_batch_size"].choices:
+        cfg = tiny.trial_config({"micro_batch_size": mbs})
+        assert cfg.effective_global_batch_size() == 8  # tuning never changes the optimisation
+        assert cfg.training.max_steps == tiny.protocol.steps
+        assert cfg.training.log_every == tiny.protocol.window_steps
+    assert tiny.export_config({}).training.max_steps == 60  # the export keeps the base's run length
+    gr = load_study_spec("gr00t-n1.6")
+    assert gr.gpus == 1 and gr.base_config().data.seq_len == 2048
+    assert gr.space["micro_batch_size"].choices == [1, 2, 4, 8]
+    assert {"compile", "graph_capture", "pinned_block_kb", "expandable_segments"} <= set(gr.space)
+    # conditional knob: with a graph-capturing compile mode, graph_capture is written off
+    cfg = gr.trial_config({"compile": "reduce-overhead"})
+    assert cfg.loongforge.compute_domain.graph_capture is False
+
+
+def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):
+    (tmp_path / "model.json").write_text(
+        Path(__file__).with_name("assets").joinpath("gqa_config.json").read_text())
+    path = _write(tmp_path, "name: mine\nmodel: model.json\n" + GOOD.split("\n", 2)[2])
+    spec = load_study_spec(path)
+    assert spec.source == path
+    assert spec.base_config().model.config_path == str((tmp_path / "model.json").resolve())
+
+
+@pytest.mark.parametrize(("text", "key", "words"), [
+    ("name: t\nspace:\n  bucket_widht: {choices: [32]}\n", "space.bucket_widht", "unknown knob"),
+    ("name: t\nspace:\n  num_workers: {low: 3, high: 1}\n", "space.num_workers.low", "empty range"),
+    ("name: t\nspace:\n  bucket_width: {choices: []}\n", "space.bucket_width.choices", "empty choices"),
+    ("name: t\nspace:\n  num_workers: {low: 0.5, high: 2}\n", "space.num_workers.low", "takes integers"),
+    ("name: t\nspace:\n  compile: {low: 1, high: 2}\n", "space.compile", "give choices"),
+    ("name: t\nspace:\n  micro_batch_size: {choices: [true, 2]}\n", "space.micro_batch_size.choices[0]", "int"),
+    ("name: t\nbudget: {trials: ten}\n" + GOOD.split("\n", 2)[2], "budget.trials", "expected an integer"),
+    ("name: t\nprotocol: {windowz: 3}\n" + GOOD.split("\n", 2)[2], "protocol.windowz", "unknown key"),
+    ("name: t\nsampler: {name: cmaes}\n" + GOOD.split("\n", 2)[2], "sampler.name", "'tpe'"),
+    ("name: t\nbase: {data: {micro_batch: 2}}\n" + GOOD.split("\n", 2)[2], "base.data.micro_batch", "unknown key"),
+    ("name: t\nspace:\n  io_uring_entries: {choices: [8, 24]}\n", "space.io_uring_entries.choices[1]",
+     "power of two"),
+    ("name: t\nspace: {}\n", "space", "empty search space"),
+    ("name: t\nwat: 1\n" + GOOD.split("\n", 2)[2], "wat", "unknown key"),
+])
+def test_bad_specs_name_file_and_key(tmp_path, text, key, words):
+    path = _write(tmp_path, text)
+    with pytest.raises(ValueError) as e:
+        load_study_spec(path)
+    assert isinstance(e.value, ConfigError)
+    msg = str(e.value)
+    assert msg.startswith(f"{path}: {key}:"), msg
+    assert words in msg
+
+
+def test_unknown_study_name_lists_the_builtins():
+    with pytest.raises(ValueError, match="built-in studies: .*tiny-cpu"):
+        load_study_spec("no-such-study")
+
+
+def test_spec_round_trips_through_plain_data():
+    from workbench.study import spec_from_dict
+
+    spec = load_study_spec("gr00t-n1.6")
+    again = spec_from_dict(spec.to_dict(), source="<storage>")
+    assert again.to_dict() == spec.to_dict()
+    assert loads_study_spec(GOOD).space["num_workers"].high == 2
+
+
+def test_exported_base_config_loads(tmp_path):
+    from workbench.config import dump_config
+
+    spec = load_study_spec()
+    p = dump_config(spec.export_config({"micro_batch_size": 8}), tmp_path / "c.yaml")
+    assert load_config(p).data.micro_batch_size == 8

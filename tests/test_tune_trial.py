@@ -1,0 +1,76 @@
+"""The trial runner alone: a real trial, a real crash, the watchdog (time limit, heartbeat), signals."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import pytest
+
+from workbench.config import load_config
+from workbench.study import load_study_spec
+from workbench.trial import TEST_FAULT_ENV, invalid_config_outcome, run_trial
+
+
+@pytest.fixture
+def spec(study_spec_file):
+    return load_study_spec(str(study_spec_file("trial")))
+
+
+def test_a_real_trial_reports_its_windows(spec, tmp_path):
+    seen, phases = [], []
+    out = run_trial(spec.trial_config({"micro_batch_size": 8}), tmp_path / "t0", timeout_s=180,
+                    heartbeat_timeout_s=60, on_window=lambda i, v: seen.append((i, v)) and False,
+                    on_phase=phases.append)
+    assert out.status == "ok", out.log_tail
+    assert len(out.windows) == spec.protocol.windows
+    assert seen == list(enumerate(out.windows))
+    assert out.value == pytest.approx(statistics.median(out.windows))
+    assert out.summary and out.summary["measured_steps"] > 0 and "phase_s_per_step" in out.summary
+    for name in ("config.yaml", "metrics.jsonl", "phases.csv", "summary.json", "log.txt", "heartbeat"):
+        assert (tmp_path / "t0" / name).exists(), name
+    assert load_config(out.config_path).data.micro_batch_size == 8
+    assert phases[0] == "launching" and any(p.startswith("measuring window") for p in phases)
+    assert out.peak_memory_gib is not None and out.device_total_gib is None  # CPU: RSS, no device share
+
+
+def test_pruning_kills_the_trial(spec, tmp_path):
+    out = run_trial(spec.trial_config({}), tmp_path / "p", timeout_s=180, heartbeat_timeout_s=60,
+                    on_window=lambda i, v: True)
+    assert out.status == "pruned" and len(out.windows) >= 1 and out.value is None
+
+
+def test_a_real_crash_is_recorded_with_its_log_tail(spec, tmp_path):
+    bad = tmp_path / "bad-model.json"
+    bad.write_text(json.dumps({"num_attention_heads": 4}))  # no hidden_size: the model cannot be built
+    from workbench.config import merge_overrides
+
+    cfg = merge_overrides(spec.trial_config({}), {"model.name": "custom", "model.config_path": str(bad)})
+    out = run_trial(cfg, tmp_path / "c", timeout_s=180, heartbeat_timeout_s=60)
+    assert out.status == "crash" and out.returncode == 1
+    assert "hidden_size" in out.failure_reason and "hidden_size" in out.log_tail
+    assert 0 < len(out.log_tail.splitlines()) <= 30
+
+
+@pytest.mark.parametrize(("fault", "status", "words", "limits"), [
+    ("hang", "timeout", "no step for 1.5 s", (60, 1.5)),                       # heartbeat watchdog
+    ("hang-start", "timeout", "time limit of 2 s before its first step", (2, 60)),  # per-trial limit
+    ("sigkill", "crash", "killed by SIGKILL", (60, 60)),
+    ("crash", "crash", "exit code 1", (60, 60)),
+])
+def test_watchdog_and_signals(spec, tmp_path, monkeypatch, fault, status, words, limits):
+    monkeypatch.setenv(TEST_FAULT_ENV, f"x:{fault}")
+    t0 = time.monotonic()
+    out = run_trial(spec.trial_config({}), tmp_path / fault, timeout_s=limits[0], heartbeat_timeout_s=limits[1],
+                    label="x")
+    assert out.status == status, (out.failure_reason, out.log_tail)
+    assert words in out.failure_reason
+    assert time.monotonic() - t0 < 30  # killed promptly, not left to its 1 h sleep
+
+
+def test_invalid_config_is_recorded_without_launch(tmp_path):
+    out = invalid_config_outcome(tmp_path / "i", "training.global_batch_size: got 8; must be a multiple of 3")
+    assert out.status == "invalid_config" and out.failed
+    assert json.loads((tmp_path / "i" / "failure.json").read_text())["kind"] == "invalid_config"
+    assert "multiple of 3" in out.log_tail and not (tmp_path / "i" / "metrics.jsonl").exists()

@@ -1,0 +1,237 @@
+"""The tuner's knobs: one declaration per knob, in ``KNOBS`` below.
+
+A knob names a config key the tuner may change, the kind of value it takes, the
+hardware capabilities it needs to act at all, and (for a conditional knob) when
+it is active given the values of the knobs before it. Its range is not here: a
+study spec (``studies/*.yaml``) gives each knob it searches a range or choices.
+
+Adding a knob is one ``Knob(...)`` line in ``KNOBS``; the study loader, the
+sampler, the trial runner, the exporter and the report all read this registry.
+
+Capabilities (``detect_capabilities``):
+
+* ``cuda``: a CUDA device is visible to torch;
+* ``multi_gpu``: the study asks for more than one GPU and this host has that many
+  (overlap and gradient-bucket knobs do nothing on one process);
+* ``io_uring``: the kernel lets this process set up an io_uring ring
+  (``loaders.reader.probe_io_uring`` where the loader provides it, else liburing).
+
+Knobs that need a missing capability are dropped from the search space and the
+run says which (``drop_unsupported``, ``format_dropped``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+__all__ = [
+    "CAPABILITIES",
+    "KNOBS",
+    "DroppedKnob",
+    "Knob",
+    "detect_capabilities",
+    "drop_unsupported",
+    "format_dropped",
+    "get_knob",
+    "knob_names",
+]
+
+CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring"})
+"""Every capability a knob may require."""
+
+KnobKind = Literal["int", "float", "categorical", "bool"]
+
+_GRAPH_CAPTURING_COMPILE = ("reduce-overhead", "max-autotune")  # these compile modes capture CUDA graphs themselves
+
+
+@dataclass(frozen=True, kw_only=True)
+class Knob:
+    """One tunable config key."""
+
+    name: str
+    """Short name: the Optuna parameter name and the key under a study's ``space``."""
+    key: str
+    """Dotted config key the value is written to (``data.bucket_width``)."""
+    kind: KnobKind
+    """Value type: int, float, categorical (strings or mixed) or bool."""
+    requires: frozenset[str] = field(default_factory=frozenset)
+    """Capabilities (subset of CAPABILITIES) without which the knob cannot act."""
+    condition: Callable[[Mapping[str, Any]], bool] | None = None
+    """Active only when this returns True for the values of the knobs declared before it."""
+    inactive: Any = None
+    """Value written when ``condition`` is False (None: leave the base config's value)."""
+    doc: str = ""
+    """What the knob acts on (shown in the report and in error messages)."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.requires) - CAPABILITIES
+        if unknown:
+            raise ValueError(
+                f"knob {self.name!r}: unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}")
+        if self.kind not in ("int", "float", "categorical", "bool"):
+            raise ValueError(f"knob {self.name!r}: kind {self.kind!r} is not int, float, categorical or bool")
+
+    def accepts(self, value: Any) -> bool:
+        """Whether ``value`` has this knob's type (a bool is not an int; an int is a float)."""
+        if self.kind == "bool":
+            return isinstance(value, bool)
+        if self.kind == "int":
+            return isinstance(value, int) and not isinstance(value, bool)
+        if self.kind == "float":
+            return isinstance(value, (int, float)) and not isinstance(value, bool)
+        return isinstance(value, (str, int, float, bool)) or value is None
+
+    def active(self, values: Mapping[str, Any]) -> bool:
+        """Whether the knob is searched, given the values of the knobs before it."""
+        return self.condition is None or bool(self.condition(values))
+
+
+def _graph_capture_allowed(values: Mapping[str, Any]) -> bool:
+    return values.get("compile", "none") not in _GRAPH_CAPTURING_COMPILE
+
+
+_CUDA = frozenset({"cuda"})
+
+# Declaration order is sampling order: a conditional knob comes after the knobs its condition reads.
+KNOBS: tuple[Knob, ...] = (
+    # IO domain and batching
+    Knob(name="bucket_width", key="data.bucket_width", kind="int",
+         doc="sequence bucket width: padding waste vs number of distinct shapes"),
+    Knob(name="io_uring_entries", key="loongforge.io_domain.io_uring_entries", kind="int",
+         requires=frozenset({"io_uring"}), doc="io_uring ring depth: shard reads in flight"),
+    Knob(name="num_workers", key="data.num_workers", kind="int", doc="decode workers: CPU decode parallelism"),
+    Knob(name="micro_batch_size", key="data.micro_batch_size", kind="int",
+         doc="samples per forward/backward (the global batch stays fixed: accumulation absorbs it)"),
+    # compute domain
+    Knob(name="compile", key="loongforge.compute_domain.compile", kind="categorical",
+         doc="torch.compile mode of the model"),
+    Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="bool", requires=_CUDA,
+         condition=_graph_capture_allowed, inactive=False,
+         doc="CUDA graphs of the step (off when the compile mode captures graphs itself)"),
+    # communication overlap
+    Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
+         requires=frozenset({"multi_gpu"}), doc="gradient all-reduce bucket size (MiB)"),
+    Knob(name="overlap_ratio", key="loongforge.overlap.overlap_ratio", kind="float",
+         requires=frozenset({"multi_gpu"}), doc="share of gradient buckets all-reduced during backward"),
+    # memory domain
+    Knob(name="pinned_block_kb", key="loongforge.memory_domain.pinned_block_kb", kind="int", requires=_CUDA,
+         doc="pinned host staging block (KiB)"),
+    Knob(name="expandable_segments", key="loongforge.memory_domain.allocator.expandable_segments", kind="bool",
+         requires=_CUDA, doc="allocator: grow segments in place"),
+    Knob(name="roundup_power2_divisions", key="loongforge.memory_domain.allocator.roundup_power2_divisions",
+         kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range"),
+    Knob(name="max_split_size_mb", key="loongforge.memory_domain.allocator.max_split_size_mb", kind="int",
+         requires=_CUDA, doc="allocator: blocks larger than this are never split"),
+    Knob(name="garbage_collection_threshold",
+         key="loongforge.memory_domain.allocator.garbage_collection_threshold", kind="float", requires=_CUDA,
+         doc="allocator: reclaim cached blocks above this share of allowed memory"),
+)
+"""Every knob the tuner knows, in sampling order."""
+
+
+def _check_registry(knobs: Iterable[Knob]) -> None:
+    names: set[str] = set()
+    keys: set[str] = set()
+    for k in knobs:
+        if k.name in names or k.key in keys:
+            raise ValueError(f"knob {k.name!r} ({k.key}) is declared twice")
+        names.add(k.name)
+        keys.add(k.key)
+
+
+_check_registry(KNOBS)
+_BY_NAME = {k.name: k for k in KNOBS}
+
+
+def knob_names() -> tuple[str, ...]:
+    """Names of every registered knob, in sampling order."""
+    return tuple(_BY_NAME)
+
+
+def get_knob(name: str) -> Knob:
+    """The knob called ``name``; KeyError lists the known names."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"unknown knob {name!r}; known knobs: {', '.join(_BY_NAME)}") from None
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def _probe_io_uring() -> bool:
+    """Whether an io_uring ring can be set up here (containers often forbid it)."""
+    try:
+        reader = importlib.import_module("loaders.reader")
+    except ImportError:
+        reader = None
+    probe = getattr(reader, "probe_io_uring", None)
+    if callable(probe):
+        try:
+            result = probe()  # (ok, reason) in the loader; a plain bool is accepted too
+        except Exception:  # noqa: BLE001 - a failing probe means no io_uring
+            return False
+        return bool(result[0]) if isinstance(result, tuple) else bool(result)
+    try:
+        import liburing  # type: ignore[import-not-found]
+    except ImportError:
+        return False
+    try:
+        ring = liburing.Ring()
+        if liburing.io_uring_queue_init(8, ring, 0) != 0:
+            return False
+        liburing.io_uring_queue_exit(ring)
+        return True
+    except Exception:  # noqa: BLE001 - ENOSYS/EPERM under seccomp, or an older binding
+        return False
+
+
+def detect_capabilities(gpus: int = 1) -> frozenset[str]:
+    """Capabilities of this host for a study of ``gpus`` processes (see the module docstring)."""
+    caps: set[str] = set()
+    try:
+        import torch
+
+        if torch.cuda.is_available():  # note: does not create a CUDA context
+            caps.add("cuda")
+            if gpus > 1 and torch.cuda.device_count() >= gpus:
+                caps.add("multi_gpu")
+    except ImportError:
+        pass
+    if _probe_io_uring():
+        caps.add("io_uring")
+    return frozenset(caps)
+
+
+@dataclass(frozen=True)
+class DroppedKnob:
+    """A knob left out of the search space, and why."""
+
+    knob: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"knob": self.knob, "reason": self.reason}
+
+
+def drop_unsupported(names: Iterable[str], capabilities: Iterable[str]) -> tuple[list[str], list[DroppedKnob]]:
+    """Split knob ``names`` into those that can act with ``capabilities`` and those dropped (with the reason)."""
+    caps = frozenset(capabilities)
+    kept: list[str] = []
+    dropped: list[DroppedKnob] = []
+    for name in names:
+        missing = sorted(get_knob(name).requires - caps)
+        if missing:
+            dropped.append(DroppedKnob(name, "needs " + " and ".join(m.replace("_", "-") for m in missing)))
+        else:
+            kept.append(name)
+    return kept, dropped
+
+
+def format_dropped(dropped: Iterable[DroppedKnob]) -> str:
+    """``dropped for this hardware: graph_capture (needs cuda), ...``; "" when none was dropped."""
+    items = [f"{d.knob} ({d.reason})" for d in dropped]
+    return "dropped for this hardware: " + ", ".join(items) if items else ""

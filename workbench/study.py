@@ -1,0 +1,465 @@
+"""Study specs: what one tuning study searches, for how long, and how it measures.
+
+A study spec is one YAML file (``studies/<name>.yaml``), loaded into the typed
+dataclasses below with the strictness of ``config.yaml``: unknown keys, unknown
+knobs, empty ranges and values of the wrong type are rejected with a
+``ConfigError`` (a ValueError) that names the file and the key path
+(``studies/x.yaml: space.bucket_width.low: ...``).
+
+    name: tiny-cpu
+    model: tiny                      # a preset name, or a path to an HF config.json
+    gpus: 1
+    base:                            # config overrides (config.yaml sections), fixed for every trial
+      training: {global_batch_size: 8}
+    space:                           # knob -> range or choices (knob names: workbench/knobs.py)
+      bucket_width: {choices: [32, 64, 128, 256]}
+      num_workers: {low: 0, high: 2}
+    budget: {trials: 10, timeout_s: null}
+    objective: {multi_objective: false, memory_share_limit: 0.9}
+    sampler: {name: tpe, seed: 0, n_startup_trials: 5}
+    pruner: {name: median, n_warmup_steps: 1}
+    protocol: {warmup_steps: 4, window_steps: 8, windows: 3, baseline_repeats: 3,
+               top_k: 2, ab_rounds: 3, trial_timeout_s: 120, heartbeat_timeout_s: 30}
+
+Each trial's config is ``base`` + the protocol's measurement keys
+(``training.max_steps``, ``log_every``, ``warmup_measure_steps``) + the sampled
+knob values (``StudySpec.trial_config``); the exported config is ``base`` + the
+winner's values, without the protocol's keys (``StudySpec.export_config``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.resources
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from workbench.config import MODEL_PRESETS, Config, ConfigError, from_dict, merge_overrides, preset_config, to_dict
+from workbench.knobs import get_knob, knob_names
+
+__all__ = [
+    "Budget",
+    "KnobRange",
+    "Objective",
+    "PrunerSpec",
+    "Protocol",
+    "SamplerSpec",
+    "StudySpec",
+    "builtin_studies",
+    "find_study",
+    "load_study_spec",
+    "loads_study_spec",
+]
+
+DEFAULT_STUDY = "tiny-cpu"
+"""The study run when none is named."""
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+@dataclass(kw_only=True)
+class KnobRange:
+    """Where one knob is searched: ``{low, high, step?, log?}`` or ``{choices: [...]}``."""
+
+    low: int | float | None = None
+    """Lowest value (int or float knobs)."""
+    high: int | float | None = None
+    """Highest value, inclusive."""
+    step: int | float | None = None
+    """Grid step between low and high; null = continuous (float) or 1 (int)."""
+    log: bool = False
+    """Sample on a log scale (low must be > 0; not with a step)."""
+    choices: list[Any] | None = None
+    """Explicit values (any knob kind); excludes low/high."""
+
+    def __post_init__(self) -> None:
+        if self.choices is not None:
+            if any(v is not None for v in (self.low, self.high, self.step)) or self.log:
+                raise ConfigError("give either choices or low/high(/step/log), not both", key="choices")
+            if not self.choices:
+                raise ConfigError("empty choices; list at least one value", key="choices")
+            seen: list[Any] = []
+            for i, v in enumerate(self.choices):
+                if any(v == s and type(v) is type(s) for s in seen):
+                    raise ConfigError(f"duplicate choice {v!r}", key=f"choices[{i}]")
+                seen.append(v)
+            return
+        if self.low is None or self.high is None:
+            raise ConfigError("needs both low and high, or choices", key="low" if self.low is None else "high")
+        if not (math.isfinite(self.low) and math.isfinite(self.high)):
+            raise ConfigError(f"low and high must be finite, got [{self.low}, {self.high}]", key="low")
+        if self.low > self.high:
+            raise ConfigError(f"empty range: low {self.low} > high {self.high}", key="low")
+        if self.step is not None and not self.step > 0:
+            raise ConfigError(f"got {self.step}; expected a step > 0", key="step")
+        if self.log and self.low <= 0:
+            raise ConfigError(f"log scale needs low > 0, got {self.low}", key="log")
+        if self.log and self.step is not None:
+            raise ConfigError("log scale cannot be combined with a step", key="log")
+
+    def grid(self, kind: str) -> list[Any]:
+        """Every value of this range, for the grid sampler (a float range needs a step)."""
+        if self.choices is not None:
+            return list(self.choices)
+        assert self.low is not None and self.high is not None
+        if kind == "int":
+            return list(range(int(self.low), int(self.high) + 1, int(self.step or 1)))
+        if self.step is None:
+            raise ConfigError("the grid sampler needs choices or a step for a float range", key="step")
+        n = int(math.floor((self.high - self.low) / self.step + 1e-9))
+        return [self.low + i * self.step for i in range(n + 1)]
+
+    def values_to_check(self) -> list[Any]:
+        """Values validated against the config at load: every choice, or both ends of the range."""
+        return list(self.choices) if self.choices is not None else [self.low, self.high]
+
+
+@dataclass(kw_only=True)
+class Budget:
+    """When the search stops: after this many counted trials and/or this much wall time."""
+
+    trials: int | None = 20
+    """Trials that count (complete, pruned or failed-but-told: not infrastructure interruptions)."""
+    timeout_s: float | None = None
+    """Wall-clock limit of the search in each tuner process; null = none."""
+
+    def __post_init__(self) -> None:
+        if self.trials is not None and self.trials < 1:
+            raise ConfigError(f"got {self.trials}; expected an integer >= 1 or null", key="trials")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ConfigError(f"got {self.timeout_s}; expected a number > 0 or null", key="timeout_s")
+        if self.trials is None and self.timeout_s is None:
+            raise ConfigError("no budget: set trials, timeout_s or both", key="trials")
+
+
+@dataclass(kw_only=True)
+class Objective:
+    """What is maximised, under which constraints."""
+
+    multi_objective: bool = False
+    """Also minimise peak memory (a Pareto front of throughput vs memory); disables pruning."""
+    memory_share_limit: float = 0.9
+    """Peak reserved memory must stay under this share of the device (CUDA only)."""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.memory_share_limit <= 1:
+            raise ConfigError(f"got {self.memory_share_limit}; expected a number in (0, 1]", key="memory_share_limit")
+
+
+@dataclass(kw_only=True)
+class SamplerSpec:
+    """Optuna sampler."""
+
+    name: Literal["tpe", "random", "nsga2", "grid"] = "tpe"
+    """tpe, random, nsga2 (multi-objective) or grid (choices and stepped ranges only)."""
+    seed: int | None = 0
+    """Sampler seed; null = random."""
+    n_startup_trials: int = 5
+    """Random trials before TPE models the space (population size for nsga2)."""
+
+    def __post_init__(self) -> None:
+        if self.n_startup_trials < 0 or (self.name == "nsga2" and self.n_startup_trials < 2):
+            raise ConfigError(f"got {self.n_startup_trials}; expected >= 0 (>= 2 for nsga2)", key="n_startup_trials")
+
+
+@dataclass(kw_only=True)
+class PrunerSpec:
+    """Optuna pruner over the measured windows."""
+
+    name: Literal["median", "none"] = "median"
+    """median: stop a trial whose window throughput is below the median of earlier trials at that window."""
+    n_warmup_steps: int = 1
+    """Windows reported before a trial may be pruned."""
+    n_startup_trials: int = 3
+    """Finished trials before pruning starts."""
+
+    def __post_init__(self) -> None:
+        for key in ("n_warmup_steps", "n_startup_trials"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"got {getattr(self, key)}; expected an integer >= 0", key=key)
+
+
+@dataclass(kw_only=True)
+class Protocol:
+    """How a trial and the validation are measured."""
+
+    warmup_steps: int = 4
+    """Steps excluded from measurement (compile, graph capture, allocator settling)."""
+    window_steps: int = 8
+    """Steps per measured window (one intermediate value each)."""
+    windows: int = 3
+    """Measured windows per trial; the objective is their median throughput."""
+    baseline_repeats: int = 3
+    """Runs of the base config before the search: the noise floor."""
+    top_k: int = 2
+    """Best distinct feasible trials re-measured against the baseline."""
+    ab_rounds: int = 3
+    """Interleaved baseline/candidate pairs per candidate."""
+    trial_timeout_s: float = 600.0
+    """Wall-clock limit of one trial process."""
+    heartbeat_timeout_s: float = 120.0
+    """A trial whose step counter does not move for this long (or has no first step by the time limit) is killed."""
+
+    def __post_init__(self) -> None:
+        for key, low in (("warmup_steps", 0), ("window_steps", 1), ("windows", 1), ("baseline_repeats", 1),
+                         ("top_k", 0), ("ab_rounds", 1)):
+            if getattr(self, key) < low:
+                raise ConfigError(f"got {getattr(self, key)}; expected an integer >= {low}", key=key)
+        for key in ("trial_timeout_s", "heartbeat_timeout_s"):
+            if not getattr(self, key) > 0:
+                raise ConfigError(f"got {getattr(self, key)}; expected a number of seconds > 0", key=key)
+
+    @property
+    def steps(self) -> int:
+        """Steps of one trial: warm-up plus the measured windows."""
+        return self.warmup_steps + self.window_steps * self.windows
+
+    def config_overrides(self) -> dict[str, Any]:
+        """The measurement keys every trial (and every validation run) gets."""
+        return {
+            "training.max_steps": self.steps,
+            "training.log_every": self.window_steps,
+            "training.warmup_measure_steps": self.warmup_steps,
+        }
+
+
+@dataclass(kw_only=True)
+class StudySpec:
+    """One tuning study (see the module docstring for the YAML form)."""
+
+    name: str
+    """Study name: the directory under runs/ and the default Optuna study name."""
+    model: str = "tiny"
+    """Model preset name, or a path to an HF-format config.json (relative to the spec file)."""
+    gpus: int = 1
+    """Processes (GPUs) per trial; more than one launches torchrun."""
+    base: dict[str, Any] = field(default_factory=dict)
+    """Config overrides (sections of config.yaml) applied to every trial and to the baseline."""
+    space: dict[str, KnobRange] = field(default_factory=dict)
+    """Knob name -> range or choices."""
+    budget: Budget = field(default_factory=Budget)
+    """Trials and/or wall time."""
+    objective: Objective = field(default_factory=Objective)
+    """Objective and constraints."""
+    sampler: SamplerSpec = field(default_factory=SamplerSpec)
+    """Optuna sampler."""
+    pruner: PrunerSpec = field(default_factory=PrunerSpec)
+    """Optuna pruner."""
+    protocol: Protocol = field(default_factory=Protocol)
+    """Measurement protocol."""
+    source: str | None = None
+    """File the spec was loaded from (set by the loader; not part of the YAML)."""
+
+    def __post_init__(self) -> None:
+        if not _NAME_RE.match(self.name):
+            raise ConfigError(f"got {self.name!r}; expected letters, digits, '.', '_' or '-'", key="name")
+        if self.gpus < 1:
+            raise ConfigError(f"got {self.gpus}; expected an integer >= 1", key="gpus")
+        known = knob_names()
+        if not self.space:
+            raise ConfigError(f"empty search space; add at least one knob of: {', '.join(known)}", key="space")
+        for name, rng in self.space.items():
+            if name not in known:
+                import difflib
+
+                close = difflib.get_close_matches(name, known, n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"unknown knob{hint} Known knobs: {', '.join(known)}", key=f"space.{name}")
+            self._check_range(name, rng)
+        self._check_base()
+
+    # ------------------------------------------------------------------ validation
+    def _check_range(self, name: str, rng: KnobRange) -> None:
+        knob = get_knob(name)
+        where = f"space.{name}"
+        if rng.choices is not None:
+            for i, v in enumerate(rng.choices):
+                if not knob.accepts(v):
+                    raise ConfigError(
+                        f"got {v!r} ({type(v).__name__}); knob {name!r} takes {knob.kind} values",
+                        key=f"{where}.choices[{i}]")
+            return
+        if knob.kind not in ("int", "float"):
+            raise ConfigError(f"knob {name!r} is {knob.kind}: give choices, not low/high", key=where)
+        if knob.kind == "int":
+            for key in ("low", "high", "step"):
+                v = getattr(rng, key)
+                if v is not None and not (isinstance(v, int) and not isinstance(v, bool)):
+                    raise ConfigError(f"got {v!r} ({type(v).__name__}); knob {name!r} takes integers",
+                                      key=f"{where}.{key}")
+
+    def _check_base(self) -> None:
+        hw = self.base.get("hardware") if isinstance(self.base, Mapping) else None
+        if isinstance(hw, Mapping) and "gpus" in hw and hw["gpus"] != self.gpus:
+            raise ConfigError(f"got {hw['gpus']!r}, but the study's gpus is {self.gpus}; set gpus at the top "
+                              "level only", key="base.hardware.gpus")
+        if "provenance" in self.base:
+            raise ConfigError("a study's base config cannot set provenance", key="base.provenance")
+        cfg = self.base_config()
+        for name, rng in self.space.items():
+            knob = get_knob(name)
+            for i, v in enumerate(rng.values_to_check()):
+                try:
+                    merge_overrides(cfg, {knob.key: v})
+                except ConfigError as e:
+                    key = f"space.{name}.choices[{i}]" if rng.choices is not None else \
+                        f"space.{name}.{('low', 'high')[i]}"
+                    raise ConfigError(f"{v!r} is rejected by the base config ({e})", key=key) from None
+
+    # ------------------------------------------------------------------ configs
+    def model_overrides(self) -> dict[str, Any]:
+        """The model section for ``model`` (a preset, or a config.json path)."""
+        if self.model in MODEL_PRESETS:
+            return {"model.name": self.model, "model.config_path": None}
+        return {"model.name": "custom", "model.config_path": self.model}
+
+    def base_config(self) -> Config:
+        """Model + ``base`` + ``gpus``: the baseline, and what the export starts from."""
+        cfg = preset_config("tiny")
+        try:
+            cfg = merge_overrides(cfg, self.model_overrides())
+        except ConfigError as e:
+            raise ConfigError(f"model {self.model!r}: {e}", key="model") from None
+        try:
+            cfg = merge_overrides(cfg, dict(self.base))
+        except ConfigError as e:
+            raise e.with_prefix("base") from None
+        try:
+            return merge_overrides(cfg, {"hardware.gpus": self.gpus})
+        except ConfigError as e:
+            raise ConfigError(str(e), key="gpus") from None
+
+    def measured_base_config(self) -> Config:
+        """The baseline as measured: ``base_config`` + the protocol's measurement keys."""
+        return merge_overrides(self.base_config(), self.protocol.config_overrides())
+
+    def knob_overrides(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """Dotted config overrides for knob values ``params`` (inactive conditional knobs get their off value)."""
+        out: dict[str, Any] = {}
+        for name, value in params.items():
+            out[get_knob(name).key] = value
+        values = dict(self.base_knob_values())
+        values.update(params)
+        for name in self.space:
+            knob = get_knob(name)
+            if name not in params and knob.inactive is not None and not knob.active(values):
+                out[knob.key] = knob.inactive
+        return out
+
+    def trial_config(self, params: Mapping[str, Any]) -> Config:
+        """Config of one trial: the measured baseline with knob values ``params``; raises ConfigError."""
+        return merge_overrides(self.measured_base_config(), self.knob_overrides(params))
+
+    def export_config(self, params: Mapping[str, Any]) -> Config:
+        """Config to export for knob values ``params`` (no measurement keys); raises ConfigError."""
+        return merge_overrides(self.base_config(), self.knob_overrides(params))
+
+    def base_knob_values(self) -> dict[str, Any]:
+        """Each registered knob's value in the base config (what a condition sees for an unsearched knob)."""
+        data = to_dict(self.base_config())
+        out: dict[str, Any] = {}
+        for name in knob_names():
+            node: Any = data
+            for part in get_knob(name).key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            out[name] = node
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data of the spec (YAML form; ``source`` left out)."""
+        d = dataclasses.asdict(self)
+        d.pop("source", None)
+        d["space"] = {k: {kk: vv for kk, vv in v.items() if vv is not None and not (kk == "log" and vv is False)}
+                      for k, v in d["space"].items()}
+        return d
+
+
+# --------------------------------------------------------------------------- loading
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
+                       r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.(?:inf|Inf|INF))$|^\.(?:nan|NaN|NAN)$")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads 3e-4 as a float (YAML 1.1 wants a dot) and rejects duplicate keys."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                if key_node.value in seen:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping", node.start_mark,
+                        f"found duplicate key {key_node.value!r}", key_node.start_mark)
+                seen.add(key_node.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.yaml_implicit_resolvers = {
+    ch: [(tag, rx) for tag, rx in lst if tag != _FLOAT_TAG]
+    for ch, lst in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_RE, list("-+0123456789."))
+
+
+def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> StudySpec:
+    """Build and validate a StudySpec from plain data; errors name ``source`` and the key path."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"top level is {type(data).__name__}; expected a mapping", source=source)
+    data = dict(data)
+    data.pop("source", None)
+    model = data.get("model")
+    if isinstance(model, str) and model not in MODEL_PRESETS and base_dir is not None:
+        if model.endswith(".json") or "/" in model:
+            path = Path(model).expanduser()
+            data["model"] = str(path if path.is_absolute() else (base_dir / path).resolve())
+    try:
+        spec = from_dict(StudySpec, data)
+    except ConfigError as e:
+        raise e.with_source(source) from None
+    spec.source = source
+    return spec
+
+
+def loads_study_spec(text: str, source: str = "<string>", base_dir: Path | None = None) -> StudySpec:
+    """Parse and validate a study spec from YAML text."""
+    try:
+        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        raise ConfigError(f"invalid YAML: {getattr(e, 'problem', None) or e}", source=source,
+                          line=mark.line + 1 if mark is not None else None) from None
+    return spec_from_dict(data if data is not None else {}, source=source, base_dir=base_dir)
+
+
+def builtin_studies() -> list[str]:
+    """Names of the study specs shipped in the ``studies`` package."""
+    root = importlib.resources.files("studies")
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def find_study(name_or_path: str) -> tuple[str, str, Path | None]:
+    """(YAML text, source label, base dir) of a built-in study name or a spec file path."""
+    path = Path(name_or_path).expanduser()
+    if path.suffix in (".yaml", ".yml") or path.exists() or "/" in name_or_path:
+        if not path.is_file():
+            raise ConfigError(f"no such study spec file: {path}", source=str(path))
+        return path.read_text(encoding="utf-8"), str(path), path.parent.resolve()
+    res = importlib.resources.files("studies") / f"{name_or_path}.yaml"
+    if not res.is_file():
+        raise ConfigError(f"unknown study {name_or_path!r}; built-in studies: {', '.join(builtin_studies())}, "
+                          "or give the path of a spec file", key="--study")
+    return res.read_text(encoding="utf-8"), f"studies/{name_or_path}.yaml", Path(str(res)).parent
+
+
+def load_study_spec(name_or_path: str = DEFAULT_STUDY) -> StudySpec:
+    """Load a built-in study by name (``tiny-cpu``) or a spec file by path."""
+    text, source, base_dir = find_study(name_or_path)
+    return loads_study_spec(text, source=source, base_dir=base_dir)

@@ -1,0 +1,441 @@
+"""One isolated trial: launch ``workbench.train`` in its own process group, watch it, classify the outcome.
+
+``run_trial(cfg, trial_dir, ...)`` writes ``trial_dir/config.yaml``, launches
+
+    python -m workbench.train --config config.yaml --out DIR --summary DIR/summary.json \
+        --heartbeat DIR/heartbeat -q [--synthetic]
+
+(``python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.train ...``,
+i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
+``trial_dir/log.txt``, and polls until it exits:
+
+* every new line of ``metrics.jsonl`` is one measured window; its real
+  tokens/s/GPU goes to ``on_window(index, value)``, which returns True to prune
+  (the tuner reports it to Optuna and asks ``should_prune``);
+* the watchdog kills the whole process group (SIGTERM, then SIGKILL after a
+  grace) when the trial exceeds its time limit, or when the heartbeat file (the
+  step counter, rewritten after every step) has not changed for
+  ``heartbeat_timeout_s`` after the first step: status ``timeout``.
+
+The outcome's status is one of ``STATUSES``: ``ok``, ``pruned``, a failure kind
+of DESIGN.md (from ``failure.json``, else the exit code, else the signal; "CUDA
+out of memory" in the log tail makes a crash an ``oom``), or ``interrupted``.
+The objective of an ``ok`` trial is the median of its window throughputs.
+
+On Linux the child gets ``PR_SET_PDEATHSIG(SIGKILL)``, so a tuner killed with
+``kill -9`` does not leave its trial running.
+
+For tests only: ``WORKBENCH_TEST_TRIAL_FAULT="trial-3:hang,trial-5:crash"`` replaces
+the child of the trial with that label by a stand-in that hangs after one
+heartbeat (``hang``), hangs before any step (``hang-start``), exits 1 with a
+traceback (``crash``) or kills itself with SIGKILL (``sigkill``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Config, dump_config
+
+__all__ = [
+    "FAILURE_KINDS",
+    "STATUSES",
+    "TEST_FAULT_ENV",
+    "TrialOutcome",
+    "invalid_config_outcome",
+    "launch_command",
+    "read_log_tail",
+    "run_trial",
+]
+
+STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "compile_error", "invalid_config", "interrupted")
+"""Every status a trial can end with (user attr ``status``)."""
+
+FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "compile_error", "invalid_config")
+"""Statuses told to Optuna as infeasible (COMPLETE, objective 0, constraint 1.0)."""
+
+TEST_FAULT_ENV = "WORKBENCH_TEST_TRIAL_FAULT"
+"""Test hook (see the module docstring); never set it outside tests."""
+
+THROUGHPUT_KEY = "throughput/real_tokens_per_s_per_gpu"
+LOG_TAIL_LINES = 30
+KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the train CLI needs no cleanup when it is killed
+_OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory")
+_SUMMARY_KEEP_DICTS = ("phase_s_per_step",)
+
+_ROOT = Path(__file__).resolve().parent.parent  # the checkout holding workbench/, loaders/, kernels/
+
+
+def _exit_code_kinds() -> dict[int, str]:
+    try:
+        from workbench.train import EXIT_CODES
+    except Exception:  # noqa: BLE001 - keep the runner usable while train.py is broken
+        EXIT_CODES = {"ok": 0, "crash": 1, "invalid_config": 2, "oom": 3, "nan_loss": 4, "compile_error": 5,
+                      "interrupted": 130}
+    return {code: kind for kind, code in EXIT_CODES.items()}
+
+
+@dataclass
+class TrialOutcome:
+    """What one trial process did."""
+
+    status: str
+    """One of STATUSES."""
+    trial_dir: Path
+    config_path: Path | None = None
+    windows: list[float] = field(default_factory=list)
+    """Real tokens/s/GPU of each measured window, in order."""
+    value: float | None = None
+    """Objective: median window throughput (ok trials only)."""
+    summary: dict[str, Any] | None = None
+    """summary.json of the run, bulky keys removed."""
+    failure_reason: str = ""
+    log_tail: str = ""
+    returncode: int | None = None
+    wall_s: float = 0.0
+    last_window: dict[str, Any] | None = None
+    """The last metrics.jsonl record (memory and loss of a pruned or failed trial)."""
+
+    @property
+    def failed(self) -> bool:
+        return self.status in FAILURE_KINDS
+
+    @property
+    def peak_memory_gib(self) -> float | None:
+        """Peak reserved device memory (CUDA) or peak host RSS (CPU), GiB."""
+        for src in (self.summary, self.last_window):
+            if src:
+                v = src.get("memory/max_reserved_gib")
+                if v is None:
+                    v = src.get("memory/max_rss_gib")
+                if v is not None:
+                    return float(v)
+        return None
+
+    @property
+    def device_total_gib(self) -> float | None:
+        for src in (self.summary, self.last_window):
+            if src and src.get("memory/device_total_gib"):
+                return float(src["memory/device_total_gib"])
+        return None
+
+    @property
+    def last_loss(self) -> float | None:
+        if self.summary and self.summary.get("last_loss") is not None:
+            return float(self.summary["last_loss"])
+        if self.last_window and self.last_window.get("loss") is not None:
+            return float(self.last_window["loss"])
+        return None
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def read_log_tail(trial_dir: Path, lines: int = LOG_TAIL_LINES, width: int = 400) -> str:
+    """The last ``lines`` lines of ``trial_dir/log.txt`` (each cut to ``width`` characters)."""
+    path = Path(trial_dir) / "log.txt"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    text = text.replace("\r", "\n")  # progress bars
+    tail = [ln[:width] for ln in text.splitlines() if ln.strip()][-lines:]
+    return "\n".join(tail)
+
+
+def _slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in summary.items():
+        if isinstance(v, (int, float, str, bool)) or v is None:
+            if isinstance(v, float) and not math.isfinite(v):
+                v = None
+            out[k] = v
+        elif k in _SUMMARY_KEEP_DICTS and isinstance(v, dict):
+            out[k] = v
+    return out
+
+
+def _fresh_dir(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)  # a re-run trial must not append to an earlier run's metrics
+    path.mkdir(parents=True)
+
+
+def invalid_config_outcome(trial_dir: Path, reason: str) -> TrialOutcome:
+    """Record a trial whose config was rejected before launch (nothing is run)."""
+    trial_dir = Path(trial_dir)
+    _fresh_dir(trial_dir)
+    (trial_dir / "failure.json").write_text(json.dumps({"kind": "invalid_config", "message": reason}) + "\n")
+    (trial_dir / "log.txt").write_text(f"config rejected before launch: {reason}\n")
+    return TrialOutcome("invalid_config", trial_dir, failure_reason=reason, log_tail=read_log_tail(trial_dir))
+
+
+def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]:
+    """The command line of one trial (torchrun when the config asks for several GPUs)."""
+    args = ["--config", str(config_path), "--out", str(trial_dir), "--summary", str(trial_dir / "summary.json"),
+            "--heartbeat", str(trial_dir / "heartbeat"), "-q"]
+    if not cfg.data.loongbin_dir:
+        args.append("--synthetic")
+    if cfg.hardware.gpus > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(cfg.hardware.gpus), "-m", "workbench.train", *args]
+    return [sys.executable, "-m", "workbench.train", *args]
+
+
+_FAULT_SCRIPTS = {
+    # one heartbeat, then silence: the heartbeat watchdog must fire
+    "hang": "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(3600)",
+    # never a step: the per-trial time limit must fire
+    "hang-start": "import time; time.sleep(3600)",
+    "crash": "raise RuntimeError('deliberate crash (WORKBENCH_TEST_TRIAL_FAULT)')",
+    "sigkill": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+}
+
+
+def _test_fault(label: str | None) -> str | None:
+    spec = os.environ.get(TEST_FAULT_ENV, "")
+    if not spec or label is None:
+        return None
+    for item in spec.split(","):
+        name, _, kind = item.strip().partition(":")
+        if name == label:
+            if kind not in _FAULT_SCRIPTS:
+                raise ValueError(f"{TEST_FAULT_ENV}: unknown fault {kind!r}; known: {', '.join(_FAULT_SCRIPTS)}")
+            return kind
+    return None
+
+
+def _pdeathsig() -> Callable[[], None] | None:
+    """preexec_fn giving the child SIGKILL when the tuner dies (Linux); resolved before fork."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    pr_set_pdeathsig = 1
+
+    def _set() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+
+    return _set
+
+
+def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+    """SIGTERM the child's process group, SIGKILL it after ``grace_s``; reap the child."""
+    pgid = proc.pid  # start_new_session: the child leads its own group
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    # grandchildren (torchrun workers, loader processes) may outlive the leader; finish them too
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+class _MetricsTail:
+    """Reads complete new lines of metrics.jsonl as the child appends them."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+        self.buf = b""
+
+    def read(self) -> list[dict[str, Any]]:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
+            return []
+        self.offset += len(chunk)
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        out = []
+        for line in lines:
+            if line.strip():
+                try:
+                    out.append(json.loads(line))
+                except json.JSONDecodeError:
+                    continue  # a torn line cannot be re-read; the summary still has the totals
+        return out
+
+
+def _read_heartbeat(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _signal_name(rc: int) -> str:
+    try:
+        return signal.Signals(-rc).name
+    except ValueError:
+        return f"signal {-rc}"
+
+
+# --------------------------------------------------------------------------- the runner
+
+
+def run_trial(
+    cfg: Config,
+    trial_dir: Path,
+    *,
+    timeout_s: float,
+    heartbeat_timeout_s: float,
+    on_window: Callable[[int, float], bool] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_launch: Callable[[int], None] | None = None,
+    label: str | None = None,
+    poll_s: float = 0.2,
+) -> TrialOutcome:
+    """Run one trial of ``cfg`` in a fresh process group under ``trial_dir`` (see the module docstring).
+
+    ``on_window(i, tokens_per_s)`` is called for each measured window; returning True prunes the
+    trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
+    ``on_launch(pgid)`` is called once the child runs. A KeyboardInterrupt kills the child's
+    group and propagates.
+    """
+    trial_dir = Path(trial_dir).resolve()
+    _fresh_dir(trial_dir)
+    config_path = dump_config(cfg, trial_dir / "config.yaml")
+    phase = on_phase or (lambda _text: None)
+    phase("launching")
+    cmd = launch_command(cfg, config_path, trial_dir)
+    fault = _test_fault(label)
+    if fault is not None:
+        cmd = [sys.executable, "-c", _FAULT_SCRIPTS[fault], str(trial_dir / "heartbeat")]
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+    env.pop(TEST_FAULT_ENV, None)
+    warm = cfg.training.warmup_measure_steps
+    n_windows = max(1, (cfg.training.max_steps - warm) // cfg.training.log_every)
+    metrics = _MetricsTail(trial_dir / "metrics.jsonl")
+    heartbeat = trial_dir / "heartbeat"
+    windows: list[float] = []
+    last_window: dict[str, Any] | None = None
+    killed_reason = ""
+    pruned = False
+
+    t0 = time.monotonic()
+    with open(trial_dir / "log.txt", "wb") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        # the tuner's working directory: relative paths in the config mean what they mean to the user
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True, preexec_fn=_pdeathsig())
+    try:
+        if on_launch is not None:
+            on_launch(proc.pid)
+        beat, beat_at = None, t0
+        while True:
+            rc = proc.poll()
+            for rec in metrics.read():
+                v = rec.get(THROUGHPUT_KEY)
+                if not isinstance(v, (int, float)) or not isinstance(rec.get("step"), int) or rec["step"] <= warm:
+                    continue  # only measured windows after the warm-up count
+                windows.append(float(v))
+                last_window = rec
+                phase(f"measuring window {len(windows) + 1}/{n_windows}" if len(windows) < n_windows
+                      else "finishing")
+                if on_window is not None and on_window(len(windows) - 1, float(v)) and rc is None and not pruned:
+                    pruned = True
+            if pruned:
+                _kill_group(proc)
+                break
+            if rc is not None:
+                break
+            now = time.monotonic()
+            b = _read_heartbeat(heartbeat)
+            if b != beat:
+                beat, beat_at = b, now
+                if not windows:
+                    in_warmup = b is not None and b.isdigit() and int(b) <= warm
+                    phase(f"warm-up (step {b}/{warm})" if in_warmup else f"measuring window 1/{n_windows}")
+            if now - t0 > timeout_s:
+                killed_reason = f"exceeded the trial time limit of {timeout_s:g} s" + (
+                    f" (last step {beat})" if beat else " before its first step")
+            elif beat is not None and now - beat_at > heartbeat_timeout_s:
+                killed_reason = f"no step for {heartbeat_timeout_s:g} s (hung after step {beat})"
+            if killed_reason:
+                _kill_group(proc)
+                break
+            time.sleep(poll_s)
+    except BaseException:
+        _kill_group(proc)
+        raise
+    rc = proc.wait()
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)  # stray grandchildren of a finished trial
+    wall = time.monotonic() - t0
+    if not pruned:
+        for rec in metrics.read():  # windows written between the last poll and the exit
+            v = rec.get(THROUGHPUT_KEY)
+            if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > warm:
+                windows.append(float(v))
+                last_window = rec
+                if on_window is not None:
+                    on_window(len(windows) - 1, float(v))  # for the pruner's statistics; the trial is over
+
+    summary = None
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        summary = _slim_summary(json.loads((trial_dir / "summary.json").read_text()))
+    failure: dict[str, Any] = {}
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        failure = json.loads((trial_dir / "failure.json").read_text())
+    tail = read_log_tail(trial_dir)
+    out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, last_window)
+
+    if killed_reason:
+        out.status, out.failure_reason = "timeout", killed_reason
+    elif pruned:
+        out.status = "pruned"
+        out.failure_reason = f"pruned after window {len(windows)} ({windows[-1]:,.0f} tok/s/gpu)"
+    elif rc == 0 and failure.get("kind") is None:
+        if not windows:
+            out.status = "crash"
+            out.failure_reason = "exited 0 without a measured window (too few steps for the protocol?)"
+        elif summary is not None and summary.get("last_loss") is not None and not math.isfinite(
+                float(summary["last_loss"])):
+            out.status, out.failure_reason = "nan_loss", f"final loss {summary['last_loss']}"
+        else:
+            out.value = statistics.median(windows)
+    else:
+        kind = failure.get("kind") or _exit_code_kinds().get(rc, "crash")
+        if kind not in STATUSES or kind in ("ok", "pruned"):
+            kind = "crash"
+        reason = str(failure.get("message") or "")
+        if rc is not None and rc < 0:
+            kind = "crash"
+            reason = f"killed by {_signal_name(rc)}" + (
+                " (the host's OOM killer?)" if rc == -signal.SIGKILL else "") + (f"; {reason}" if reason else "")
+        elif not reason:
+            reason = f"exit code {rc}"
+        if kind == "crash" and any(m in tail for m in _OOM_MARKERS):
+            kind = "oom"
+        out.status, out.failure_reason = kind, reason
+    return out
