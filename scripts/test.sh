@@ -10,4 +10,6 @@ if [ "${SKIP_SERVICES:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/
   WORKBENCH_TEST_PG_URL=$(bash scripts/services.sh | tail -n 1)
   export WORKBENCH_TEST_PG_URL
 fi
+# reports rendered by the browser tests (screenshots included) are kept here as artifacts
+export REPORT_ARTIFACT_DIR=${REPORT_ARTIFACT_DIR:-$PWD/runs/ci-artifacts}
 exec .venv/bin/python -m pytest -q "$@"

@@ -1,9 +1,8 @@
-"""A report from a real tiny study: ``python -m workbench.tune`` on the CPU with a small budget and a short
-protocol, then ``reports.build_report`` on what it wrote.
-
-Slow (a dozen training subprocesses), so kept out of the default run: ``test_report.py`` covers the
-report on a fixture that follows the same data contract. Run it with ``pytest -m slow
-tests/test_report_tuner.py``.
+"""A report from a real tiny study, as a user gets it: ``python -m workbench.tune`` on the CPU with a
+small budget and a short protocol, then ``reports.build_report`` on what it wrote, opened in headless
+Chromium (no console error, every section in the DOM) with a screenshot kept as the CI artifact
+(``report.png`` beside the report; also copied to ``$REPORT_ARTIFACT_DIR``, which ``scripts/test.sh``
+points at ``runs/ci-artifacts/``). ``test_report.py`` checks the numbers on a larger fixture.
 """
 
 from __future__ import annotations
@@ -19,8 +18,6 @@ from reports import build_report, compute_sections
 from test_report import SECTION_IDS, _parse
 
 REPO = Path(__file__).resolve().parents[1]
-
-pytestmark = pytest.mark.slow
 
 if not (REPO / "workbench" / "tune.py").exists():
     pytest.skip("workbench/tune.py not there yet", allow_module_level=True)
@@ -71,4 +68,29 @@ def test_report_of_a_real_tiny_study(tmp_path):
     r = subprocess.run([sys.executable, "-m", "workbench.tune", "report", "--study", str(spec),
                         "--out", str(runs)], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "section-error" not in (study_dir / "report.html").read_text()
+    report = study_dir / "report.html"
+    assert "section-error" not in report.read_text()
+    _open_in_chromium(report, tmp_path)
+
+
+def _open_in_chromium(report: Path, tmp_path: Path) -> None:
+    import os
+    import re
+    import shutil
+
+    from test_report_browser import CHROMIUM, WINDOW, _chromium, _load
+
+    if not CHROMIUM.exists():  # test_report_browser already fails under CI=true without it
+        pytest.skip(f"{CHROMIUM} not installed")
+    dom, console = _load(report.as_uri(), tmp_path / "profile")
+    assert console == [], console
+    assert set(SECTION_IDS) <= set(re.findall(r'<section id="([^"]+)"', dom))
+    png = report.with_name("report.png")
+    r = _chromium(report.as_uri(), tmp_path / "profile2", "--hide-scrollbars", f"--screenshot={png}",
+                  f"--window-size={WINDOW[0]},{WINDOW[1]}")
+    assert r.returncode == 0 and png.stat().st_size > 100_000, r.stderr[-2000:]
+    if os.environ.get("REPORT_ARTIFACT_DIR"):
+        out = Path(os.environ["REPORT_ARTIFACT_DIR"]) / "tiny-study"
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copy(png, out / "report.png")
+        shutil.copy(report, out / "report.html")
