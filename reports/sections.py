@@ -489,6 +489,11 @@ class TimeSection(NamedTuple):
     """Index run; steps, median_s, p10_s, p90_s, cv_pct (all steps), noise_cv_pct (median over bucket lengths
     with >= 3 steps of the step-time CV at that length: the noise, without the bucket-length spread)."""
     message: str | None
+    comm: pd.DataFrame = pd.DataFrame()
+    """Index run ('baseline', 'best'); comm_total_s, comm_exposed_s (per step), overlap_pct, mode, buckets,
+    bucket_size_mb, overlap_ratio (the knobs), source: gradient communication, medians over the arm's runs."""
+    comm_message: str | None = None
+    """Why there is no communication table (single-process runs), else None."""
 
 
 def _measured(runs: list[RunData]) -> list[tuple[RunData, pd.DataFrame]]:
@@ -564,8 +569,36 @@ def time_section(data: StudyData) -> TimeSection:
     message = None
     if breakdown.empty:
         message = "No phase timings yet: no run wrote phases.csv or a phase summary."
+    comm, comm_message = _comm_table(arms)
     return TimeSection(breakdown=breakdown, timeline=timeline, step_times=step_times,
-                       step_stats=step_stats, message=message)
+                       step_stats=step_stats, message=message, comm=comm, comm_message=comm_message)
+
+
+_COMM_COLS = ["comm_total_s", "comm_exposed_s", "overlap_pct", "mode", "buckets", "bucket_size_mb", "overlap_ratio",
+              "source"]
+
+
+def _comm_table(arms: dict[str, list[RunData]]) -> tuple[pd.DataFrame, str | None]:
+    """Exposed communication and overlap achieved per arm (run summaries' ``comm/*``; workbench/metrics.py)."""
+    rows = {}
+    for arm, runs in arms.items():
+        with_comm = [r for r in runs if math.isfinite(r.metric("comm/total_s"))]
+        if not with_comm:
+            continue
+        total = _median(r.metric("comm/total_s") for r in with_comm)
+        exposed = _median(r.metric("comm/exposed_s") for r in with_comm)
+        first = with_comm[0].summary
+        rows[arm] = {"comm_total_s": total, "comm_exposed_s": exposed,
+                     "overlap_pct": _median(r.metric("comm/overlap_pct") for r in with_comm),
+                     "mode": first.get("comm/mode"), "buckets": num(first.get("comm/buckets")),
+                     "bucket_size_mb": num(first.get("comm/bucket_size_mb")),
+                     "overlap_ratio": num(first.get("comm/overlap_ratio")),
+                     "source": f"summary of {len(with_comm)} run(s)"}
+    df = pd.DataFrame.from_dict(rows, orient="index", columns=_COMM_COLS)
+    df.index.name = "run"
+    message = None if rows else ("No gradient communication: single-process runs (bucket size and overlap ratio "
+                                 "act with several GPUs).")
+    return df, message
 
 
 # --------------------------------------------------------------------------- 4. memory
@@ -586,6 +619,13 @@ class Memory(NamedTuple):
     analysis_source: str | None
     analysis_message: str | None
     message: str | None
+    analysis_summary: pd.DataFrame | None = None
+    """metric, value: peak allocated / reserved GiB, unused reserved at peak allocation (GiB, %), max reserved -
+    allocated GiB, allocator retries, from memory_analysis.json (workbench/memory.py)."""
+    fragmentation: pd.DataFrame | None = None
+    """event, time_us, allocated_gib, reserved_gib, fragmentation_gib: the recorded steps' timeline."""
+    suggested_allocator: dict | None = None
+    """The allocator settings the analysis suggests changing ({option: value})."""
 
 
 _MEM_KEYS = ("memory/max_allocated_gib", "memory/max_reserved_gib", "memory/max_rss_gib")
@@ -619,7 +659,7 @@ def memory_section(data: StudyData) -> Memory:
     by_trial = pd.DataFrame(rows, columns=["trial", "value", "max_allocated_gib", "max_reserved_gib",
                                            "reserved_minus_allocated_gib", *mem_knobs])
 
-    histogram, suggestions, source, a_msg = _memory_analysis(data, number)
+    histogram, suggestions, source, a_msg, doc = _memory_analysis(data, number)
     message = None
     if peaks_df.empty and by_trial["max_reserved_gib"].isna().all():
         message = "No memory figures yet: no run recorded memory/max_allocated_gib or memory/max_reserved_gib."
@@ -628,13 +668,42 @@ def memory_section(data: StudyData) -> Memory:
         message = ("No device memory figures: the runs were on the CPU (host peak RSS "
                    + ", ".join(f"{arm} {v:.2f} GiB" for arm, v in peaks_df["max_rss_gib"].items()
                                if math.isfinite(v)) + ").")
+    summary, timeline, suggested = _analysis_tables(doc)
     return Memory(peaks=peaks_df, by_trial=by_trial, memory_knobs=mem_knobs,
                   log_knobs=[k for k in _log_knobs(data) if k in mem_knobs], histogram=histogram,
-                  suggestions=suggestions, analysis_source=source, analysis_message=a_msg, message=message)
+                  suggestions=suggestions, analysis_source=source, analysis_message=a_msg, message=message,
+                  analysis_summary=summary, fragmentation=timeline, suggested_allocator=suggested)
+
+
+def _analysis_tables(doc: dict | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict | None]:
+    """Peaks, fragmentation and retries; the timeline; the suggested settings (schema: workbench/memory.py)."""
+    if not doc:
+        return None, None, None
+    gib = 1024 ** 3
+    peak = doc.get("peak") if isinstance(doc.get("peak"), dict) else {}
+    frag = doc.get("fragmentation") if isinstance(doc.get("fragmentation"), dict) else {}
+    rows = [("peak allocated GiB", num(peak.get("allocated_bytes")) / gib),
+            ("peak reserved GiB", num(peak.get("reserved_bytes")) / gib),
+            ("unused reserved at peak allocation GiB", num(frag.get("at_peak_allocated_bytes")) / gib),
+            ("unused reserved at peak allocation %", num(frag.get("at_peak_allocated_pct"))),
+            ("max reserved − allocated GiB", num(frag.get("max_bytes")) / gib),
+            ("allocator retries", num(doc.get("alloc_retries"))),
+            ("allocations recorded", num(doc.get("allocations")))]
+    summary = pd.DataFrame([r for r in rows if math.isfinite(r[1])], columns=["metric", "value"])
+    tl = doc.get("timeline")
+    timeline = None
+    if isinstance(tl, list) and tl and all(isinstance(x, dict) for x in tl):
+        timeline = pd.DataFrame({
+            "event": [num(x.get("event")) for x in tl], "time_us": [num(x.get("time_us")) for x in tl],
+            "allocated_gib": [num(x.get("allocated_bytes")) / gib for x in tl],
+            "reserved_gib": [num(x.get("reserved_bytes")) / gib for x in tl]})
+        timeline["fragmentation_gib"] = timeline["reserved_gib"] - timeline["allocated_gib"]
+    suggested = doc.get("suggested_allocator") if isinstance(doc.get("suggested_allocator"), dict) else None
+    return (summary if len(summary) else None), timeline, suggested
 
 
 def _memory_analysis(data: StudyData, number: int | None
-                     ) -> tuple[pd.DataFrame | None, list[str], str | None, str | None]:
+                     ) -> tuple[pd.DataFrame | None, list[str], str | None, str | None, dict | None]:
     import json
 
     places = [data.study_dir]
@@ -649,9 +718,9 @@ def _memory_analysis(data: StudyData, number: int | None
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as e:
-            return None, [], str(path), f"memory_analysis.json could not be read: {e}"
+            return None, [], str(path), f"memory_analysis.json could not be read: {e}", None
         if not isinstance(doc, dict):
-            return None, [], str(path), "memory_analysis.json is not a JSON object."
+            return None, [], str(path), "memory_analysis.json is not a JSON object.", None
         hist = _histogram(doc)
         sugg = []
         for s in doc.get("suggestions") or []:
@@ -662,9 +731,10 @@ def _memory_analysis(data: StudyData, number: int | None
                 if text:
                     sugg.append(str(text))
         rel = path.relative_to(data.study_dir) if path.is_relative_to(data.study_dir) else path
-        return hist, sugg, str(rel), None if hist is not None or sugg else \
-            "memory_analysis.json has no allocation-size histogram or suggestions."
-    return None, [], None, "Memory analysis not run for this study (no memory_analysis.json)."
+        return hist, sugg, str(rel), (None if hist is not None or sugg else
+                                      "memory_analysis.json has no allocation-size histogram or suggestions."), doc
+    return None, [], None, ("Memory analysis not run for this study (no memory_analysis.json; "
+                            "`python -m workbench.memory analyze --out runs/<study>` writes one)."), None
 
 
 def _histogram(doc: dict) -> pd.DataFrame | None:

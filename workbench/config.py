@@ -403,7 +403,9 @@ class OverlapConfig:
     bucket_size_mb: float = field(default=25.0, metadata={"gt": 0})
     """Gradient all-reduce bucket size in MiB."""
     overlap_ratio: float = field(default=1.0, metadata={"ge": 0, "le": 1})
-    """Share of gradient buckets all-reduced during backward; the rest after it."""
+    """Share of gradient buckets all-reduced during backward; the rest after it (0 in effect under graph_capture)."""
+    mode: Literal["scheduler", "ddp"] = "scheduler"
+    """Gradient sync with several GPUs: the workbench's overlap scheduler, or DistributedDataParallel (a baseline)."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -584,6 +586,14 @@ def validate(cfg: Config) -> None:
                 f"means {derived}; leave grad_accum_steps at 1 (derived) or set it to {derived}",
                 key="training.grad_accum_steps",
             )
+    if cfg.loongforge.compute_domain.graph_capture and hardware.gpus > 1 and cfg.loongforge.overlap.mode == "ddp":
+        # workbench/overlap.py: the scheduler composes with capture (all-reduces after the replay); DDP does not
+        raise ConfigError(
+            f"'ddp' cannot be combined with loongforge.compute_domain.graph_capture on hardware.gpus="
+            f"{hardware.gpus}: DDP's gradient hooks would be captured into the graph; "
+            "set mode: 'scheduler' or graph_capture: false",
+            key="loongforge.overlap.mode",
+        )
     if cfg.loongforge.compute_domain.graph_capture and hardware.device == "cpu":
         raise ConfigError(
             "true needs a CUDA device, but hardware.device is 'cpu'; "

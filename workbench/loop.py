@@ -17,6 +17,20 @@ Options, each a config switch:
   re-captured after a checkpoint load (the optimizer state tensors change).
 * checkpoints of model, optimizer, step and data-loader state
   (``training.checkpoint_dir``), written atomically; Ctrl-C saves one.
+
+With WORLD_SIZE > 1 (``torchrun``), gradients are synchronised by the overlap
+scheduler (``workbench/overlap.py``; ``loongforge.overlap.mode: scheduler``):
+buckets of ``bucket_size_mb`` from whole layers, the first ``overlap_ratio``
+share all-reduced during backward, the rest in the grad_sync phase, which is
+therefore the exposed communication. ``mode: ddp`` wraps the loss module in
+DistributedDataParallel instead (a baseline), with its all-reduces timed.
+Accumulation micro-steps do not communicate. Per step the loop records the
+communication time (``comm_s``) and its exposed part; each window reports
+``comm/total_s``, ``comm/exposed_s`` and ``comm/overlap_pct``.
+
+Allocator settings (``loongforge.memory_domain.allocator``) are put into the
+environment and checked against the installed torch before CUDA initialises
+(``workbench.memory.apply_allocator_settings``).
 """
 
 from __future__ import annotations
@@ -34,11 +48,14 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from workbench.config import Config, to_dict
+from workbench.config import Config, ConfigError, to_dict
 from workbench.flops import flops_per_token, peak_tflops
-from workbench.metrics import MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_window
+from workbench.memory import apply_allocator_settings
+from workbench.metrics import (MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
+                               summarize_window)
 from workbench.model import Llama, ModelArgs, get_preset
 from workbench.ops import resolve
+from workbench.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.timing import PHASES, PhaseTimer
 
 log = logging.getLogger("workbench")
@@ -90,6 +107,7 @@ class Trainer:
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  heartbeat: str | Path | None = None) -> None:
         self.cfg = cfg
+        apply_allocator_settings(cfg)  # before CUDA initialises; an option torch does not know is a ConfigError
         self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         self.device = resolve_device(cfg)
         if self.device.type == "cuda":
@@ -110,11 +128,25 @@ class Trainer:
                              f"({self.args.max_position_embeddings})")
         self.model = Llama(self.args, resolve(cfg.loongforge.compute_domain.effective_ops())).to(self.device)
         self.loss_module: nn.Module = LossModule(self.model)
+        self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
+        self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"
         if self.world > 1:
             ov = cfg.loongforge.overlap
-            self.loss_module = nn.parallel.DistributedDataParallel(
-                self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                bucket_cap_mb=ov.bucket_size_mb)
+            if ov.mode == "ddp":
+                if self.graphs_on:
+                    raise ConfigError("'ddp' cannot be combined with graph capture with several processes; "
+                                      "use mode: 'scheduler'", key="loongforge.overlap.mode")
+                self.loss_module = nn.parallel.DistributedDataParallel(
+                    self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                    bucket_cap_mb=ov.bucket_size_mb)
+                self.comm = DDPCommTimer(self.loss_module, bucket_size_mb=ov.bucket_size_mb)
+            else:  # starts every rank from rank 0's parameters, as DDP does
+                ratio = 0.0 if self.graphs_on else ov.overlap_ratio  # graphs: all-reduce after the replay
+                if ratio != ov.overlap_ratio:
+                    log.warning("loongforge.overlap.overlap_ratio=%s has no effect under graph capture: the gradient "
+                                "all-reduces run after the graph replay (workbench/overlap.py)", ov.overlap_ratio)
+                self.comm = OverlapScheduler(layer_units(self.model), bucket_size_mb=ov.bucket_size_mb,
+                                             overlap_ratio=ratio)
         self.compute = self.loss_module
         mode = cfg.loongforge.compute_domain.compile
         if mode != "none":
@@ -125,7 +157,6 @@ class Trainer:
             self.compute = torch.compile(self.loss_module, mode=mode, dynamic=False)
 
         # optimizer: fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture
-        self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         lr: float | torch.Tensor = t.learning_rate
@@ -224,9 +255,10 @@ class Trainer:
             with timer.phase("h2d"):
                 batch.ready()  # the current stream waits on the side-stream copy; no host sync
                 ids, pos, mask = batch.input_ids, batch.position_ids, batch.loss_mask
-            last = micro == self.grad_accum - 1
-            sync_ctx = self.loss_module.no_sync() if (self.world > 1 and not last) else _nullctx()
-            with sync_ctx:
+            # no gradient communication on accumulation micro-steps; under CUDA graphs the scheduler
+            # all-reduces every bucket after the replay (workbench/overlap.py says why)
+            quiet = self.comm is not None and (micro < self.grad_accum - 1 or self.graphs_on)
+            with self.comm.no_sync() if quiet else _nullctx():
                 if self.graphs_on:
                     with timer.phase("forward"):  # forward + backward: one graph replay
                         loss_sum, n_tok = self._graph_fwd_bwd(ids, pos, mask)
@@ -241,8 +273,9 @@ class Trainer:
             batch.release()  # CPU path: the staging block may be refilled now
             real, padded = real + batch.real_tokens, padded + batch.padded_tokens
             flops += batch.real_tokens * self._flops(batch.seq_len)
-        with timer.phase("grad_sync"):
-            pass  # DDP all-reduces inside backward; the overlap scheduler's exposed wait goes here
+        with timer.phase("grad_sync"):  # the exposed communication
+            if self.comm is not None:
+                self.comm.finish()  # launch the buckets not yet in flight, wait for all (device-side on CUDA)
         with timer.phase("optimizer"):
             if self.graphs_on:
                 self._graph_optimizer()
@@ -363,9 +396,14 @@ class Trainer:
                 if boundary or done or stop["flag"]:
                     rows = self.timer.flush()  # note: one CPU-GPU sync per window, here
                     losses = torch.stack([lt for _, lt in pending]).tolist()
+                    comm = self.comm.flush() if self.comm is not None else [None] * len(pending)
                     recs = []
-                    for (rec, _), row, lv in zip(pending, rows or [{}] * len(pending), losses):
+                    for (rec, _), row, lv, c in zip(pending, rows or [{}] * len(pending), losses, comm):
                         rec.phases, rec.loss = row, lv
+                        if c is not None:  # exposed: DDP's tail after backward, else the grad_sync phase
+                            rec.comm_s = c["total_s"]
+                            rec.comm_exposed_s = c["exposed_s"] if c["exposed_s"] is not None \
+                                else row.get("grad_sync")
                         recs.append(rec)
                     pending.clear()
                     if any(not math.isfinite(r.loss) for r in recs):
@@ -423,6 +461,9 @@ class Trainer:
         }
         s.update(memory_snapshot(self.device))
         s.update(self.pipeline.metrics())
+        s.update(summarize_comm(windows))
+        if self.comm is not None:
+            s.update(self.comm.describe())
         s["windows"] = len(windows)
         return s
 
@@ -459,6 +500,8 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
 
     def close(self) -> None:
+        if self.comm is not None:
+            self.comm.remove()
         self.pipeline.close()
         self.writer.close()
         if self.prom:
@@ -489,5 +532,7 @@ def progress_line(m: dict[str, Any], total: int) -> str:
     mem = m.get("memory/max_reserved_gib")
     mem_s = f"mem {mem:.2f} GiB" if mem is not None else f"rss {m.get('memory/max_rss_gib', 0):.2f} GiB"
     loss = m.get("loss")
+    comm = f" | comm {1000 * m['comm/total_s']:.1f} ms, {m['comm/overlap_pct']:.0f}% hidden" \
+        if m.get("comm/total_s") and m.get("comm/overlap_pct") is not None else ""
     return (f"step {m['step']}/{total} | {m['throughput/real_tokens_per_s_per_gpu']:,.0f} tok/s/gpu | {mfu} | "
-            f"{phases} | {mem_s} | loss {loss:.4f}")
+            f"{phases}{comm} | {mem_s} | loss {loss:.4f}")

@@ -14,6 +14,16 @@ layers x hidden x sequence length; padding tokens are not counted) divided by
 wall time, and the peak is dense bf16 from ``workbench.flops.PEAK_TFLOPS``
 keyed by GPU name, or ``hardware.peak_tflops`` from the config. On the CPU
 there is no peak and MFU is reported as null.
+
+Gradient communication (several processes; ``workbench/overlap.py``):
+``comm/total_s`` communication time per step (the union of the all-reduce
+intervals), ``comm/exposed_s`` the part not hidden under compute per step (the
+``grad_sync`` phase with the overlap scheduler; with DDP the tail between the
+last bucket becoming ready and the last all-reduce ending), and
+``comm/overlap_pct`` = 100 x (1 - exposed / total) over the window, clamped to
+[0, 100]: the share of the communication hidden under compute. All None in a
+single-process run. ``phases.csv`` carries ``comm_s`` and ``comm_exposed_s``
+per step.
 """
 
 from __future__ import annotations
@@ -30,7 +40,8 @@ import torch
 
 from workbench.timing import PHASES
 
-__all__ = ["StepRecord", "MetricsWriter", "summarize_window", "memory_snapshot", "PrometheusExporter"]
+__all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
+           "PrometheusExporter"]
 
 GIB = 1024 ** 3
 
@@ -46,6 +57,10 @@ class StepRecord:
     flops: float
     phases: dict[str, float] = field(default_factory=dict)
     loss: float | None = None
+    comm_s: float | None = None
+    """Gradient all-reduce time of the step (None: no communication)."""
+    comm_exposed_s: float | None = None
+    """The part of it not hidden under compute."""
 
 
 def memory_snapshot(device: torch.device) -> dict[str, float | None]:
@@ -94,11 +109,32 @@ def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
         t = sum(s.phases.get(p, 0.0) for s in steps)
         out[f"time/{p}_s"] = t / len(steps)
         out[f"time/{p}_pct"] = 100 * t / wall if wall else 0.0
+    out.update(_comm_metrics([s.comm_s for s in steps], [s.comm_exposed_s for s in steps]))
     losses = [s.loss for s in steps if s.loss is not None]
     out["loss"] = losses[-1] if losses else None
     out["loss/mean"] = sum(losses) / len(losses) if losses else None
     out["world_size"] = world_size
     return out
+
+
+def _comm_metrics(total: list[float | None], exposed: list[float | None]) -> dict[str, float | None]:
+    pairs = [(t, e) for t, e in zip(total, exposed) if t is not None and e is not None]
+    if not pairs:
+        return {"comm/total_s": None, "comm/exposed_s": None, "comm/overlap_pct": None}
+    t, e = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
+    return {"comm/total_s": t / len(pairs), "comm/exposed_s": e / len(pairs),
+            "comm/overlap_pct": 100 * min(1.0, max(0.0, 1 - e / t)) if t > 0 else None}
+
+
+def summarize_comm(windows: list[dict[str, Any]]) -> dict[str, float | None]:
+    """``comm/*`` over several windows (weighted by their steps), for the run summary."""
+    total: list[float | None] = []
+    exposed: list[float | None] = []
+    for w in windows:
+        n = w.get("steps", 0)
+        total += [w.get("comm/total_s")] * n
+        exposed += [w.get("comm/exposed_s")] * n
+    return _comm_metrics(total, exposed)
 
 
 class MetricsWriter:
@@ -121,14 +157,16 @@ class MetricsWriter:
     def steps(self, steps: list[StepRecord], *, measured: bool) -> None:
         if not self.out_dir:
             return
-        cols = ["step", "measured", "seq_len", "real_tokens", "padded_tokens", "loss", *PHASES, "step_s"]
+        cols = ["step", "measured", "seq_len", "real_tokens", "padded_tokens", "loss", *PHASES, "step_s", "comm_s",
+                "comm_exposed_s"]
         if not self._csv_header:
             self._csv.write(",".join(cols) + "\n")
             self._csv_header = True
         for s in steps:
             vals = [s.step, int(measured), s.seq_len, s.real_tokens, s.padded_tokens,
                     "" if s.loss is None else f"{s.loss:.6g}",
-                    *(f"{s.phases.get(p, 0.0):.6e}" for p in PHASES), f"{s.phases.get('step', 0.0):.6e}"]
+                    *(f"{s.phases.get(p, 0.0):.6e}" for p in PHASES), f"{s.phases.get('step', 0.0):.6e}",
+                    *("" if v is None else f"{v:.6e}" for v in (s.comm_s, s.comm_exposed_s))]
             self._csv.write(",".join(map(str, vals)) + "\n")
         self._csv.flush()
 
