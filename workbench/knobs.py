@@ -22,6 +22,7 @@ run says which (``drop_unsupported``, ``format_dropped``).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -93,7 +94,28 @@ def _graph_capture_allowed(values: Mapping[str, Any]) -> bool:
     return values.get("compile", "none") not in _GRAPH_CAPTURING_COMPILE
 
 
+def _overlap_can_act(values: Mapping[str, Any]) -> bool:
+    # under CUDA graphs the gradient all-reduces run after the replay (workbench/overlap.py)
+    return not values.get("graph_capture", False)
+
+
 _CUDA = frozenset({"cuda"})
+
+
+def _op_backend_free(values: Mapping[str, Any]) -> bool:
+    return not values.get("triton_fusion")  # triton_fusion: true overrides the per-op choice
+
+
+def _op_uses_triton(op: str, values: Mapping[str, Any]) -> bool:
+    return bool(values.get("triton_fusion")) or values.get(f"{op}_backend") == "triton"
+
+
+def _kernel_knob(kernel: str, op: str, param: str, doc: str) -> Knob:
+    """A launch parameter of a Triton kernel (kernels/registry.py holds its candidates and constraints):
+    searched only on CUDA and only while the op it serves runs on Triton."""
+    return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
+                requires=_CUDA, condition=functools.partial(_op_uses_triton, op), doc=f"{kernel} kernel: {doc}")
+
 
 # Declaration order is sampling order: a conditional knob comes after the knobs its condition reads.
 KNOBS: tuple[Knob, ...] = (
@@ -111,11 +133,37 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="bool", requires=_CUDA,
          condition=_graph_capture_allowed, inactive=False,
          doc="CUDA graphs of the step (off when the compile mode captures graphs itself)"),
+    # Triton kernels: which ops use them, then each kernel's launch parameters
+    Knob(name="triton_fusion", key="loongforge.compute_domain.triton_fusion", kind="bool", requires=_CUDA,
+         doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel"),
+    Knob(name="rmsnorm_backend", key="loongforge.compute_domain.ops.rmsnorm", kind="categorical", requires=_CUDA,
+         condition=_op_backend_free, doc="RMSNorm backend (torch or triton) when triton_fusion is off"),
+    Knob(name="swiglu_backend", key="loongforge.compute_domain.ops.swiglu", kind="categorical", requires=_CUDA,
+         condition=_op_backend_free, doc="SwiGLU backend (torch or triton) when triton_fusion is off"),
+    Knob(name="rope_backend", key="loongforge.compute_domain.ops.rope", kind="categorical", requires=_CUDA,
+         condition=_op_backend_free, doc="RoPE backend (torch or triton) when triton_fusion is off"),
+    Knob(name="loss_backend", key="loongforge.compute_domain.ops.loss", kind="categorical", requires=_CUDA,
+         condition=_op_backend_free, doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off"),
+    _kernel_knob("rmsnorm", "rmsnorm", "num_warps", "warps per program"),
+    _kernel_knob("rmsnorm", "rmsnorm", "num_stages", "pipelining stages of the backward's row loop"),
+    _kernel_knob("rmsnorm", "rmsnorm", "block_rows", "rows per tile"),
+    _kernel_knob("rmsnorm", "rmsnorm", "block_size", "columns per tile (a power of two >= hidden size)"),
+    _kernel_knob("rmsnorm", "rmsnorm", "programs_per_sm", "backward: persistent programs per SM"),
+    _kernel_knob("swiglu", "swiglu", "num_warps", "warps per program"),
+    _kernel_knob("swiglu", "swiglu", "block_size", "elements per program"),
+    _kernel_knob("rope", "rope", "num_warps", "warps per program"),
+    _kernel_knob("rope", "rope", "num_stages", "pipelining stages of the loop over heads"),
+    _kernel_knob("rope", "rope", "block_h", "heads per loop step"),
+    _kernel_knob("fused_linear_ce", "loss", "num_warps", "warps per program of the softmax/CE kernel"),
+    _kernel_knob("fused_linear_ce", "loss", "num_stages", "pipelining stages of the loop over the vocab"),
+    _kernel_knob("fused_linear_ce", "loss", "block_v", "vocab entries per loop step"),
+    _kernel_knob("fused_linear_ce", "loss", "chunk_size", "rows whose logits exist at once (memory vs matmul size)"),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
          requires=frozenset({"multi_gpu"}), doc="gradient all-reduce bucket size (MiB)"),
     Knob(name="overlap_ratio", key="loongforge.overlap.overlap_ratio", kind="float",
-         requires=frozenset({"multi_gpu"}), doc="share of gradient buckets all-reduced during backward"),
+         requires=frozenset({"multi_gpu"}), condition=_overlap_can_act, inactive=0.0,
+         doc="share of gradient buckets all-reduced during backward (0 under CUDA graphs, which it cannot act in)"),
     # memory domain
     Knob(name="pinned_block_kb", key="loongforge.memory_domain.pinned_block_kb", kind="int", requires=_CUDA,
          doc="pinned host staging block (KiB)"),

@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -126,7 +127,16 @@ class Trainer:
         if cfg.data.seq_len > self.args.max_position_embeddings:
             raise ValueError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings "
                              f"({self.args.max_position_embeddings})")
-        self.model = Llama(self.args, resolve(cfg.loongforge.compute_domain.effective_ops())).to(self.device)
+        backends = cfg.loongforge.compute_domain.effective_ops()
+        if "triton" in backends.values():
+            if self.device.type == "cuda":
+                import kernels  # registers the triton backends of workbench.ops
+
+                kernels.configure(cfg.loongforge.compute_domain.kernels)  # LaunchConfigError: invalid_config
+            else:  # Triton kernels run on CUDA (tests run them on the CPU under TRITON_INTERPRET=1)
+                log.warning("Triton ops requested on the CPU: using the torch ops")
+                backends = {op: "torch" for op in backends}
+        self.model = Llama(self.args, resolve(backends)).to(self.device)
         self.loss_module: nn.Module = LossModule(self.model)
         self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
         self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"
@@ -458,6 +468,8 @@ class Trainer:
             "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "model_params": sum(p.numel() for p in self.model.parameters()),
             "grad_accum_steps": self.grad_accum,
+            "ops/backends": dict(self.model.ops.backends),
+            "kernels/launch": sys.modules["kernels"].launch_record() if "kernels" in sys.modules else [],
         }
         s.update(memory_snapshot(self.device))
         s.update(self.pipeline.metrics())

@@ -1,0 +1,656 @@
+"""Benchmark of the Triton kernels against torch eager and torch.compile of the references (CUDA only).
+
+    python -m kernels.bench [--out DIR] [--quick] [--e2e] [--kernels rmsnorm,swiglu,rope,fused_linear_ce]
+                            [--providers triton,torch,torch_compile] [--full-sweep] [--kernel-sweep PATH]
+
+For each kernel, at the ``gr00t-n1.6`` shapes (micro-batch 8 x 2,048) and at one
+larger hidden size (4,096, Llama-7B-like), in the dtypes the model sees under bf16
+autocast (RMSNorm on the fp32 residual stream; SwiGLU and RoPE in bf16; the loss
+with fp32 h and W under autocast), it times forward, backward and full
+(forward + backward) with ``triton.testing.do_bench`` (median, p20, p80; L2 flushed
+before each run) for:
+
+- ``triton``: each launch configuration of a sweep of the kernel's launch space
+  (``kernels.registry``): by default one parameter at a time around the default
+  (at the larger shape only num_warps and the main block size), then the best
+  value of each parameter combined; ``--full-sweep`` runs every valid combination
+  (long);
+- ``torch``: the reference of ``workbench.ops``, eager;
+- ``torch_compile``: ``torch.compile`` of that reference.
+
+Bandwidth is the bytes the op must move (inputs read once, outputs written once,
+the same figure for every provider) over the median time, and is compared with
+the copy ceiling measured in the same run (``dst.copy_(src)`` of 1 GiB: read +
+write bytes over time). The loss reports TFLOP/s of its three matmuls (full mode)
+and its peak memory (fwd + bwd, above what its inputs hold).
+
+``--e2e`` adds the end-to-end ``gr00t-n1.6`` training step (8 x 2,048, bf16
+autocast, fused AdamW) with torch ops and with Triton ops (the best launch
+configurations of this run's sweep at the gr00t shapes), eager and compiled, in
+interleaved rounds in this one process (a few minutes: two full-model compiles).
+
+Writes under ``--out`` (default ``benchmarks/out``): ``kernels_bench.csv`` (long
+format: one row per kernel, shape, mode, provider and launch configuration, with
+GPU name, versions and a timestamp), ``best_launch.json`` (the fastest full-mode
+configuration per kernel and shape, as ``loongforge.compute_domain.kernels``
+entries) and ``summary.md`` (tables for benchmarks/README.md); prints a short
+table last. ``--kernel-sweep PATH`` also writes the triton full-mode rows at the
+gr00t shapes in the layout the report's Kernels section reads
+(``runs/<study>/kernel_sweep.csv``).
+
+Default run: about 80 Triton launch configurations and 8 inductor compiles,
+estimated at about 4 minutes on one H200 (not yet timed); ``--quick`` (gr00t
+shapes only, num_warps and the main block size, shorter timing) about a minute.
+Progress lines carry the elapsed time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+# gr00t-n1.6 (workbench.model.GR00T_N1_6) at micro-batch 8 x 2,048, and a larger hidden size.
+BATCH, SEQ = 8, 2048
+MODELS = {
+    "gr00t-n1.6": dict(hidden=2048, ffn=5632, heads=32, kv_heads=32, vocab=50257),
+    "hidden-4096": dict(hidden=4096, ffn=11008, heads=32, kv_heads=8, vocab=50257),
+}
+MAIN_MODEL = "gr00t-n1.6"
+E2E_PRESET = "gr00t-n1.6"  # workbench.model preset of the end-to-end step
+COPY_BYTES = 1 << 30  # 1 GiB per side: far above the H200's 60 MiB L2
+PROVIDERS = ("triton", "torch", "torch_compile")
+MODES = ("fwd", "bwd", "full")
+GOAL_PCT_OF_COPY = 85.0  # the issue's goal for the memory-bound kernels
+CSV_COLUMNS = [
+    "kernel", "shape", "mode", "provider", "sweep", "launch",
+    "num_warps", "num_stages", "block_rows", "block_size", "programs_per_sm", "block_h", "block_v", "chunk_size",
+    "median_ms", "p20_ms", "p80_ms", "gb_per_s", "pct_of_copy_ceiling", "tflop_per_s", "peak_mem_gib", "tokens_per_s",
+    "loss", "dtype", "note", "error", "copy_ceiling_gb_per_s", "gpu", "torch", "triton", "cuda", "timestamp",
+]
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import triton
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda or ""}
+
+
+class _Device:
+    """Synchronisation, peak memory and step timing on ``dev`` (CUDA; the CPU only for the tests' smoke run)."""
+
+    def __init__(self, dev) -> None:
+        import torch
+
+        self.dev, self.cuda, self.torch = dev, dev.type == "cuda", torch
+
+    def sync(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize()
+
+    def reset_peak(self) -> int:
+        if not self.cuda:
+            return 0
+        self.torch.cuda.synchronize()
+        self.torch.cuda.reset_peak_memory_stats()
+        return self.torch.cuda.memory_allocated()
+
+    def peak_gib(self, base: int) -> float:
+        if not self.cuda:
+            return math.nan
+        self.torch.cuda.synchronize()
+        return (self.torch.cuda.max_memory_allocated() - base) / 2**30
+
+    def empty_cache(self) -> None:
+        if self.cuda:
+            self.torch.cuda.empty_cache()
+
+    def time_ms(self, fn: Callable[[], Any]) -> tuple[Any, float]:
+        """Run ``fn`` once; its result and its time (CUDA events on the GPU)."""
+        if not self.cuda:
+            t0 = time.perf_counter()
+            out = fn()
+            return out, (time.perf_counter() - t0) * 1e3
+        start, end = self.torch.cuda.Event(enable_timing=True), self.torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = fn()
+        end.record()
+        end.synchronize()  # note: a host sync per measured step, after its end event
+        return out, start.elapsed_time(end)
+
+
+def do_bench(fn: Callable[[], Any], quick: bool) -> tuple[float, float, float]:
+    """(median, p20, p80) in ms; L2 flushed before every run (triton.testing.do_bench)."""
+    from triton.testing import do_bench as _do_bench
+
+    warmup, rep = (10, 40) if quick else (25, 100)
+    med, p20, p80 = _do_bench(fn, warmup=warmup, rep=rep, quantiles=[0.5, 0.2, 0.8])
+    return float(med), float(p20), float(p80)
+
+
+def copy_ceiling_gb_per_s(quick: bool, dev) -> float:
+    """Measured device copy bandwidth: read + write bytes of ``dst.copy_(src)`` over its median time."""
+    import torch
+
+    src = torch.empty(COPY_BYTES // 2, dtype=torch.bfloat16, device=dev).normal_()
+    dst = torch.empty_like(src)
+    med, _, _ = do_bench(lambda: dst.copy_(src), quick)
+    del src, dst
+    _Device(dev).empty_cache()
+    return 2 * COPY_BYTES / (med * 1e-3) / 1e9
+
+
+# --------------------------------------------------------------------------- cases
+
+
+@dataclass
+class Case:
+    """One kernel at one shape: inputs, the two implementations, what the op must move."""
+
+    kernel: str
+    shape_label: str
+    registry_shape: dict[str, int]
+    dtype: str
+    make: Callable[[], tuple[tuple, list, Any]]
+    """-> (args, tensors to differentiate, upstream grads)"""
+    triton_fn: Callable
+    torch_fn: Callable
+    bytes: dict[str, float] = field(default_factory=dict)
+    """bytes the op must move per mode (NaN: not memory bound)"""
+    flops: dict[str, float] = field(default_factory=dict)
+
+
+def _cases(models: list[str], dev) -> list[Case]:
+    import torch
+
+    import kernels
+    from workbench import ops
+    from workbench.model import rope_cos_sin
+
+    _B, _T = BATCH, SEQ  # noqa: N806 (read at call time: the tests' smoke run shrinks them)
+    out: list[Case] = []
+    for name in models:
+        m = MODELS[name]
+        D, F, H, K, V = m["hidden"], m["ffn"], m["heads"], m["kv_heads"], m["vocab"]
+        d = D // H
+        M = _B * _T
+
+        def make_rms(D=D):
+            x = torch.randn(_B, _T, D, device=dev, requires_grad=True)
+            w = torch.ones(D, device=dev, requires_grad=True)
+            return (x, w, 1e-5), [x, w], torch.randn(_B, _T, D, device=dev)
+
+        es = 4
+        out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D}", {"rows": M, "hidden": D}, "float32", make_rms,
+                        kernels.rms_norm_triton, ops.rms_norm_torch,
+                        bytes={"fwd": 2 * M * D * es, "bwd": 3 * M * D * es, "full": 5 * M * D * es}))
+
+        def make_swiglu(F=F):
+            g = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            u = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            return (g, u), [g, u], torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16)
+
+        n, es = M * F, 2
+        out.append(Case("swiglu", f"{name} {_B}x{_T}x{F}", {"numel": n}, "bfloat16", make_swiglu,
+                        kernels.swiglu_triton, ops.swiglu_torch,
+                        bytes={"fwd": 3 * n * es, "bwd": 5 * n * es, "full": 8 * n * es}))
+
+        def make_rope(H=H, K=K, d=d):
+            # the model's layout: q_proj(x).view(B, T, H, d).transpose(1, 2); cos/sin gathered by position (fp32)
+            q = torch.randn(_B, _T, H, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            k = torch.randn(_B, _T, K, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            cos_Pd, sin_Pd = rope_cos_sin(d, _T, 10000.0, device=dev)
+            pos = torch.arange(_T, device=dev).expand(_B, _T)
+            up = (torch.randn(_B, H, _T, d, device=dev, dtype=torch.bfloat16),
+                  torch.randn(_B, K, _T, d, device=dev, dtype=torch.bfloat16))
+            return (q, k, cos_Pd[pos], sin_Pd[pos]), [q, k], up
+
+        def rope_layout(fn):
+            return lambda q, k, cos, sin: fn(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
+
+        nq, nk, es = _B * H * _T * d, _B * K * _T * d, 2
+        table = 2 * _B * _T * d * 4
+        rope_bytes = 2 * (nq + nk) * es + table
+        out.append(Case("rope", f"{name} {_B}x{H}/{K}x{_T}x{d}", {"tokens": M, "q_heads": H, "k_heads": K,
+                                                                  "head_dim": d}, "bfloat16", make_rope,
+                        rope_layout(kernels.rope_triton), rope_layout(ops.rope_torch),
+                        bytes={"fwd": rope_bytes, "bwd": rope_bytes, "full": 2 * rope_bytes}))
+
+        N = _B * (_T - 1)
+
+        def make_loss(N=N, D=D, V=V):  # noqa: N803
+            h = torch.randn(N, D, device=dev, requires_grad=True)
+            w = (torch.randn(V, D, device=dev) * 0.02).requires_grad_()
+            labels = torch.randint(0, V, (N,), device=dev)
+            mask = torch.rand(N, device=dev) < 0.95  # a little padding, as real batches have
+            return (h, w, labels, mask), [h, w], torch.tensor(1.0, device=dev)
+
+        def autocast_loss(fn):
+            def run(h, w, labels, mask):
+                with torch.autocast(dev.type, dtype=torch.bfloat16):
+                    return fn(h, w, labels, mask)[0]
+            return run
+
+        nan = math.nan
+        out.append(Case("fused_linear_ce", f"{name} {N}x{D}x{V}", {"rows": N, "hidden": D, "vocab": V},
+                        "float32+autocast_bf16", make_loss, autocast_loss(kernels.linear_cross_entropy_triton),
+                        autocast_loss(ops.linear_cross_entropy_torch),
+                        bytes={"fwd": nan, "bwd": nan, "full": nan},
+                        flops={"fwd": 2 * N * D * V, "bwd": 4 * N * D * V, "full": 6 * N * D * V}))
+    return out
+
+
+# --------------------------------------------------------------------------- measuring one implementation
+
+
+def _measure(case: Case, fn: Callable, quick: bool, device: _Device) -> dict[str, dict[str, float]]:
+    """Times per mode, plus the peak memory of one full step (GiB above the inputs)."""
+    import torch
+
+    args, params, upstream = case.make()
+    up = upstream if isinstance(upstream, tuple) else (upstream,)
+
+    def fwd():
+        return fn(*args)
+
+    def full():
+        out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        torch.autograd.grad(outs, params, up)
+
+    keys = ("median_ms", "p20_ms", "p80_ms")
+    res: dict[str, dict[str, float]] = {}
+    full()  # compile outside the timing (and the memory figure)
+    base = device.reset_peak()
+    full()
+    peak = device.peak_gib(base)
+    res["fwd"] = dict(zip(keys, do_bench(fwd, quick)))
+    out = fn(*args)
+    outs = out if isinstance(out, tuple) else (out,)
+    try:  # backward alone: the same graph again (retain_graph), so the forward is not timed
+        res["bwd"] = dict(zip(keys, do_bench(lambda: torch.autograd.grad(outs, params, up, retain_graph=True),
+                                             quick)))
+    except RuntimeError:  # the fused loss scales its saved gradients in place: its backward runs once
+        res["bwd"] = {**dict(zip(keys, _bench_fresh_backward(fn, args, params, up, quick, device))),
+                      "note": "backward of a fresh forward each run (it cannot be re-run); L2 not flushed"}
+    del out, outs
+    res["full"] = dict(zip(keys, do_bench(full, quick)))
+    for mode in MODES:
+        r = res[mode]
+        b = case.bytes.get(mode, math.nan)
+        r["gb_per_s"] = b / (r["median_ms"] * 1e-3) / 1e9 if not math.isnan(b) else math.nan
+        f = case.flops.get(mode, math.nan)
+        r["tflop_per_s"] = f / (r["median_ms"] * 1e-3) / 1e12 if mode == "full" and not math.isnan(f) else math.nan
+        r["peak_mem_gib"] = peak if mode == "full" else math.nan
+    del args, params, upstream, up
+    device.empty_cache()
+    return res
+
+
+def _bench_fresh_backward(fn, args, params, up, quick: bool, device: _Device) -> tuple[float, float, float]:
+    """(median, p20, p80) ms of the backward alone, each run after an untimed forward of its own."""
+    import torch
+
+    times = []
+    for _ in range(5 if quick else 20):
+        out = fn(*args)
+        outs = out if isinstance(out, tuple) else (out,)
+        # on the GPU the start event waits for the forward's kernels: the interval is the backward's
+        _, ms = device.time_ms(lambda: torch.autograd.grad(outs, params, up))  # noqa: B023
+        times.append(ms)
+    q = statistics.quantiles(times, n=10, method="inclusive")
+    return statistics.median(times), q[1], q[7]
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def _ofat(space, shape, quick: bool) -> list[dict[str, int]]:
+    """One parameter at a time around the defaults (valid combinations only), defaults first."""
+    base = space.defaults(shape)
+    configs = [dict(base)]
+    params = space.param_names()
+    if quick:  # the parameters that matter most: warps and the kernel's main block
+        params = tuple(p for p in params if p in ("num_warps", "block_rows", "block_size", "block_h", "block_v"))
+    for p in params:
+        for v in space.param(p).candidates(shape):
+            cfg = {**base, p: v}
+            if cfg not in configs and not space.problems(cfg, shape):
+                configs.append(cfg)
+    return configs
+
+
+def _launch_str(params: dict[str, int]) -> str:
+    return " ".join(f"{k}={v}" for k, v in params.items())
+
+
+def _bench_case(case: Case, providers: list[str], args: argparse.Namespace, ceiling: float,
+                common: dict[str, str], log: Callable[[str], None], device: _Device) -> list[dict[str, Any]]:
+    import torch
+
+    import kernels
+
+    rows: list[dict[str, Any]] = []
+
+    def add(provider: str, sweep: str, params: dict[str, int] | None, res: dict | None, error: str = "") -> None:
+        for mode in MODES:
+            r = (res or {}).get(mode, {})
+            gbps = r.get("gb_per_s", math.nan)
+            rows.append({
+                "kernel": case.kernel, "shape": case.shape_label, "mode": mode, "provider": provider,
+                "sweep": sweep, "launch": _launch_str(params) if params else "", **(params or {}),
+                "median_ms": r.get("median_ms", math.nan), "p20_ms": r.get("p20_ms", math.nan),
+                "p80_ms": r.get("p80_ms", math.nan), "gb_per_s": gbps,
+                "pct_of_copy_ceiling": 100 * gbps / ceiling if not math.isnan(gbps) else math.nan,
+                "tflop_per_s": r.get("tflop_per_s", math.nan), "peak_mem_gib": r.get("peak_mem_gib", math.nan),
+                "dtype": case.dtype, "note": r.get("note", ""), "error": error, "copy_ceiling_gb_per_s": ceiling,
+                **common,
+            })
+
+    def run(provider: str, fn: Callable, sweep: str, params: dict[str, int] | None) -> dict | None:
+        t0 = time.time()
+        try:
+            res = _measure(case, fn, args.quick, device)
+        except Exception as e:  # noqa: BLE001 - a configuration that fails (out of resources) is a result too
+            device.empty_cache()
+            add(provider, sweep, params, None, error=f"{type(e).__name__}: {str(e)[:300]}")
+            log(f"  {provider:13s} {_launch_str(params or {}):60s} FAILED {type(e).__name__}: {str(e)[:120]}")
+            return None
+        add(provider, sweep, params, res)
+        log(f"  {provider:13s} {_launch_str(params or {}):60s} full {res['full']['median_ms']:8.3f} ms "
+            f"({time.time() - t0:4.1f} s)")
+        return res
+
+    log(f"{case.kernel} at {case.shape_label} ({case.dtype})")
+    if "torch" in providers:
+        run("torch", case.torch_fn, "reference", None)
+    if "torch_compile" in providers:
+        run("torch_compile", torch.compile(case.torch_fn, dynamic=False), "reference", None)
+    if "triton" in providers:
+        space = kernels.get_space(case.kernel)
+        shape = case.registry_shape
+        small = args.quick or not case.shape_label.startswith(MAIN_MODEL)  # the larger shape: main params only
+        configs = space.sweep(shape) if args.full_sweep else _ofat(space, shape, small)
+        results: list[tuple[dict[str, int], float]] = []
+        for i, cfg in enumerate(configs):
+            with kernels.using({case.kernel: cfg}):
+                res = run("triton", case.triton_fn, "default" if i == 0 else "sweep", cfg)
+            if res is not None:
+                results.append((cfg, res["full"]["median_ms"]))
+        if not args.full_sweep and results:  # combine each parameter's best value (one coordinate step)
+            base = configs[0]
+            best_by_param = dict(base)
+            for p in space.param_names():  # among the runs that changed only p (and the defaults' run)
+                varied = [(c[p], t) for c, t in results if all(c[q] == base[q] for q in base if q != p)]
+                if varied:
+                    best_by_param[p] = min(varied, key=lambda x: x[1])[0]
+            if best_by_param not in [c for c, _ in results] and not space.problems(best_by_param, shape):
+                with kernels.using({case.kernel: best_by_param}):
+                    run("triton", case.triton_fn, "combined", best_by_param)
+    return rows
+
+
+# --------------------------------------------------------------------------- end to end
+
+
+def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common: dict[str, str],
+               log: Callable[[str], None], device: _Device) -> list[dict[str, Any]]:
+    import torch
+
+    import kernels
+    from workbench.model import Llama, get_preset
+    from workbench.ops import OP_NAMES, resolve
+
+    _B, _T, dev = BATCH, SEQ, device.dev  # noqa: N806
+    margs = get_preset(E2E_PRESET)
+    torch.manual_seed(0)
+    model = Llama(margs).to(dev)
+    # lr 0: every variant sees the same weights, so their losses must agree (a check on the Triton ops)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0, fused=device.cuda)
+    ids = torch.randint(0, margs.vocab_size, (_B, _T), device=dev)
+    pos = torch.arange(_T, device=dev).expand(_B, _T).contiguous()
+    mask = torch.ones(_B, _T, dtype=torch.bool, device=dev)
+    opsets = {"torch": resolve(), "triton": resolve({op: "triton" for op in OP_NAMES})}
+    from torch import _dynamo
+
+    _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
+    compiled = torch.compile(model.loss, dynamic=False)
+    variants = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
+    warmup, steps, rounds = (2, 4, 1) if args.quick else (3, 8, 2)
+    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+    losses: dict[tuple[str, str], float] = {}
+    peaks: dict[tuple[str, str], float] = {}
+
+    def step(fn) -> torch.Tensor:
+        with torch.autocast(dev.type, dtype=torch.bfloat16):
+            loss_sum, n = fn(ids, pos, mask)
+        loss = loss_sum / n
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    with kernels.using(best):
+        for r in range(rounds):  # interleaved: torch, triton, torch, triton per round
+            for ops_name, mode in variants:
+                model.set_ops(opsets[ops_name])
+                fn = model.loss if mode == "eager" else compiled
+                t0 = time.time()
+                for _ in range(warmup if r == 0 else 1):
+                    step(fn)
+                device.reset_peak()
+                for _ in range(steps):
+                    loss, ms = device.time_ms(lambda: step(fn))  # noqa: B023
+                    times[(ops_name, mode)].append(ms)
+                losses[(ops_name, mode)] = float(loss)  # note: a host sync, after the timed steps
+                peaks[(ops_name, mode)] = device.peak_gib(0)
+                log(f"  e2e {ops_name:6s} {mode:7s} round {r}: median "
+                    f"{statistics.median(times[(ops_name, mode)][-steps:]):8.2f} ms/step, loss {float(loss):.5f} "
+                    f"({time.time() - t0:.0f} s)")
+    rows = []
+    for (ops_name, mode), ts in times.items():
+        ts_sorted = sorted(ts)
+        q = lambda f: ts_sorted[min(len(ts_sorted) - 1, int(f * (len(ts_sorted) - 1) + 0.5))]  # noqa: E731
+        med = statistics.median(ts)
+        rows.append({
+            "kernel": "e2e_step", "shape": f"{E2E_PRESET} {_B}x{_T}", "mode": "train_step",
+            "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name == "triton" else "reference",
+            "launch": json.dumps(best, sort_keys=True) if ops_name == "triton" else "",
+            "median_ms": med, "p20_ms": q(0.2), "p80_ms": q(0.8), "tokens_per_s": _B * _T / (med * 1e-3),
+            "peak_mem_gib": peaks[(ops_name, mode)], "loss": losses[(ops_name, mode)],
+            "dtype": "float32+autocast_bf16", **common,
+        })
+    del model, opt
+    device.empty_cache()
+    return rows
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _best_launch(df) -> dict[str, dict[str, dict[str, int]]]:
+    """shape -> kernel -> fastest full-mode triton configuration."""
+    import kernels
+
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    ok = df[(df["provider"] == "triton") & (df["mode"] == "full") & df["median_ms"].notna()]
+    for (kernel, shape), g in ok.groupby(["kernel", "shape"]):
+        row = g.loc[g["median_ms"].idxmin()]
+        params = kernels.get_space(kernel).param_names()
+        out.setdefault(shape, {})[kernel] = {p: int(row[p]) for p in params}
+    return out
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else math.nan
+
+
+def _summary(df, ceiling: float) -> tuple[str, list[str]]:
+    """A markdown table (best triton config vs torch vs torch.compile per kernel, shape, mode) and goal checks."""
+    import pandas as pd
+
+    lines = [f"Copy ceiling measured in this run: {ceiling:,.0f} GB/s (read + write).", "",
+             "| kernel | shape | mode | triton ms (best) | GB/s | % of copy | torch ms | compile ms | "
+             "x torch | x compile | launch (best full) |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    goals: list[str] = []
+    kern = df[df["kernel"] != "e2e_step"]
+    for (kernel, shape), g in kern.groupby(["kernel", "shape"], sort=False):
+        tri = g[(g["provider"] == "triton") & g["median_ms"].notna()]
+        if tri.empty:
+            continue
+        full = tri[tri["mode"] == "full"]
+        best_launch = full.loc[full["median_ms"].idxmin(), "launch"] if not full.empty else ""
+        for mode in MODES:
+            t = tri[(tri["mode"] == mode) & (tri["launch"] == best_launch)]
+            if t.empty:
+                continue
+            t = t.iloc[0]
+            ref = g[(g["provider"] == "torch") & (g["mode"] == mode)]["median_ms"]
+            comp = g[(g["provider"] == "torch_compile") & (g["mode"] == mode)]["median_ms"]
+            ref_ms = float(ref.iloc[0]) if len(ref) else math.nan
+            comp_ms = float(comp.iloc[0]) if len(comp) else math.nan
+            lines.append(f"| {kernel} | {shape} | {mode} | {t['median_ms']:.3f} | {t['gb_per_s']:,.0f} | "
+                         f"{t['pct_of_copy_ceiling']:.1f} | {ref_ms:.3f} | {comp_ms:.3f} | "
+                         f"{_ratio(ref_ms, t['median_ms']):.2f} | {_ratio(comp_ms, t['median_ms']):.2f} | "
+                         f"{best_launch} |")
+            if kernel != "fused_linear_ce" and mode in ("fwd", "bwd"):
+                ok = t["pct_of_copy_ceiling"] >= GOAL_PCT_OF_COPY and t["median_ms"] < comp_ms
+                goals.append(f"{'PASS' if ok else 'FAIL'} {kernel} {shape} {mode}: "
+                             f"{t['pct_of_copy_ceiling']:.1f}% of copy (goal >= {GOAL_PCT_OF_COPY:.0f}%), "
+                             f"{_ratio(comp_ms, t['median_ms']):.2f}x torch.compile (goal > 1)")
+        if kernel == "fused_linear_ce":
+            ref_full = g[(g["provider"] == "torch") & (g["mode"] == "full")]
+            tri_full = full.loc[[full["median_ms"].idxmin()]] if not full.empty else full
+            if len(ref_full) and len(tri_full):
+                mem_x = float(ref_full["peak_mem_gib"].iloc[0]) / float(tri_full["peak_mem_gib"].iloc[0])
+                time_x = float(tri_full["median_ms"].iloc[0]) / float(ref_full["median_ms"].iloc[0])
+                ok = mem_x >= 4 and time_x <= 1.10
+                goals.append(f"{'PASS' if ok else 'FAIL'} fused_linear_ce {shape}: peak memory "
+                             f"{float(tri_full['peak_mem_gib'].iloc[0]):.2f} GiB vs "
+                             f"{float(ref_full['peak_mem_gib'].iloc[0]):.2f} GiB unfused ({mem_x:.1f}x lower, goal "
+                             f">= 4x), time {time_x:.2f}x unfused (goal <= 1.10)")
+    e2e = df[df["kernel"] == "e2e_step"]
+    if not e2e.empty:
+        lines += ["", "| end to end | ms/step (median) | p20 | p80 | tokens/s | peak GiB | loss |",
+                  "|---|---|---|---|---|---|---|"]
+        for _, r in e2e.iterrows():
+            lines.append(f"| {r['provider']} | {r['median_ms']:.1f} | {r['p20_ms']:.1f} | {r['p80_ms']:.1f} | "
+                         f"{r['tokens_per_s']:,.0f} | {r['peak_mem_gib']:.1f} | {r['loss']:.5f} |")
+        by = {r["provider"]: r for _, r in e2e.iterrows()}
+        for mode in ("eager", "compile"):
+            a, b = by.get(f"torch_ops_{mode}"), by.get(f"triton_ops_{mode}")
+            if a is not None and b is not None:
+                goals.append(f"{'PASS' if b['median_ms'] < a['median_ms'] else 'FAIL'} end to end {mode}: triton "
+                             f"ops {a['median_ms'] / b['median_ms']:.3f}x the step speed of torch ops; losses "
+                             f"{b['loss']:.5f} vs {a['loss']:.5f}")
+    pd.set_option("display.width", 250)
+    return "\n".join(lines) + "\n", goals
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default="benchmarks/out", help="output folder (default: benchmarks/out)")
+    p.add_argument("--quick", action="store_true", help="gr00t shapes only, a smaller sweep, shorter timing")
+    p.add_argument("--full-sweep", action="store_true", help="every valid launch configuration (long)")
+    p.add_argument("--kernels", default="rmsnorm,swiglu,rope,fused_linear_ce")
+    p.add_argument("--providers", default=",".join(PROVIDERS))
+    p.add_argument("--e2e", action="store_true", help="also the end-to-end gr00t-n1.6 step, eager and compiled")
+    p.add_argument("--kernel-sweep", help="also write the gr00t-shape triton rows as a report kernel_sweep.csv")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
+    args = p.parse_args(argv)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False here). The kernels' "
+              "correctness tests run on the CPU: pytest tests/test_kernels.py (under TRITON_INTERPRET=1).",
+              file=sys.stderr)
+        return 2
+    import kernels
+
+    chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    providers = [x.strip() for x in args.providers.split(",") if x.strip()]
+    if set(chosen) - set(kernels.LAUNCH_SPACES) or set(providers) - set(PROVIDERS):
+        p.error(f"kernels must be among {list(kernels.LAUNCH_SPACES)}, providers among {list(PROVIDERS)}")
+    return run(args, torch.device("cuda"))
+
+
+def run(args: argparse.Namespace, dev) -> int:
+    """The benchmark with parsed ``args`` on ``dev`` (CUDA; the tests smoke-run it on the CPU interpreter)."""
+    import pandas as pd
+
+    device = _Device(dev)
+    chosen = [k.strip() for k in args.kernels.split(",") if k.strip()]
+    providers = [x.strip() for x in args.providers.split(",") if x.strip()]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    def log(msg: str) -> None:
+        print(f"[{time.time() - t_start:6.1f} s] {msg}", flush=True)
+
+    from torch import _dynamo
+
+    _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
+    ver = versions()
+    common = {**ver, "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}
+    ceiling = copy_ceiling_gb_per_s(args.quick, dev)
+    log(f"{ver['gpu']}, torch {ver['torch']}, triton {ver['triton']}: copy ceiling {ceiling:,.0f} GB/s")
+    rows: list[dict[str, Any]] = [{
+        "kernel": "copy", "shape": f"{COPY_BYTES // 2**20} MiB", "mode": "copy", "provider": "torch",
+        "sweep": "ceiling", "gb_per_s": ceiling, "pct_of_copy_ceiling": 100.0, "copy_ceiling_gb_per_s": ceiling,
+        "median_ms": 2 * COPY_BYTES / ceiling / 1e6, "dtype": "bfloat16", **common}]
+    models = [MAIN_MODEL] if args.quick else list(MODELS)
+    for case in _cases(models, dev):
+        if case.kernel in chosen:
+            rows += _bench_case(case, providers, args, ceiling, common, log, device)
+    df = pd.DataFrame(rows)
+    best = _best_launch(df)
+    main_best: dict[str, dict[str, int]] = {}
+    for shape, per_kernel in best.items():
+        if shape.startswith(MAIN_MODEL):
+            main_best.update(per_kernel)
+    if args.e2e:
+        log(f"end to end {E2E_PRESET} {BATCH}x{SEQ}, Triton launch parameters {main_best or 'defaults'}")
+        rows += _bench_e2e(main_best, args, common, log, device)
+        df = pd.DataFrame(rows)
+    df = df.reindex(columns=CSV_COLUMNS)
+    df.to_csv(out / "kernels_bench.csv", index=False)
+    (out / "best_launch.json").write_text(json.dumps(
+        {"by_shape": best, "loongforge.compute_domain.kernels": main_best}, indent=1, sort_keys=True))
+    if args.kernel_sweep:
+        sweep = df[(df["provider"] == "triton") & (df["mode"] == "full") & df["shape"].str.startswith(MAIN_MODEL)]
+        Path(args.kernel_sweep).parent.mkdir(parents=True, exist_ok=True)
+        sweep.dropna(axis=1, how="all").to_csv(args.kernel_sweep, index=False)
+    table, goals = _summary(df, ceiling)
+    (out / "summary.md").write_text(table + "\n" + "\n".join(f"- {g}" for g in goals) + "\n")
+    print()
+    print(table)
+    for g in goals:
+        print(g)
+    print(f"\nwrote {out / 'kernels_bench.csv'} ({len(df)} rows), best_launch.json, summary.md "
+          f"in {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

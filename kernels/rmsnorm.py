@@ -1,0 +1,225 @@
+"""RMSNorm, optionally fused with the residual add: forward and backward Triton kernels.
+
+Shape legend: M rows (every leading dim flattened: B x T), D hidden size.
+
+    y_MD = x_MD * rstd_M * w_D,   rstd_M = 1 / sqrt(mean_D(x^2) + eps)        (fp32 inside)
+    fused add:  s_MD = x_MD + r_MD (rounded to the output dtype, as an unfused add would be),
+                y_MD = rmsnorm(s_MD); returns (y, s)
+
+Backward, with xhat = x * rstd and g = w * dy:
+
+    dx_MD = rstd * (g - xhat * mean_D(xhat * g))   (+ ds_MD, the gradient reaching s, when fused)
+    dw_D  = sum_M(dy * xhat)
+
+One pass: a tile of ``block_rows`` x ``block_size`` holds whole rows (``block_size`` >= D),
+so x is read once in the forward and x, dy once in the backward. The forward saves
+rstd (4 bytes per row) so the backward does not recompute it. The backward is
+persistent (as Liger-Kernel's): ``programs_per_sm`` programs per SM, each looping over
+row tiles and keeping its partial dw in registers; the partials ([programs, D], fp32)
+are summed by torch. Launch parameters come from ``kernels.registry`` (kernel ``rmsnorm``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels._launch import check_tensor, empty, interpreted, num_sms
+from kernels.registry import launch_params
+
+__all__ = ["rms_norm_add_triton", "rms_norm_triton"]
+
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+# --------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _rmsnorm_fwd_kernel(
+    X, R, W, Y, S, RSTD,
+    M, D, stride_x, stride_r, stride_y, stride_s, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = tl.arange(0, BLOCK_D)
+    row_ok = rows < M
+    col_ok = cols < D
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        s = (x + r).to(S.dtype.element_ty)  # rounded like the unfused add, then normalised
+        tl.store(S + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+        x = s.to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+    tl.store(RSTD + rows, rstd, mask=row_ok)
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    y = x * rstd[:, None] * w[None, :]
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _rmsnorm_bwd_kernel(
+    DY, X, W, RSTD, DS, DX, DW_PARTIAL,
+    M, D, stride_dy, stride_x, stride_ds, stride_dx,
+    HAS_DS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_programs = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_D)
+    col_ok = cols < D
+    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+    dw = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
+    n_tiles = tl.cdiv(M, BLOCK_ROWS)
+    for tile in range(pid, n_tiles, n_programs):
+        rows = (tile * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+        row_ok = rows < M
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+        xhat = x * rstd[:, None]
+        g = dy * w[None, :]
+        c = tl.sum(xhat * g, axis=1) / D
+        dx = (g - xhat * c[:, None]) * rstd[:, None]
+        if HAS_DS:
+            dx += tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        dw += dy * xhat
+    tl.store(DW_PARTIAL + pid.to(tl.int64) * D + cols, tl.sum(dw, axis=0), mask=col_ok)
+
+
+# --------------------------------------------------------------------------- launchers
+
+_INTERPRETED = interpreted(_rmsnorm_fwd_kernel)  # decorated under TRITON_INTERPRET=1: runs on CPU tensors
+
+
+def _rows(t: torch.Tensor, D: int) -> torch.Tensor:
+    t = t.reshape(-1, D)
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _check_inputs(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor) -> None:
+    check_tensor("rmsnorm", "x", x, _INTERPRETED)
+    if x.dim() < 1 or x.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"kernels.rmsnorm: x must be float32/bfloat16/float16 with >= 1 dim, got "
+                         f"{x.dtype} of shape {tuple(x.shape)}")
+    D = x.shape[-1]
+    if weight.shape != (D,) or weight.device != x.device or weight.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"kernels.rmsnorm: weight must be a float tensor of shape ({D},) on {x.device}, got "
+                         f"{weight.dtype} {tuple(weight.shape)} on {weight.device}")
+    if residual is not None and (residual.shape != x.shape or residual.device != x.device
+                                 or residual.dtype not in _FLOAT_DTYPES):
+        raise ValueError(f"kernels.rmsnorm: residual must be a float tensor shaped like x {tuple(x.shape)} on "
+                         f"{x.device}, got {residual.dtype} {tuple(residual.shape)} on {residual.device}")
+
+
+def _params(M: int, D: int) -> dict[str, int]:
+    return launch_params("rmsnorm", {"rows": M, "hidden": D})
+
+
+def _rmsnorm_fwd(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """-> (y_MD, s_MD or None, rstd_M); y and s in the dtype of ``x + residual`` (x's without residual)."""
+    _check_inputs(x, residual, weight)
+    D = x.shape[-1]
+    x_MD = _rows(x, D)
+    M = x_MD.shape[0]
+    p = _params(M, D)
+    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y_MD = empty((M, D), out_dtype, x.device)
+    s_MD = empty((M, D), out_dtype, x.device) if residual is not None else None
+    rstd_M = empty((M,), torch.float32, x.device)
+    if M == 0 or D == 0:
+        return y_MD, s_MD, rstd_M
+    r_MD = _rows(residual, D) if residual is not None else x_MD  # x_MD: unused placeholder without residual
+    s_arg = s_MD if s_MD is not None else y_MD
+    _rmsnorm_fwd_kernel[(triton.cdiv(M, p["block_rows"]),)](
+        x_MD, r_MD, weight, y_MD, s_arg, rstd_M,
+        M, D, x_MD.stride(0), r_MD.stride(0), y_MD.stride(0), s_arg.stride(0), float(eps),
+        HAS_RESIDUAL=residual is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=p["block_size"],
+        num_warps=p["num_warps"], num_stages=p["num_stages"],
+    )
+    return y_MD, s_MD, rstd_M
+
+
+def _rmsnorm_bwd(
+    dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (dx_MD in x's dtype, dw_D in weight's dtype); ``ds`` is added to dx (fused residual)."""
+    M, D = x_MD.shape
+    dy_MD = _rows(dy, D)
+    ds_MD = _rows(ds, D) if ds is not None else dy_MD  # dy_MD: unused placeholder without ds
+    p = _params(M, D)
+    dx_MD = empty((M, D), x_MD.dtype, x_MD.device)
+    if M == 0 or D == 0:
+        return dx_MD, torch.zeros_like(weight)
+    programs = min(triton.cdiv(M, p["block_rows"]), num_sms(x_MD.device) * p["programs_per_sm"])
+    dw_partial = empty((programs, D), torch.float32, x_MD.device)
+    _rmsnorm_bwd_kernel[(programs,)](
+        dy_MD, x_MD, weight, rstd_M, ds_MD, dx_MD, dw_partial,
+        M, D, dy_MD.stride(0), x_MD.stride(0), ds_MD.stride(0), dx_MD.stride(0),
+        HAS_DS=ds is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=p["block_size"],
+        num_warps=p["num_warps"], num_stages=p["num_stages"],
+    )
+    return dx_MD, dw_partial.sum(0).to(weight.dtype)
+
+
+# --------------------------------------------------------------------------- autograd
+
+
+# Saved for backward: inputs and outputs as they are (reshaped in backward), never a view of one made here:
+# torch.compile rejects a saved intermediate that aliases an input or output.
+
+
+class _RMSNorm(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        y_MD, _, rstd_M = _rmsnorm_fwd(x, None, weight, eps)
+        ctx.save_for_backward(x, weight, rstd_M)
+        return y_MD.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor):
+        x, weight, rstd_M = ctx.saved_tensors
+        dx_MD, dw = _rmsnorm_bwd(dy, _rows(x, x.shape[-1]), weight, rstd_M, None)
+        return dx_MD.view(dy.shape), dw, None
+
+
+class _RMSNormAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
+        y_MD, s_MD, rstd_M = _rmsnorm_fwd(x, residual, weight, eps)
+        s = s_MD.view(x.shape)
+        ctx.save_for_backward(s, weight, rstd_M)
+        ctx.dtypes = (x.dtype, residual.dtype)
+        return y_MD.view(x.shape), s
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None):
+        s, weight, rstd_M = ctx.saved_tensors
+        dsum_MD, dw = _rmsnorm_bwd(dy, _rows(s, s.shape[-1]), weight, rstd_M, ds)
+        dsum = dsum_MD.view(dy.shape)
+        x_dtype, r_dtype = ctx.dtypes
+        return dsum.to(x_dtype), dsum.to(r_dtype), dw, None
+
+
+# --------------------------------------------------------------------------- functional
+
+
+def rms_norm_triton(x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, fp32 inside, in ``x``'s dtype: the ``triton`` backend of op ``rmsnorm``
+    (same signature and numerics as ``workbench.ops.rms_norm_torch``)."""
+    return _RMSNorm.apply(x_BTD, weight_D, eps)
+
+
+def rms_norm_add_triton(
+    x_BTD: torch.Tensor, residual_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``s = x + residual; (rms_norm(s, weight, eps), s)``: one read of x and residual instead of
+    three passes (add, then norm's read of s)."""
+    return _RMSNormAdd.apply(x_BTD, residual_BTD, weight_D, eps)

@@ -1,0 +1,764 @@
+"""Triton kernels (kernels/): forward and every gradient against float64 references, launch spaces, knobs.
+
+On a machine without CUDA the kernels run under the Triton interpreter. Triton
+reads TRITON_INTERPRET when ``@triton.jit`` decorates a kernel, i.e. when
+``kernels.*`` is first imported (not when triton itself is imported), so the
+variable is set here before ``import kernels``; if another module imported
+``kernels`` earlier in this process without it, the module fails at once with a
+message saying so. With CUDA the tests run the compiled kernels on the GPU.
+
+Shapes are tiny (the interpreter runs every program instance in Python) but odd:
+hidden sizes 1, 3, 127, 200, one row and many rows, non-power-of-two vocab and
+head counts, and launch configurations that make several programs, loop
+iterations and chunks.
+
+Tolerances (``torch.testing.assert_close``: |actual - ref| <= atol + rtol * |ref|):
+
+- float32: the kernels compute in fp32 from the same inputs as the float64
+  reference; their error is a few fp32 ulps (2^-23 ~ 1.2e-7) per operation,
+  amplified by the reductions (sums of <= 300 terms): rtol 1e-5 leaves > 10x margin
+  over the worst error seen (under 1e-6) and still fails on any real bug (a wrong
+  term is off by O(1)); atol 1e-5 x the magnitude of the terms that are summed
+  covers results near zero that come out of cancellations (RMSNorm's dx is
+  rstd * (w dy - xhat * mean(xhat w dy)), ~0 at hidden size 1).
+- bfloat16: the inputs are bf16 (exact in float64); the kernels compute in fp32
+  and round once. bf16 keeps 8 significant bits, so rounding to nearest (the
+  GPU's cvt.rn) is off by at most 2^-8 relative (half an ulp at the bottom of a
+  binade): rtol 2^-8, plus the same atol for fp32 noise. The Triton interpreter
+  truncates fp32 -> bf16 instead (triton/runtime/interpreter.py: cast_impl passes
+  no rounding mode), which is off by up to one ulp, 2^-7: that is the rtol when
+  interpreted. Where the reference itself computes in bf16 (the logits of the
+  loss, as ``workbench.ops`` does under bf16), the float64 reference starts from
+  those bf16 logits, and the gradients' bound adds the rounding of the logits'
+  gradient to bf16 before the matmuls: rtol x (|dlogits| @ |W|) for dh,
+  rtol x (|dlogits|^T @ |h|) for dW.
+
+Inputs are drawn fresh for every test from a generator seeded by the test's id
+(reproducible, never shared between tests); every output is allocated NaN-filled
+(``kernels.poison_outputs``), so an element the kernel does not write fails.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import math
+import os
+import zlib
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before `import kernels`: read when @triton.jit decorates
+
+import kernels  # noqa: E402
+from kernels import registry  # noqa: E402
+from kernels._launch import interpreted  # noqa: E402
+from workbench import ops  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+if DEVICE.type == "cpu" and not interpreted(kernels.rmsnorm._rmsnorm_fwd_kernel):
+    raise RuntimeError(
+        "kernels was imported before TRITON_INTERPRET=1 was set, so its kernels cannot run on this CPU-only "
+        "machine; set os.environ.setdefault('TRITON_INTERPRET', '1') in tests/conftest.py")
+
+INTERPRETED = interpreted(kernels.rmsnorm._rmsnorm_fwd_kernel)
+BF16_RTOL = 2.0**-7 if INTERPRETED else 2.0**-8  # see the module docstring
+FP32_TOL = dict(rtol=1e-5, atol=1e-5)
+BF16_TOL = dict(rtol=BF16_RTOL, atol=1e-5)
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+# `import kernels` registers the triton backends in workbench.ops for the whole process; other test modules
+# assert the torch-only registry (tests/test_model.py), so the backends are registered only while this
+# module's tests run.
+_TRITON_BACKENDS = {op: ops.OPS[op].pop("triton") for op in ops.OP_NAMES if "triton" in ops.OPS[op]}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _triton_backends_registered():
+    for op, fn in _TRITON_BACKENDS.items():
+        ops.register(op, "triton", fn)
+    yield
+    for op in _TRITON_BACKENDS:
+        ops.OPS[op].pop("triton", None)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_launch_config():
+    kernels.reset()
+    yield
+    kernels.reset()
+
+
+@pytest.fixture
+def gen(request) -> torch.Generator:
+    """A generator seeded by the test id: fresh inputs per test, the same on every run."""
+    return torch.Generator(device=DEVICE).manual_seed(zlib.crc32(request.node.nodeid.encode()))
+
+
+def randn(gen, *shape, dtype=torch.float32, scale=1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen, device=DEVICE, dtype=torch.float64) * scale).to(dtype)
+
+
+def close(actual: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, scale: float = 1.0) -> None:
+    tol = FP32_TOL if dtype == torch.float32 else BF16_TOL
+    assert actual.dtype == dtype, f"dtype {actual.dtype}, expected {dtype}"
+    torch.testing.assert_close(actual.double(), ref.double(), rtol=tol["rtol"], atol=tol["atol"] * scale)
+
+
+def grads(out, inputs, upstream):
+    return torch.autograd.grad(out, inputs, upstream)
+
+
+# --------------------------------------------------------------------------- RMSNorm
+
+
+def rmsnorm_ref(x, w, eps):
+    x, w = x.double(), w.double()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+RMS_CASES = [  # (leading shape, hidden, launch params)
+    ((1,), 1, {}),
+    ((5,), 3, {"block_rows": 2}),
+    ((1,), 127, {}),
+    ((2, 3), 200, {"block_rows": 4, "num_warps": 2}),
+    ((257,), 127, {"block_rows": 16, "block_size": 256, "num_warps": 16}),  # many rows, a tile wider than D
+    ((300,), 3, {"block_rows": 4, "programs_per_sm": 8}),  # more backward programs than under the default
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,D,params", RMS_CASES, ids=[f"{c[0]}x{c[1]}" for c in RMS_CASES])
+def test_rmsnorm_forward_and_grads(gen, lead, D, params, dtype):
+    x = randn(gen, *lead, D, dtype=dtype, scale=2.0).requires_grad_()
+    w = (1 + randn(gen, D, dtype=torch.float64, scale=0.5)).to(dtype).requires_grad_()
+    dy = randn(gen, *lead, D, dtype=dtype)
+    eps = 1e-5
+    with kernels.using({"rmsnorm": params}), kernels.poison_outputs():
+        y = kernels.rms_norm_triton(x, w, eps)
+        dx, dw = grads(y, (x, w), dy)
+    x64, w64 = x.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    y64 = rmsnorm_ref(x64, w64, eps)
+    dx64, dw64 = grads(y64, (x64, w64), dy.double())
+    close(y, y64, dtype, scale=y64.abs().max().item())
+    close(dx, dx64, dtype, scale=dx_terms(x64, w64, dy, eps))
+    close(dw, dw64, dtype, scale=dw64.abs().max().item())
+
+
+def dx_terms(x64, w64, dy, eps) -> float:
+    """Magnitude of the terms whose difference is RMSNorm's dx: rstd * |w * dy|."""
+    x64 = x64.detach()
+    rstd = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + eps)
+    return (rstd * (w64.detach() * dy.double()).abs()).max().item()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("lead,D,params", RMS_CASES[1:4:2] + RMS_CASES[4:5], ids=["5x3", "6x200", "257x127"])
+def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
+    x = randn(gen, *lead, D, dtype=dtype).requires_grad_()
+    r = randn(gen, *lead, D, dtype=dtype).requires_grad_()
+    w = (1 + randn(gen, D, dtype=torch.float64, scale=0.5)).to(dtype).requires_grad_()
+    dy, ds = randn(gen, *lead, D, dtype=dtype), randn(gen, *lead, D, dtype=dtype)
+    with kernels.using({"rmsnorm": params}), kernels.poison_outputs():
+        y, s = kernels.rms_norm_add_triton(x, r, w, 1e-6)
+        dx, dr, dw = grads((y, s), (x, r, w), (dy, ds))
+    # reference: the norm of the s returned (x + r rounded to the dtype, as an unfused add rounds it)
+    s_ref = s.detach().double().requires_grad_()
+    w64 = w.detach().double().requires_grad_()
+    y64 = rmsnorm_ref(s_ref, w64, 1e-6)
+    ds64, dw64 = grads(y64, (s_ref, w64), dy.double())
+    ds64 = ds64 + ds.double()
+    if INTERPRETED:  # the interpreter truncates the sum to bf16 where torch rounds it
+        close(s, (x.detach() + r.detach()).double(), dtype, scale=0.0)
+    else:
+        assert torch.equal(s, x.detach() + r.detach())
+    close(y, y64, dtype, scale=y64.abs().max().item())
+    scale = dx_terms(s_ref, w64, dy, 1e-6) + ds.abs().max().item()
+    close(dx, ds64, dtype, scale=scale)
+    close(dr, ds64, dtype, scale=scale)
+    close(dw, dw64, dtype, scale=dw64.abs().max().item())
+
+
+# --------------------------------------------------------------------------- SwiGLU
+
+
+SWIGLU_CASES = [((1,), {}), ((3, 7), {"block_size": 32, "num_warps": 1}), ((2, 5, 127), {"block_size": 256}),
+                ((1000,), {"block_size": 128, "num_warps": 4})]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape,params", SWIGLU_CASES, ids=[str(c[0]) for c in SWIGLU_CASES])
+def test_swiglu_forward_and_grads(gen, shape, params, dtype):
+    g = randn(gen, *shape, dtype=dtype, scale=3.0).requires_grad_()
+    u = randn(gen, *shape, dtype=dtype).requires_grad_()
+    dy = randn(gen, *shape, dtype=dtype)
+    with kernels.using({"swiglu": params}), kernels.poison_outputs():
+        y = kernels.swiglu_triton(g, u)
+        dg, du = grads(y, (g, u), dy)
+    g64, u64 = g.detach().double().requires_grad_(), u.detach().double().requires_grad_()
+    y64 = torch.nn.functional.silu(g64) * u64
+    dg64, du64 = grads(y64, (g64, u64), dy.double())
+    close(y, y64, dtype, scale=y64.abs().max().item())
+    close(dg, dg64, dtype, scale=dg64.abs().max().item())
+    close(du, du64, dtype, scale=du64.abs().max().item())
+
+
+# --------------------------------------------------------------------------- RoPE
+
+
+ROPE_CASES = [  # (B, H, K, T, d, q as the model's transposed view, launch params)
+    (1, 1, 1, 1, 2, False, {}),
+    (2, 4, 2, 5, 6, True, {"block_h": 2}),
+    (1, 3, 3, 7, 10, True, {"block_h": 1, "num_warps": 1}),
+    (3, 5, 1, 2, 64, False, {"block_h": 4, "num_stages": 1}),
+]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("B,H,K,T,d,transposed,params", ROPE_CASES, ids=[f"{c[:5]}" for c in ROPE_CASES])
+def test_rope_forward_and_grads(gen, B, H, K, T, d, transposed, params, dtype):
+    if transposed:  # the model's layout: q_proj(x).view(B, T, H, d).transpose(1, 2)
+        q = randn(gen, B, T, H, d, dtype=dtype).transpose(1, 2).requires_grad_()
+    else:
+        q = randn(gen, B, H, T, d, dtype=dtype).requires_grad_()
+    k = randn(gen, B, K, T, d, dtype=dtype).requires_grad_()
+    angles = randn(gen, B, T, d, scale=3.0)
+    cos, sin = angles.cos(), angles.sin()  # any table: the kernel reads both halves of cos and sin
+    dqo, dko = randn(gen, B, H, T, d, dtype=dtype), randn(gen, B, K, T, d, dtype=dtype)
+    with kernels.using({"rope": params}), kernels.poison_outputs():
+        qo, ko = kernels.rope_triton(q, k, cos, sin)
+        dq, dk = grads((qo, ko), (q, k), (dqo, dko))
+    assert qo.stride() == q.stride() and ko.stride() == k.stride()  # outputs keep the inputs' layout
+    q64, k64 = q.detach().double().requires_grad_(), k.detach().double().requires_grad_()
+    qo64, ko64 = ops.rope_torch(q64, k64, cos.double(), sin.double())
+    dq64, dk64 = grads((qo64, ko64), (q64, k64), (dqo.double(), dko.double()))
+    for actual, ref in ((qo, qo64), (ko, ko64), (dq, dq64), (dk, dk64)):
+        close(actual, ref, dtype, scale=ref.abs().max().item())
+
+
+def test_rope_broadcast_table_and_the_models_tables(gen):
+    B, H, K, T, d = 2, 2, 2, 6, 8
+    from workbench.model import rope_cos_sin
+
+    cos_Td, sin_Td = rope_cos_sin(d, T, 10000.0, device=DEVICE)
+    q, k = randn(gen, B, H, T, d), randn(gen, B, K, T, d)
+    with kernels.poison_outputs():
+        qo, ko = kernels.rope_triton(q, k, cos_Td[None], sin_Td[None])  # (1, T, d): one table for the batch
+    qr, kr = ops.rope_torch(q.double(), k.double(), cos_Td[None].double(), sin_Td[None].double())
+    close(qo, qr, torch.float32, scale=qr.abs().max().item())
+    close(ko, kr, torch.float32, scale=kr.abs().max().item())
+
+
+# --------------------------------------------------------------------------- fused linear + cross-entropy
+
+
+CE_CASES = [  # (N, D, V, launch params)
+    (1, 1, 3, {}),
+    (7, 3, 5, {"chunk_size": 3, "block_v": 32, "num_warps": 1}),
+    (37, 16, 300, {"chunk_size": 16, "block_v": 128, "num_warps": 4}),
+    (130, 8, 1000, {"chunk_size": 64, "block_v": 256, "num_warps": 2, "num_stages": 1}),
+]
+
+
+def ce_reference(h, w, labels, mask, logits_dtype):
+    """float64 loss sum and grads of h, w, from logits rounded to ``logits_dtype`` (as the torch op does)."""
+    logits = (h.to(logits_dtype) @ w.to(logits_dtype).t()).double()
+    counts = mask & (labels != -100)
+    safe = torch.where(counts, labels, 0).long()
+    lse = torch.logsumexp(logits, dim=-1)
+    loss = torch.where(counts, lse - logits.gather(1, safe[:, None])[:, 0], 0.0).sum()
+    dlogits = (torch.softmax(logits, -1) - torch.nn.functional.one_hot(safe, logits.shape[1])) * counts[:, None]
+    h64, w64 = h.to(logits_dtype).double(), w.to(logits_dtype).double()
+    return loss, dlogits @ w64, dlogits.t() @ h64, dlogits, h64, w64
+
+
+def ce_inputs(gen, N, D, V, dtype):
+    h = randn(gen, N, D, dtype=dtype).requires_grad_()
+    w = randn(gen, V, D, dtype=dtype, scale=2.0 / math.sqrt(D)).requires_grad_()
+    labels = torch.randint(0, V, (N,), generator=gen, device=DEVICE)
+    mask = torch.rand(N, generator=gen, device=DEVICE) < 0.7
+    mask[0] = True
+    labels[~mask] = V + 17  # padding ids outside the vocab at masked positions must be ignored, not read
+    if N > 2:
+        labels[1], mask[1] = -100, True  # -100 does not count either (F.cross_entropy's ignore_index)
+    return h, w, labels, mask
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("N,D,V,params", CE_CASES, ids=[f"{c[0]}x{c[1]}x{c[2]}" for c in CE_CASES])
+def test_fused_linear_ce_forward_and_grads(gen, N, D, V, params, dtype):
+    h, w, labels, mask = ce_inputs(gen, N, D, V, dtype)
+    upstream = torch.tensor(0.37, device=DEVICE)  # the caller divides by the token count: not 1
+    with kernels.using({"fused_linear_ce": params}), kernels.poison_outputs():
+        loss, n = kernels.linear_cross_entropy_triton(h, w, labels, mask)
+        dh, dw = grads(loss, (h, w), upstream)
+    loss64, dh64, dw64, dlogits, h64, w64 = ce_reference(h.detach(), w.detach(), labels, mask, dtype)
+    assert loss.dtype == torch.float32 and loss.dim() == 0
+    assert n.dtype == torch.int64 and n.dim() == 0 and n.item() == int(mask.sum())
+    # the loss: fp32 softmax of the same logits, summed over <= 130 rows
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
+    if dtype == torch.float32:
+        close(dh, dh64 * 0.37, dtype, scale=dh64.abs().max().item())
+        close(dw, dw64 * 0.37, dtype, scale=dw64.abs().max().item())
+    else:  # bound: dlogits rounded to bf16 before each matmul, then one rounding of the result (module docstring)
+        for actual, ref, bound in ((dh, dh64, dlogits.abs() @ w64.abs()), (dw, dw64, dlogits.abs().t() @ h64.abs())):
+            err = (actual.double() - ref * 0.37).abs()
+            allowed = 0.37 * BF16_RTOL * bound + BF16_RTOL * (ref * 0.37).abs() + 1e-6
+            assert actual.dtype == dtype and bool((err <= allowed).all()), float((err - allowed).max())
+
+
+def test_fused_linear_ce_under_autocast_matches_the_torch_op(gen):
+    """fp32 h and W under bf16 autocast: logits in bf16 as the torch op computes them, grads in fp32."""
+    if DEVICE.type == "cpu":
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16)
+    else:
+        autocast = torch.autocast("cuda", dtype=torch.bfloat16)
+    h, w, labels, mask = ce_inputs(gen, 40, 16, 200, torch.float32)
+    with kernels.using({"fused_linear_ce": {"chunk_size": 16, "block_v": 64}}), kernels.poison_outputs(), autocast:
+        loss, _ = kernels.linear_cross_entropy_triton(h, w, labels, mask)
+    dh, dw = grads(loss, (h, w), torch.tensor(1.0, device=DEVICE))
+    assert dh.dtype == torch.float32 and dw.dtype == torch.float32
+    loss64, dh64, dw64, dlogits, h64, w64 = ce_reference(h.detach(), w.detach(), labels, mask, torch.bfloat16)
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
+    for actual, ref, bound in ((dh, dh64, dlogits.abs() @ w64.abs()), (dw, dw64, dlogits.abs().t() @ h64.abs())):
+        err = (actual.double() - ref).abs()
+        assert bool((err <= BF16_RTOL * bound + 1e-6).all()), float((err - BF16_RTOL * bound).max())
+
+
+def test_fused_linear_ce_backward_runs_once(gen):
+    """The saved gradients are scaled in place: a second backward through the graph fails loudly."""
+    h, w, labels, mask = ce_inputs(gen, 6, 4, 20, torch.float32)
+    loss, _ = kernels.linear_cross_entropy_triton(h, w, labels, mask)
+    torch.autograd.grad(loss, (h, w), retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(loss, (h, w))
+
+
+def test_fused_linear_ce_without_grad_and_all_masked(gen):
+    h, w, labels, mask = ce_inputs(gen, 9, 4, 50, torch.float32)
+    with torch.no_grad(), kernels.poison_outputs():
+        loss, n = kernels.linear_cross_entropy_triton(h, w, labels, mask)
+    loss64 = ce_reference(h.detach(), w.detach(), labels, mask, torch.float32)[0]
+    torch.testing.assert_close(loss.double(), loss64, rtol=1e-5, atol=1e-5)
+    mask[:] = False
+    with kernels.poison_outputs():
+        loss, n = kernels.linear_cross_entropy_triton(h, w, labels, mask)
+        dh, dw = grads(loss, (h, w), torch.tensor(1.0, device=DEVICE))
+    assert loss.item() == 0.0 and n.item() == 0
+    assert not dh.any() and not dw.any()
+
+
+# --------------------------------------------------------------------------- the ops switch
+
+
+def test_triton_backends_are_registered_with_the_torch_signatures():
+    refs = {"rmsnorm": ops.rms_norm_torch, "swiglu": ops.swiglu_torch, "rope": ops.rope_torch,
+            "loss": ops.linear_cross_entropy_torch}
+    for op, ref in refs.items():
+        fn = ops.OPS[op]["triton"]
+        assert list(inspect.signature(fn).parameters) == list(inspect.signature(ref).parameters), op
+        assert registry.get_space(registry.KERNEL_OF_OP[op]).op == op
+    opset = ops.resolve({op: "triton" for op in ops.OP_NAMES})
+    assert opset.rmsnorm is kernels.rms_norm_triton and opset.loss is kernels.linear_cross_entropy_triton
+
+
+def test_a_cpu_tensor_without_the_interpreter_is_refused(monkeypatch):
+    monkeypatch.setattr(kernels.swiglu, "_INTERPRETED", False)
+    with pytest.raises(ValueError, match="need CUDA tensors.*'torch' backend"):
+        kernels.swiglu_triton(torch.ones(3), torch.ones(3))
+
+
+def test_the_tiny_model_trains_the_same_with_triton_ops(gen):
+    """3 AdamW steps of the tiny model (fp32) with every op on Triton vs every op on torch.
+
+    Tolerance: both runs start from the same weights and batches and differ only by fp32
+    rounding inside the ops (~1e-7 relative per op); after 3 optimizer steps the losses
+    agree to ~1e-6 relative, so rtol 1e-4 is ~100x margin and still far below the
+    ~1e-2 change of the loss per step (a wrong gradient shows up there).
+    """
+    from workbench.model import Llama, get_preset
+
+    args = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
+    B, T = 2, 12
+    ids = torch.randint(0, args.vocab_size, (B, T), generator=gen, device=DEVICE)
+    pos = torch.cat([torch.arange(7), torch.arange(5)]).repeat(B, 1).to(DEVICE)  # two packed documents per row
+    loss_mask = torch.ones(B, T, dtype=torch.bool, device=DEVICE)
+    loss_mask[1, -3:] = False  # padding at the end of a row
+
+    def run(backend: str) -> list[float]:
+        torch.manual_seed(0)
+        model = Llama(args, ops.resolve({op: backend for op in ops.OP_NAMES})).to(DEVICE)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        losses = []
+        for _ in range(3):
+            loss_sum, n = model.loss(ids, pos, loss_mask)
+            loss = loss_sum / n
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+        return losses
+
+    launch = {"rmsnorm": {"block_rows": 16}, "swiglu": {"block_size": 4096, "num_warps": 32},
+              "rope": {"block_h": 4}, "fused_linear_ce": {"chunk_size": 8, "block_v": 2048, "num_warps": 16}}
+    with kernels.using(launch), kernels.poison_outputs():
+        triton_losses = run("triton")
+        record = kernels.launch_record()
+    torch_losses = run("torch")
+    assert torch_losses[0] > torch_losses[2]  # it learns, so equal losses mean equal gradients
+    torch.testing.assert_close(triton_losses, torch_losses, rtol=1e-4, atol=0)
+    assert {r["kernel"] for r in record} == set(registry.LAUNCH_SPACES)  # every kernel ran, params recorded
+    assert all(r["num_warps"] == launch[r["kernel"]].get("num_warps", r["num_warps"]) for r in record)
+
+
+# --------------------------------------------------------------------------- launch spaces and validation
+
+
+GR00T_SHAPES = {  # gr00t-n1.6 at micro-batch 8 x 2,048 (the benchmark's shapes)
+    "rmsnorm": {"rows": 16384, "hidden": 2048},
+    "swiglu": {"numel": 16384 * 5632},
+    "rope": {"tokens": 16384, "q_heads": 32, "k_heads": 32, "head_dim": 64},
+    "fused_linear_ce": {"rows": 8 * 2047, "hidden": 2048, "vocab": 50257},
+}
+
+
+HIDDEN_4096_SHAPES = {  # the benchmark's larger shapes
+    "rmsnorm": {"rows": 16384, "hidden": 4096},
+    "swiglu": {"numel": 16384 * 11008},
+    "rope": {"tokens": 16384, "q_heads": 32, "k_heads": 8, "head_dim": 128},
+    "fused_linear_ce": {"rows": 8 * 2047, "hidden": 4096, "vocab": 50257},
+}
+
+
+def test_every_space_is_valid_data():
+    for kernel, space in registry.LAUNCH_SPACES.items():
+        big = HIDDEN_4096_SHAPES[kernel]
+        space.validate(space.defaults(big), big)
+        assert len(space.sweep(big)) >= 1
+        shape = GR00T_SHAPES[kernel]
+        space.validate(space.defaults(shape), shape)
+        sweep = space.sweep(shape)
+        assert 1 <= len(sweep) <= 256, (kernel, len(sweep))  # --full-sweep: minutes, not hours, per shape
+        for params in sweep:
+            assert set(params) == set(space.param_names())
+            space.validate(params, shape)
+        assert "num_warps" in space.param_names()
+    assert registry.get_space("fused_linear_ce").defaults(GR00T_SHAPES["fused_linear_ce"])["chunk_size"] == 1024
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"rmsnorm": {"num_warps": 3}}, r"kernel 'rmsnorm': num_warps=3 must be one of \[1, 2, 4, 8, 16, 32\]"),
+    ({"rmsnorm": {"block_size": 96}}, r"block_size=96 must be a power of two"),
+    ({"rope": {"num_stages": 0}}, r"kernel 'rope': num_stages=0 must be between 1 and 8"),
+    ({"swiglu": {"num_stages": 2}}, r"kernel 'swiglu': num_stages=2 is not a launch parameter.*'block_size'"),
+    ({"swiglu": {"block_size": 65536, "num_warps": 4}}, r"block_size=65536 gives 512 tile elements per thread"),
+    ({"layernorm": {"num_warps": 4}}, r"'layernorm' is not a kernel; kernels: \['rmsnorm'"),
+    ({"fused_linear_ce": {"chunk_size": True}}, r"chunk_size=True must be an integer"),
+])
+def test_an_invalid_launch_config_is_refused_naming_kernel_param_value_and_constraint(cfg, match):
+    kernels.configure({"rope": {"block_h": 2}})
+    with pytest.raises(kernels.LaunchConfigError, match=match) as info:
+        kernels.configure(cfg)
+    from workbench.config import ConfigError
+
+    assert isinstance(info.value, ConfigError)  # a trial that hits it fails as invalid_config
+    assert info.value.key.startswith("loongforge.compute_domain.kernels.")
+    assert kernels.active_config()["rope"] == {"block_h": 2}  # nothing changed
+
+
+def test_a_config_that_does_not_fit_the_shape_fails_before_launch(gen, monkeypatch):
+    class NotLaunched:
+        def __getitem__(self, grid):
+            raise AssertionError("launched")
+
+    monkeypatch.setattr(kernels.rmsnorm, "_rmsnorm_fwd_kernel", NotLaunched())
+    kernels.configure({"rmsnorm": {"block_size": 128}})  # a power of two: fine until the hidden size is known
+    with pytest.raises(kernels.LaunchConfigError, match=r"block_size=128 must be a power of two >= the hidden "
+                                                        r"size 200 \(the one-pass kernel holds a whole row"):
+        kernels.rms_norm_triton(randn(gen, 4, 200), torch.ones(200, device=DEVICE), 1e-5)
+    assert kernels.launch_record() == []
+
+
+def test_launch_params_fill_defaults_and_are_recorded():
+    kernels.configure({"rmsnorm": {"num_warps": 8}})
+    p = kernels.launch_params("rmsnorm", {"rows": 10, "hidden": 200})
+    assert p == {"num_warps": 8, "num_stages": 2, "block_rows": 16, "block_size": 256, "programs_per_sm": 2}
+    assert kernels.launch_record() == [{"kernel": "rmsnorm", "hidden": 200, "rows": 10, **p,
+                                        "configured": ["num_warps"]}]
+
+
+# --------------------------------------------------------------------------- the tuner's knobs
+
+
+def test_kernel_knobs_mirror_the_launch_spaces():
+    from workbench.config import Config, merge_overrides
+    from workbench.knobs import KNOBS, drop_unsupported, get_knob
+
+    declared = {k.key for k in KNOBS if ".kernels." in k.key}
+    expected = {f"loongforge.compute_domain.kernels.{kernel}.{p}"
+                for kernel, space in registry.LAUNCH_SPACES.items() for p in space.param_names()}
+    assert declared == expected
+    for key in expected:  # each key is accepted by the config (a dict field, set entry by entry)
+        kernel, param = key.split(".")[-2:]
+        cfg = merge_overrides(Config(), {key: registry.get_space(kernel).param(param).candidates(
+            GR00T_SHAPES[kernel])[0]})
+        registry.configure(cfg.loongforge.compute_domain.kernels)
+    names = [k.name for k in KNOBS if ".kernels." in k.key]
+    kept, dropped = drop_unsupported(names + ["triton_fusion", "loss_backend"], set())
+    assert kept == [] and {d.reason for d in dropped} == {"needs cuda"}  # left out on a CPU host
+    k = get_knob("fused_linear_ce_chunk_size")
+    assert k.key == "loongforge.compute_domain.kernels.fused_linear_ce.chunk_size" and k.kind == "int"
+    assert not k.active({"triton_fusion": False, "loss_backend": "torch", "rmsnorm_backend": "triton"})
+    assert k.active({"triton_fusion": False, "loss_backend": "triton"})
+    assert k.active({"triton_fusion": True, "loss_backend": "torch"})
+    assert get_knob("rmsnorm_backend").active({"triton_fusion": False})
+    assert not get_knob("rmsnorm_backend").active({"triton_fusion": True})
+
+
+# --------------------------------------------------------------------------- torch.compile, traced on the CPU
+
+
+class _FakeKernel:
+    """Stands in for a Triton kernel in ``kernel[grid](*args, **meta)``: the same math in torch ops, written
+    into the same output arguments. Dynamo cannot trace the interpreter; with these, it traces everything
+    else (launchers, launch-parameter lookup, the autograd.Functions) exactly as it does on a GPU."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __getitem__(self, grid):
+        return self.fn
+
+
+def _fake_rms_fwd(X, R, W, Y, S, RSTD, M, D, sx, sr, sy, ss, eps, HAS_RESIDUAL, **meta):  # noqa: N803
+    x = X.float()
+    if HAS_RESIDUAL:
+        S.copy_(x + R.float())
+        x = S.float()
+    rstd = torch.rsqrt(x.pow(2).mean(-1) + eps)
+    RSTD.copy_(rstd)
+    Y.copy_(x * rstd[:, None] * W.float())
+
+
+def _fake_rms_bwd(DY, X, W, RSTD, DS, DX, DWP, M, D, sdy, sx, sds, sdx, HAS_DS, **meta):  # noqa: N803
+    xhat = X.float() * RSTD[:, None]
+    g = DY.float() * W.float()
+    dx = (g - xhat * (xhat * g).mean(-1, keepdim=True)) * RSTD[:, None]
+    DX.copy_(dx + DS.float() if HAS_DS else dx)
+    DWP.zero_()
+    DWP[0].copy_((DY.float() * xhat).sum(0))
+
+
+def _fake_swiglu_fwd(G, U, Y, n, **meta):  # noqa: N803
+    Y.copy_(torch.nn.functional.silu(G.float()) * U.float())
+
+
+def _fake_swiglu_bwd(DY, G, U, DG, DU, n, **meta):  # noqa: N803
+    g, u, dy = G.float(), U.float(), DY.float()
+    sig = torch.sigmoid(g)
+    DG.copy_(dy * u * sig * (1 + g * (1 - sig)))
+    DU.copy_(dy * g * sig)
+
+
+def _fake_rope(backward):
+    def run(X, Y, COS, SIN, XO, YO, T, H, KH, HALF, *strides, **meta):  # noqa: N803
+        c, s = COS.float()[:, None], SIN.float()[:, None]
+        for src, dst in ((X, XO), (Y, YO)):
+            x1, x2 = src.float()[..., :HALF], src.float()[..., HALF:]
+            c1, c2, s1, s2 = c[..., :HALF], c[..., HALF:], s[..., :HALF], s[..., HALF:]
+            if backward:
+                dst.copy_(torch.cat((x1 * c1 + x2 * s2, x2 * c2 - x1 * s1), -1))
+            else:
+                dst.copy_(torch.cat((x1 * c1 - x2 * s1, x2 * c2 + x1 * s2), -1))
+    return run
+
+
+def _fake_ce(LOGITS, stride, LABELS, MASK, LOSS, V, ignore, WRITE_GRAD, **meta):  # noqa: N803
+    x = LOGITS.float()
+    counts = (MASK != 0) & (LABELS != ignore)
+    safe = torch.where(counts, LABELS, 0).long()
+    lse = torch.logsumexp(x, -1)
+    LOSS.copy_(torch.where(counts, lse - x.gather(1, safe[:, None])[:, 0], 0.0))
+    if WRITE_GRAD:
+        LOGITS.copy_((torch.softmax(x, -1) - torch.nn.functional.one_hot(safe, V)) * counts[:, None])
+
+
+def test_fullgraph_torch_compile_traces_the_launchers_and_autograd(gen, monkeypatch):
+    """The tiny model with every op on the Triton backend compiles as ONE graph (fullgraph=True, AOTAutograd),
+    and its loss and gradients match eager torch ops: no graph break in the launchers or the autograd
+    Functions (a break per op per layer would undo the point of compiling)."""
+    from workbench.model import Llama, get_preset
+
+    for module, name, fake in ((kernels.rmsnorm, "_rmsnorm_fwd_kernel", _fake_rms_fwd),
+                               (kernels.rmsnorm, "_rmsnorm_bwd_kernel", _fake_rms_bwd),
+                               (kernels.swiglu, "_swiglu_fwd_kernel", _fake_swiglu_fwd),
+                               (kernels.swiglu, "_swiglu_bwd_kernel", _fake_swiglu_bwd),
+                               (kernels.rope, "_rope_fwd_kernel", _fake_rope(False)),
+                               (kernels.rope, "_rope_bwd_kernel", _fake_rope(True)),
+                               (kernels.fused_linear_ce, "_ce_fwd_kernel", _fake_ce)):
+        monkeypatch.setattr(module, name, _FakeKernel(fake))
+    torch._dynamo.reset()
+    args = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
+    ids = torch.randint(0, args.vocab_size, (2, 10), generator=gen, device=DEVICE)
+    pos = torch.arange(10, device=DEVICE).repeat(2, 1)
+    mask = torch.rand(2, 10, generator=gen, device=DEVICE) < 0.8
+    torch.manual_seed(0)
+    model = Llama(args, ops.resolve({op: "triton" for op in ops.OP_NAMES})).to(DEVICE)
+    kernels.configure({"fused_linear_ce": {"chunk_size": 7}})  # several chunks: a Python loop, unrolled
+
+    def step():
+        loss_sum, n = model.loss(ids, pos, mask)
+        return loss_sum / n
+
+    out = torch.compile(step, backend="aot_eager", fullgraph=True)()
+    grads_c = torch.autograd.grad(out, list(model.parameters()))
+    model.set_ops(ops.resolve())
+    ref = step()
+    grads_r = torch.autograd.grad(ref, list(model.parameters()))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for a, b in zip(grads_c, grads_r):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    # the fused residual add (not used by the model yet): two outputs, the saved one returned
+    x, r = randn(gen, 3, 5, 40).requires_grad_(), randn(gen, 3, 5, 40).requires_grad_()
+    w = torch.ones(40, device=DEVICE, requires_grad=True)
+
+    def fused():
+        y, s = kernels.rms_norm_add_triton(x, r, w, 1e-5)
+        return (y * s).sum()
+
+    out = torch.compile(fused, backend="aot_eager", fullgraph=True)()
+    g_c = torch.autograd.grad(out, (x, r, w))
+    s_ref = x + r
+    ref = (ops.rms_norm_torch(s_ref, w, 1e-5) * s_ref).sum()
+    for a, b in zip(g_c, torch.autograd.grad(ref, (x, r, w))):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- CUDA only: compile and graphs
+
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _op_calls(dev):
+    g = torch.Generator(device=dev).manual_seed(0)
+    x = torch.randn(4, 64, 256, device=dev, generator=g, requires_grad=True)
+    w = torch.ones(256, device=dev, requires_grad=True)
+    q = torch.randn(4, 64, 8, 32, device=dev, generator=g).transpose(1, 2).requires_grad_()
+    k = torch.randn(4, 2, 64, 32, device=dev, generator=g, requires_grad=True)
+    from workbench.model import rope_cos_sin
+
+    cos, sin = (t[None].expand(4, 64, 32) for t in rope_cos_sin(32, 64, 10000.0, device=dev))
+    h = torch.randn(4 * 64, 256, device=dev, generator=g, requires_grad=True)
+    wv = torch.randn(1000, 256, device=dev, generator=g, requires_grad=True) * 0.05
+    labels = torch.randint(0, 1000, (4 * 64,), device=dev, generator=g)
+    mask = torch.rand(4 * 64, device=dev, generator=g) < 0.8
+
+    def step(f_rms, f_swiglu, f_rope, f_loss):
+        y = f_rms(x, w, 1e-5)
+        a = f_swiglu(y, y * 0.5)
+        qo, ko = f_rope(q, k, cos, sin)
+        loss, n = f_loss(h, wv, labels, mask)
+        return a.square().mean() + qo.float().sum() * 1e-3 + ko.float().mean() + loss / n
+
+    params = (x, w, q, k, h)
+    return step, params
+
+
+@needs_cuda
+def test_under_torch_compile_fullgraph():
+    step, params = _op_calls(DEVICE)
+    fns = (kernels.rms_norm_triton, kernels.swiglu_triton, kernels.rope_triton, kernels.linear_cross_entropy_triton)
+    refs = (ops.rms_norm_torch, ops.swiglu_torch, ops.rope_torch, ops.linear_cross_entropy_torch)
+    eager = step(*refs)
+    g_eager = torch.autograd.grad(eager, params)
+    compiled = torch.compile(lambda: step(*fns), fullgraph=True)
+    out = compiled()
+    g_out = torch.autograd.grad(out, params)
+    torch.testing.assert_close(out, eager, rtol=1e-4, atol=1e-4)
+    for a, b in zip(g_out, g_eager):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@needs_cuda
+def test_under_cuda_graph_capture():
+    step, params = _op_calls(DEVICE)
+    fns = (kernels.rms_norm_triton, kernels.swiglu_triton, kernels.rope_triton, kernels.linear_cross_entropy_triton)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm up (compiles the kernels) outside the capture
+        for _ in range(2):
+            ref = step(*fns)
+            ref_grads = torch.autograd.grad(ref, params)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(*fns)
+        g_out = torch.autograd.grad(out, params)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, ref)
+    for a, b in zip(g_out, ref_grads):
+        torch.testing.assert_close(a, b)
+
+
+# --------------------------------------------------------------------------- the benchmark's plumbing (CPU)
+
+
+def test_bench_needs_cuda_and_says_so(capsys):
+    from kernels import bench
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the benchmark would run")
+    assert bench.main(["--quick"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
+    """The whole benchmark at toy shapes with a fake timer: rows, best launch, summary, report sweep file."""
+    import json
+
+    import pandas as pd
+
+    from kernels import bench
+
+    def fake_do_bench(fn, quick):
+        fn()
+        fn()  # do_bench runs fn many times: the fused loss's backward cannot run twice on one graph
+        return 1.0, 0.9, 1.1
+
+    monkeypatch.setattr(bench, "do_bench", fake_do_bench)
+    # the tiny preset's dims, so the launch parameters picked at these shapes fit its end-to-end step too
+    monkeypatch.setattr(bench, "MODELS", {"toy": dict(hidden=128, ffn=384, heads=4, kv_heads=2, vocab=4096)})
+    monkeypatch.setattr(bench, "MAIN_MODEL", "toy")
+    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(bench, "BATCH", 1)
+    monkeypatch.setattr(bench, "SEQ", 6)
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # inductor is not what this test is about
+    args = bench._parser().parse_args(["--quick", "--e2e", "--out", str(tmp_path), "--providers", "triton,torch",
+                                       "--kernel-sweep", str(tmp_path / "study" / "kernel_sweep.csv")])
+    assert bench.run(args, DEVICE) == 0
+    df = pd.read_csv(tmp_path / "kernels_bench.csv")
+    assert list(df.columns) == bench.CSV_COLUMNS
+    assert {p for s in registry.LAUNCH_SPACES.values() for p in s.param_names()} <= set(bench.CSV_COLUMNS)
+    kern = df[df["kernel"].isin(list(registry.LAUNCH_SPACES))]
+    assert set(kern["kernel"]) == set(registry.LAUNCH_SPACES) and not kern["error"].notna().any()
+    assert set(kern["mode"]) == {"fwd", "bwd", "full"} and set(kern["provider"]) == {"triton", "torch"}
+    derived = kern[kern["note"].notna()]
+    assert set(derived["kernel"]) == {"fused_linear_ce"} and set(derived["mode"]) == {"bwd"}
+    assert set(derived["provider"]) == {"triton"} and (derived["median_ms"] > 0).all()
+    assert (df["provider"].str.endswith(("_eager", "_compile")) == (df["kernel"] == "e2e_step")).all()
+    e2e = df[df["kernel"] == "e2e_step"].set_index("provider")
+    assert e2e.loc["triton_ops_eager", "loss"] == pytest.approx(e2e.loc["torch_ops_eager", "loss"], rel=1e-2)
+    best = json.loads((tmp_path / "best_launch.json").read_text())["loongforge.compute_domain.kernels"]
+    assert set(best) == set(registry.LAUNCH_SPACES)
+    kernels.configure(best)  # what the benchmark recommends is a valid config
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| rmsnorm | toy 1x6x128 | fwd |" in summary and "end to end" in summary
+    sweep = pd.read_csv(tmp_path / "study" / "kernel_sweep.csv")
+    assert {"kernel", "num_warps", "median_ms"} <= set(sweep.columns) and set(sweep["mode"]) == {"full"}
