@@ -574,6 +574,13 @@ def _time(s: TimeSection, figs: _Figures) -> str:
                                    "noise_cv_pct": "CV at one bucket length"}))
         out.append('<p class="note">Step times vary with the bucket length of each step; the CV at one bucket '
                    "length (median over lengths with at least 3 steps) is the run-to-run noise.</p>")
+    out.append("<h3>Gradient communication</h3>")
+    if s.comm is not None and len(s.comm):
+        out.append(_table(s.comm.reset_index() if s.comm.index.name else s.comm, cls="compact"))
+        out.append('<p class="note">Exposed communication is the grad_sync phase; overlap achieved = '
+                   "communication hidden under backward / total communication.</p>")
+    else:
+        out.append(_missing(s.comm_message or "No gradient communication: a single-process study."))
     return "\n".join(out)
 
 
@@ -658,6 +665,21 @@ def _memory(s: Memory, figs: _Figures) -> str:
             return fig
 
         out.append(figs.svg(draw, f"From {_esc(s.analysis_source or 'memory_analysis.json')}."))
+    if s.analysis_summary is not None and len(s.analysis_summary):
+        out.append(_table(s.analysis_summary.reset_index() if s.analysis_summary.index.name
+                          else s.analysis_summary, cls="compact"))
+    frag = s.fragmentation
+    if frag is not None and len(frag) and {"event", "fragmentation_gib"} <= set(frag.columns):
+        def draw_frag():
+            fig = _figure(FULL_W * 0.6, 2.4)
+            ax = fig.add_subplot()
+            ax.plot(frag["event"], frag["fragmentation_gib"], color="#4e79a7", lw=1)
+            ax.set_xlabel("allocator event")
+            ax.set_ylabel("reserved − allocated GiB")
+            ax.set_title("Fragmentation over the recorded steps")
+            return fig
+
+        out.append(figs.svg(draw_frag))
     if s.suggestions:
         out.append("<ul>" + "".join(f"<li>{_esc(x)}</li>" for x in s.suggestions) + "</ul>")
     if s.analysis_message:

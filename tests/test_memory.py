@@ -175,6 +175,13 @@ def test_the_report_reads_memory_analysis_json(tmp_path):
     row = t.comm.loc["baseline"]
     assert (row["comm_total_s"], row["comm_exposed_s"], row["overlap_pct"]) == (0.05, 0.01, 80.0)
     assert row["mode"] == "scheduler" and row["buckets"] == 12
+    # rendered: the communication table and the analysis summary and timeline reach the HTML
+    from reports import build_report
+
+    page = build_report(tmp_path).read_text()
+    assert "Gradient communication" in page and "80" in page and "scheduler" in page
+    assert "unused reserved at peak allocation %" in page and "Fragmentation over the recorded steps" in page
+    assert "section-error" not in page
     (base / "summary.json").write_text(json.dumps({"phase_s_per_step": {"forward": 0.1}}))
     t = time_section(load_study_data(tmp_path))
     assert t.comm.empty and "single-process" in t.comm_message
