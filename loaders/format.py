@@ -1010,8 +1010,3 @@ class ShardSet:
             L = int(self.bucket_length[self.frame_bucket[f]])
             for i in range(len(fr.rec_length)):
                 yield (L, *fr.record(i))
-
-
-def open_shards(root: str | os.PathLike) -> ShardSet:
-    return ShardSet(root)
-

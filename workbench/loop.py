@@ -40,7 +40,9 @@ import math
 import os
 import signal
 import sys
+import threading
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -268,7 +270,7 @@ class Trainer:
             # no gradient communication on accumulation micro-steps; under CUDA graphs the scheduler
             # all-reduces every bucket after the replay (workbench/overlap.py says why)
             quiet = self.comm is not None and (micro < self.grad_accum - 1 or self.graphs_on)
-            with self.comm.no_sync() if quiet else _nullctx():
+            with self.comm.no_sync() if quiet else nullcontext():
                 if self.graphs_on:
                     with timer.phase("forward"):  # forward + backward: one graph replay
                         loss_sum, n_tok = self._graph_fwd_bwd(ids, pos, mask)
@@ -393,7 +395,8 @@ class Trainer:
                 raise KeyboardInterrupt
             stop["flag"] = True
 
-        if threading_main():
+        main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
+        if main_thread:
             signal.signal(signal.SIGINT, _on_sigint)
         t_start = time.perf_counter()
         self.timer.start()
@@ -440,7 +443,7 @@ class Trainer:
                     interrupted = True
                     break
         finally:
-            if threading_main():
+            if main_thread:
                 signal.signal(signal.SIGINT, prev_sigint)
         if self.ckpt_dir:
             self.save_checkpoint()
@@ -518,20 +521,6 @@ class Trainer:
         self.writer.close()
         if self.prom:
             self.prom.close()
-
-
-class _nullctx:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-def threading_main() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def progress_line(m: dict[str, Any], total: int) -> str:
