@@ -67,7 +67,15 @@ def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (a small constant on the CPU interpreter)."""
     if device.type != "cuda":
         return _INTERPRETER_PROGRAMS
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _cuda_sms(device.index)
+
+
+@torch._dynamo.assume_constant_result
+def _cuda_sms(index: int | None) -> int:
+    # Under torch.compile the result is a trace-time constant: dynamo does not trace the cache update
+    # (a side effect it rejects inside an autograd.Function's backward).
+    if index is None:
+        index = torch.cuda.current_device()
     n = _SMS.get(index)
     if n is None:
         n = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count
