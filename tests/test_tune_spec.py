@@ -38,6 +38,7 @@ def test_builtins_load_and_make_valid_trial_configs():
     assert gr.gpus == 1 and gr.base_config().data.seq_len == 2048
     assert gr.space["micro_batch_size"].choices == [1, 2, 4, 8]
     assert {"compile", "graph_capture", "pinned_block_kb", "expandable_segments"} <= set(gr.space)
+    assert {"triton_fusion", "loss_backend", "fused_linear_ce_chunk_size", "rmsnorm_num_warps"} <= set(gr.space)
     # conditional knob: with a graph-capturing compile mode, graph_capture is written off
     cfg = gr.trial_config({"compile": "reduce-overhead"})
     assert cfg.loongforge.compute_domain.graph_capture is False
@@ -98,3 +99,23 @@ def test_exported_base_config_loads(tmp_path):
     spec = load_study_spec()
     p = dump_config(spec.export_config({"micro_batch_size": 8}), tmp_path / "c.yaml")
     assert load_config(p).data.micro_batch_size == 8
+
+
+def test_gpu_studies_search_the_memory_domain_and_the_multi_gpu_ones_the_overlap_knobs():
+    for name in ("gr00t-n1.6", "gr00t-n1.6-proxy", "gr00t-n1.6-2gpu", "gr00t-n1.6-8gpu"):
+        spec = load_study_spec(name)
+        assert spec.base_config().hardware.device == "cuda"
+        assert {"pinned_block_kb", "expandable_segments"} <= set(spec.space), name
+        multi = {"bucket_size_mb", "overlap_ratio"} <= set(spec.space)
+        assert multi == (spec.gpus > 1), name
+    two = load_study_spec("gr00t-n1.6-2gpu")
+    assert two.gpus == 2 and two.space["bucket_size_mb"].log
+    cfg = two.trial_config({"bucket_size_mb": 37.5, "overlap_ratio": 0.25})
+    assert cfg.hardware.gpus == 2 and cfg.loongforge.overlap.bucket_size_mb == 37.5
+    assert cfg.loongforge.overlap.overlap_ratio == 0.25 and cfg.loongforge.overlap.mode == "scheduler"
+    proxy = load_study_spec("gr00t-n1.6-proxy").base_config()
+    from workbench.model import ModelArgs, get_preset
+    import dataclasses
+    cut = ModelArgs.from_hf_config(proxy.model.config_path)
+    assert cut.num_hidden_layers == 4  # the proxy differs from the preset in depth only
+    assert dataclasses.replace(cut, num_hidden_layers=28) == get_preset("gr00t-n1.6")
