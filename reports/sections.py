@@ -810,7 +810,8 @@ def kernels_section(data: StudyData) -> Kernels:
         row["measured_ms"], row["best_in_sweep_ms"] = math.nan, math.nan
         if sweep is not None and time_col:
             ks = sweep[sweep["kernel"] == kernel]
-            keys = [p for p in params if p in ks.columns and chosen[kernel].get(p) is not None]
+            # parameters this kernel has (a long-format sweep leaves other kernels' columns empty)
+            keys = [p for p in params if p in ks.columns and ks[p].notna().any() and chosen[kernel].get(p) is not None]
             match = ks
             for p in keys:
                 match = match[match[p] == chosen[kernel][p]]

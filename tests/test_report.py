@@ -836,3 +836,34 @@ def test_validation_dirs_by_name_without_run_dirs(tmp_path):
     data = load_study_data(tmp_path)
     assert [r.path.name for r in data.validation_runs_of(7)] == ["7-0", "trial-7-1"]
     assert [r.path.name for r in data.validation_baseline_runs()] == ["baseline-0", "baseline-7-1"]
+
+
+def test_kernels_section_from_a_real_h200_sweep(fx, tmp_path):
+    """The kernel_sweep.csv that ``python -m kernels.bench --kernel-sweep`` wrote on an H200 (full-mode Triton rows
+    at the gr00t-n1.6 shapes): the chosen configuration's time, the fastest of the sweep, and the drawn sweep."""
+    from reports.render import _sweep_by_config
+
+    d = tmp_path / "copy"
+    shutil.copytree(fx.dir, d)
+    real = pd.read_csv(Path(__file__).with_name("assets") / "kernel_sweep_h200_2026-11-29.csv")
+    real.to_csv(d / "kernel_sweep.csv", index=False)
+    rep = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name)
+    k = rep.kernels.launch.set_index("kernel")
+    assert set(k.index) >= {"rmsnorm", "swiglu", "rope", "fused_linear_ce"}
+    ce = real[real["kernel"] == "fused_linear_ce"]
+    assert k.loc["fused_linear_ce", "best_in_sweep_ms"] == pytest.approx(ce["median_ms"].min())
+    drawn = _sweep_by_config(rep.kernels)
+    assert len(drawn) == len(real)  # one point per launch configuration (the CSV has one full-mode row each)
+    fastest = drawn.sort_values("ms").groupby("kernel").head(1).set_index("kernel")
+    assert fastest.loc["fused_linear_ce", "launch"] == "num_warps=8 num_stages=1 block_v=4096 chunk_size=8192"
+    assert fastest.loc["rope", "ms"] == pytest.approx(real[real["kernel"] == "rope"]["median_ms"].min())
+    # the fixture's exported config sets swiglu {num_warps 8, num_stages 3, block_size 1024} (SwiGLU has no
+    # num_stages: ignored) and rmsnorm block_size 4096, which the sweep at hidden 2048 never ran
+    chosen = drawn[drawn["chosen"]]
+    assert list(chosen["launch"]) == ["num_warps=8 block_size=1024"] and list(chosen["kernel"]) == ["swiglu"]
+    sw = real[(real["kernel"] == "swiglu") & (real["num_warps"] == 8) & (real["block_size"] == 1024)]
+    assert k.loc["swiglu", "measured_ms"] == pytest.approx(sw["median_ms"].median())
+    assert math.isnan(k.loc["rmsnorm", "measured_ms"])
+    assert k.loc["rmsnorm", "best_in_sweep_ms"] == pytest.approx(real[real["kernel"] == "rmsnorm"]["median_ms"].min())
+    page = build_report(d, f"sqlite:///{d / 'study.db'}", fx.name).read_text()
+    assert "Launch-parameter sweep per kernel" in page and "3 fastest per kernel" in page
