@@ -25,9 +25,12 @@ write bytes over time). The loss reports TFLOP/s of its three matmuls (full mode
 and its peak memory (fwd + bwd, above what its inputs hold).
 
 ``--e2e`` adds the end-to-end ``gr00t-n1.6`` training step (8 x 2,048, bf16
-autocast, fused AdamW) with torch ops and with Triton ops (the best launch
-configurations of this run's sweep at the gr00t shapes), eager and compiled, in
-interleaved rounds in this one process (a few minutes: two full-model compiles).
+autocast, fused AdamW, learning rate 0 so that every variant's loss must agree)
+with torch ops and with Triton ops (the best launch configurations of this run's
+sweep at the gr00t shapes, or of ``--launch``), eager and compiled. On CUDA each
+variant runs in a process of its own (``--e2e-isolation``): a fresh allocator
+and compile cache each, and a variant that fails, a CUDA error included, costs
+only its own row. A few minutes: two full-model compiles.
 
 Writes under ``--out`` (default ``benchmarks/out``): ``kernels_bench.csv`` (long
 format: one row per kernel, shape, mode, provider and launch configuration, with
@@ -461,8 +464,58 @@ def _bench_case(case: Case, providers: list[str], args: argparse.Namespace, ceil
 # --------------------------------------------------------------------------- end to end
 
 
+def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespace, common: dict[str, str],
+                        log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Each variant in a process of its own (``--e2e-worker``): a fresh allocator and compile cache per variant,
+    and a variant that fails (a CUDA error poisons its context) costs only its own row."""
+    import subprocess
+
+    rows: list[dict[str, Any]] = []
+    for ops_name, mode in _variants(args):
+        cmd = [sys.executable, "-m", "kernels.bench", "--e2e-worker", f"{ops_name}:{mode}",
+               "--e2e-shape", f"{E2E_PRESET}:{BATCH}:{SEQ}", "--launch-json", json.dumps(best)]
+        if args.quick:
+            cmd.append("--quick")
+        t0 = time.time()
+        r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]))
+        got = [ln for ln in r.stdout.splitlines() if ln.startswith("E2E_ROWS ")]
+        if r.returncode == 0 and got:
+            new = json.loads(got[-1][len("E2E_ROWS "):])
+            rows += [{**row, **common} for row in new]
+            ok = new[0]
+            log(f"  e2e {ops_name:6s} {mode:7s} (own process): median {ok.get('median_ms', math.nan):8.2f} ms/step, "
+                f"loss {ok.get('loss', math.nan):.5f} ({time.time() - t0:.0f} s)")
+            continue
+        tail = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()][-8:]
+        err = next((ln for ln in reversed(tail) if "Error" in ln or "error" in ln), tail[-1] if tail else "")
+        rows.append({"kernel": "e2e_step", "shape": f"{E2E_PRESET} {BATCH}x{SEQ}", "mode": "train_step",
+                     "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name == "triton" else "reference",
+                     "launch": json.dumps(best, sort_keys=True) if ops_name == "triton" else "",
+                     "dtype": "float32+autocast_bf16", "error": f"exit {r.returncode}: {err.strip()[:300]}", **common})
+        log(f"  e2e {ops_name:6s} {mode:7s} (own process): FAILED exit {r.returncode}: {err.strip()[:200]}")
+    return rows
+
+
+E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
+
+
+def _variants(args: argparse.Namespace) -> list[tuple[str, str]]:
+    if not getattr(args, "e2e_variants", None):
+        return E2E_VARIANTS
+    out = []
+    for v in args.e2e_variants.split(","):
+        ops_name, _, mode = v.strip().partition(":")
+        if (ops_name, mode) not in E2E_VARIANTS:
+            raise SystemExit(f"kernels.bench: --e2e-variants: {v!r} is not one of "
+                             f"{', '.join(f'{o}:{m}' for o, m in E2E_VARIANTS)}")
+        out.append((ops_name, mode))
+    return out
+
+
 def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common: dict[str, str],
-               log: Callable[[str], None], device: _Device) -> list[dict[str, Any]]:
+               log: Callable[[str], None], device: _Device,
+               variants: list[tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The variants in this process, on one model, in interleaved rounds."""
     import torch
 
     import kernels
@@ -483,8 +536,10 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
 
     _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
     compiled = torch.compile(model.loss, dynamic=False)
-    variants = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
+    variants = variants or _variants(args)
     warmup, steps, rounds = (2, 4, 1) if args.quick else (2, 6, 2)
+    if len(variants) == 1:  # a worker process: one variant, its rounds' steps in one go
+        steps, rounds = steps * rounds, 1
     times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
     losses: dict[tuple[str, str], float] = {}
     peaks: dict[tuple[str, str], float] = {}
@@ -650,6 +705,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-sweep", help="also write the gr00t-shape triton rows as a report kernel_sweep.csv")
     p.add_argument("--launch", help="best_launch.json of an earlier run: the end-to-end step's Triton launch "
                                     "parameters when this run sweeps no kernel (--kernels none --e2e)")
+    p.add_argument("--e2e-isolation", choices=("auto", "process", "none"), default="auto",
+                   help="run each end-to-end variant in its own process (auto: on CUDA) or all in this one")
+    p.add_argument("--e2e-variants", help="end-to-end variants to run, e.g. torch:eager,triton:compile "
+                                          "(default: torch and triton ops, eager and compile)")
+    p.add_argument("--e2e-worker", help=argparse.SUPPRESS)  # OPS:MODE, one variant (internal)
+    p.add_argument("--e2e-shape", help=argparse.SUPPRESS)  # PRESET:BATCH:SEQ (internal)
+    p.add_argument("--launch-json", help=argparse.SUPPRESS)  # the launch parameters as JSON (internal)
     return p
 
 
@@ -659,6 +721,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
+    if args.e2e_worker:
+        return _e2e_worker(args, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if not torch.cuda.is_available():
         print("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False here). The kernels' "
               "correctness tests run on the CPU: pytest tests/test_kernels.py (under TRITON_INTERPRET=1).",
@@ -711,7 +775,12 @@ def run(args: argparse.Namespace, dev) -> int:
     if args.launch:  # launch parameters measured by an earlier run fill in the kernels this run did not sweep
         earlier = json.loads(Path(args.launch).read_text())["loongforge.compute_domain.kernels"]
         main_best = {**earlier, **main_best}
-    if args.e2e:
+    if args.e2e and (args.e2e_isolation == "process" or (args.e2e_isolation == "auto" and device.cuda)):
+        log(f"end to end {E2E_PRESET} {BATCH}x{SEQ}, one process per variant, Triton launch parameters "
+            f"{main_best or 'defaults'}")
+        rows += _bench_e2e_isolated(main_best, args, common, log)
+        df = pd.DataFrame(rows)
+    elif args.e2e:
         log(f"end to end {E2E_PRESET} {BATCH}x{SEQ}, Triton launch parameters {main_best or 'defaults'}")
         rows += _bench_e2e(main_best, args, common, log, device)
         df = pd.DataFrame(rows)
@@ -731,6 +800,22 @@ def run(args: argparse.Namespace, dev) -> int:
         print(g)
     print(f"\nwrote {out / 'kernels_bench.csv'} ({len(df)} rows), best_launch.json, summary.md "
           f"in {time.time() - t_start:.0f} s")
+    return 0
+
+
+def _e2e_worker(args: argparse.Namespace, dev) -> int:
+    """One end-to-end variant in this process; prints ``E2E_ROWS <json>`` (the parent adds versions)."""
+    global E2E_PRESET, BATCH, SEQ
+    ops_name, mode = args.e2e_worker.split(":")
+    if args.e2e_shape:
+        preset, b, t = args.e2e_shape.split(":")
+        E2E_PRESET, BATCH, SEQ = preset, int(b), int(t)
+    best = json.loads(args.launch_json) if args.launch_json else {}
+    rows = _bench_e2e(best, args, {}, lambda msg: print(msg, flush=True), _Device(dev), variants=[(ops_name, mode)])
+    if rows and rows[0].get("error"):
+        print(rows[0]["error"], file=sys.stderr)
+        return 1
+    print("E2E_ROWS " + json.dumps(rows), flush=True)
     return 0
 
 

@@ -260,7 +260,9 @@ CE_CASES = [  # (N, D, V, launch params)
     (7, 3, 5, {"chunk_size": 3, "block_v": 32, "num_warps": 1}),
     (37, 16, 300, {"chunk_size": 16, "block_v": 128, "num_warps": 4}),
     (130, 8, 1000, {"chunk_size": 64, "block_v": 256, "num_warps": 2, "num_stages": 1}),
+    (9, 4, 128, {"chunk_size": 4, "block_v": 64}),  # vocab a multiple of 64: no padding, no tail rows of dW
 ]
+# vocab 300 and 1000: padded to 320 and 1024, dW updated as 256 + 44 and 960 + 40 rows
 
 
 def ce_reference(h, w, labels, mask, logits_dtype):
@@ -802,3 +804,27 @@ def test_bench_e2e_keeps_the_variants_measured_before_one_fails(tmp_path, monkey
     summary = (tmp_path / "summary.md").read_text()
     assert "FAIL end to end compile: not measured (RuntimeError: boom in the compiled step)" in summary
     assert "end to end eager: triton ops" in summary  # the eager pair is still compared
+
+
+def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
+    """--e2e-isolation process: each variant runs in a worker process of its own (python -m kernels.bench
+    --e2e-worker) whose rows come back to the parent; losses agree across the isolated processes (same seed)."""
+    import pandas as pd
+
+    from kernels import bench
+
+    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(bench, "BATCH", 1)
+    monkeypatch.setattr(bench, "SEQ", 6)
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(bench, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the workers run the Triton ops on the CPU too
+    args = bench._parser().parse_args(["--quick", "--e2e", "--kernels", "none", "--out", str(tmp_path),
+                                       "--e2e-isolation", "process", "--e2e-variants", "torch:eager,triton:eager"])
+    assert bench.run(args, DEVICE) == 0
+    e2e = pd.read_csv(tmp_path / "kernels_bench.csv").query("kernel == 'e2e_step'").set_index("provider")
+    assert list(e2e.index) == ["torch_ops_eager", "triton_ops_eager"]
+    assert (e2e["median_ms"] > 0).all() and e2e["error"].isna().all() and (e2e["gpu"] == "cpu").all()
+    assert e2e.loc["triton_ops_eager", "loss"] == pytest.approx(e2e.loc["torch_ops_eager", "loss"], rel=1e-3)
+    with pytest.raises(SystemExit, match="not one of"):
+        bench._variants(bench._parser().parse_args(["--e2e-variants", "triton:graphs"]))
