@@ -1,0 +1,169 @@
+"""Tuner efficiency: how many trials the study's sampler needs to come within 2% of an exhaustive grid's best.
+
+    python benchmarks/sampler_efficiency.py --grid runs/gr00t-n1.6-grid [--storage URL] [--study-name NAME]
+        [--spec gr00t-n1.6-proxy] [--seeds 100] [--within 0.02] --out DIR
+
+Input: a study run with the grid sampler (``studies/gr00t-n1.6-grid.yaml``): every configuration of a
+reduced space measured once by the tuner's own trials. Failed or infeasible configurations count as 0,
+as the tuner tells them.
+
+Replay: the sampler of ``--spec`` (TPE with that spec's ``n_startup_trials``, multivariate, constant liar:
+exactly what ``workbench.tune`` builds) and random search each run ``--seeds`` times against the measured
+values, asking as many trials as the grid has configurations; a trial's value is the grid's measurement
+of the configuration it asks for (constraints too), so a sampler that asks again for a configuration gets
+the same number, as a re-measurement would roughly give. Per sampler and seed: the first trial whose best
+so far is within ``--within`` of the grid's best.
+
+This measures the samplers on real objective values without re-running the GPU for every seed; what it
+leaves out is measurement noise between repeats of one configuration (the study's noise floor says how
+large that is).
+
+Output: ``DIR/sampler_efficiency.csv`` (long: sampler, seed, trials_to_target, plus the grid's size and
+best), ``DIR/grid.csv`` (the measured grid), and a summary printed last: median and p80 trials to target,
+and the share of seeds that reach it within 25% of the grid's trials (the issue's goal).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import optuna  # noqa: E402
+import pandas as pd  # noqa: E402
+from optuna.trial import TrialState  # noqa: E402
+
+from workbench.study import load_study_spec  # noqa: E402
+
+
+def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distributions.BaseDistribution], pd.DataFrame]:
+    """The grid study's distributions and one row per configuration: params..., value, constraints (list)."""
+    study = optuna.load_study(study_name=study_name, storage=storage)
+    done = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE]
+    if not done:
+        raise SystemExit(f"sampler_efficiency: study {study_name!r} in {storage} has no completed trial")
+    dists: dict[str, optuna.distributions.BaseDistribution] = {}
+    for t in done:
+        dists.update(t.distributions)
+    for name, d in dists.items():
+        if not isinstance(d, optuna.distributions.CategoricalDistribution):
+            raise SystemExit(f"sampler_efficiency: knob {name!r} is {type(d).__name__}; the replay needs a grid of "
+                             "categorical choices (give the grid study's knobs as choices)")
+    rows = []
+    for t in done:
+        if set(t.params) != set(dists):
+            continue  # a trial of another space
+        ok = t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())
+        rows.append({**t.params, "value": float(t.value) if ok and t.value is not None else 0.0,
+                     "feasible": ok, "trial": t.number, "constraints": dict(t.constraints)})
+    grid = pd.DataFrame(rows)
+    names = list(dists)
+    grid = grid.drop_duplicates(subset=names, keep="last")  # a configuration measured twice: the later run
+    size = math.prod(len(d.choices) for d in dists.values())
+    if len(grid) < size:
+        have = {tuple(r[n] for n in names) for _, r in grid.iterrows()}
+        import itertools
+
+        missing = [c for c in itertools.product(*(dists[n].choices for n in names)) if c not in have]
+        raise SystemExit(f"sampler_efficiency: the grid is incomplete: {len(grid)} of {size} configurations "
+                         f"measured; missing e.g. {dict(zip(names, missing[0]))} (resume the grid study)")
+    return dists, grid.reset_index(drop=True)
+
+
+def make_sampler(name: str, seed: int, n_startup_trials: int) -> optuna.samplers.BaseSampler:
+    """What ``workbench.tune`` builds for a spec's sampler (TPE) or random search."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
+                                              constant_liar=True)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+    raise ValueError(f"sampler {name!r}: expected tpe or random")
+
+
+def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n_startup: int,
+           within: float, n_trials: int | None = None) -> dict[str, Any]:
+    """One seeded run of ``sampler`` against the measured grid; the first trial within ``within`` of its best."""
+    names = list(dists)
+    table = {tuple(r[n] for n in names): (r["value"], r["constraints"]) for _, r in grid.iterrows()}
+    best = grid["value"].max()
+    target = best * (1 - within)
+    n_trials = n_trials or len(grid)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, n_startup))
+    best_so_far, hit, distinct = -math.inf, None, set()
+    for i in range(1, n_trials + 1):
+        trial = study.ask(dists)
+        key = tuple(trial.params[n] for n in names)
+        value, constraints = table[key]
+        distinct.add(key)
+        for k, v in constraints.items():
+            trial.set_constraint(k, v)
+        study.tell(trial, value)
+        best_so_far = max(best_so_far, value)
+        if hit is None and best_so_far >= target:
+            hit = i
+    return {"sampler": sampler, "seed": seed, "trials_to_target": hit, "reached": hit is not None,
+            "distinct_configs_asked": len(distinct), "best_found": best_so_far}
+
+
+def summarize(res: pd.DataFrame, grid_size: int) -> pd.DataFrame:
+    budget = grid_size * 0.25
+    out = []
+    for sampler, g in res.groupby("sampler", sort=False):
+        t = g["trials_to_target"].fillna(grid_size + 1)  # not reached within the grid's size: counted as more
+        out.append({"sampler": sampler, "seeds": len(g), "median_trials": float(t.median()),
+                    "p80_trials": float(t.quantile(0.8)), "mean_trials": float(t.mean()),
+                    "share_within_25pct_of_grid": float((t <= budget).mean()),
+                    "median_share_of_grid": float(t.median() / grid_size)})
+    return pd.DataFrame(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--grid", required=True, help="the grid study's directory (runs/<study>)")
+    p.add_argument("--storage", help="its Optuna storage (default sqlite:///<grid>/study.db)")
+    p.add_argument("--study-name", help="its study name (default: the directory's name)")
+    p.add_argument("--spec", default="gr00t-n1.6-proxy", help="study whose sampler is replayed (its n_startup_trials)")
+    p.add_argument("--seeds", type=int, default=100)
+    p.add_argument("--within", type=float, default=0.02, help="target: within this fraction of the grid's best")
+    p.add_argument("--out", default="benchmarks/out/sampler_efficiency")
+    a = p.parse_args(argv)
+    grid_dir = Path(a.grid)
+    storage = a.storage or f"sqlite:///{(grid_dir / 'study.db').resolve()}"
+    name = a.study_name or grid_dir.name
+    dists, grid = load_grid(storage, name)
+    spec = load_study_spec(a.spec)
+    if spec.sampler.name != "tpe":
+        raise SystemExit(f"sampler_efficiency: --spec {a.spec} uses {spec.sampler.name}; the replay compares TPE "
+                         "(the studies' sampler) with random search")
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    grid.drop(columns=["constraints"]).to_csv(out / "grid.csv", index=False)
+    rows = [replay(dists, grid, s, seed, spec.sampler.n_startup_trials, a.within)
+            for s in ("tpe", "random") for seed in range(a.seeds)]
+    res = pd.DataFrame(rows)
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    res = res.assign(grid_size=len(grid), grid_best=float(grid["value"].max()), within=a.within,
+                     n_startup_trials=spec.sampler.n_startup_trials, grid_study=name, timestamp=stamp)
+    res.to_csv(out / "sampler_efficiency.csv", index=False)
+    summary = summarize(res, len(grid))
+    summary.to_csv(out / "summary.csv", index=False)
+    best_row = grid.loc[grid["value"].idxmax()]
+    print(f"grid {name}: {len(grid)} configurations, best {best_row['value']:,.0f} "
+          f"({', '.join(f'{n}={best_row[n]}' for n in dists)}); target: within {a.within:.0%}")
+    with pd.option_context("display.width", 200, "display.float_format", "{:,.3g}".format):
+        print(summary.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

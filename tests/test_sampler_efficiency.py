@@ -1,0 +1,92 @@
+"""benchmarks/sampler_efficiency.py: reading a grid study as the tuner writes it, and the seeded replay."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("sampler_efficiency", REPO / "benchmarks" / "sampler_efficiency.py")
+se = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(se)
+
+SPACE = {"micro_batch_size": [2, 4, 8], "compile": ["none", "default"], "triton_fusion": [False, True]}
+BEST = (8, "default", True)
+
+
+def value_of(mb, comp, tri):
+    """A peaked landscape: one best configuration, every other at least 5% below it."""
+    return 1000.0 * (1 + 0.1 * [2, 4, 8].index(mb) + 0.15 * (comp == "default") + 0.05 * tri)
+
+
+def make_grid_study(tmp_path: Path, *, skip: int = 0, infeasible=(2, "none", True)) -> str:
+    """A grid study written through the API the tuner uses: ask, user attr status, set_constraint, tell."""
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    study = optuna.create_study(study_name="grid", storage=url, direction="maximize")
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in SPACE.items()}
+    for i, combo in enumerate(itertools.product(*SPACE.values())):
+        if i < skip:
+            continue
+        study.enqueue_trial(dict(zip(SPACE, combo)))
+        t = study.ask(dists)
+        bad = combo == infeasible
+        t.set_user_attr("status", "failed" if bad else "ok")
+        t.set_constraint("failed", 1.0 if bad else 0.0)
+        study.tell(t, 0.0 if bad else value_of(*combo))
+    return url
+
+
+def test_grid_is_read_with_failures_as_zero(tmp_path):
+    url = make_grid_study(tmp_path)
+    dists, grid = se.load_grid(url, "grid")
+    assert list(dists) == list(SPACE) and len(grid) == 12
+    row = grid.set_index(list(SPACE)).loc[(2, "none", True)]
+    assert row["value"] == 0.0 and not row["feasible"]
+    assert grid["value"].max() == pytest.approx(value_of(*BEST))
+
+
+def test_incomplete_grid_is_a_clear_error(tmp_path):
+    url = make_grid_study(tmp_path, skip=3)
+    with pytest.raises(SystemExit, match=r"incomplete: 9 of 12 configurations measured; missing e.g."):
+        se.load_grid(url, "grid")
+
+
+def test_replay_counts_the_trial_that_first_asks_for_the_best(tmp_path):
+    dists, grid = se.load_grid(make_grid_study(tmp_path), "grid")
+    for seed in range(5):
+        r = se.replay(dists, grid, "random", seed, n_startup=3, within=0.02)
+        # the same seeded random sampler, independently: the first trial asking for the (unique) best
+        study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed))
+        first = None
+        for i in range(1, 13):
+            t = study.ask(dists)
+            study.tell(t, 0.0)
+            if first is None and tuple(t.params[k] for k in SPACE) == BEST:
+                first = i
+        assert r["trials_to_target"] == first and r["reached"] == (first is not None)
+    # a loose target (within 30%) is met by any configuration at least 0.7 x the best: sooner, never later
+    strict = se.replay(dists, grid, "tpe", 0, n_startup=3, within=0.02)
+    loose = se.replay(dists, grid, "tpe", 0, n_startup=3, within=0.30)
+    assert loose["trials_to_target"] <= (strict["trials_to_target"] or 13)
+
+
+def test_main_writes_the_replay_and_a_summary(tmp_path, capsys):
+    grid_dir = tmp_path / "grid"
+    grid_dir.mkdir()
+    make_grid_study(grid_dir)
+    out = tmp_path / "out"
+    assert se.main(["--grid", str(grid_dir), "--seeds", "6", "--spec", "gr00t-n1.6-proxy", "--out", str(out)]) == 0
+    res = pd.read_csv(out / "sampler_efficiency.csv")
+    assert len(res) == 12 and set(res["sampler"]) == {"tpe", "random"}
+    assert (res["grid_size"] == 12).all() and (res["n_startup_trials"] == 6).all()
+    summ = pd.read_csv(out / "summary.csv").set_index("sampler")
+    for s, g in res.groupby("sampler"):
+        t = g["trials_to_target"].fillna(13)
+        assert summ.loc[s, "median_trials"] == pytest.approx(t.median())
+        assert summ.loc[s, "share_within_25pct_of_grid"] == pytest.approx((t <= 3).mean())
+    assert "grid grid: 12 configurations" in capsys.readouterr().out
