@@ -17,6 +17,17 @@ Variants:
   wb_compiled                      compile=default
   wb_compiled_graphs               compile=default + graph_capture (CUDA graphs per bucket shape)
   wb_graphs                        eager + graph_capture
+  wb_eager_triton                  eager + triton_fusion (every op on the Triton kernels)
+  wb_compiled_triton               compile=default + triton_fusion
+  wb_default                       the preset's default config as it is (its own micro-batch, buckets, compile)
+  wb_config                        --wb-config PATH (an exported config.yaml) as it is, plus --wb-config-set
+                                   overrides (e.g. model.config_path=null model.name=gr00t-n1.6 to re-validate a
+                                   proxy study's winner at full depth)
+
+The ``wb_default`` and ``wb_config`` variants keep their config's data settings (micro-batch,
+bucket width, packing): they compare production configurations, with the same synthetic corpus
+and the same measurement (``--steps`` after ``--warmup``). The other variants pin micro-batch
+and full records to match the reference loop exactly.
 """
 
 from __future__ import annotations
@@ -38,7 +49,10 @@ WB_SETS = {
     "wb_compiled": ["loongforge.compute_domain.compile=default"],
     "wb_compiled_graphs": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.graph_capture=true"],
     "wb_graphs": ["loongforge.compute_domain.graph_capture=true"],
+    "wb_eager_triton": ["loongforge.compute_domain.triton_fusion=true"],
+    "wb_compiled_triton": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.triton_fusion=true"],
 }
+AS_IS = ("wb_default", "wb_config")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss"]
 
@@ -70,6 +84,20 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
                "--warmup", str(a.warmup), "--json", str(d / "summary.json")]
         if name == "ref_compiled":
             cmd.append("--compile")
+    elif name in AS_IS:
+        sets = [f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
+                f"training.log_every={a.log_every}"]
+        if name == "wb_config":
+            if not a.wb_config:
+                raise SystemExit("loop_bench: variant wb_config needs --wb-config PATH")
+            src = ["--config", str(Path(a.wb_config).resolve())]
+            sets += list(a.wb_config_set)
+        else:
+            src = ["--preset", a.preset]
+        cmd = [sys.executable, "-m", "workbench.train", *src, "--synthetic", "-q",
+               "--summary", str(d / "summary.json"), "--out", str(d)]
+        for s_ in sets:
+            cmd += ["--set", s_]
     else:
         sets = [f"data.micro_batch_size={a.micro_batch}", f"data.seq_len={a.seq_len}",
                 f"data.bucket_width={a.seq_len}", f"data.min_len={a.seq_len}",
@@ -102,7 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", default="ref_eager,wb_eager")
     p.add_argument("--timeout", type=int, default=900)
     p.add_argument("--out", default="benchmarks/out")
+    p.add_argument("--wb-config", help="config.yaml for the wb_config variant (an exported winner)")
+    p.add_argument("--wb-config-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for the wb_config variant (repeatable)")
     a = p.parse_args(argv)
+    unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
+               and v not in ("ref_eager", "ref_compiled")]
+    if unknown:
+        p.error(f"unknown variants {unknown}; known: ref_eager, ref_compiled, {', '.join([*WB_SETS, *AS_IS])}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ver = versions()
