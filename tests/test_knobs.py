@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from workbench import knobs
-from workbench.config import Config, merge_overrides, to_dict
+from workbench.config import Config, ConfigError, merge_overrides, to_dict
 from workbench.knobs import KNOBS, Knob, detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
 
 
@@ -60,6 +60,18 @@ def test_graph_capture_is_conditional_on_the_compile_mode():
     merge_overrides(Config(), {"loongforge.compute_domain.compile": "reduce-overhead", k.key: k.inactive})
 
 
+def test_compile_scope_is_searched_only_when_something_is_compiled():
+    k = get_knob("compile_scope")
+    assert k.key == "loongforge.compute_domain.compile_scope" and not k.requires
+    assert not k.active({"compile": "none"}) and not k.active({})
+    assert k.active({"compile": "default"}) and k.active({"compile": "max-autotune-no-cudagraphs"})
+    assert k.inactive == "model"
+    cfg = merge_overrides(Config(), {"loongforge.compute_domain.compile": "default", k.key: "layer"})
+    assert cfg.loongforge.compute_domain.compile_scope == "layer"
+    with pytest.raises(ConfigError, match="compile_scope"):
+        merge_overrides(Config(), {k.key: "block"})
+
+
 def test_kind_checks():
     assert get_knob("num_workers").accepts(2) and not get_knob("num_workers").accepts(True)
     assert not get_knob("num_workers").accepts(2.5)
@@ -79,7 +91,7 @@ def test_a_bad_declaration_is_refused():
 def test_dropping_on_a_cpu_host():
     names = list(knob_names())
     kept, dropped = drop_unsupported(names, {"io_uring"})
-    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "compile"]
+    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "compile", "compile_scope"]
     reasons = {d.knob: d.reason for d in dropped}
     assert reasons["graph_capture"] == "needs cuda"
     assert reasons["bucket_size_mb"] == "needs multi-gpu"

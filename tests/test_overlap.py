@@ -152,6 +152,48 @@ def _run_scheduler(rank: int, accum: int, bucket_mb: float, ratio: float):
     return out, launched, len(sched.plan), sched.n_overlap, timings, local
 
 
+def _run_scheduler_block_compiled(rank: int):
+    """compile_scope: layer, as the loop does it (each block compiled in place; aot_eager: the backend does not
+    matter here, only that each block becomes a compiled unit with its own backward node), one layer per
+    bucket, ratio 1. Records the order of bucket launches and of the input gradients of the blocks."""
+    from workbench.overlap import OverlapScheduler
+
+    torch._dynamo.reset()
+    model = _model()
+    order: list[str] = []
+    def watch_input(i: int):
+        def pre_hook(_mod, args) -> None:  # returns None: the inputs are left as they are
+            if args[0].requires_grad:
+                args[0].register_hook(lambda g: order.append(f"grad_in.layers.{i}"))
+        return pre_hook
+
+    for i, layer in enumerate(model.layers):
+        layer.register_forward_pre_hook(watch_input(i))
+        layer.compile(backend="aot_eager", dynamic=False)
+    sched = OverlapScheduler(layer_units(model), bucket_size_mb=BUCKETS_MB["tiny"], overlap_ratio=1.0)
+    launch = sched._launch
+
+    def recording_launch(index: int) -> None:
+        order.append("bucket." + ",".join(sched.plan[index].layers))
+        launch(index)
+
+    sched._launch = recording_launch
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    out = []
+    for step in range(STEPS):
+        order.clear()
+        _loss(model, *_batch(step, 0, rank), 1).backward()
+        sched.finish()
+        g = _grads(model)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append((g, _params(model)))
+    sched.flush()
+    sched.remove()
+    compiled = all(getattr(layer, "_compiled_call_impl", None) is not None for layer in model.layers)
+    return out, list(order), compiled
+
+
 def _run_ddp(rank: int, accum: int):
     model = _model()
     ddp = nn.parallel.DistributedDataParallel(_LossModule(model))
@@ -213,6 +255,11 @@ def _equivalence_cases(rank: int) -> list[dict]:
                                         for o, d in zip(out, ddp)],
                     "local_vs_ref": [_max_rel(lg, r[0]) for lg, r in zip(local, ref)],
                     "comm_total_s": [t["total_s"] for t in timings]})
+    ref = _reference(1)
+    out, order, compiled = _run_scheduler_block_compiled(rank)
+    rows.append({"case": "block_compiled", "compiled": compiled, "order": order,
+                 "grad_vs_ref": [_max_rel(o[0], r[0]) for o, r in zip(out, ref)],
+                 "param_vs_ref": [_max_rel(o[1], r[1]) for o, r in zip(out, ref)]})
     return rows
 
 
@@ -313,6 +360,20 @@ def test_buckets_launch_during_backward_for_the_overlapped_share_only(dist_resul
             assert micro[:-1] == [0] * (c["accum"] - 1), c["case"]  # accumulation micro-steps: nothing launched
             assert micro[-1] == c["overlapped"], c["case"]  # the overlapped share, during the last backward
         assert len(c["comm_total_s"]) == STEPS and all(t > 0 for t in c["comm_total_s"])
+
+
+def test_block_compiled_buckets_launch_while_lower_blocks_are_still_in_backward(dist_results):
+    """compile_scope: layer keeps the overlap: block k's bucket is launched before block k-1 has produced the
+    gradient of its input (i.e. while the blocks below are still in their backward); results stay exact."""
+    results, _ = dist_results
+    for c in _cases(results, "block_compiled"):
+        assert c["compiled"]
+        assert max(c["grad_vs_ref"]) < REL_TOL and max(c["param_vs_ref"]) < REL_TOL
+        order = c["order"]
+        n = ARGS.num_hidden_layers
+        for k in range(1, n):
+            assert order.index(f"bucket.layers.{k}") < order.index(f"grad_in.layers.{k - 1}"), order
+        assert order[-1] == "bucket.embed_tokens"  # the embedding's gradient comes last
 
 
 def test_training_loop_syncs_with_the_scheduler_and_with_ddp(dist_results):

@@ -155,3 +155,40 @@ hardware: {{device: cpu}}
     assert ck_data["step"] >= 3
     assert ck_data["data"]["epoch"] * ck_data["data"]["batches_per_epoch"] + ck_data["data"]["batch"] \
         == ck_data["step"]
+
+
+@pytest.mark.parametrize("scope", ["model", "layer"])
+def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, scope):
+    """compile: default on both scopes follows the eager golden curve; with scope layer every decoder block and
+    the head are compiled units (in place: parameter names and checkpoints unchanged). The backend is switched to
+    aot_eager (the same graphs and autograd, without inductor's C++ build, ~40 s per graph on 2 cores)."""
+    import torch
+
+    real_compile = torch.compile
+    calls = []
+
+    def aot_eager_compile(fn=None, **kw):
+        calls.append(kw.get("mode"))
+        kw.pop("mode", None)
+        return real_compile(fn, backend="aot_eager", **kw) if fn is not None else \
+            (lambda f: real_compile(f, backend="aot_eager", **kw))
+
+    monkeypatch.setattr(torch, "compile", aot_eager_compile)
+    torch._dynamo.reset()
+    cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
+                  "loongforge.compute_domain.compile_scope": scope})
+    trainer = Trainer(cfg, data_dir=synth, out_dir=tmp_path)
+    try:
+        names_before = [n for n, _ in trainer.model.named_parameters()]
+        trainer.run()
+        layers = trainer.model.layers
+        if scope == "layer":
+            assert all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
+            assert len(calls) == len(layers) + 2 and set(calls) == {"default"}  # blocks, the norm, the head
+        else:
+            assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in layers) and calls == ["default"]
+        assert [n for n, _ in trainer.model.named_parameters()] == names_before
+    finally:
+        trainer.close()
+    golden = json.loads(GOLDEN.read_text())["losses"]
+    assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)

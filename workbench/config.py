@@ -370,6 +370,10 @@ class ComputeDomainConfig:
 
     compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "none"
     """torch.compile mode of the model; none runs eagerly."""
+    compile_scope: Literal["model", "layer"] = "model"
+    """What one compiled graph covers: the whole loss (model), or each decoder block plus the final norm and loss
+    (layer: one compile reused by every block, far shorter compile times, and per-block backward nodes, so the
+    overlap scheduler's all-reduces start during the backward as they do eagerly)."""
     graph_capture: bool = False
     """Capture the training step in CUDA graphs (one per bucket shape)."""
     triton_fusion: bool = False

@@ -130,6 +130,9 @@ KNOBS: tuple[Knob, ...] = (
     # compute domain
     Knob(name="compile", key="loongforge.compute_domain.compile", kind="categorical",
          doc="torch.compile mode of the model"),
+    Knob(name="compile_scope", key="loongforge.compute_domain.compile_scope", kind="categorical",
+         condition=lambda v: v.get("compile", "none") != "none", inactive="model",
+         doc="what one compiled graph covers: the whole loss, or each decoder block (compile time, overlap)"),
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="bool", requires=_CUDA,
          condition=_graph_capture_allowed, inactive=False,
          doc="CUDA graphs of the step (off when the compile mode captures graphs itself)"),

@@ -8,7 +8,8 @@ loss is accumulated on the device and read back at the end of each window.
 
 Options, each a config switch:
 * ``loongforge.compute_domain.compile``: ``torch.compile`` of the loss module
-  (one compile per bucket shape; ``dynamic=False`` keeps every shape static).
+  (one compile per bucket shape; ``dynamic=False`` keeps every shape static), or
+  with ``compile_scope: layer`` of each decoder block and of the head (norm + loss).
 * ``loongforge.compute_domain.graph_capture``: one CUDA graph per bucket shape
   for forward+backward (static input buffers; warm-up on a side stream before
   capture) and one for clip + optimizer (AdamW ``capturable=True``, learning
@@ -166,7 +167,15 @@ class Trainer:
 
             # one compiled graph per bucket shape: allow as many as there are buckets
             _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
-            self.compute = torch.compile(self.loss_module, mode=mode, dynamic=False)
+            if cfg.loongforge.compute_domain.compile_scope == "layer":
+                # each block compiled in place (same parameter names, one graph shared by every block), and the
+                # norm + loss as a second unit; embedding lookup and the glue stay eager
+                for layer in self.model.layers:
+                    layer.compile(mode=mode, dynamic=False)
+                self.model.norm.compile(mode=mode, dynamic=False)
+                self.model.head_loss = torch.compile(self.model.head_loss, mode=mode, dynamic=False)
+            else:
+                self.compute = torch.compile(self.loss_module, mode=mode, dynamic=False)
 
         # optimizer: fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture
         decay = [p for p in self.model.parameters() if p.dim() >= 2]

@@ -496,7 +496,13 @@ class Llama(nn.Module):
         The caller divides the summed ``loss_sum`` by the summed ``n_tokens``
         over micro-batches to average over real tokens.
         """
-        h_BTD = self(input_ids_BT, position_ids_BT)
+        return self.head_loss(self(input_ids_BT, position_ids_BT), input_ids_BT, loss_mask_BT)
+
+    def head_loss(
+        self, h_BTD: torch.Tensor, input_ids_BT: torch.Tensor, loss_mask_BT: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss from the final hidden states (a unit of its own: ``compile_scope: layer`` compiles it
+        apart from the decoder blocks)."""
         D = h_BTD.shape[-1]
         h_ND = h_BTD[:, :-1].reshape(-1, D)
         labels_N = input_ids_BT[:, 1:].reshape(-1)

@@ -83,11 +83,15 @@ CUDA graphs
     A scheduler hook that fires inside a capture while armed raises.
 
 torch.compile
-    The compiled backward is one autograd node: every gradient becomes ready
-    when it ends, so all buckets launch then, back to back, and the overlap
-    achieved is close to 0 whatever the ratio (DDP gets overlap under compile
-    from Dynamo's DDPOptimizer, which splits the graph at bucket boundaries).
-    The metrics show it; compile the decoder blocks one by one to get overlap.
+    With ``compile_scope: model`` the compiled backward is one autograd node:
+    every gradient becomes ready when it ends, so all buckets launch then, back
+    to back, and the overlap achieved is close to 0 whatever the ratio (DDP gets
+    overlap under compile from Dynamo's DDPOptimizer, which splits the graph at
+    bucket boundaries). The metrics show it. With ``compile_scope: layer`` each
+    decoder block is its own compiled unit with its own backward node, so a
+    block's gradients are ready, and its bucket launches, while the blocks
+    below it are still in their backward, as in eager mode (tests/test_overlap.py
+    checks the order).
 """
 
 from __future__ import annotations
