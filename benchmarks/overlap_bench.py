@@ -24,6 +24,10 @@ Output: ``DIR/overlap_bench.csv`` in long format (one row per configuration and 
 the measured steps, GPU, versions, timestamp; written after every configuration, so a run cut short keeps what
 it measured), ``DIR/overlap_bench.json``, and a table. Stops starting new configurations after ``--budget-s``.
 
+``--compile default --compile-scope model|layer`` runs every configuration compiled: with ``model`` the
+backward is one node and nothing overlaps; with ``layer`` each block is its own unit and the all-reduces
+overlap again (workbench/overlap.py).
+
 ``--cpu`` runs the same plumbing on the CPU with gloo and the tiny preset (a smoke test of the script, not a
 measurement): ``torchrun --standalone --nproc-per-node 2 benchmarks/overlap_bench.py --cpu --steps 2``.
 """
@@ -99,7 +103,8 @@ def run_one(conf: dict, a: argparse.Namespace, model_json: Path | None, data_dir
         "hardware.gpus": 2, "hardware.device": "cpu" if a.cpu else "cuda",
         "loongforge.overlap.mode": "ddp" if conf["provider"] == "ddp" else "scheduler",
         "loongforge.overlap.bucket_size_mb": conf["bucket_size_mb"],
-        "loongforge.overlap.overlap_ratio": conf["overlap_ratio"]})
+        "loongforge.overlap.overlap_ratio": conf["overlap_ratio"],
+        "loongforge.compute_domain.compile": a.compile, "loongforge.compute_domain.compile_scope": a.compile_scope})
     run_dir = out / conf["name"]
     t0 = time.time()
     trainer = Trainer(cfg, out_dir=run_dir if rank == 0 else None, data_dir=data_dir)
@@ -155,6 +160,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--budget-s", type=float, default=420, help="start no configuration after this many seconds")
     p.add_argument("--out", default="benchmarks/out/overlap")
     p.add_argument("--cpu", action="store_true", help="smoke-test the script on the CPU (gloo, tiny preset)")
+    p.add_argument("--compile", choices=("none", "default"), default="none",
+                   help="torch.compile mode of every configuration (default: eager)")
+    p.add_argument("--compile-scope", choices=("model", "layer"), default="model",
+                   help="with --compile: one graph for the loss (model) or one per decoder block (layer)")
     a = p.parse_args(argv)
     if a.cpu:
         a.seq_len, a.micro_batch, a.bucket_sizes, a.ratios = 256, 2, [0.1, 1.0], [0.0, 1.0]
@@ -179,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
     ver = versions()
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     model = "tiny fp32 (cpu smoke test, not a measurement)" if a.cpu else f"gr00t-n1.6 layers={a.layers} bf16"
-    config = f"{model} seq_len={a.seq_len} micro_batch={a.micro_batch} eager steps={a.steps} warmup={a.warmup} world=2"
+    mode = "eager" if a.compile == "none" else f"compile={a.compile} scope={a.compile_scope}"
+    config = f"{model} seq_len={a.seq_len} micro_batch={a.micro_batch} {mode} steps={a.steps} warmup={a.warmup} world=2"
     results: list[dict] = []
     for conf in configurations(a):
         go = torch.tensor([time.time() - t_start < a.budget_s], device="cpu" if a.cpu else "cuda")
