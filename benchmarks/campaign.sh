@@ -21,6 +21,7 @@ search)
     # stops starting trials after 420 s; a second call resumes the same study (Optuna storage under RUNS)
     python -m workbench.tune --study gr00t-n1.6-proxy --out "$RUNS" --timeout 420 --no-progress
     cp "$RUNS/gr00t-n1.6-proxy/config.yaml" "$OUT/exported-proxy-config.yaml"
+    cp "$RUNS/gr00t-n1.6-proxy/report.html" "$OUT/report-gr00t-n1.6-proxy.html"   # for benchmarks/reports/
     ;;
 grid)
     python -m workbench.tune --study gr00t-n1.6-grid --out "$RUNS" --timeout 480 --no-progress --no-report
