@@ -119,3 +119,53 @@ def test_gpu_studies_search_the_memory_domain_and_the_multi_gpu_ones_the_overlap
     cut = ModelArgs.from_hf_config(proxy.model.config_path)
     assert cut.num_hidden_layers == 4  # the proxy differs from the preset in depth only
     assert dataclasses.replace(cut, num_hidden_layers=28) == get_preset("gr00t-n1.6")
+
+
+def test_export_pins_the_winners_resolved_launch_parameters(tmp_path):
+    """The winner's kernels/launch record is pinned in the exported config (searched values kept); a kernel
+    resolved differently at two shapes is not pinned; a baseline export pins nothing."""
+    from workbench.export import export_config, pinned_launch_params
+
+    spec = load_study_spec("gr00t-n1.6")
+    record = [
+        {"kernel": "rmsnorm", "rows": 16384, "hidden": 2048, "num_warps": 16, "num_stages": 2, "block_rows": 2,
+         "block_size": 2048, "programs_per_sm": 2, "configured": ["num_warps"]},
+        {"kernel": "rope", "tokens": 16384, "q_heads": 32, "k_heads": 32, "head_dim": 64, "num_warps": 4,
+         "num_stages": 2, "block_h": 32, "configured": []},
+        {"kernel": "swiglu", "numel": 100, "num_warps": 4, "block_size": 1024, "configured": []},
+        {"kernel": "swiglu", "numel": 10 ** 8, "num_warps": 8, "block_size": 2048, "configured": []},
+        {"kernel": "not_a_kernel", "num_warps": 4},
+    ]
+    pinned = pinned_launch_params(record)
+    assert set(pinned) == {"rmsnorm", "rope"}  # swiglu ran with two different parameter sets
+    assert pinned["rope"] == {"num_warps": 4, "num_stages": 2, "block_h": 32}
+    validation = {"winner": {"trial": 3, "significant": True},
+                  "candidates": [{"trial": 3, "params": {"triton_fusion": True, "rmsnorm_num_warps": 16},
+                                  "runs": [100.0, 102.0], "baseline_runs": [80.0, 81.0], "speedup_median": 1.25,
+                                  "ci_low": 1.1, "ci_high": 1.4}]}
+    cfg = load_config(export_config(spec, tmp_path, validation, fingerprint={"gpu": "test"}, launch_record=record))
+    k = cfg.loongforge.compute_domain.kernels
+    assert k["rmsnorm"] == {"num_warps": 16, "num_stages": 2, "block_rows": 2, "block_size": 2048,
+                            "programs_per_sm": 2}
+    assert k["rope"] == pinned["rope"] and "swiglu" not in k
+    assert cfg.provenance.trial == 3 and cfg.loongforge.compute_domain.triton_fusion is True
+    base = {"winner": {"trial": None, "significant": False}, "candidates": [], "baseline_runs": [80.0]}
+    cfg = load_config(export_config(spec, tmp_path / "b", base, fingerprint={"gpu": "test"}, launch_record=record))
+    assert cfg.loongforge.compute_domain.kernels == {}
+
+
+def test_the_winner_launch_record_comes_from_its_search_trial():
+    import optuna
+
+    from workbench.tune import _winner_launch_record
+
+    study = optuna.create_study(direction="maximize")
+    for i in range(3):
+        t = study.ask()
+        t.set_user_attr("summary", {"kernels/launch": [{"kernel": "rope", "num_warps": 2 ** i}]})
+        study.tell(t, float(i))
+    assert _winner_launch_record(study, {"winner": {"trial": 1, "significant": True}}) == \
+        [{"kernel": "rope", "num_warps": 2}]
+    assert _winner_launch_record(study, {"winner": {"trial": 1, "significant": False}}) is None
+    assert _winner_launch_record(study, {"winner": {"trial": 7, "significant": True}}) is None
+    assert _winner_launch_record(study, {}) is None

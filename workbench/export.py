@@ -29,7 +29,7 @@ from workbench.config import Config, Provenance, dump_config, from_dict, load_co
 from workbench.fingerprint import fingerprint as environment_fingerprint
 from workbench.study import StudySpec
 
-__all__ = ["export_config", "provenance_for", "write_json"]
+__all__ = ["export_config", "pinned_launch_params", "provenance_for", "write_json"]
 
 
 def write_json(path: Path, data: Any) -> Path:
@@ -76,6 +76,22 @@ def provenance_for(
     return prov, {}
 
 
+def pinned_launch_params(record: list[Mapping[str, Any]] | None) -> dict[str, dict[str, int]]:
+    """Kernel -> launch parameters to pin, from a run's launch record (``summary["kernels/launch"]``: one entry
+    per kernel and shape, as resolved at launch). A kernel launched at several shapes with different resolved
+    parameters is left out: its shape-dependent defaults are what ran, and one value cannot pin them all."""
+    from kernels.registry import LAUNCH_SPACES  # plain data: imports neither torch nor triton
+
+    seen: dict[str, list[dict[str, int]]] = {}
+    for entry in record or []:
+        kernel = entry.get("kernel")
+        space = LAUNCH_SPACES.get(kernel) if isinstance(kernel, str) else None
+        if space is None:
+            continue
+        seen.setdefault(kernel, []).append({p: int(entry[p]) for p in space.param_names() if p in entry})
+    return {k: v[0] for k, v in seen.items() if v[0] and all(x == v[0] for x in v)}
+
+
 def export_config(
     spec: StudySpec,
     study_dir: Path,
@@ -84,13 +100,22 @@ def export_config(
     study_name: str | None = None,
     baseline_runs: list[float] | None = None,
     fingerprint: Mapping[str, str] | None = None,
+    launch_record: list[Mapping[str, Any]] | None = None,
 ) -> Path:
-    """Write ``study_dir/config.yaml`` (winner or base, with provenance) and ``environment.json``; returns its path."""
+    """Write ``study_dir/config.yaml`` (winner or base, with provenance) and ``environment.json``; returns its path.
+
+    ``launch_record``: the winner's ``kernels/launch`` (what its Triton kernels ran with). Those launch parameters
+    are pinned in the export, under the values the study searched, so the file runs the measured kernels even
+    if the shape-dependent defaults change in a later version."""
     study_dir = Path(study_dir)
     fp = dict(fingerprint) if fingerprint is not None else environment_fingerprint()
     prov, params = provenance_for(study_name or spec.name, validation, fingerprint=fp, baseline_runs=baseline_runs)
     cfg = spec.export_config(params)
     data = to_dict(cfg)
+    if prov.trial is not None and launch_record:
+        kernels_cfg = data["loongforge"]["compute_domain"].setdefault("kernels", {})
+        for kernel, pinned in pinned_launch_params(launch_record).items():
+            kernels_cfg[kernel] = {**pinned, **kernels_cfg.get(kernel, {})}  # searched values win (they agree)
     data["provenance"] = to_dict(prov)
     cfg = from_dict(Config, data)  # validated again, provenance included
     path = dump_config(cfg, study_dir / "config.yaml")

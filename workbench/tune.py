@@ -817,7 +817,8 @@ class Tuner:
             validation = self.validate()
             self.progress.set(phase="exporting")
             path = export_config(self.spec, self.study_dir, validation, study_name=self.study_name,
-                                 baseline_runs=self.baseline_runs())
+                                 baseline_runs=self.baseline_runs(),
+                                 launch_record=_winner_launch_record(self.study, validation))
             self._write_tune_json(started, _now())
             if self.make_report:
                 self.progress.set(phase="report")
@@ -1013,6 +1014,18 @@ def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
     return spec, name, study_dir, url
 
 
+def _winner_launch_record(study: optuna.Study, validation: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The Triton launch record of the validated winner's search trial (its summary's ``kernels/launch``)."""
+    winner = (validation or {}).get("winner") or {}
+    if winner.get("trial") is None or not winner.get("significant"):
+        return None
+    try:
+        trial = study.trials[int(winner["trial"])]
+    except (IndexError, ValueError, TypeError):
+        return None
+    return ((trial.user_attrs.get("summary") or {}).get("kernels/launch")) or None
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     spec, name, study_dir, url = _existing(args)
     study = optuna.load_study(study_name=name, storage=make_storage(url))
@@ -1025,7 +1038,8 @@ def cmd_export(args: argparse.Namespace) -> int:
               f"with `python -m workbench.tune --study {args.study or name}` to validate candidates",
               file=sys.stderr)
         validation = {"baseline_runs": base, "candidates": [], "winner": {"trial": None, "significant": False}}
-    path = export_config(spec, study_dir, validation, study_name=name, baseline_runs=base)
+    path = export_config(spec, study_dir, validation, study_name=name, baseline_runs=base,
+                         launch_record=_winner_launch_record(study, validation))
     print(path)
     return EXIT_OK
 
