@@ -407,3 +407,23 @@ def test_peak_and_mfu():
     tokens_per_s = 1e6
     assert mfu(tokens_per_s, args, 256, 989.0) == pytest.approx(1e6 * 9_444_096 / 989e12)
     assert mfu(tokens_per_s, args, 256, None) is None
+
+
+def test_linear_cross_entropy_pads_the_vocab_without_changing_loss_or_grads():
+    """Vocab 131 (not a multiple of 64): the op pads W with zero rows for aligned matmuls; the padded columns
+    never enter the softmax, so loss and both gradients equal the unpadded computation's."""
+    g = torch.Generator().manual_seed(1)
+    h_ND = torch.randn(9, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    w_VD = torch.randn(131, 16, generator=g, dtype=torch.float64, requires_grad=True)
+    labels_N = torch.randint(0, 131, (9,), generator=g)
+    labels_N[0] = 130  # the last real class, next to the padding
+    mask_N = torch.ones(9, dtype=torch.bool)
+    loss_sum, _ = linear_cross_entropy_torch(h_ND, w_VD, labels_N, mask_N)
+    dh, dw = torch.autograd.grad(loss_sum, (h_ND, w_VD))
+    # the unpadded computation, the op's numerics otherwise (float64 logits, cross-entropy in float32)
+    want = F.cross_entropy((h_ND @ w_VD.T).float(), labels_N, reduction="sum")
+    wdh, wdw = torch.autograd.grad(want, (h_ND, w_VD))
+    assert dw.shape == (131, 16)
+    assert loss_sum.item() == want.item()  # the same float32 softmax over the same 131 logits
+    torch.testing.assert_close(dh, wdh, rtol=0, atol=1e-12)
+    torch.testing.assert_close(dw, wdw, rtol=0, atol=1e-12)

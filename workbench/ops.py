@@ -97,6 +97,10 @@ def rope_torch(
 _IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
+VOCAB_ALIGN = 64
+"""The LM head's rows are padded to a multiple of this many (the Triton loss pads the same way)."""
+
+
 def linear_cross_entropy_torch(
     h_ND: torch.Tensor,
     weight_VD: torch.Tensor,
@@ -113,7 +117,15 @@ def linear_cross_entropy_torch(
     Returns ``(loss_sum, n_tokens)``: a 0-d float32 tensor and a 0-d int64 tensor.
     """
     mask_N = mask_N.bool()
-    logits_NV = F.linear(h_ND, weight_VD)
+    V = weight_VD.shape[0]
+    Vp = -(-V // VOCAB_ALIGN) * VOCAB_ALIGN
+    if Vp != V:
+        # zero rows up to a multiple of 64: the logits' rows are then 16-byte aligned, which cuBLAS needs for its
+        # fast kernels (5-7x on an H200 at V = 50,257: benchmarks/results/fused_ce_matmul_probe_h200_2026-11-29.csv);
+        # the padded columns are sliced off before the softmax, so the loss and gradients are unchanged
+        logits_NV = F.linear(h_ND, F.pad(weight_VD, (0, 0, 0, Vp - V)))[:, :V]
+    else:
+        logits_NV = F.linear(h_ND, weight_VD)
     labels_N = labels_N.long().masked_fill(~mask_N, _IGNORE_INDEX)
     loss_sum = F.cross_entropy(
         logits_NV.float(), labels_N, ignore_index=_IGNORE_INDEX, reduction="sum"
