@@ -191,6 +191,15 @@ def _alive(pid: int, start: str | None) -> bool:
     return True
 
 
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, without its end-of-grid ``study.stop()``: that call only works inside
+    ``study.optimize`` and raises under ask/tell (after the last grid point was stored), which is how the
+    tuner drives trials. The study's trial budget ends the search instead (set it to the grid's size)."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
+        return None
+
+
 def _feasible(t: FrozenTrial) -> bool:
     return (t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
             and all(v <= 0 for v in t.constraints.values()))
@@ -374,7 +383,7 @@ class Tuner:
             if s.name == "nsga2":
                 return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(2, s.n_startup_trials))
             grid = {name: spec.space[name].grid(get_knob(name).kind) for name in self.active}
-            return optuna.samplers.GridSampler(grid, seed=seed)
+            return _AskTellGridSampler(grid, seed=seed)
 
     def _pruner(self) -> optuna.pruners.BasePruner:
         spec = self.spec
