@@ -83,7 +83,7 @@ def test_main_writes_the_replay_and_a_summary(tmp_path, capsys):
     assert se.main(["--grid", str(grid_dir), "--seeds", "6", "--spec", "gr00t-n1.6-proxy", "--out", str(out)]) == 0
     res = pd.read_csv(out / "sampler_efficiency.csv")
     assert len(res) == 12 and set(res["sampler"]) == {"tpe", "random"}
-    assert (res["grid_size"] == 12).all() and (res["n_startup_trials"] == 6).all()
+    assert (res["grid_size"] == 12).all() and (res["n_startup_trials"] == 4).all()
     summ = pd.read_csv(out / "summary.csv").set_index("sampler")
     for s, g in res.groupby("sampler"):
         t = g["trials_to_target"].fillna(13)
