@@ -52,10 +52,15 @@ def analyze(a: argparse.Namespace, mb: int, variant: str, settings: dict, out: P
         env.pop(var, None)  # the default variant means torch's defaults; the config sets the rest
     t0 = time.time()
     with open(d / "log.txt", "w") as log:
-        r = subprocess.run(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, timeout=a.timeout)
-    res = {"micro_batch": mb, "variant": variant, "settings": settings, "returncode": r.returncode,
+        try:
+            returncode = subprocess.run(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                        timeout=a.timeout).returncode
+        except subprocess.TimeoutExpired:  # one run over its time must not lose the others' results
+            returncode = 124
+            log.write(f"\nmemory_bench: killed after --timeout {a.timeout} s\n")
+    res = {"micro_batch": mb, "variant": variant, "settings": settings, "returncode": returncode,
            "wall_s": time.time() - t0}
-    if r.returncode == 0:
+    if returncode == 0:
         res["analysis"] = json.loads((d / "memory_analysis.json").read_text())
     else:
         res["log_tail"] = (d / "log.txt").read_text()[-3000:]
