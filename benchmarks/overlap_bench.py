@@ -1,7 +1,9 @@
-"""Overlap scheduler vs DDP on two GPUs: a grid of bucket sizes x overlap ratios against DDP with its default
-buckets, in one ``torchrun`` run.
+"""Overlap scheduler vs DDP on several GPUs of one host: a grid of bucket sizes x overlap ratios against DDP with
+its default buckets, in one ``torchrun`` run (written for two GPUs; any world size of 2 or more works).
 
     torchrun --standalone --nproc-per-node 2 benchmarks/overlap_bench.py --out benchmarks/out/overlap
+    torchrun --standalone --nproc-per-node 8 benchmarks/overlap_bench.py --layers 28 --bucket-sizes 25,200 \
+        --ratios 1 --out benchmarks/out/overlap8        # the 8-GPU comparison of issue 9
 
 Model: the gr00t-n1.6 preset cut to ``--layers`` decoder blocks (default 8: 0.62 B parameters, 2.5 GB of fp32
 gradients per step; the full 28 blocks with 15 configurations do not fit the 8-minute budget), full records of
@@ -100,7 +102,7 @@ def run_one(conf: dict, a: argparse.Namespace, model_json: Path | None, data_dir
         "training.grad_accum_steps": 1,
         "training.max_steps": a.warmup + a.steps, "training.warmup_measure_steps": a.warmup,
         "training.log_every": a.steps, "training.scheduler": "constant", "training.warmup_steps": 0,
-        "hardware.gpus": 2, "hardware.device": "cpu" if a.cpu else "cuda",
+        "hardware.gpus": int(os.environ["WORLD_SIZE"]), "hardware.device": "cpu" if a.cpu else "cuda",
         "loongforge.overlap.mode": "ddp" if conf["provider"] == "ddp" else "scheduler",
         "loongforge.overlap.bucket_size_mb": conf["bucket_size_mb"],
         "loongforge.overlap.overlap_ratio": conf["overlap_ratio"],
@@ -167,8 +169,8 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.cpu:
         a.seq_len, a.micro_batch, a.bucket_sizes, a.ratios = 256, 2, [0.1, 1.0], [0.0, 1.0]
-    if int(os.environ.get("WORLD_SIZE", 1)) != 2 or not (a.cpu or torch.cuda.is_available()):
-        raise SystemExit("run under torchrun on two GPUs: torchrun --standalone --nproc-per-node 2 "
+    if int(os.environ.get("WORLD_SIZE", 1)) < 2 or not (a.cpu or torch.cuda.is_available()):
+        raise SystemExit("run under torchrun on two or more GPUs: torchrun --standalone --nproc-per-node 2 "
                          "benchmarks/overlap_bench.py")
     rank = int(os.environ["RANK"])
     if not a.cpu:
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     model = "tiny fp32 (cpu smoke test, not a measurement)" if a.cpu else f"gr00t-n1.6 layers={a.layers} bf16"
     mode = "eager" if a.compile == "none" else f"compile={a.compile} scope={a.compile_scope}"
-    config = f"{model} seq_len={a.seq_len} micro_batch={a.micro_batch} {mode} steps={a.steps} warmup={a.warmup} world=2"
+    config = f"{model} seq_len={a.seq_len} micro_batch={a.micro_batch} {mode} steps={a.steps} warmup={a.warmup} world={os.environ['WORLD_SIZE']}"
     results: list[dict] = []
     for conf in configurations(a):
         go = torch.tensor([time.time() - t_start < a.budget_s], device="cpu" if a.cpu else "cuda")
