@@ -30,7 +30,8 @@ Numerics follow ``workbench.ops.linear_cross_entropy_torch``: the logits are com
 in the compute dtype (autocast's when autocast is on, else h's), softmax and loss in
 fp32, gradients of the logits rounded to the compute dtype before the matmuls. dW is
 accumulated over chunks in fp32 (cuBLAS writes fp32 directly from bf16 operands on
-torch >= 2.8), then cast to W's dtype. Launch parameters come from
+torch >= 2.8; under torch.compile each chunk's dh and dW products are rounded to bf16
+first, as the unfused loss rounds them), then cast to W's dtype. Launch parameters come from
 ``kernels.registry`` (kernel ``fused_linear_ce``).
 """
 
@@ -142,13 +143,12 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bo
             out.addmm_(a, b)
         else:
             torch.mm(a, b, out=out)
-    elif out.is_cuda and _TORCH_MM_OUT_DTYPE and out.dtype == torch.float32:
-        if accumulate and torch.compiler.is_compiling():
-            # addmm with out_dtype fails in dynamo's fake-tensor pass (torch 2.11: its decomposition takes
-            # out_dtype for beta), so under compile each chunk's product is rounded to the operands' dtype
-            # before the fp32 sum, as the unfused loss rounds its whole dW once
-            out.add_(torch.mm(a, b))
-            return out
+    elif out.is_cuda and _TORCH_MM_OUT_DTYPE and out.dtype == torch.float32 and not torch.compiler.is_compiling():
+        # (not under torch.compile: addmm with out_dtype fails in dynamo's fake-tensor pass on torch 2.11, its
+        # decomposition taking out_dtype for beta; and the compiled 28-layer step with an mm(out_dtype, out=)
+        # into a slice hit an illegal memory access on an H200, not yet explained, so under compile neither is
+        # used: the products are rounded to the operands' dtype first (the branch below), as the unfused loss
+        # rounds its dh and dW)
         if accumulate:
             torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
         else:
@@ -158,7 +158,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bo
             out.addmm_(a.to(out.dtype), b.to(out.dtype))
         else:
             torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
-    else:  # CUDA with torch < 2.8: the product rounded to the operands' dtype, then added in out's dtype
+    else:  # CUDA under torch.compile or torch < 2.8: the product rounded to the operands' dtype, then added
         if accumulate:
             out.add_(torch.mm(a, b))
         else:
