@@ -29,7 +29,6 @@ import argparse
 import datetime as dt
 import math
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +40,7 @@ import pandas as pd  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from workbench.study import load_study_spec  # noqa: E402
+from workbench.tune import tpe_sampler  # noqa: E402
 
 
 def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distributions.BaseDistribution], pd.DataFrame]:
@@ -79,13 +79,10 @@ def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distribut
 
 def make_sampler(name: str, seed: int, n_startup_trials: int) -> optuna.samplers.BaseSampler:
     """What ``workbench.tune`` builds for a spec's sampler (TPE) or random search."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        if name == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
-                                              constant_liar=True)
-        if name == "random":
-            return optuna.samplers.RandomSampler(seed=seed)
+    if name == "tpe":
+        return tpe_sampler(seed, n_startup_trials)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
     raise ValueError(f"sampler {name!r}: expected tpe or random")
 
 

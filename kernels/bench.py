@@ -488,15 +488,20 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
             continue
         tail = [ln for ln in (r.stdout + r.stderr).splitlines() if ln.strip()][-8:]
         err = next((ln for ln in reversed(tail) if "Error" in ln or "error" in ln), tail[-1] if tail else "")
-        rows.append({"kernel": "e2e_step", "shape": f"{E2E_PRESET} {BATCH}x{SEQ}", "mode": "train_step",
-                     "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name == "triton" else "reference",
-                     "launch": json.dumps(best, sort_keys=True) if ops_name == "triton" else "",
-                     "dtype": "float32+autocast_bf16", "error": f"exit {r.returncode}: {err.strip()[:300]}", **common})
+        rows.append({**_e2e_row(ops_name, mode, best, common), "error": f"exit {r.returncode}: {err.strip()[:300]}"})
         log(f"  e2e {ops_name:6s} {mode:7s} (own process): FAILED exit {r.returncode}: {err.strip()[:200]}")
     return rows
 
 
 E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
+
+
+def _e2e_row(ops_name: str, mode: str, best: dict[str, dict[str, int]], common: dict[str, str]) -> dict[str, Any]:
+    """The identifying columns of one end-to-end variant's row."""
+    return {"kernel": "e2e_step", "shape": f"{E2E_PRESET} {BATCH}x{SEQ}", "mode": "train_step",
+            "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name == "triton" else "reference",
+            "launch": json.dumps(best, sort_keys=True) if ops_name == "triton" else "",
+            "dtype": "float32+autocast_bf16", **common}
 
 
 def _variants(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -582,10 +587,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     rows = []
     for ops_name, mode in variants:
         ts = times[(ops_name, mode)]
-        base = {"kernel": "e2e_step", "shape": f"{E2E_PRESET} {_B}x{_T}", "mode": "train_step",
-                "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name == "triton" else "reference",
-                "launch": json.dumps(best, sort_keys=True) if ops_name == "triton" else "",
-                "dtype": "float32+autocast_bf16", **common}
+        base = _e2e_row(ops_name, mode, best, common)
         if (ops_name, mode) in errors:  # its timed steps (if any) are incomplete: not reported as a result
             rows.append({**base, "error": errors[(ops_name, mode)]})
             continue

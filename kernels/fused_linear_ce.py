@@ -45,6 +45,7 @@ import triton.language as tl
 
 from kernels._launch import check_tensor, empty, interpreted
 from kernels.registry import launch_params
+from workbench import ops
 
 __all__ = ["linear_cross_entropy_triton"]
 
@@ -96,13 +97,6 @@ def _ce_fwd_kernel(
 
 
 # --------------------------------------------------------------------------- launchers
-
-VOCAB_ALIGN = 64
-"""The logits' row length is padded to a multiple of this many entries (128 bytes in bf16)."""
-
-
-def padded_vocab(V: int) -> int:
-    return -(-V // VOCAB_ALIGN) * VOCAB_ALIGN
 
 
 _INTERPRETED = interpreted(_ce_fwd_kernel)  # decorated under TRITON_INTERPRET=1: runs on CPU tensors
@@ -175,8 +169,8 @@ def _fused_linear_ce_fwd(
     V = weight.shape[0]
     p = launch_params("fused_linear_ce", {"rows": N, "hidden": D, "vocab": V})
     C = p["chunk_size"]
-    Vp = padded_vocab(V)
-    Va = V // VOCAB_ALIGN * VOCAB_ALIGN or V  # the rows of dW updated as one aligned block
+    Vp = ops.padded_vocab(V)  # the torch loss pads the same way
+    Va = V // ops.VOCAB_ALIGN * ops.VOCAB_ALIGN or V  # the rows of dW updated as one aligned block
     h_c = h.to(compute_dtype).contiguous()
     if Vp == V:
         w_c = weight.to(compute_dtype).contiguous()
@@ -202,7 +196,7 @@ def _fused_linear_ce_fwd(
             _mm_into(dh[start:end], logits_CV, w_c, accumulate=False)
         if dw is not None:
             # dW has V rows (no padding); its rows are updated as an aligned block of Va rows (a multiple of
-            # VOCAB_ALIGN) plus the few remaining ones: a matmul whose row count is odd (50,257) ran at 472
+            # ops.VOCAB_ALIGN) plus the few remaining ones: a matmul whose row count is odd (50,257) ran at 472
             # TFLOP/s against 771 for the aligned logits matmul on an H200 (benchmarks/results/
             # fused_ce_matmul_probe_h200_2026-11-29.csv)
             g_VC = logits_CV[:, :V].t()

@@ -48,6 +48,7 @@ __all__ = [
     "memory_section",
     "search_section",
     "summary_section",
+    "sweep_by_config",
     "time_section",
     "trials_section",
 ]
@@ -835,6 +836,43 @@ def kernels_section(data: StudyData) -> Kernels:
     elif sweep is None:
         message = "No kernel sweep ran (no kernel_sweep.csv): the chosen launch parameters are shown without times."
     return Kernels(launch=launch, sweep=sweep, sweep_source=source, message=message)
+
+
+def sweep_by_config(s: Kernels) -> pd.DataFrame | None:
+    """kernel, launch, ms (median per configuration), chosen: the sweep as drawn, or None without times."""
+    if s.sweep is None:
+        return None
+    time_col = next((c for c in _TIME_COLUMNS if c in s.sweep.columns), None)
+    if time_col is None:
+        return None
+    sw = s.sweep.copy()
+    if "mode" in sw.columns and (sw["mode"] == "full").any():  # kernels.bench rows: forward + backward
+        sw = sw[sw["mode"] == "full"]
+    ignore = {"kernel", "shape", "mode", "provider", "sweep", "launch", "dtype", "note", "error", "gpu", "torch",
+              "triton", "cuda", "timestamp", "size"}
+    params = [c for c in sw.columns if c not in ignore and pd.api.types.is_numeric_dtype(sw[c])
+              and not c.endswith(("_ms", "_gib", "_per_s", "_ceiling")) and c != time_col]
+    params = [c for c in params if sw[c].notna().any()]
+    sw[time_col] = pd.to_numeric(sw[time_col], errors="coerce")
+    sw = sw.dropna(subset=[time_col])
+    if sw.empty:
+        return None
+    chosen = {r["kernel"]: r for _, r in s.launch.iterrows()}
+    rows = []
+    for kernel, ks in sw.groupby("kernel", sort=False):
+        kp = [p for p in params if ks[p].notna().any()]
+        for cfg, g in ks.groupby(kp, dropna=False) if kp else [((), ks)]:
+            cfg = cfg if isinstance(cfg, tuple) else (cfg,)
+            values = {p: v for p, v in zip(kp, cfg) if pd.notna(v)}
+            want = chosen.get(kernel)
+            # chosen: agrees with every parameter the study set for this kernel (the others are defaults,
+            # so several sweep points may agree when the study set only some)
+            set_params = {p: want[p] for p in values if want is not None and p in want.index and pd.notna(want[p])}
+            is_chosen = bool(set_params) and all(float(values[p]) == float(v) for p, v in set_params.items())
+            rows.append({"kernel": kernel, "launch": " ".join(f"{p}={int(v) if float(v).is_integer() else v}"
+                                                              for p, v in values.items()),
+                         "ms": float(g[time_col].median()), "chosen": bool(is_chosen)})
+    return pd.DataFrame(rows)
 
 
 def _param_order(p: str) -> tuple[int, str]:

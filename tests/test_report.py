@@ -841,7 +841,7 @@ def test_validation_dirs_by_name_without_run_dirs(tmp_path):
 def test_kernels_section_from_a_real_h200_sweep(fx, tmp_path):
     """The kernel_sweep.csv that ``python -m kernels.bench --kernel-sweep`` wrote on an H200 (full-mode Triton rows
     at the gr00t-n1.6 shapes): the chosen configuration's time, the fastest of the sweep, and the drawn sweep."""
-    from reports.render import _sweep_by_config
+    from reports.sections import sweep_by_config
 
     d = tmp_path / "copy"
     shutil.copytree(fx.dir, d)
@@ -852,7 +852,7 @@ def test_kernels_section_from_a_real_h200_sweep(fx, tmp_path):
     assert set(k.index) >= {"rmsnorm", "swiglu", "rope", "fused_linear_ce"}
     ce = real[real["kernel"] == "fused_linear_ce"]
     assert k.loc["fused_linear_ce", "best_in_sweep_ms"] == pytest.approx(ce["median_ms"].min())
-    drawn = _sweep_by_config(rep.kernels)
+    drawn = sweep_by_config(rep.kernels)
     assert len(drawn) == len(real)  # one point per launch configuration (the CSV has one full-mode row each)
     fastest = drawn.sort_values("ms").groupby("kernel").head(1).set_index("kernel")
     assert fastest.loc["fused_linear_ce", "launch"] == "num_warps=8 num_stages=1 block_v=4096 chunk_size=8192"

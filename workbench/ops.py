@@ -38,7 +38,9 @@ __all__ = [
     "OPS",
     "OP_NAMES",
     "OpSet",
+    "VOCAB_ALIGN",
     "linear_cross_entropy_torch",
+    "padded_vocab",
     "register",
     "resolve",
     "rms_norm_torch",
@@ -98,7 +100,12 @@ _IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
 VOCAB_ALIGN = 64
-"""The LM head's rows are padded to a multiple of this many (the Triton loss pads the same way)."""
+"""The LM head's rows are padded to a multiple of this many (the torch and Triton losses both)."""
+
+
+def padded_vocab(V: int) -> int:
+    """``V`` rounded up to a multiple of :data:`VOCAB_ALIGN`."""
+    return -(-V // VOCAB_ALIGN) * VOCAB_ALIGN
 
 
 def linear_cross_entropy_torch(
@@ -118,7 +125,7 @@ def linear_cross_entropy_torch(
     """
     mask_N = mask_N.bool()
     V = weight_VD.shape[0]
-    Vp = -(-V // VOCAB_ALIGN) * VOCAB_ALIGN
+    Vp = padded_vocab(V)
     if Vp != V:
         # zero rows up to a multiple of 64: the logits' rows are then 16-byte aligned, which cuBLAS needs for its
         # fast kernels (5-7x on an H200 at V = 50,257: benchmarks/results/fused_ce_matmul_probe_h200_2026-11-29.csv);

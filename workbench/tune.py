@@ -191,6 +191,14 @@ def _alive(pid: int, start: str | None) -> bool:
     return True
 
 
+def tpe_sampler(seed: int | None, n_startup_trials: int) -> optuna.samplers.TPESampler:
+    """The studies' TPE: multivariate, constant liar (parallel workers), ``n_startup_trials`` random trials first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
+                                          constant_liar=True)
+
+
 class _AskTellGridSampler(optuna.samplers.GridSampler):
     """Optuna's grid sampler, without its end-of-grid ``study.stop()``: that call only works inside
     ``study.optimize`` and raises under ask/tell (after the last grid point was stored), which is how the
@@ -376,8 +384,7 @@ class Tuner:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if s.name == "tpe":
-                return optuna.samplers.TPESampler(seed=seed, n_startup_trials=s.n_startup_trials, multivariate=True,
-                                                  constant_liar=True)
+                return tpe_sampler(seed, s.n_startup_trials)
             if s.name == "random":
                 return optuna.samplers.RandomSampler(seed=seed)
             if s.name == "nsga2":
