@@ -5,7 +5,8 @@ Shape legend: N positions (flattened B x (T - 1)), D hidden size, V vocab, C row
 The vocabulary is padded to a multiple of 64 (Vp; W gets zero rows): with V = 50,257 the
 rows of an unpadded N x V bf16 logits buffer are not 16-byte aligned, and cuBLAS then
 falls back to kernels about 5x slower (measured on an H200: 1.98 ms for a 1,024-row
-logits matmul against 0.42 ms aligned). The padded columns never count: the softmax
+logits matmul against 0.27 ms aligned,
+benchmarks/results/fused_ce_matmul_probe_h200_2026-11-29.csv). The padded columns never count: the softmax
 reads only the first V, and their gradient is written as 0.
 
 For each chunk of C rows:

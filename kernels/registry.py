@@ -356,8 +356,8 @@ ROPE = LaunchSpace(
 
 def _ce_default_chunk(s: Shape) -> int:
     # The largest power of two of rows whose bf16 logits fit in 512 MiB (4,096 rows at vocab 50,257), at most
-    # the rows there are: the three matmuls per chunk run at near-peak TFLOP/s only for a few thousand rows
-    # (measured on an H200 with an aligned vocab: a 1,024-row logits matmul at 510 TFLOP/s, 0.42 ms), while the
+    # the rows there are. Fewer, larger chunks cost less per chunk: the full loss took 20.1 ms at 1,024 rows,
+    # 18.3 at 4,096 and 18.1 at 8,192 on an H200 (benchmarks/results/kernels_h200_2026-11-29.csv), while the
     # memory saved by smaller chunks is small next to the unfused loss's N x V logits. Liger-Kernel's
     # heuristic (logits chunk ~ as large as the hidden states) gives 1,024 rows here.
     rows_fit = max(1, (512 << 20) // (2 * max(1, s["vocab"])))
