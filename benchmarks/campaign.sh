@@ -3,7 +3,7 @@
 # previous call stopped (the studies' storage lives under $RUNS; carry it between calls).
 #
 #   bash benchmarks/campaign.sh search   RUNS OUT   # the proxy study (4 blocks): search, validate, export
-#   bash benchmarks/campaign.sh grid     RUNS OUT   # the 24-configuration grid of the proxy (resumable)
+#   bash benchmarks/campaign.sh grid     RUNS OUT   # the 18-configuration grid of the proxy (resumable)
 #   bash benchmarks/campaign.sh compare  RUNS OUT   # full depth, one run: exported vs default vs reference
 #   bash benchmarks/campaign.sh replay   RUNS OUT   # CPU: the samplers replayed against the measured grid
 #
@@ -24,7 +24,7 @@ search)
     cp "$RUNS/gr00t-n1.6-proxy/report.html" "$OUT/report-gr00t-n1.6-proxy.html"   # for benchmarks/reports/
     ;;
 grid)
-    python -m workbench.tune --study gr00t-n1.6-grid --out "$RUNS" --timeout 480 --no-progress --no-report
+    python -m workbench.tune --study gr00t-n1.6-grid --out "$RUNS" --timeout 520 --no-progress --no-report
     ;;
 compare)
     # the exported winner at full depth: the proxy's model file swapped for the gr00t-n1.6 preset

@@ -446,7 +446,7 @@ def launch_params(kernel: str, shape: Shape) -> dict[str, int]:
     Raises :class:`LaunchConfigError` before launch when the configured values do
     not fit this shape. Results are cached per shape and kept for :func:`launch_record`.
     """
-    key = (kernel, tuple(sorted((k, int(v)) for k, v in shape.items())))
+    key = (kernel, tuple((k, int(shape[k])) for k in sorted(shape)))  # sorted by name: traceable by dynamo
     hit = _RESOLVED.get(key)
     if hit is None:
         hit = _RESOLVED[key] = get_space(kernel).resolve(_ACTIVE[kernel], shape)

@@ -72,6 +72,14 @@ def test_compile_scope_is_searched_only_when_something_is_compiled():
         merge_overrides(Config(), {k.key: "block"})
 
 
+def test_compile_shapes_is_searched_only_when_something_is_compiled():
+    k = get_knob("compile_shapes")
+    assert not k.active({"compile": "none"}) and k.active({"compile": "default"}) and k.inactive == "dynamic"
+    assert merge_overrides(Config(), {k.key: "static"}).loongforge.compute_domain.compile_shapes == "static"
+    with pytest.raises(ConfigError, match="compile_shapes"):
+        merge_overrides(Config(), {k.key: "symbolic"})
+
+
 def test_kind_checks():
     assert get_knob("num_workers").accepts(2) and not get_knob("num_workers").accepts(True)
     assert not get_knob("num_workers").accepts(2.5)
@@ -91,7 +99,8 @@ def test_a_bad_declaration_is_refused():
 def test_dropping_on_a_cpu_host():
     names = list(knob_names())
     kept, dropped = drop_unsupported(names, {"io_uring"})
-    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "compile", "compile_scope"]
+    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "compile", "compile_scope",
+                    "compile_shapes"]
     reasons = {d.knob: d.reason for d in dropped}
     assert reasons["graph_capture"] == "needs cuda"
     assert reasons["bucket_size_mb"] == "needs multi-gpu"

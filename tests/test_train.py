@@ -157,6 +157,49 @@ hardware: {{device: cpu}}
         == ck_data["step"]
 
 
+@pytest.mark.parametrize("shapes", ["dynamic", "static"])
+def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, monkeypatch, shapes):
+    """No measured step compiles: precompile() makes the graphs of every bucket shape (dynamic: one graph with a
+    symbolic length for all of them; static: one per shape) before step 1, leaving parameters and gradients as
+    they were; the steps after it compile nothing (dynamo's frame counter does not move) and the loss curve is
+    the eager golden one."""
+    import torch
+    from torch._dynamo.utils import counters
+
+    real_compile = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: real_compile(
+        fn, backend="aot_eager", **{k: v for k, v in kw.items() if k != "mode"}))
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
+                  "loongforge.compute_domain.compile_shapes": shapes})
+    trainer = Trainer(cfg, data_dir=synth, out_dir=tmp_path)
+    try:
+        lengths = trainer.bucket_lengths()
+        assert lengths == [256, 192, 128, 64]  # records of 64..256 tokens in buckets of 64
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        trainer.precompile()
+        assert all(torch.equal(a, p) for a, p in zip(before, trainer.model.parameters()))
+        assert all(p.grad is None for p in trainer.model.parameters())
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs == (1 if shapes == "dynamic" else len(lengths))
+        for T in lengths:  # a batch of any bucket length finds its graph
+            ids = torch.randint(0, 4096, (4, T), dtype=torch.int32)
+            pos = torch.arange(T, dtype=torch.int32).expand(4, T).contiguous()
+            loss_sum, n_tok = trainer.compute(ids, pos, torch.ones(4, T, dtype=torch.uint8))
+            (loss_sum / n_tok).backward()
+        trainer.opt.zero_grad(set_to_none=True)
+        assert counters["stats"]["unique_graphs"] == graphs
+        summary = trainer.run()
+        assert counters["stats"]["unique_graphs"] == graphs  # no step compiled
+        assert summary["time/compile_s"] > 0
+        assert set(pd.read_csv(tmp_path / "phases.csv")["seq_len"]) <= set(lengths)
+    finally:
+        trainer.close()
+    golden = json.loads(GOLDEN.read_text())["losses"]
+    assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)
+
+
 @pytest.mark.parametrize("scope", ["model", "layer"])
 def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, scope):
     """compile: default on both scopes follows the eager golden curve; with scope layer every decoder block and

@@ -374,8 +374,12 @@ class ComputeDomainConfig:
     """What one compiled graph covers: the whole loss (model), or each decoder block plus the final norm and loss
     (layer: one compile reused by every block, far shorter compile times, and per-block backward nodes, so the
     overlap scheduler's all-reduces start during the backward as they do eagerly)."""
+    compile_shapes: Literal["dynamic", "static"] = "dynamic"
+    """How compiled graphs treat the bucket length: dynamic (a symbolic sequence length: one compile serves every
+    bucket) or static (one compile per bucket shape, each specialised; compile time grows with the number of
+    buckets). Either way every shape is compiled before the first step, so no measured step compiles."""
     graph_capture: bool = False
-    """Capture the training step in CUDA graphs (one per bucket shape)."""
+    """Capture the training step in CUDA graphs (one per bucket shape, all captured before the first step)."""
     triton_fusion: bool = False
     """Every op uses its Triton kernel, whatever `ops` says (the orchestrator's switch)."""
     ops: OpsConfig = field(default_factory=OpsConfig)

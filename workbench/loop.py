@@ -7,9 +7,14 @@ NVTX range timed by ``PhaseTimer`` without a host sync inside the step; the
 loss is accumulated on the device and read back at the end of each window.
 
 Options, each a config switch:
-* ``loongforge.compute_domain.compile``: ``torch.compile`` of the loss module
-  (one compile per bucket shape; ``dynamic=False`` keeps every shape static), or
-  with ``compile_scope: layer`` of each decoder block and of the head (norm + loss).
+* ``loongforge.compute_domain.compile``: ``torch.compile`` of the loss module, or
+  with ``compile_scope: layer`` of each decoder block and of the head (norm + loss);
+  ``compile_shapes: dynamic`` (one graph with a symbolic length for every bucket)
+  or ``static`` (one graph per bucket shape).
+* Before the first step (``Trainer.precompile``) every bucket shape is compiled
+  and, under graph capture, captured, with gradients discarded and no
+  communication: a measured step never compiles (the seconds it took are the
+  summary's ``time/compile_s``).
 * ``loongforge.compute_domain.graph_capture``: one CUDA graph per bucket shape
   for forward+backward (static input buffers; warm-up on a side stream before
   capture) and one for clip + optimizer (AdamW ``capturable=True``, learning
@@ -167,15 +172,17 @@ class Trainer:
 
             # one compiled graph per bucket shape: allow as many as there are buckets
             _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
+            dynamic = cfg.loongforge.compute_domain.compile_shapes == "dynamic"
             if cfg.loongforge.compute_domain.compile_scope == "layer":
                 # each block compiled in place (same parameter names, one graph shared by every block), and the
                 # norm + loss as a second unit; embedding lookup and the glue stay eager
                 for layer in self.model.layers:
-                    layer.compile(mode=mode, dynamic=False)
-                self.model.norm.compile(mode=mode, dynamic=False)
-                self.model.head_loss = torch.compile(self.model.head_loss, mode=mode, dynamic=False)
+                    layer.compile(mode=mode, dynamic=dynamic)
+                self.model.norm.compile(mode=mode, dynamic=dynamic)
+                self.model.head_loss = torch.compile(self.model.head_loss, mode=mode, dynamic=dynamic)
             else:
-                self.compute = torch.compile(self.loss_module, mode=mode, dynamic=False)
+                self.compute = torch.compile(self.loss_module, mode=mode, dynamic=dynamic)
+        self.compile_s = 0.0
 
         # optimizer: fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
@@ -309,6 +316,54 @@ class Trainer:
         self.step += 1
         return StepRecord(self.step, real, padded, batch.seq_len, flops), loss_acc
 
+    # ------------------------------------------------------------------ compile and capture up front
+    def bucket_lengths(self) -> list[int]:
+        """The padded lengths the pipeline can hand out (its plan buckets), longest first."""
+        from loaders.pipeline import plan_buckets
+
+        lengths, _ = plan_buckets(self.shards, self.cfg.data.bucket_width)
+        return sorted({int(x) for x in lengths}, reverse=True)
+
+    def precompile(self) -> float:
+        """Compile, and under graph capture capture, every bucket shape before the first step, so that no
+        measured step pays for it: forward + backward on a dummy batch per shape (one shape suffices for
+        ``compile_shapes: dynamic`` without capture), no communication, gradients discarded. Parameters, the
+        optimizer state and the data stream are untouched. Returns the seconds it took (``time/compile_s``)."""
+        cd = self.cfg.loongforge.compute_domain
+        if cd.compile == "none" and not self.graphs_on:
+            return 0.0
+        from torch._dynamo.utils import counters
+
+        lengths, done = self.bucket_lengths(), 0
+        # dynamic: the first length makes the graph with a symbolic length; when the second one needs no new
+        # graph, that graph serves every length (code that specialises on the length, e.g. a Python loop over
+        # it, makes dynamo compile per shape instead: then every shape is compiled here)
+        one_for_all = cd.compile != "none" and cd.compile_shapes == "dynamic" and not self.graphs_on
+        B, t0 = self.cfg.data.micro_batch_size, time.perf_counter()
+        with self.comm.no_sync() if self.comm is not None else nullcontext():
+            for T in lengths:
+                graphs, done = counters["stats"]["unique_graphs"], done + 1
+                ids = torch.zeros(B, T, dtype=torch.int32, device=self.device)
+                pos = torch.arange(T, dtype=torch.int32, device=self.device).expand(B, T).contiguous()
+                mask = torch.ones(B, T, dtype=torch.uint8, device=self.device)
+                if self.graphs_on:
+                    if (B, T) not in self._graphs:
+                        self._capture(ids, pos, mask)  # restores the gradients it accumulated
+                    continue
+                with torch.autocast(self.device.type, self.amp_dtype, enabled=self.amp_dtype is not None):
+                    loss_sum, n_tok = self.compute(ids, pos, mask)
+                (loss_sum / n_tok.clamp(min=1)).backward()
+                if one_for_all and done >= 2 and counters["stats"]["unique_graphs"] == graphs:
+                    break
+        if not self.graphs_on:
+            self.opt.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.compile_s += time.perf_counter() - t0
+        log.info("compiled%s %d of %d bucket shape(s) in %.1f s", " and captured" if self.graphs_on else "",
+                 done, len(lengths), time.perf_counter() - t0)
+        return time.perf_counter() - t0
+
     # ------------------------------------------------------------------ CUDA graphs
     def _graph_fwd_bwd(self, ids, pos, mask):
         key = tuple(ids.shape)
@@ -408,6 +463,7 @@ class Trainer:
         if main_thread:
             signal.signal(signal.SIGINT, _on_sigint)
         t_start = time.perf_counter()
+        self.precompile()
         self.timer.start()
         try:
             while self.step < total:
@@ -467,6 +523,7 @@ class Trainer:
         achieved = sum(w["flops/achieved_tflops_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
         s: dict[str, Any] = {
             "steps": self.step, "measured_steps": steps, "elapsed_s": elapsed, "interrupted": interrupted,
+            "time/compile_s": self.compile_s,
             "throughput/real_tokens_per_s_per_gpu": real / wall if wall else None,
             "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else None,
             "mfu_pct": (100 * achieved / wall / self.peak) if (wall and self.peak) else None,
