@@ -27,11 +27,13 @@ grid)
     python -m workbench.tune --study gr00t-n1.6-grid --out "$RUNS" --timeout 520 --no-progress --no-report
     ;;
 compare)
-    # the exported winner at full depth: the proxy's model file swapped for the gr00t-n1.6 preset
+    # the exported winner and the study's untuned base config at full depth (the proxy's model file swapped for
+    # the gr00t-n1.6 preset), against the plain reference loop eager and compiled; repeats interleaved
     python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 --steps 16 --warmup 6 \
         --log-every 4 --timeout 420 --wb-config "$RUNS/gr00t-n1.6-proxy/config.yaml" \
+        --wb-base "$RUNS/gr00t-n1.6-proxy/baseline/0/config.yaml" \
         --wb-config-set model.name=gr00t-n1.6 --wb-config-set model.config_path=null \
-        --variants ref_eager,wb_default,wb_config,ref_compiled,wb_config,ref_eager,wb_default \
+        --variants ref_eager,wb_base,wb_config,ref_compiled,wb_config,ref_eager,wb_base,ref_compiled \
         --out "$OUT/compare"
     ;;
 replay)

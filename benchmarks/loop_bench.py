@@ -20,14 +20,17 @@ Variants:
   wb_eager_triton                  eager + triton_fusion (every op on the Triton kernels)
   wb_compiled_triton               compile=default + triton_fusion
   wb_default                       the preset's default config as it is (its own micro-batch, buckets, compile)
+  wb_base                          --wb-base PATH as it is, plus --wb-config-set: a study's untuned base config
+                                   (runs/<study>/baseline/0/config.yaml, what the tuner measures its gains against)
   wb_config                        --wb-config PATH (an exported config.yaml) as it is, plus --wb-config-set
                                    overrides (e.g. model.config_path=null model.name=gr00t-n1.6 to re-validate a
                                    proxy study's winner at full depth)
 
-The ``wb_default`` and ``wb_config`` variants keep their config's data settings (micro-batch,
+The ``wb_default``, ``wb_base`` and ``wb_config`` variants keep their config's data settings (micro-batch,
 bucket width, packing): they compare production configurations, with the same synthetic corpus
 and the same measurement (``--steps`` after ``--warmup``). The other variants pin micro-batch
-and full records to match the reference loop exactly.
+and full records to match the reference loop exactly. A variant that runs over ``--timeout`` is
+killed and recorded as failed (returncode 124); the others still run.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ WB_SETS = {
     "wb_eager_triton": ["loongforge.compute_domain.triton_fusion=true"],
     "wb_compiled_triton": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.triton_fusion=true"],
 }
-AS_IS = ("wb_default", "wb_config")  # configurations run with their own data settings
+AS_IS = ("wb_default", "wb_base", "wb_config")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss"]
 
@@ -87,10 +90,11 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
     elif name in AS_IS:
         sets = [f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
                 f"training.log_every={a.log_every}"]
-        if name == "wb_config":
-            if not a.wb_config:
-                raise SystemExit("loop_bench: variant wb_config needs --wb-config PATH")
-            src = ["--config", str(Path(a.wb_config).resolve())]
+        if name in ("wb_config", "wb_base"):
+            path = a.wb_config if name == "wb_config" else a.wb_base
+            if not path:
+                raise SystemExit(f"loop_bench: variant {name} needs --{name.replace('_', '-')} PATH")
+            src = ["--config", str(Path(path).resolve())]
             sets += list(a.wb_config_set)
         else:
             src = ["--preset", a.preset]
@@ -110,9 +114,14 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
             cmd += ["--set", s]
     t0 = time.time()
     with open(d / "log.txt", "w") as log:
-        r = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, timeout=a.timeout)
-    res = {"variant": name, "repeat": rep, "returncode": r.returncode, "wall_s": time.time() - t0}
-    if r.returncode == 0 and (d / "summary.json").exists():
+        try:
+            returncode = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                                        timeout=a.timeout).returncode
+        except subprocess.TimeoutExpired:  # one variant over its time must not lose the others' results
+            returncode = 124
+            log.write(f"\nloop_bench: killed after --timeout {a.timeout} s\n")
+    res = {"variant": name, "repeat": rep, "returncode": returncode, "wall_s": time.time() - t0}
+    if returncode == 0 and (d / "summary.json").exists():
         res.update({k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k != "variant"})
     else:
         res["log_tail"] = (d / "log.txt").read_text()[-3000:]
@@ -132,7 +141,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--wb-config", help="config.yaml for the wb_config variant (an exported winner)")
     p.add_argument("--wb-config-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for the wb_config variant (repeatable)")
+                   help="override for the wb_config and wb_base variants (repeatable)")
+    p.add_argument("--wb-base", help="config.yaml for the wb_base variant (a study's base config)")
     a = p.parse_args(argv)
     unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
                and v not in ("ref_eager", "ref_compiled")]

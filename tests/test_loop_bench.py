@@ -1,5 +1,6 @@
 """benchmarks/loop_bench.py's production-config variants on the CPU: wb_default runs the preset as it is,
-wb_config runs a config.yaml with --wb-config-set overrides, both measured as the other variants are."""
+wb_config and wb_base run a config.yaml with --wb-config-set overrides, all measured as the other variants are;
+a variant over --timeout is recorded as failed and the others still run."""
 
 from __future__ import annotations
 
@@ -32,6 +33,27 @@ def test_wb_config_and_wb_default_variants(tmp_path):
     df = pd.read_csv(out / "loop_bench.csv")
     tps = df[df["metric"] == "throughput/real_tokens_per_s_per_gpu"].set_index("variant")["value"]
     assert set(tps.index) == {"wb_default", "wb_config"} and (tps > 0).all()
+
+
+def test_wb_base_and_a_variant_over_its_timeout(tmp_path):
+    base = merge_overrides(preset_config("tiny"), {"data.micro_batch_size": 2})
+    dump_config(base, tmp_path / "base.yaml")
+    out = tmp_path / "lb"
+    r = subprocess.run([sys.executable, "benchmarks/loop_bench.py", "--preset", "tiny", "--steps", "2", "--warmup",
+                        "1", "--log-every", "1", "--variants", "wb_base,ref_eager", "--wb-base",
+                        str(tmp_path / "base.yaml"), "--wb-config-set", "data.micro_batch_size=3",
+                        "--seq-len", "256", "--timeout", "60", "--out", str(out)],
+                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert json.loads((out / "wb_base-0" / "summary.json").read_text())["measured_steps"] == 2
+    # the same with a timeout no process can meet: both recorded as killed, the run itself ends normally
+    r = subprocess.run([sys.executable, "benchmarks/loop_bench.py", "--preset", "tiny", "--variants",
+                        "wb_base,ref_eager", "--wb-base", str(tmp_path / "base.yaml"), "--timeout", "1",
+                        "--out", str(tmp_path / "slow")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and "no results" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    runs = json.loads((tmp_path / "slow" / "loop_bench.json").read_text())
+    assert [(x["variant"], x["returncode"]) for x in runs] == [("wb_base", 124), ("ref_eager", 124)]
+    assert "killed after --timeout 1 s" in runs[0]["log_tail"]
 
 
 def test_unknown_variant_is_named():
