@@ -53,7 +53,8 @@ WB_SETS = {
     "wb_compiled_graphs": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.graph_capture=true"],
     "wb_graphs": ["loongforge.compute_domain.graph_capture=true"],
     "wb_eager_triton": ["loongforge.compute_domain.triton_fusion=true"],
-    "wb_compiled_triton": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.triton_fusion=true"],
+    "wb_compiled_triton": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.triton_fusion=true",
+                           "loongforge.compute_domain.compile_shapes=static"],
 }
 AS_IS = ("wb_default", "wb_base", "wb_config")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",

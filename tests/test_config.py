@@ -86,6 +86,7 @@ def _full_config() -> Config:
             "loongforge.memory_domain.allocator.max_split_size_mb": 20,
             "loongforge.memory_domain.allocator.garbage_collection_threshold": 0.6,
             "loongforge.compute_domain.compile": "max-autotune-no-cudagraphs",
+            "loongforge.compute_domain.compile_shapes": "static",
             "loongforge.compute_domain.graph_capture": True,
             "loongforge.compute_domain.ops.rope": "triton",
             "loongforge.compute_domain.kernels": {

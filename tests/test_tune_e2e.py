@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
@@ -106,3 +107,23 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
                             str(out)], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr
     assert load_config(sdir / "config.yaml").provenance.trial == w["trial"]
+
+    # the study as a results CSV (benchmarks/study_results.py): every counted trial's objective as the sampler
+    # was told it, the baseline runs, and the winner's validation interval
+    import pandas as pd
+
+    csv = tmp_path / "study.csv"
+    repo = Path(__file__).resolve().parents[1]
+    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "study_results.py"), str(sdir), "--out", str(csv)],
+                       capture_output=True, text=True, env=subprocess_env, cwd=repo, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    df = pd.read_csv(csv)
+    obj = df[df["metric"] == "objective/tokens_per_s_per_gpu"]
+    search = obj[obj["phase"] == "search"].set_index("trial")["value"]
+    assert search.to_dict() == pytest.approx({t.number: t.values[0] for t in counted})
+    assert obj[obj["phase"] == "baseline"]["value"].tolist() == pytest.approx(val["baseline_runs"])
+    if w["trial"] is not None:
+        v = df[(df["phase"] == "validation") & (df["trial"] == w["trial"])].set_index("metric")["value"]
+        assert v["validation/speedup_median"] == pytest.approx(w["speedup_median"])
+        assert v["validation/ci_low"] == pytest.approx(w["ci_low"])
+    assert (df["study"] == "e2e").all()

@@ -1,0 +1,87 @@
+"""A tuner study as a long-format results CSV for benchmarks/results/: one row per trial (search, baseline and
+validation runs) and metric, with the configuration, the study, the GPU and versions, and the time.
+
+    python benchmarks/study_results.py runs/<study> [runs/<study2> ...] --out benchmarks/results/NAME.csv
+
+Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (every search trial, its status and
+summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
+Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
+step time, compile seconds and peak reserved memory; a failed trial gets ``status`` and ``failure_reason`` in
+its row's ``note`` and objective 0, as the sampler was told.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import optuna
+import pandas as pd
+
+SUMMARY_METRICS = ("throughput/real_tokens_per_s_per_gpu", "mfu_pct", "time/step_s", "time/compile_s",
+                   "memory/max_reserved_gib")
+
+
+def study_rows(d: Path) -> list[dict]:
+    tune = json.loads((d / "tune.json").read_text())
+    env = json.loads((d / "environment.json").read_text()) if (d / "environment.json").exists() else {}
+    common = {"study": tune["study_name"], "gpu": env.get("gpu") or tune["hardware"].get("gpu"),
+              "torch": env.get("torch"), "triton": env.get("triton"), "cuda": env.get("cuda"),
+              "timestamp": tune.get("finished") or tune.get("started")}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.load_study(study_name=tune["study_name"], storage=f"sqlite:///{(d / 'study.db').resolve()}")
+    rows = []
+    for t in study.trials:
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+            continue
+        attrs = t.user_attrs
+        config = " ".join(f"{k}={v}" for k, v in t.params.items())
+        note = attrs.get("status", t.state.name.lower())
+        if attrs.get("failure_reason"):
+            note += f": {attrs['failure_reason'].splitlines()[0][:160]}"
+        base = {**common, "phase": "search", "trial": t.number, "config": config, "note": note}
+        rows.append({**base, "metric": "objective/tokens_per_s_per_gpu", "value": t.value})
+        summary = attrs.get("summary") or {}
+        rows += [{**base, "metric": m, "value": summary[m]} for m in SUMMARY_METRICS if summary.get(m) is not None]
+    val = d / "validation.json"
+    if val.exists():
+        v = json.loads(val.read_text())
+        for i, x in enumerate(v.get("baseline_runs", [])):
+            rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
+                         "metric": "objective/tokens_per_s_per_gpu", "value": x})
+        for c in v.get("candidates", []):
+            config = " ".join(f"{k}={val_}" for k, val_ in c.get("params", {}).items())
+            base = {**common, "phase": "validation", "trial": c.get("trial"), "config": config,
+                    "note": f"{v.get('method')}, {v.get('confidence')} confidence, {v.get('ab_rounds')} A/B pairs"}
+            for key in ("speedup_median", "ci_low", "ci_high"):
+                if c.get(key) is not None:
+                    rows.append({**base, "metric": f"validation/{key}", "value": c[key]})
+            for i, (x, y) in enumerate(zip(c.get("runs", []), c.get("baseline_runs", []))):
+                rows.append({**base, "metric": f"validation/pair{i}_candidate_tokens_per_s", "value": x})
+                rows.append({**base, "metric": f"validation/pair{i}_baseline_tokens_per_s", "value": y})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("studies", nargs="+", help="study directories (runs/<study>)")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    rows = []
+    for s in a.studies:
+        d = Path(s)
+        if not (d / "tune.json").exists():
+            sys.exit(f"study_results: {d}: no tune.json (expected a study directory written by workbench.tune)")
+        rows += study_rows(d)
+    df = pd.DataFrame(rows, columns=["study", "phase", "trial", "config", "metric", "value", "note", "gpu",
+                                     "torch", "triton", "cuda", "timestamp"])
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    df.to_csv(a.out, index=False)
+    obj = df[df["metric"] == "objective/tokens_per_s_per_gpu"]
+    print(obj.groupby(["study", "phase"])["value"].agg(["count", "median", "max"]).to_string())
+
+
+if __name__ == "__main__":
+    main()
