@@ -867,3 +867,23 @@ def test_kernels_section_from_a_real_h200_sweep(fx, tmp_path):
     assert k.loc["rmsnorm", "best_in_sweep_ms"] == pytest.approx(real[real["kernel"] == "rmsnorm"]["median_ms"].min())
     page = build_report(d, f"sqlite:///{d / 'study.db'}", fx.name).read_text()
     assert "Launch-parameter sweep per kernel" in page and "3 fastest per kernel" in page
+
+
+def test_memory_section_from_a_real_h200_analysis(fx, tmp_path):
+    """The memory_analysis.json that ``python -m workbench.memory analyze`` wrote on an H200 (gr00t-n1.6,
+    micro-batch 4, torch's default allocator settings; benchmarks/results/memory_h200_2026-11-30/): the
+    histogram, the two suggestions with their reasons, and the suggested settings reach the Memory section."""
+    d = tmp_path / "copy"
+    shutil.copytree(fx.dir, d)
+    src = Path(__file__).with_name("assets") / "memory_analysis_h200_mb4_2026-11-30.json"
+    doc = json.loads(src.read_text())
+    shutil.copy(src, d / "memory_analysis.json")
+    rep = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name)
+    m = rep.memory
+    assert m.analysis_message is None
+    assert m.histogram["count"].sum() == sum(b["count"] for b in doc["allocation_size_histogram"])
+    assert len(m.suggestions) == 2
+    assert any(s.startswith("expandable_segments: true: 9.92 GiB (16%)") for s in m.suggestions)
+    assert any(s.startswith("roundup_power2_divisions: 4: the 18,850 allocations") for s in m.suggestions)
+    page = build_report(d, f"sqlite:///{d / 'study.db'}", fx.name).read_text()
+    assert "Allocation-size histogram" in page and "9.92 GiB (16%)" in page
