@@ -6,7 +6,7 @@ validation runs) and metric, with the configuration, the study, the GPU and vers
 Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (every search trial, its status and
 summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
 Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
-step time, compile seconds and peak reserved memory; a failed trial gets ``status`` and ``failure_reason`` in
+step time, compile seconds, peak reserved memory and seconds per step of each phase; a failed trial gets ``status`` and ``failure_reason`` in
 its row's ``note`` and objective 0, as the sampler was told.
 """
 
@@ -45,6 +45,8 @@ def study_rows(d: Path) -> list[dict]:
         rows.append({**base, "metric": "objective/tokens_per_s_per_gpu", "value": t.value})
         summary = attrs.get("summary") or {}
         rows += [{**base, "metric": m, "value": summary[m]} for m in SUMMARY_METRICS if summary.get(m) is not None]
+        rows += [{**base, "metric": f"time/{ph}_s_per_step", "value": v}
+                 for ph, v in (summary.get("phase_s_per_step") or {}).items() if v is not None]
     val = d / "validation.json"
     if val.exists():
         v = json.loads(val.read_text())
