@@ -38,13 +38,14 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _run import ROOT, child_env, run_logged
+
+sys.path.insert(0, str(ROOT))
+from workbench.fingerprint import versions  # noqa: E402
 
 WB_SETS = {
     "wb_eager": [],
@@ -61,27 +62,10 @@ METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss"]
 
 
-def versions() -> dict[str, str]:
-    import torch
-
-    v = {"torch": torch.__version__, "python": sys.version.split()[0]}
-    try:
-        import triton
-
-        v["triton"] = triton.__version__
-    except ImportError:
-        pass
-    if torch.cuda.is_available():
-        v["gpu"] = torch.cuda.get_device_name(0)
-        v["cuda"] = torch.version.cuda or ""
-    return v
-
-
 def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
     d = out / f"{name}-{rep}"
     d.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}  # the same for every variant
+    env = child_env()
     if name.startswith("ref_"):
         cmd = [sys.executable, str(ROOT / "benchmarks" / "reference_loop.py"), "--preset", a.preset,
                "--micro-batch", str(a.micro_batch), "--seq-len", str(a.seq_len), "--steps", str(a.steps),
@@ -114,13 +98,7 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
         for s in sets:
             cmd += ["--set", s]
     t0 = time.time()
-    with open(d / "log.txt", "w") as log:
-        try:
-            returncode = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
-                                        timeout=a.timeout).returncode
-        except subprocess.TimeoutExpired:  # one variant over its time must not lose the others' results
-            returncode = 124
-            log.write(f"\nloop_bench: killed after --timeout {a.timeout} s\n")
+    returncode = run_logged(cmd, d / "log.txt", env=env, timeout=a.timeout, who="loop_bench")
     res = {"variant": name, "repeat": rep, "returncode": returncode, "wall_s": time.time() - t0}
     if returncode == 0 and (d / "summary.json").exists():
         res.update({k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k != "variant"})
@@ -151,7 +129,7 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"unknown variants {unknown}; known: ref_eager, ref_compiled, {', '.join([*WB_SETS, *AS_IS])}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    ver = versions()
+    ver = versions(("gpu", "torch", "triton", "cuda", "python"))
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     seen: dict[str, int] = {}
     results = []
@@ -167,19 +145,13 @@ def main(argv: list[str] | None = None) -> None:
     (out / "loop_bench.json").write_text(json.dumps(results, indent=1, default=str))
     rows = []
     config = f"preset={a.preset} micro_batch={a.micro_batch} seq_len={a.seq_len} steps={a.steps} warmup={a.warmup}"
+    common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
+              "timestamp": stamp, "config": config}
     for r in results:
-        for m in METRICS:
-            if r.get(m) is not None:
-                rows.append({"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"], "metric": m,
-                             "value": r[m], "gpu": ver.get("gpu", "cpu"), "torch": ver["torch"],
-                             "triton": ver.get("triton", ""), "cuda": ver.get("cuda", ""), "timestamp": stamp,
-                             "config": config})
-        for ph, v in (r.get("phase_s_per_step") or {}).items():
-            if v is not None:
-                rows.append({"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"],
-                             "metric": f"time/{ph}_s", "value": v, "gpu": ver.get("gpu", "cpu"),
-                             "torch": ver["torch"], "triton": ver.get("triton", ""), "cuda": ver.get("cuda", ""),
-                             "timestamp": stamp, "config": config})
+        values = [(m, r[m]) for m in METRICS if r.get(m) is not None]
+        values += [(f"time/{ph}_s", v) for ph, v in (r.get("phase_s_per_step") or {}).items() if v is not None]
+        rows += [{"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"], "metric": m, "value": v,
+                  **common} for m, v in values]
     import pandas as pd
 
     df = pd.DataFrame(rows)

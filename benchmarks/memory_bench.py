@@ -25,13 +25,11 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from _run import ROOT, child_env, run_logged
 GIB = 1024 ** 3
 
 BASE_SETS = ["data.seq_len=2048", "data.bucket_width=128", "data.num_workers=4", "training.dtype=bf16",
@@ -46,18 +44,11 @@ def analyze(a: argparse.Namespace, mb: int, variant: str, settings: dict, out: P
     for s in [*BASE_SETS, f"data.micro_batch_size={mb}",
               *(f"loongforge.memory_domain.allocator.{k}={json.dumps(v)}" for k, v in settings.items())]:
         cmd += ["--set", s]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    env = child_env()
     for var in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"):
         env.pop(var, None)  # the default variant means torch's defaults; the config sets the rest
     t0 = time.time()
-    with open(d / "log.txt", "w") as log:
-        try:
-            returncode = subprocess.run(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                        timeout=a.timeout).returncode
-        except subprocess.TimeoutExpired:  # one run over its time must not lose the others' results
-            returncode = 124
-            log.write(f"\nmemory_bench: killed after --timeout {a.timeout} s\n")
+    returncode = run_logged(cmd, d / "log.txt", env=env, timeout=a.timeout, who="memory_bench")
     res = {"micro_batch": mb, "variant": variant, "settings": settings, "returncode": returncode,
            "wall_s": time.time() - t0}
     if returncode == 0:

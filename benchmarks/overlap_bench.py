@@ -55,19 +55,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from workbench.config import merge_overrides, preset_config  # noqa: E402
+from workbench.fingerprint import versions  # noqa: E402
 from workbench.model import get_preset  # noqa: E402
-
-
-def versions() -> dict[str, str]:
-    v = {"torch": torch.__version__, "python": sys.version.split()[0], "gpu": "cpu", "cuda": "", "nccl": ""}
-    if torch.cuda.is_available():
-        v["gpu"] = torch.cuda.get_device_name(0)
-        v["cuda"] = torch.version.cuda or ""
-        try:
-            v["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-        except (AttributeError, RuntimeError):
-            pass
-    return v
 
 
 def model_config(layers: int, path: Path) -> Path:
@@ -187,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     data_dir = synthetic_data_dir(vocab_size=min(vocab, 65535), seq_len=a.seq_len, min_len=a.seq_len, short="fill",
                                   num_docs=300 if a.cpu else 2000)
     dist.barrier()
-    ver = versions()
+    ver = versions(("gpu", "torch", "cuda", "nccl", "python"))
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     model = "tiny fp32 (cpu smoke test, not a measurement)" if a.cpu else f"gr00t-n1.6 layers={a.layers} bf16"
     mode = "eager" if a.compile == "none" else f"compile={a.compile} scope={a.compile_scope}"

@@ -61,6 +61,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.fingerprint import versions
+
 __all__ = ["main"]
 
 # gr00t-n1.6 (workbench.model.GR00T_N1_6) at micro-batch 8 x 2,048, and a larger hidden size.
@@ -81,17 +83,6 @@ CSV_COLUMNS = [
     "median_ms", "p20_ms", "p80_ms", "host_ms", "gb_per_s", "pct_of_copy_ceiling", "tflop_per_s", "peak_mem_gib", "tokens_per_s",
     "loss", "dtype", "note", "error", "copy_ceiling_gb_per_s", "gpu", "torch", "triton", "cuda", "timestamp",
 ]
-
-
-# --------------------------------------------------------------------------- environment
-
-
-def versions() -> dict[str, str]:
-    import torch
-    import triton
-
-    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
-    return {"gpu": gpu, "torch": torch.__version__, "triton": triton.__version__, "cuda": torch.version.cuda or ""}
 
 
 class _Device:

@@ -5,7 +5,7 @@ config's ``provenance.fingerprint``): GPU name and count, NVIDIA driver, CUDA,
 cuDNN, NCCL, torch, Triton, Python, platform, CPU model, core count, hostname.
 A key whose source is missing (no GPU, no Triton) is left out rather than
 guessed. Nothing here initialises CUDA beyond what ``torch.cuda.get_device_name``
-needs.
+needs. ``versions()`` is the part a benchmark's results CSV carries in its columns.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 
-__all__ = ["fingerprint"]
+__all__ = ["fingerprint", "versions"]
 
 
 def _cpu_model() -> str | None:
@@ -97,3 +97,11 @@ def fingerprint() -> dict[str, str]:
                 continue
         fp[mod] = str(getattr(m, "__version__", "?"))
     return fp
+
+
+def versions(keys: tuple[str, ...] = ("gpu", "torch", "triton", "cuda")) -> dict[str, str]:
+    """The fingerprint's ``keys`` for the columns of a benchmark's results CSV: ``gpu`` is "cpu" without a
+    GPU, a missing version is ""."""
+    fp = fingerprint()
+    fp.setdefault("gpu", "cpu")
+    return {k: fp.get(k, "") for k in keys}

@@ -376,10 +376,11 @@ class Trainer:
             self.opt.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        self.compile_s += time.perf_counter() - t0
+        elapsed = time.perf_counter() - t0
+        self.compile_s += elapsed
         log.info("compiled%s %d of %d bucket shape(s) in %.1f s", " and captured" if self.graphs_on else "",
-                 done, len(lengths), time.perf_counter() - t0)
-        return time.perf_counter() - t0
+                 done, len(lengths), elapsed)
+        return elapsed
 
     # ------------------------------------------------------------------ CUDA graphs
     def _graph_fwd_bwd(self, ids, pos, mask):
