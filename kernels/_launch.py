@@ -47,8 +47,7 @@ def interpreted(kernel: object) -> bool:
 def check_tensor(kernel_name: str, arg: str, t: torch.Tensor, interpreted: bool) -> None:
     """Raise a clear error unless ``t`` lives where the kernel can run (CUDA; the CPU when ``interpreted``).
 
-    ``interpreted`` is a module constant of each kernel file (computed once at import, so that
-    torch.compile traces a plain bool here)."""
+    ``interpreted`` is a module constant of each kernel file (computed once at import)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"kernels.{kernel_name}: {arg} must be a tensor, got {type(t).__name__}")
     if t.device.type == "cuda" or (t.device.type == "cpu" and interpreted):
@@ -70,10 +69,7 @@ def num_sms(device: torch.device) -> int:
     return _cuda_sms(device.index)
 
 
-@torch._dynamo.assume_constant_result
 def _cuda_sms(index: int | None) -> int:
-    # Under torch.compile the result is a trace-time constant: dynamo does not trace the cache update
-    # (a side effect it rejects inside an autograd.Function's backward).
     if index is None:
         index = torch.cuda.current_device()
     n = _SMS.get(index)

@@ -31,8 +31,9 @@ Numerics follow ``workbench.ops.linear_cross_entropy_torch``: the logits are com
 in the compute dtype (autocast's when autocast is on, else h's), softmax and loss in
 fp32, gradients of the logits rounded to the compute dtype before the matmuls. dW is
 accumulated over chunks in fp32 (cuBLAS writes fp32 directly from bf16 operands on
-torch >= 2.8; under torch.compile each chunk's dh and dW products are rounded to bf16
-first, as the unfused loss rounds them), then cast to W's dtype. Launch parameters come from
+torch >= 2.8; before, each chunk's products are rounded to bf16 first, as the unfused
+loss rounds them), then cast to W's dtype. The forward is a torch.library custom op:
+under torch.compile it runs as written, one opaque node. Launch parameters come from
 ``kernels.registry`` (kernel ``fused_linear_ce``).
 """
 
@@ -138,12 +139,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bo
             out.addmm_(a, b)
         else:
             torch.mm(a, b, out=out)
-    elif out.is_cuda and _TORCH_MM_OUT_DTYPE and out.dtype == torch.float32 and not torch.compiler.is_compiling():
-        # (not under torch.compile: addmm with out_dtype fails in dynamo's fake-tensor pass on torch 2.11, its
-        # decomposition taking out_dtype for beta; and the compiled 28-layer step with an mm(out_dtype, out=)
-        # into a slice hit an illegal memory access on an H200, not yet explained, so under compile neither is
-        # used: the products are rounded to the operands' dtype first (the branch below), as the unfused loss
-        # rounds its dh and dW)
+    elif out.is_cuda and _TORCH_MM_OUT_DTYPE and out.dtype == torch.float32:
         if accumulate:
             torch.addmm(out, a, b, out_dtype=torch.float32, out=out)
         else:
@@ -153,7 +149,7 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bo
             out.addmm_(a.to(out.dtype), b.to(out.dtype))
         else:
             torch.mm(a.to(out.dtype), b.to(out.dtype), out=out)
-    else:  # CUDA under torch.compile or torch < 2.8: the product rounded to the operands' dtype, then added
+    else:  # CUDA with torch < 2.8: the product rounded to the operands' dtype, then added
         if accumulate:
             out.add_(torch.mm(a, b))
         else:
@@ -185,7 +181,7 @@ def _fused_linear_ce_fwd(
     dh = empty((N, D), h.dtype, h.device) if grad_h else None
     dw = torch.zeros((V, D), dtype=torch.float32, device=h.device) if grad_w else None
     write_grad = grad_h or grad_w
-    for start in range(0, N, C):  # a Python loop over static chunks: no host sync, unrolled under torch.compile
+    for start in range(0, N, C):  # a Python loop over chunks: no host sync
         end = min(start + C, N)
         logits_CV = torch.mm(h_c[start:end], w_c.t())
         _ce_fwd_kernel[(end - start,)](
@@ -207,27 +203,50 @@ def _fused_linear_ce_fwd(
     return loss_N.sum(), dh, dw
 
 
+# --------------------------------------------------------------------------- custom op
+# (opaque to torch.compile: the chunk loop, its cuBLAS matmuls and the Triton kernel run as written, with
+# launch parameters resolved from the concrete shapes; see kernels/rmsnorm.py)
+
+
+@torch.library.custom_op("wb_kernels::fused_linear_ce_fwd", mutates_args=())
+def _fused_linear_ce_op(
+    h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
+    compute_dtype: torch.dtype, grad_h: bool, grad_w: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (loss_sum, dh, dW); a gradient not asked for is an empty tensor."""
+    loss_sum, dh, dw = _fused_linear_ce_fwd(h, weight, labels, mask, compute_dtype, grad_h, grad_w)
+    none = h.new_empty(0, dtype=torch.float32)
+    return loss_sum, (dh if dh is not None else none.to(h.dtype)), (dw if dw is not None else none.clone())
+
+
+@_fused_linear_ce_op.register_fake
+def _(h, weight, labels, mask, compute_dtype, grad_h, grad_w):
+    return (h.new_empty((), dtype=torch.float32),
+            h.new_empty(h.shape if grad_h else (0,)),
+            weight.new_empty(weight.shape if grad_w else (0,), dtype=torch.float32))
+
+
 # --------------------------------------------------------------------------- autograd
 
 
 class _FusedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, labels, mask, compute_dtype, grad_h, grad_w):
-        loss_sum, dh, dw = _fused_linear_ce_fwd(h, weight, labels, mask, compute_dtype, grad_h, grad_w)
+        loss_sum, dh, dw = _fused_linear_ce_op(h, weight, labels, mask, compute_dtype, grad_h, grad_w)
         ctx.save_for_backward(dh, dw)
+        ctx.grads = (grad_h, grad_w)
         ctx.weight_dtype = weight.dtype
         return loss_sum
 
     @staticmethod
     def backward(ctx, d_loss):
         dh, dw = ctx.saved_tensors
+        grad_h, grad_w = ctx.grads
         # Scaled in place (no second V x D buffer at the start of the backward, when memory peaks): the saved
         # gradients serve one backward; a second one through the same graph (retain_graph) fails with
         # autograd's "modified by an inplace operation" error instead of returning wrong gradients.
-        if dh is not None:
-            dh = dh.mul_(d_loss.to(dh.dtype))
-        if dw is not None:
-            dw = dw.mul_(d_loss).to(ctx.weight_dtype)
+        dh = dh.mul_(d_loss.to(dh.dtype)) if grad_h else None
+        dw = dw.mul_(d_loss).to(ctx.weight_dtype) if grad_w else None
         return dh, dw, None, None, None, None, None
 
 

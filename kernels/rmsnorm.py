@@ -152,7 +152,7 @@ def _rmsnorm_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """-> (dx_MD in x's dtype, dw_D in weight's dtype); ``ds`` is added to dx (fused residual)."""
     M, D = x_MD.shape
-    dy_MD = _rows(dy, D)
+    x_MD, dy_MD = _rows(x_MD, D), _rows(dy, D)
     ds_MD = _rows(ds, D) if ds is not None else dy_MD  # dy_MD: unused placeholder without ds
     p = _params(M, D)
     dx_MD = empty((M, D), x_MD.dtype, x_MD.device)
@@ -169,6 +169,46 @@ def _rmsnorm_bwd(
     return dx_MD, dw_partial.sum(0).to(weight.dtype)
 
 
+# --------------------------------------------------------------------------- custom ops
+#
+# The launchers run as torch.library custom ops: torch.compile sees each as one opaque node whose output
+# shapes come from the fake (meta) function below, and the launch parameters are resolved when it runs,
+# from the concrete shapes. A symbolic sequence length (compile_shapes: dynamic) then never reaches the
+# launch grid or a constexpr, and inductor neither re-generates nor caches the user kernels.
+
+
+@torch.library.custom_op("wb_kernels::rmsnorm_fwd", mutates_args=())
+def _rmsnorm_fwd_op(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (y_MD, s_MD (an empty tensor without residual), rstd_M)."""
+    y_MD, s_MD, rstd_M = _rmsnorm_fwd(x, residual, weight, eps)
+    return y_MD, (s_MD if s_MD is not None else y_MD.new_empty(0)), rstd_M
+
+
+@_rmsnorm_fwd_op.register_fake
+def _(x, residual, weight, eps):
+    D = x.shape[-1]
+    M = x.numel() // D if D else 0
+    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    y_MD = x.new_empty((M, D), dtype=out_dtype)
+    s_MD = x.new_empty((M, D) if residual is not None else (0,), dtype=out_dtype)
+    return y_MD, s_MD, x.new_empty((M,), dtype=torch.float32)
+
+
+@torch.library.custom_op("wb_kernels::rmsnorm_bwd", mutates_args=())
+def _rmsnorm_bwd_op(
+    dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (dx_MD, dw_D)."""
+    return _rmsnorm_bwd(dy, x_MD, weight, rstd_M, ds)
+
+
+@_rmsnorm_bwd_op.register_fake
+def _(dy, x_MD, weight, rstd_M, ds):
+    return torch.empty_like(x_MD, memory_format=torch.contiguous_format), torch.empty_like(weight)
+
+
 # --------------------------------------------------------------------------- autograd
 
 
@@ -179,21 +219,21 @@ def _rmsnorm_bwd(
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        y_MD, _, rstd_M = _rmsnorm_fwd(x, None, weight, eps)
+        y_MD, _, rstd_M = _rmsnorm_fwd_op(x, None, weight, eps)
         ctx.save_for_backward(x, weight, rstd_M)
         return y_MD.view(x.shape)
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, weight, rstd_M = ctx.saved_tensors
-        dx_MD, dw = _rmsnorm_bwd(dy, _rows(x, x.shape[-1]), weight, rstd_M, None)
+        dx_MD, dw = _rmsnorm_bwd_op(dy, x.reshape(-1, x.shape[-1]), weight, rstd_M, None)
         return dx_MD.view(dy.shape), dw, None
 
 
 class _RMSNormAdd(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-        y_MD, s_MD, rstd_M = _rmsnorm_fwd(x, residual, weight, eps)
+        y_MD, s_MD, rstd_M = _rmsnorm_fwd_op(x, residual, weight, eps)
         s = s_MD.view(x.shape)
         ctx.save_for_backward(s, weight, rstd_M)
         ctx.dtypes = (x.dtype, residual.dtype)
@@ -202,7 +242,7 @@ class _RMSNormAdd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None):
         s, weight, rstd_M = ctx.saved_tensors
-        dsum_MD, dw = _rmsnorm_bwd(dy, _rows(s, s.shape[-1]), weight, rstd_M, ds)
+        dsum_MD, dw = _rmsnorm_bwd_op(dy, s.reshape(-1, s.shape[-1]), weight, rstd_M, ds)
         dsum = dsum_MD.view(dy.shape)
         x_dtype, r_dtype = ctx.dtypes
         return dsum.to(x_dtype), dsum.to(r_dtype), dw, None

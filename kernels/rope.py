@@ -162,10 +162,35 @@ def _rope_fwd(q, k, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _rope_bwd(dqo, dko, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
-    dqo, dko = _last_contiguous(dqo), _last_contiguous(dko)
+    dqo, dko, cos, sin = (_last_contiguous(t) for t in (dqo, dko, cos, sin))
     dq, dk = empty_like(dqo), empty_like(dko)
     _rope_launch(_rope_bwd_kernel, dqo, dko, cos, sin, dq, dk)
     return dq, dk
+
+
+# --------------------------------------------------------------------------- custom ops
+# (opaque to torch.compile, launch parameters resolved from the concrete shapes when they run: see
+# kernels/rmsnorm.py; outputs are laid out like the inputs, as the fake functions say)
+
+
+@torch.library.custom_op("wb_kernels::rope_fwd", mutates_args=())
+def _rope_fwd_op(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope_fwd(q, k, cos, sin)
+
+
+@torch.library.custom_op("wb_kernels::rope_bwd", mutates_args=())
+def _rope_bwd_op(
+    dqo: torch.Tensor, dko: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    return _rope_bwd(dqo, dko, cos, sin)
+
+
+@_rope_fwd_op.register_fake
+@_rope_bwd_op.register_fake
+def _(a, b, cos, sin):
+    return torch.empty_like(_last_contiguous(a)), torch.empty_like(_last_contiguous(b))
 
 
 # --------------------------------------------------------------------------- autograd
@@ -174,14 +199,14 @@ def _rope_bwd(dqo, dko, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
 class _RoPE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, cos, sin):
-        qo, ko = _rope_fwd(q, k, cos, sin)
-        ctx.save_for_backward(_last_contiguous(cos), _last_contiguous(sin))
+        qo, ko = _rope_fwd_op(q, k, cos, sin)
+        ctx.save_for_backward(cos, sin)
         return qo, ko
 
     @staticmethod
     def backward(ctx, dqo, dko):  # grads are materialised (zeros) when an output is unused
         cos, sin = ctx.saved_tensors
-        dq, dk = _rope_bwd(dqo, dko, cos, sin)
+        dq, dk = _rope_bwd_op(dqo, dko, cos, sin)
         return dq, dk, None, None
 
 

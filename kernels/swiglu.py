@@ -100,20 +100,45 @@ def _swiglu_bwd(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple
     return dg_n.view(gate.shape), du_n.view(up.shape)
 
 
+# --------------------------------------------------------------------------- custom ops
+# (opaque to torch.compile, launch parameters resolved from the concrete shapes when they run: see
+# kernels/rmsnorm.py)
+
+
+@torch.library.custom_op("wb_kernels::swiglu_fwd", mutates_args=())
+def _swiglu_fwd_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return _swiglu_fwd(gate, up)
+
+
+@_swiglu_fwd_op.register_fake
+def _(gate, up):
+    return gate.new_empty(gate.shape)
+
+
+@torch.library.custom_op("wb_kernels::swiglu_bwd", mutates_args=())
+def _swiglu_bwd_op(dy: torch.Tensor, gate: torch.Tensor, up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return _swiglu_bwd(dy, gate, up)
+
+
+@_swiglu_bwd_op.register_fake
+def _(dy, gate, up):
+    return gate.new_empty(gate.shape), up.new_empty(up.shape)
+
+
 # --------------------------------------------------------------------------- autograd
 
 
 class _SwiGLU(torch.autograd.Function):
     @staticmethod
     def forward(ctx, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        y = _swiglu_fwd(gate, up)
+        y = _swiglu_fwd_op(gate, up)
         ctx.save_for_backward(gate, up)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         gate, up = ctx.saved_tensors
-        return _swiglu_bwd(dy, gate, up)
+        return _swiglu_bwd_op(dy, gate, up)
 
 
 # --------------------------------------------------------------------------- functional
