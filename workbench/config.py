@@ -389,15 +389,6 @@ class ComputeDomainConfig:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
-        if self.compile != "none" and self.compile_shapes == "dynamic" and "triton" in self.effective_ops().values():
-            # seen on an H200 (torch 2.11, 2026-11-30): inductor asserts compiling the Triton launchers with a
-            # symbolic length (benchmarks/README.md, GPU campaign); refused here, before a trial spends a compile
-            raise ConfigError(
-                "'dynamic' cannot be combined with Triton ops under compile (inductor fails on the Triton "
-                "launchers with a symbolic sequence length); set compile_shapes: 'static' (one graph per bucket "
-                "shape), use the torch ops (triton_fusion: false, ops.*: torch), or compile: 'none'",
-                key="compile_shapes",
-            )
         if self.graph_capture and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
             raise ConfigError(
                 f"true cannot be combined with compile: {self.compile!r}, "

@@ -91,21 +91,6 @@ def build_model_args(cfg: Config) -> ModelArgs:
     return get_preset(cfg.model.name)
 
 
-def _no_compile_caches() -> None:
-    """Turn off inductor's FX graph cache and AOTAutograd's cache for this process. Graphs holding our
-    Triton kernels refer to them by an index into dynamo's kernel side table; both CUDA illegal memory
-    accesses seen with Triton ops under compile on an H200 (benchmarks/README.md, Kernels) came in a process
-    whose graphs could be cache hits of an earlier compile (the second one from inside the cache-hit path),
-    while the same step compiled from scratch ran. Suspected, not proven: a cache hit resolving a kernel
-    index to the wrong kernel. Costs a fresh compile per process."""
-    import torch._functorch.config as functorch_config
-    import torch._inductor.config as inductor_config
-
-    inductor_config.fx_graph_cache = False
-    if hasattr(functorch_config, "enable_autograd_cache"):
-        functorch_config.enable_autograd_cache = False
-
-
 class LossModule(nn.Module):
     """``forward`` returns (loss_sum, n_tokens), so DDP and torch.compile see the whole loss."""
 
@@ -187,8 +172,6 @@ class Trainer:
 
             # one compiled graph per bucket shape: allow as many as there are buckets
             _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
-            if "triton" in backends.values():
-                _no_compile_caches()
             dynamic = cfg.loongforge.compute_domain.compile_shapes == "dynamic"
             if cfg.loongforge.compute_domain.compile_scope == "layer":
                 # each block compiled in place (same parameter names, one graph shared by every block), and the
