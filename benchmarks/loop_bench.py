@@ -59,7 +59,8 @@ WB_SETS = {
 }
 AS_IS = ("wb_default", "wb_base", "wb_config")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
-           "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss"]
+           "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss", "time/compile_s",
+           "data/padding_ratio"]
 
 
 def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
@@ -145,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     (out / "loop_bench.json").write_text(json.dumps(results, indent=1, default=str))
     rows = []
     config = f"preset={a.preset} micro_batch={a.micro_batch} seq_len={a.seq_len} steps={a.steps} warmup={a.warmup}"
+    if a.wb_config_set:  # the overrides of wb_config / wb_base: part of what was measured
+        config += " wb_config_set=" + ";".join(a.wb_config_set)
     common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
               "timestamp": stamp, "config": config}
     for r in results:
