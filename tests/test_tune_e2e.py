@@ -16,7 +16,9 @@ from workbench.trial import STATUSES
 
 
 def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
-    spec_path = study_spec_file("e2e", trials=3)
+    # the GP sampler after one random trial: trials 1 and 2 are proposed by workbench.samplers.OrdinalGPSampler
+    # from the study's SQLite storage (its ordered view of micro-batch, the constraints every trial carries)
+    spec_path = study_spec_file("e2e", trials=3, sampler={"name": "gp", "seed": 0, "n_startup_trials": 1})
     out = tmp_path / "runs"
     proc = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(spec_path), "--out", str(out),
                            "--no-progress"], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path,
@@ -47,7 +49,7 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert ua["trial_dir"] == str(sdir / "trials" / str(t.number))
         assert (sdir / "trials" / str(t.number) / "log.txt").exists()
         if ua["status"] == "ok":
-            assert ua["constraint"] == [0.0, 0.0] and t.values[0] > 0
+            assert ua["constraint"] == [0.0, 0.0, 0.0] and t.values[0] > 0
             assert ua["summary"]["throughput/real_tokens_per_s_per_gpu"] > 0
             assert (sdir / "trials" / str(t.number) / "phases.csv").exists()
             assert len(t.intermediate_values) == 2  # one per measured window

@@ -41,11 +41,12 @@ def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, 
     assert "no step for 5 s" in hang.user_attrs["failure_reason"]
 
     for t in (invalid, crash, hang):  # infeasible for the constraint-aware samplers
-        assert t.user_attrs["constraint"] == [1.0] and t.constraints == {"failed": 1.0}
+        assert t.user_attrs["constraint"] == [1.0, 0.0, 0.0]
+        assert t.constraints == {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0}
 
     ok = trials[3]
     assert ok.state == TrialState.COMPLETE and ok.user_attrs["status"] == "ok" and ok.values[0] > 0
-    assert ok.constraints == {"memory": 0.0, "finite_loss": 0.0}
+    assert ok.constraints == {"failed": 0.0, "memory": 0.0, "finite_loss": 0.0}
     assert study.best_trial.number == 3  # chosen among feasible trials only
 
     # top_k 0: nothing validated, so the base config is exported and provenance says so

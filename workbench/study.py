@@ -156,12 +156,13 @@ class Objective:
 class SamplerSpec:
     """Optuna sampler."""
 
-    name: Literal["tpe", "random", "nsga2", "grid"] = "tpe"
-    """tpe, random, nsga2 (multi-objective) or grid (choices and stepped ranges only)."""
+    name: Literal["tpe", "gp", "random", "nsga2", "grid"] = "tpe"
+    """tpe, gp (Gaussian process that treats numeric choices as ordered: workbench.samplers), random, nsga2
+    (multi-objective) or grid (choices and stepped ranges only)."""
     seed: int | None = 0
     """Sampler seed; null = random."""
     n_startup_trials: int = 5
-    """Random trials before TPE models the space (population size for nsga2)."""
+    """Random trials before TPE or the GP models the space (population size for nsga2)."""
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 0 or (self.name == "nsga2" and self.n_startup_trials < 2):

@@ -32,7 +32,7 @@ One run of the coordinator (the default role):
 Constraints go through ``Trial.set_constraint`` (Optuna 5 deprecated the samplers'
 ``constraints_func``; TPE, NSGA-II and GP read ``trial.constraints`` directly): ``memory``
 = peak reserved / device total - ``objective.memory_share_limit`` (CUDA; 0 on the CPU),
-``finite_loss`` = 0 or 1, and ``failed`` = 1.0 for a failure kind. A failed trial,
+``finite_loss`` = 0 or 1, and ``failed`` = 1.0 for a failure kind (every trial has all three). A failed trial,
 ``invalid_config`` included (rejected before launch, never run), is told COMPLETE with
 objective 0 so that the sampler learns the region is infeasible; the best trial and the
 candidates are chosen among feasible trials only. Multi-objective studies maximise
@@ -86,6 +86,7 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.config import ConfigError, config_hash
 from workbench.export import export_config, write_json
 from workbench.knobs import detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
+from workbench.samplers import gp_sampler
 from workbench.stats import noise_floor, pair_ratios, speedup_interval
 from workbench.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
 from workbench.trial import TrialOutcome, invalid_config_outcome, read_log_tail, run_trial
@@ -385,6 +386,8 @@ class Tuner:
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             if s.name == "tpe":
                 return tpe_sampler(seed, s.n_startup_trials)
+            if s.name == "gp":
+                return gp_sampler(seed, s.n_startup_trials)
             if s.name == "random":
                 return optuna.samplers.RandomSampler(seed=seed)
             if s.name == "nsga2":
@@ -548,12 +551,14 @@ class Tuner:
     def _constraints(self, out: TrialOutcome) -> dict[str, float]:
         spec = self.spec
         assert spec is not None
+        # the same keys for every trial: Optuna's GP sampler models each constraint across all trials
         if out.failed:
-            return {"failed": 1.0}
+            return {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0}
         peak, total = out.peak_memory_gib, out.device_total_gib
         mem = peak / total - spec.objective.memory_share_limit if (peak is not None and total) else 0.0
         loss = out.last_loss
-        return {"memory": round(mem, 6), "finite_loss": 0.0 if loss is None or math.isfinite(loss) else 1.0}
+        return {"failed": 0.0, "memory": round(mem, 6),
+                "finite_loss": 0.0 if loss is None or math.isfinite(loss) else 1.0}
 
     def run_one(self, trial: optuna.Trial) -> TrialOutcome:
         """Run and tell one search trial."""
