@@ -1,15 +1,15 @@
 """Tuner efficiency: how many trials the study's sampler needs to come within 2% of an exhaustive grid's best.
 
     python benchmarks/sampler_efficiency.py --grid runs/gr00t-n1.6-grid [--storage URL] [--study-name NAME]
-        [--spec gr00t-n1.6-proxy] [--seeds 100] [--within 0.02] --out DIR
+        [--spec gr00t-n1.6-proxy] [--samplers tpe:4,gp:2,random] [--seeds 100] [--within 0.02] --out DIR
 
 Input: a study run with the grid sampler (``studies/gr00t-n1.6-grid.yaml``): every configuration of a
 reduced space measured once by the tuner's own trials. Failed or infeasible configurations count as 0,
 as the tuner tells them.
 
-Replay: the sampler of ``--spec`` (TPE with that spec's ``n_startup_trials``, multivariate, constant liar:
-exactly what ``workbench.tune`` builds) and random search each run ``--seeds`` times against the measured
-values, asking as many trials as the grid has configurations; a trial's value is the grid's measurement
+Replay: each of ``--samplers`` (default: the sampler of ``--spec`` and random search; ``NAME:N`` sets its
+random startup trials, else the spec's ``n_startup_trials``), built exactly as ``workbench.tune`` builds it
+(TPE: multivariate, constant liar; GP: ``workbench.samplers.OrdinalGPSampler``), runs ``--seeds`` times against the measured values, asking as many trials as the grid has configurations; a trial's value is the grid's measurement
 of the configuration it asks for (constraints too), so a sampler that asks again for a configuration gets
 the same number, as a re-measurement would roughly give. Per sampler and seed: the first trial whose best
 so far is within ``--within`` of the grid's best.
@@ -40,7 +40,10 @@ import pandas as pd  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from workbench.study import load_study_spec  # noqa: E402
+from workbench.samplers import gp_sampler  # noqa: E402
 from workbench.tune import tpe_sampler  # noqa: E402
+
+SAMPLERS = ("tpe", "gp", "random")
 
 
 def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distributions.BaseDistribution], pd.DataFrame]:
@@ -78,12 +81,14 @@ def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distribut
 
 
 def make_sampler(name: str, seed: int, n_startup_trials: int) -> optuna.samplers.BaseSampler:
-    """What ``workbench.tune`` builds for a spec's sampler (TPE) or random search."""
+    """What ``workbench.tune`` builds for a spec's sampler (TPE or GP), or random search."""
     if name == "tpe":
         return tpe_sampler(seed, n_startup_trials)
+    if name == "gp":
+        return gp_sampler(seed, n_startup_trials)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"sampler {name!r}: expected tpe or random")
+    raise ValueError(f"sampler {name!r}: expected one of {', '.join(SAMPLERS)}")
 
 
 def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n_startup: int,
@@ -112,6 +117,24 @@ def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n
             "distinct_configs_asked": len(distinct), "best_found": best_so_far}
 
 
+def parse_samplers(arg: str | None, spec_sampler: str, spec_startup: int, spec_name: str) -> dict[str, tuple[str, int]]:
+    """``"tpe:4,gp:2,random"`` -> {label: (sampler, startup trials)}; a name without ``:N`` takes the spec's
+    startup trials; no argument: the spec's sampler and random search."""
+    items = arg.split(",") if arg else [spec_sampler, "random"]
+    out: dict[str, tuple[str, int]] = {}
+    for item in items:
+        name, _, n = item.strip().partition(":")
+        if name not in SAMPLERS or (n and not n.isdigit()):
+            raise SystemExit(f"sampler_efficiency: --samplers: {item!r} is not NAME or NAME:STARTUP_TRIALS with NAME "
+                             f"in {', '.join(SAMPLERS)} (the spec {spec_name} uses {spec_sampler})")
+        if name == "random":
+            out[name] = (name, 0)  # no model: every trial is a startup trial
+        else:
+            startup = int(n) if n else spec_startup
+            out[f"{name}:{startup}"] = (name, startup)
+    return out
+
+
 def summarize(res: pd.DataFrame, grid_size: int) -> pd.DataFrame:
     budget = grid_size * 0.25
     out = []
@@ -130,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--storage", help="its Optuna storage (default sqlite:///<grid>/study.db)")
     p.add_argument("--study-name", help="its study name (default: the directory's name)")
     p.add_argument("--spec", default="gr00t-n1.6-proxy", help="study whose sampler is replayed (its n_startup_trials)")
+    p.add_argument("--samplers", help=f"comma-separated NAME or NAME:STARTUP_TRIALS, NAME from {', '.join(SAMPLERS)} "
+                   "(default: the spec's sampler and random)")
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--within", type=float, default=0.02, help="target: within this fraction of the grid's best")
     p.add_argument("--out", default="benchmarks/out/sampler_efficiency")
@@ -139,18 +164,16 @@ def main(argv: list[str] | None = None) -> int:
     name = a.study_name or grid_dir.name
     dists, grid = load_grid(storage, name)
     spec = load_study_spec(a.spec)
-    if spec.sampler.name != "tpe":
-        raise SystemExit(f"sampler_efficiency: --spec {a.spec} uses {spec.sampler.name}; the replay compares TPE "
-                         "(the studies' sampler) with random search")
+    samplers = parse_samplers(a.samplers, spec.sampler.name, spec.sampler.n_startup_trials, a.spec)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     grid.drop(columns=["constraints"]).to_csv(out / "grid.csv", index=False)
-    rows = [replay(dists, grid, s, seed, spec.sampler.n_startup_trials, a.within)
-            for s in ("tpe", "random") for seed in range(a.seeds)]
+    rows = [{**replay(dists, grid, s, seed, n, a.within), "sampler": label, "n_startup_trials": n}
+            for label, (s, n) in samplers.items() for seed in range(a.seeds)]
     res = pd.DataFrame(rows)
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     res = res.assign(grid_size=len(grid), grid_best=float(grid["value"].max()), within=a.within,
-                     n_startup_trials=spec.sampler.n_startup_trials, grid_study=name, timestamp=stamp)
+                     grid_study=name, timestamp=stamp)
     res.to_csv(out / "sampler_efficiency.csv", index=False)
     summary = summarize(res, len(grid))
     summary.to_csv(out / "summary.csv", index=False)

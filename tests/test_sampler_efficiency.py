@@ -80,16 +80,25 @@ def test_main_writes_the_replay_and_a_summary(tmp_path, capsys):
     grid_dir.mkdir()
     make_grid_study(grid_dir)
     out = tmp_path / "out"
-    assert se.main(["--grid", str(grid_dir), "--seeds", "6", "--spec", "gr00t-n1.6-proxy", "--out", str(out)]) == 0
+    assert se.main(["--grid", str(grid_dir), "--seeds", "6", "--spec", "gr00t-n1.6-proxy",
+                    "--samplers", "tpe:4,gp:2,random", "--out", str(out)]) == 0
     res = pd.read_csv(out / "sampler_efficiency.csv")
-    assert len(res) == 12 and set(res["sampler"]) == {"tpe", "random"}
-    assert (res["grid_size"] == 12).all() and (res["n_startup_trials"] == 4).all()
+    assert len(res) == 18 and list(dict.fromkeys(res["sampler"])) == ["tpe:4", "gp:2", "random"]
+    assert (res["grid_size"] == 12).all()
+    assert res.groupby("sampler")["n_startup_trials"].first().to_dict() == {"tpe:4": 4, "gp:2": 2, "random": 0}
     summ = pd.read_csv(out / "summary.csv").set_index("sampler")
     for s, g in res.groupby("sampler"):
         t = g["trials_to_target"].fillna(13)
         assert summ.loc[s, "median_trials"] == pytest.approx(t.median())
         assert summ.loc[s, "share_within_25pct_of_grid"] == pytest.approx((t <= 3).mean())
     assert "grid grid: 12 configurations" in capsys.readouterr().out
+    # without --samplers: the spec's own sampler, with its startup trials, and random search
+    assert se.main(["--grid", str(grid_dir), "--seeds", "2", "--spec", "gr00t-n1.6-proxy", "--out", str(out)]) == 0
+    spec = se.load_study_spec("gr00t-n1.6-proxy").sampler
+    assert set(pd.read_csv(out / "sampler_efficiency.csv")["sampler"]) == {f"{spec.name}:{spec.n_startup_trials}",
+                                                                           "random"}
+    with pytest.raises(SystemExit, match=r"'bo:2' is not NAME or NAME:STARTUP_TRIALS"):
+        se.main(["--grid", str(grid_dir), "--samplers", "tpe,bo:2", "--out", str(out)])
 
 
 def test_a_grid_study_run_by_the_tuner_is_enumerated_and_replayed(study_spec_file, tmp_path, subprocess_env):
