@@ -13,9 +13,9 @@ running trials (parallel workers) are passed through, so the GP's constrained an
 acquisition work as in Optuna.
 
 Replayed against an 18-configuration grid measured on an H200
-(``benchmarks/sampler_efficiency.py``), it reaches within 2% of the grid's best in a
-median of 4 trials, against 6.5-7 for TPE and 12-14 for random search
-(benchmarks/README.md).
+(``benchmarks/sampler_efficiency.py``, 200 seeds), it reaches within 2% of the grid's
+best in a median of 4 trials with 2 random startup trials, against 7 for TPE with 4
+and 12 for random search (benchmarks/README.md).
 """
 
 from __future__ import annotations
