@@ -467,6 +467,8 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
                "--e2e-shape", f"{E2E_PRESET}:{BATCH}:{SEQ}", "--launch-json", json.dumps(best)]
         if args.quick:
             cmd.append("--quick")
+        if args.e2e_profile:
+            cmd.append("--e2e-profile")
         t0 = time.time()
         r = subprocess.run(cmd, capture_output=True, text=True, cwd=str(Path(__file__).resolve().parents[1]))
         got = [ln for ln in r.stdout.splitlines() if ln.startswith("E2E_ROWS ")]
@@ -485,6 +487,32 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
 
 
 E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
+PROFILE_STEPS = 2
+PROFILE_TOP = 40  # kernels (ops on the CPU) kept per variant, by self time
+
+
+def _profile_steps(run_step: Callable[[], Any], device: _Device) -> list[dict[str, Any]]:
+    """``PROFILE_STEPS`` steps under torch.profiler: the ``PROFILE_TOP`` kernels (CUDA) or ops (CPU) by self time,
+    per step, with their share of the profiled time. Run after the timed steps, so it does not perturb them."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.cuda else [])
+    with profile(activities=acts) as prof:
+        for _ in range(PROFILE_STEPS):
+            run_step()
+        if device.cuda:
+            torch.cuda.synchronize()
+    cuda = device.cuda
+    events = [e for e in prof.key_averages()
+              if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0
+              and (not cuda or e.device_type.name == "CUDA")]
+    key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    total = sum(key(e) for e in events) or 1.0
+    top = sorted(events, key=key, reverse=True)[:PROFILE_TOP]
+    return [{"name": e.key[:200], "calls_per_step": e.count / PROFILE_STEPS,
+             "self_ms_per_step": key(e) / 1e3 / PROFILE_STEPS, "share": key(e) / total,
+             "timer": "cuda_self" if cuda else "cpu_self"} for e in top]
 
 
 def _e2e_row(ops_name: str, mode: str, best: dict[str, dict[str, int]], common: dict[str, str]) -> dict[str, Any]:
@@ -550,6 +578,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
         return loss.detach()
 
     errors: dict[tuple[str, str], str] = {}
+    profiles: dict[tuple[str, str], list[dict[str, Any]]] = {}
     with kernels.using(best):
         for r in range(rounds):  # interleaved: torch, triton, torch, triton per round
             for ops_name, mode in variants:
@@ -568,6 +597,8 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                         times[(ops_name, mode)].append(ms)
                     losses[(ops_name, mode)] = float(loss)  # note: a host sync, after the timed steps
                     peaks[(ops_name, mode)] = device.peak_gib(0)
+                    if getattr(args, "e2e_profile", False) and r == rounds - 1:
+                        profiles[(ops_name, mode)] = _profile_steps(lambda: step(fn), device)  # noqa: B023
                 except Exception as e:  # noqa: BLE001 - recorded as a result row; the variants before it are kept
                     errors[(ops_name, mode)] = f"{type(e).__name__}: {str(e)[:300]}"
                     log(f"  e2e {ops_name:6s} {mode:7s} round {r}: FAILED {errors[(ops_name, mode)][:200]}")
@@ -587,7 +618,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
         med = statistics.median(ts)
         rows.append({**base, "median_ms": med, "p20_ms": q(0.2), "p80_ms": q(0.8),
                      "tokens_per_s": _B * _T / (med * 1e-3), "peak_mem_gib": peaks[(ops_name, mode)],
-                     "loss": losses[(ops_name, mode)]})
+                     "loss": losses[(ops_name, mode)], "profile": profiles.get((ops_name, mode))})
     del model, opt
     device.empty_cache()
     return rows
@@ -702,6 +733,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="run each end-to-end variant in its own process (auto: on CUDA) or all in this one")
     p.add_argument("--e2e-variants", help="end-to-end variants to run, e.g. torch:eager,triton:compile "
                                           "(default: torch and triton ops, eager and compile)")
+    p.add_argument("--e2e-profile", action="store_true",
+                   help="also profile two end-to-end steps per variant (torch.profiler): e2e_profile.csv, the time "
+                        "per kernel / op, to see where one variant loses to another")
     p.add_argument("--e2e-worker", help=argparse.SUPPRESS)  # OPS:MODE, one variant (internal)
     p.add_argument("--e2e-shape", help=argparse.SUPPRESS)  # PRESET:BATCH:SEQ (internal)
     p.add_argument("--launch-json", help=argparse.SUPPRESS)  # the launch parameters as JSON (internal)
@@ -777,6 +811,13 @@ def run(args: argparse.Namespace, dev) -> int:
         log(f"end to end {E2E_PRESET} {BATCH}x{SEQ}, Triton launch parameters {main_best or 'defaults'}")
         rows += _bench_e2e(main_best, args, common, log, device)
         df = pd.DataFrame(rows)
+    prof = [{"provider": r["provider"], "rank": i + 1, **k, **common}
+            for r in rows if r.get("profile") for i, k in enumerate(r["profile"])]
+    if prof:  # long format: one row per variant and kernel
+        pd.DataFrame(prof).to_csv(out / "e2e_profile.csv", index=False)
+        for provider, g in pd.DataFrame(prof).groupby("provider", sort=False):
+            log(f"  profile {provider}: " + "; ".join(f"{n[:40]} {ms:.2f} ms" for n, ms in
+                                                     zip(g["name"][:4], g["self_ms_per_step"][:4])))
     df = df.reindex(columns=CSV_COLUMNS)
     df.to_csv(out / "kernels_bench.csv", index=False)
     (out / "best_launch.json").write_text(json.dumps(
@@ -791,7 +832,8 @@ def run(args: argparse.Namespace, dev) -> int:
     print(table)
     for g in goals:
         print(g)
-    print(f"\nwrote {out / 'kernels_bench.csv'} ({len(df)} rows), best_launch.json, summary.md "
+    print(f"\nwrote {out / 'kernels_bench.csv'} ({len(df)} rows), best_launch.json, summary.md"
+          f"{', e2e_profile.csv' if prof else ''} "
           f"in {time.time() - t_start:.0f} s")
     return 0
 

@@ -720,7 +720,8 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "SEQ", 6)
     monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # inductor is not what this test is about
-    args = bench._parser().parse_args(["--quick", "--e2e", "--out", str(tmp_path), "--providers", "triton,torch",
+    args = bench._parser().parse_args(["--quick", "--e2e", "--e2e-profile", "--out", str(tmp_path),
+                                       "--providers", "triton,torch",
                                        "--kernel-sweep", str(tmp_path / "study" / "kernel_sweep.csv")])
     assert bench.run(args, DEVICE) == 0
     df = pd.read_csv(tmp_path / "kernels_bench.csv")
@@ -742,6 +743,15 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
     assert "| rmsnorm | toy 1x6x128 | fwd |" in summary and "end to end" in summary
     sweep = pd.read_csv(tmp_path / "study" / "kernel_sweep.csv")
     assert {"kernel", "num_warps", "median_ms"} <= set(sweep.columns) and set(sweep["mode"]) == {"full"}
+    # --e2e-profile: per variant, the ops by self time per step (kernels on CUDA), shares of the profiled time
+    prof = pd.read_csv(tmp_path / "e2e_profile.csv")
+    assert set(prof["provider"]) == set(e2e.index) and {"gpu", "torch", "timestamp"} <= set(prof.columns)
+    for provider, g in prof.groupby("provider"):
+        assert list(g["rank"]) == list(range(1, len(g) + 1)) and len(g) <= bench.PROFILE_TOP
+        assert (g["self_ms_per_step"].diff().dropna() <= 0).all() and (g["self_ms_per_step"] > 0).all()
+        assert 0 < g["share"].sum() <= 1 + 1e-9
+    names = " ".join(prof[prof["provider"] == "torch_ops_eager"]["name"])
+    assert "aten::mm" in names or "aten::addmm" in names or "aten::linear" in names  # the matmuls are seen
 
 
 def test_bench_e2e_keeps_the_variants_measured_before_one_fails(tmp_path, monkeypatch):
