@@ -50,12 +50,17 @@ class OrdinalGPSampler(optuna.samplers.GPSampler):
                  for name, d in search_space.items()}
         # the study as the GP should see it: in memory, rebuilt per ask (trials are few and each costs minutes);
         # the trial being sampled is a fresh running trial of the view (GPSampler writes its proposal there)
-        view = optuna.create_study(directions=study.directions, sampler=optuna.samplers.RandomSampler(seed=0))
         trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
                   if t.number != trial.number]
         keys = sorted({k for t in trials if t.state == TrialState.COMPLETE for k in t.constraints})
-        view.add_trials([_as_ordinal(t, order, keys) for t in trials])
-        view.ask()
+        level = optuna.logging.get_verbosity()
+        optuna.logging.set_verbosity(max(level, optuna.logging.WARNING))  # no "new study created" line per ask
+        try:
+            view = optuna.create_study(directions=study.directions, sampler=optuna.samplers.RandomSampler(seed=0))
+            view.add_trials([_as_ordinal(t, order, keys) for t in trials])
+            view.ask()
+        finally:
+            optuna.logging.set_verbosity(level)
         proposed = super().sample_relative(view, view.get_trials(deepcopy=False)[-1], space)
         return {name: order[name][int(v)] if name in order else v for name, v in proposed.items()}
 
