@@ -1,7 +1,8 @@
 """Triton kernels for the fused ops, with launch parameters passed in from config.
 
 Importing this package registers the ``triton`` backend of each op in
-``workbench.ops`` (``rmsnorm``, ``swiglu``, ``rope``, ``loss``), so that
+``workbench.ops`` (``rmsnorm``, ``swiglu``, ``rope``, ``loss``, and ``rmsnorm_add``, the
+fused residual add that follows the ``rmsnorm`` backend), so that
 ``workbench.ops.resolve({"rmsnorm": "triton", ...})`` finds them.
 
 Launch parameters (``num_warps``, ``num_stages``, block sizes, rows per chunk) are
@@ -62,6 +63,7 @@ __all__ = [
 ]
 
 register("rmsnorm", "triton", rms_norm_triton)
+register("rmsnorm_add", "triton", rms_norm_add_triton)
 register("swiglu", "triton", swiglu_triton)
 register("rope", "triton", rope_triton)
 register("loss", "triton", linear_cross_entropy_triton)

@@ -487,6 +487,8 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
 
 
 E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
+E2E_EXTRA = [(o, c) for c in ("eager", "compile") for o in ("triton_fused",)]
+"""On request (``--e2e-variants``): the Triton ops with each block's residual add fused into its second norm."""
 PROFILE_STEPS = 2
 PROFILE_TOP = 40  # kernels (ops on the CPU) kept per variant, by self time
 
@@ -518,8 +520,8 @@ def _profile_steps(run_step: Callable[[], Any], device: _Device) -> list[dict[st
 def _e2e_row(ops_name: str, mode: str, best: dict[str, dict[str, int]], common: dict[str, str]) -> dict[str, Any]:
     """The identifying columns of one end-to-end variant's row."""
     return {"kernel": "e2e_step", "shape": f"{E2E_PRESET} {BATCH}x{SEQ}", "mode": "train_step",
-            "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name == "triton" else "reference",
-            "launch": json.dumps(best, sort_keys=True) if ops_name == "triton" else "",
+            "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name.startswith("triton") else "reference",
+            "launch": json.dumps(best, sort_keys=True) if ops_name.startswith("triton") else "",
             "dtype": "float32+autocast_bf16", **common}
 
 
@@ -529,9 +531,9 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str]]:
     out = []
     for v in args.e2e_variants.split(","):
         ops_name, _, mode = v.strip().partition(":")
-        if (ops_name, mode) not in E2E_VARIANTS:
+        if (ops_name, mode) not in E2E_VARIANTS + E2E_EXTRA:
             raise SystemExit(f"kernels.bench: --e2e-variants: {v!r} is not one of "
-                             f"{', '.join(f'{o}:{m}' for o, m in E2E_VARIANTS)}")
+                             f"{', '.join(f'{o}:{m}' for o, m in E2E_VARIANTS + E2E_EXTRA)}")
         out.append((ops_name, mode))
     return out
 
@@ -555,7 +557,9 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     ids = torch.randint(0, margs.vocab_size, (_B, _T), device=dev)
     pos = torch.arange(_T, device=dev).expand(_B, _T).contiguous()
     mask = torch.ones(_B, _T, dtype=torch.bool, device=dev)
-    opsets = {"torch": resolve(), "triton": resolve({op: "triton" for op in OP_NAMES})}
+    all_triton = {op: "triton" for op in OP_NAMES}
+    opsets = {"torch": resolve(), "triton": resolve(all_triton),
+              "triton_fused": resolve(all_triton, fused_residual_norm=True)}
     from torch import _dynamo
 
     _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
@@ -714,6 +718,11 @@ def _summary(df, ceiling: float) -> tuple[str, list[str]]:
                 goals.append(f"{'PASS' if b['median_ms'] < a['median_ms'] else 'FAIL'} end to end {mode}: triton "
                              f"ops {a['median_ms'] / b['median_ms']:.3f}x the step speed of torch ops; losses "
                              f"{b['loss']:.5f} vs {a['loss']:.5f}")
+            c = by.get(f"triton_fused_ops_{mode}")
+            if b is not None and c is not None and not (pd.isna(b["median_ms"]) or pd.isna(c["median_ms"])):
+                goals.append(f"INFO end to end {mode}: the fused residual add {b['median_ms'] / c['median_ms']:.3f}x "
+                             f"the step speed of the Triton ops without it; losses {c['loss']:.5f} vs "
+                             f"{b['loss']:.5f}")
     pd.set_option("display.width", 250)
     return "\n".join(lines) + "\n", goals
 

@@ -391,9 +391,9 @@ def test_the_tiny_model_trains_the_same_with_triton_ops(gen):
     loss_mask = torch.ones(B, T, dtype=torch.bool, device=DEVICE)
     loss_mask[1, -3:] = False  # padding at the end of a row
 
-    def run(backend: str) -> list[float]:
+    def run(backend: str, fused: bool = False) -> list[float]:
         torch.manual_seed(0)
-        model = Llama(args, ops.resolve({op: backend for op in ops.OP_NAMES})).to(DEVICE)
+        model = Llama(args, ops.resolve({op: backend for op in ops.OP_NAMES}, fused_residual_norm=fused)).to(DEVICE)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
         losses = []
         for _ in range(3):
@@ -410,9 +410,12 @@ def test_the_tiny_model_trains_the_same_with_triton_ops(gen):
     with kernels.using(launch), kernels.poison_outputs():
         triton_losses = run("triton")
         record = kernels.launch_record()
+        fused_losses = run("triton", fused=True)  # each block's second residual add inside the RMSNorm kernel
     torch_losses = run("torch")
     assert torch_losses[0] > torch_losses[2]  # it learns, so equal losses mean equal gradients
     torch.testing.assert_close(triton_losses, torch_losses, rtol=1e-4, atol=0)
+    torch.testing.assert_close(fused_losses, torch_losses, rtol=1e-4, atol=0)
+    assert run("torch", fused=True) == torch_losses  # the torch reference of the fused add: the same add and norm
     assert {r["kernel"] for r in record} == set(registry.LAUNCH_SPACES)  # every kernel ran, params recorded
     assert all(r["num_warps"] == launch[r["kernel"]].get("num_warps", r["num_warps"]) for r in record)
 
@@ -808,3 +811,16 @@ def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
     assert e2e.loc["triton_ops_eager", "loss"] == pytest.approx(e2e.loc["torch_ops_eager", "loss"], rel=1e-3)
     with pytest.raises(SystemExit, match="not one of"):
         bench._variants(bench._parser().parse_args(["--e2e-variants", "triton:graphs"]))
+
+
+def test_bench_e2e_variants_include_the_fused_residual_add_on_request():
+    import argparse
+
+    from kernels import bench
+
+    assert bench._variants(argparse.Namespace(e2e_variants=None)) == bench.E2E_VARIANTS  # not by default
+    got = bench._variants(argparse.Namespace(e2e_variants="triton:compile,triton_fused:compile"))
+    assert got == [("triton", "compile"), ("triton_fused", "compile")]
+    assert bench._e2e_row("triton_fused", "compile", {"rmsnorm": {"num_warps": 8}}, {})["sweep"] == "best"
+    with pytest.raises(SystemExit, match="triton_fused:eager"):
+        bench._variants(argparse.Namespace(e2e_variants="fused:eager"))

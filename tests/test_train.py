@@ -14,6 +14,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from workbench import ops
 from workbench.config import merge_overrides, preset_config
 from workbench.loop import Trainer
 from workbench.timing import PHASES
@@ -68,6 +69,21 @@ def test_loss_decreases_and_phases_add_up(synth, tmp_path):
     for w in windows:
         assert sum(w[f"time/{p}_pct"] for p in PHASES) == pytest.approx(100.0)
         assert w["io/backend"] in ("io_uring", "threadpool")
+
+
+def test_fused_residual_norm_follows_the_golden_curve(synth, tmp_path):
+    """compute_domain.fused_residual_norm: each block's second residual add goes through ops.rmsnorm_add (on
+    the CPU its torch reference: the same add and norm), so the loss curve is the golden one, and the model was
+    built with the fused op (on a GPU with the rmsnorm op on Triton: one kernel)."""
+    trainer = Trainer(_cfg(**{"training.max_steps": 12, "loongforge.compute_domain.fused_residual_norm": True}),
+                      data_dir=synth, out_dir=tmp_path)
+    try:
+        assert trainer.model.ops.rmsnorm_add is ops.rms_norm_add_torch
+        trainer.run()
+    finally:
+        trainer.close()
+    golden = json.loads(GOLDEN.read_text())["losses"]
+    assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)  # the golden test's tolerance (thread count)
 
 
 def test_golden_loss_curve(synth, tmp_path):

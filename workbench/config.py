@@ -382,6 +382,9 @@ class ComputeDomainConfig:
     """Capture the training step in CUDA graphs (one per bucket shape, all captured before the first step)."""
     triton_fusion: bool = False
     """Every op uses its Triton kernel, whatever `ops` says (the orchestrator's switch)."""
+    fused_residual_norm: bool = False
+    """Each block adds the attention output to the residual inside the RMSNorm that follows (one Triton kernel
+    with the rmsnorm op on Triton; the same add and norm with torch). Off until measured on a GPU."""
     ops: OpsConfig = field(default_factory=OpsConfig)
     """Per-op backend choice, used when triton_fusion is false."""
     kernels: dict[str, dict[str, int]] = field(default_factory=dict, metadata={"ge": 1})

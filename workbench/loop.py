@@ -144,7 +144,8 @@ class Trainer:
             else:  # Triton kernels run on CUDA (tests run them on the CPU under TRITON_INTERPRET=1)
                 log.warning("Triton ops requested on the CPU: using the torch ops")
                 backends = {op: "torch" for op in backends}
-        self.model = Llama(self.args, resolve(backends)).to(self.device)
+        self.model = Llama(self.args, resolve(
+            backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm)).to(self.device)
         self.loss_module: nn.Module = LossModule(self.model)
         self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
         self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"

@@ -339,6 +339,10 @@ class RMSNorm(nn.Module):
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
         return self.ops.rmsnorm(x_BTD, self.weight, self.eps)
 
+    def add_forward(self, x_BTD: torch.Tensor, residual_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``s = x + residual; (norm(s), s)`` through ``ops.rmsnorm_add`` (one kernel with the Triton backend)."""
+        return self.ops.rmsnorm_add(x_BTD, residual_BTD, self.weight, self.eps)
+
 
 # enable_gqa arrived in torch 2.5; before it, kv heads are repeated explicitly.
 _SDPA_HAS_GQA = torch.__version__ >= "2.5"
@@ -413,7 +417,11 @@ class Block(nn.Module):
         self.mlp = MLP(args, ops)
 
     def forward(self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
-        x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos_BTd, sin_BTd)
+        attn_BTD = self.self_attn(self.input_layernorm(x_BTD), cos_BTd, sin_BTd)
+        if self.post_attention_layernorm.ops.rmsnorm_add is not None:  # the add fused into the norm after it
+            normed_BTD, x_BTD = self.post_attention_layernorm.add_forward(attn_BTD, x_BTD)
+            return x_BTD + self.mlp(normed_BTD)
+        x_BTD = x_BTD + attn_BTD
         return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
 
 

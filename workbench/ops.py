@@ -16,6 +16,10 @@ V vocab):
 
 - ``rmsnorm(x_BTD, weight_D, eps) -> y_BTD``: computed in float32, returned in
   the dtype of ``x``.
+- ``rmsnorm_add(x_BTD, residual_BTD, weight_D, eps) -> (y_BTD, s_BTD)``: the
+  residual add fused with the norm, ``s = x + residual; y = rmsnorm(s)``; not
+  an op of its own: it follows the ``rmsnorm`` backend, and the model uses it
+  only when asked (``resolve(..., fused_residual_norm=True)``).
 - ``swiglu(gate, up) -> silu(gate) * up`` (any shape, same dtype).
 - ``rope(q_BHTd, k_BKTd, cos_BTd, sin_BTd) -> (q_BHTd, k_BKTd)``: rotate-half
   convention of HF Llama; ``cos``/``sin`` are already gathered by position id.
@@ -43,6 +47,7 @@ __all__ = [
     "padded_vocab",
     "register",
     "resolve",
+    "rms_norm_add_torch",
     "rms_norm_torch",
     "rope_torch",
     "swiglu_torch",
@@ -62,6 +67,14 @@ def rms_norm_torch(x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float) -> t
     x_f = x_BTD.float()
     inv_rms = torch.rsqrt(x_f.pow(2).mean(dim=-1, keepdim=True) + eps)
     return (x_f * inv_rms * weight_D.float()).to(x_BTD.dtype)
+
+
+def rms_norm_add_torch(
+    x_BTD: torch.Tensor, residual_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + residual; (rms_norm(s), s)``: the unfused reference of the fused residual add + norm."""
+    s_BTD = x_BTD + residual_BTD
+    return rms_norm_torch(s_BTD, weight_D, eps), s_BTD
 
 
 def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -146,6 +159,7 @@ def linear_cross_entropy_torch(
 
 OPS: dict[str, dict[str, Callable]] = {
     "rmsnorm": {"torch": rms_norm_torch},
+    "rmsnorm_add": {"torch": rms_norm_add_torch},  # follows the rmsnorm backend (not in OP_NAMES)
     "swiglu": {"torch": swiglu_torch},
     "rope": {"torch": rope_torch},
     "loss": {"torch": linear_cross_entropy_torch},
@@ -174,14 +188,21 @@ class OpSet:
     """``(q_BHTd, k_BKTd, cos_BTd, sin_BTd) -> (q_BHTd, k_BKTd)``"""
     loss: Callable = linear_cross_entropy_torch
     """``(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``"""
+    rmsnorm_add: Callable | None = None
+    """``(x_BTD, residual_BTD, weight_D, eps) -> (y_BTD, s_BTD)`` when the blocks fuse their second residual add
+    into the norm after it; None: add, then ``rmsnorm``."""
     backends: Mapping[str, str] = field(
         default_factory=lambda: {op: "torch" for op in OP_NAMES}, hash=False
     )
     """op name -> backend name chosen, to record with results."""
 
 
-def resolve(ops: Mapping[str, str] | None = None) -> OpSet:
+def resolve(ops: Mapping[str, str] | None = None, *, fused_residual_norm: bool = False) -> OpSet:
     """Build an :class:`OpSet` from ``{op: backend}``; unnamed ops use ``"torch"``.
+
+    ``fused_residual_norm``: the blocks add the attention output to the residual inside the norm that follows
+    (``rmsnorm_add`` of the ``rmsnorm`` backend): with the Triton backend one kernel reads x and the residual
+    once instead of an add and a norm; with the torch backend the same add and norm as unfused.
 
     Raises ``ValueError`` naming the op and its registered backends when a
     backend is not registered (e.g. ``"triton"`` before ``import kernels``), or
@@ -201,4 +222,10 @@ def resolve(ops: Mapping[str, str] | None = None) -> OpSet:
                 f"op {op!r} has no backend {backend!r}; available: {sorted(available)}{hint}"
             )
         fns[op] = available[backend]
-    return OpSet(**fns, backends=chosen)
+    add = None
+    if fused_residual_norm:
+        add = OPS["rmsnorm_add"].get(chosen["rmsnorm"])
+        if add is None:
+            raise ValueError(f"op 'rmsnorm' backend {chosen['rmsnorm']!r} has no fused residual add; available: "
+                             f"{sorted(OPS['rmsnorm_add'])}")
+    return OpSet(**fns, rmsnorm_add=add, backends=chosen)
