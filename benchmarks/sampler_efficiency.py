@@ -40,10 +40,9 @@ import pandas as pd  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from workbench.study import load_study_spec  # noqa: E402
-from workbench.samplers import gp_sampler  # noqa: E402
-from workbench.tune import tpe_sampler  # noqa: E402
+from workbench.samplers import make_sampler  # noqa: E402
 
-SAMPLERS = ("tpe", "gp", "random")
+SAMPLERS = ("tpe", "gp", "random")  # the replayable ones (single-objective)
 
 
 def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distributions.BaseDistribution], pd.DataFrame]:
@@ -78,17 +77,6 @@ def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distribut
         raise SystemExit(f"sampler_efficiency: the grid is incomplete: {len(grid)} of {size} configurations "
                          f"measured; missing e.g. {dict(zip(names, missing[0]))} (resume the grid study)")
     return dists, grid.reset_index(drop=True)
-
-
-def make_sampler(name: str, seed: int, n_startup_trials: int) -> optuna.samplers.BaseSampler:
-    """What ``workbench.tune`` builds for a spec's sampler (TPE or GP), or random search."""
-    if name == "tpe":
-        return tpe_sampler(seed, n_startup_trials)
-    if name == "gp":
-        return gp_sampler(seed, n_startup_trials)
-    if name == "random":
-        return optuna.samplers.RandomSampler(seed=seed)
-    raise ValueError(f"sampler {name!r}: expected one of {', '.join(SAMPLERS)}")
 
 
 def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n_startup: int,

@@ -66,12 +66,7 @@ def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors of ``device`` (a small constant on the CPU interpreter)."""
     if device.type != "cuda":
         return _INTERPRETER_PROGRAMS
-    return _cuda_sms(device.index)
-
-
-def _cuda_sms(index: int | None) -> int:
-    if index is None:
-        index = torch.cuda.current_device()
+    index = device.index if device.index is not None else torch.cuda.current_device()
     n = _SMS.get(index)
     if n is None:
         n = _SMS[index] = torch.cuda.get_device_properties(index).multi_processor_count

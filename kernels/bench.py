@@ -506,10 +506,8 @@ def _profile_steps(run_step: Callable[[], Any], device: _Device) -> list[dict[st
         if device.cuda:
             torch.cuda.synchronize()
     cuda = device.cuda
-    events = [e for e in prof.key_averages()
-              if (e.self_device_time_total if cuda else e.self_cpu_time_total) > 0
-              and (not cuda or e.device_type.name == "CUDA")]
     key = (lambda e: e.self_device_time_total) if cuda else (lambda e: e.self_cpu_time_total)
+    events = [e for e in prof.key_averages() if key(e) > 0 and (not cuda or e.device_type.name == "CUDA")]
     total = sum(key(e) for e in events) or 1.0
     top = sorted(events, key=key, reverse=True)[:PROFILE_TOP]
     return [{"name": e.key[:200], "calls_per_step": e.count / PROFILE_STEPS,

@@ -215,8 +215,8 @@ def _fused_linear_ce_op(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """-> (loss_sum, dh, dW); a gradient not asked for is an empty tensor."""
     loss_sum, dh, dw = _fused_linear_ce_fwd(h, weight, labels, mask, compute_dtype, grad_h, grad_w)
-    none = h.new_empty(0, dtype=torch.float32)
-    return loss_sum, (dh if dh is not None else none.to(h.dtype)), (dw if dw is not None else none.clone())
+    return (loss_sum, dh if dh is not None else h.new_empty(0),
+            dw if dw is not None else h.new_empty(0, dtype=torch.float32))
 
 
 @_fused_linear_ce_op.register_fake

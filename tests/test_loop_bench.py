@@ -16,14 +16,18 @@ from workbench.config import dump_config, merge_overrides, preset_config
 REPO = Path(__file__).resolve().parents[1]
 
 
+def loop_bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "benchmarks/loop_bench.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 def test_wb_config_and_wb_default_variants(tmp_path):
     cfg = merge_overrides(preset_config("tiny"), {"training.global_batch_size": 8})
     dump_config(cfg, tmp_path / "config.yaml")
     out = tmp_path / "lb"
-    r = subprocess.run([sys.executable, "benchmarks/loop_bench.py", "--preset", "tiny", "--steps", "3", "--warmup",
-                        "1", "--log-every", "1", "--variants", "wb_default,wb_config", "--wb-config",
-                        str(tmp_path / "config.yaml"), "--wb-config-set", "data.micro_batch_size=2",
-                        "--out", str(out)], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = loop_bench("--preset", "tiny", "--steps", "3", "--warmup", "1", "--log-every", "1", "--variants",
+                   "wb_default,wb_config", "--wb-config", str(tmp_path / "config.yaml"), "--wb-config-set",
+                   "data.micro_batch_size=2", "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     default = json.loads((out / "wb_default-0" / "summary.json").read_text())
     tuned = json.loads((out / "wb_config-0" / "summary.json").read_text())
@@ -39,17 +43,14 @@ def test_wb_base_and_a_variant_over_its_timeout(tmp_path):
     base = merge_overrides(preset_config("tiny"), {"data.micro_batch_size": 2})
     dump_config(base, tmp_path / "base.yaml")
     out = tmp_path / "lb"
-    r = subprocess.run([sys.executable, "benchmarks/loop_bench.py", "--preset", "tiny", "--steps", "2", "--warmup",
-                        "1", "--log-every", "1", "--variants", "wb_base,ref_eager", "--wb-base",
-                        str(tmp_path / "base.yaml"), "--wb-config-set", "data.micro_batch_size=3",
-                        "--seq-len", "256", "--timeout", "60", "--out", str(out)],
-                       cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = loop_bench("--preset", "tiny", "--steps", "2", "--warmup", "1", "--log-every", "1", "--variants",
+                   "wb_base,ref_eager", "--wb-base", str(tmp_path / "base.yaml"), "--wb-config-set",
+                   "data.micro_batch_size=3", "--seq-len", "256", "--timeout", "60", "--out", str(out))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert json.loads((out / "wb_base-0" / "summary.json").read_text())["measured_steps"] == 2
     # the same with a timeout no process can meet: both recorded as killed, the run itself ends normally
-    r = subprocess.run([sys.executable, "benchmarks/loop_bench.py", "--preset", "tiny", "--variants",
-                        "wb_base,ref_eager", "--wb-base", str(tmp_path / "base.yaml"), "--timeout", "1",
-                        "--out", str(tmp_path / "slow")], cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = loop_bench("--preset", "tiny", "--variants", "wb_base,ref_eager", "--wb-base", str(tmp_path / "base.yaml"),
+                   "--timeout", "1", "--out", str(tmp_path / "slow"))
     assert r.returncode == 0 and "no results" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
     runs = json.loads((tmp_path / "slow" / "loop_bench.json").read_text())
     assert [(x["variant"], x["returncode"]) for x in runs] == [("wb_base", 124), ("ref_eager", 124)]
@@ -57,6 +58,5 @@ def test_wb_base_and_a_variant_over_its_timeout(tmp_path):
 
 
 def test_unknown_variant_is_named():
-    r = subprocess.run([sys.executable, "benchmarks/loop_bench.py", "--variants", "wb_eager,wb_turbo"], cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = loop_bench("--variants", "wb_eager,wb_turbo", timeout=120)
     assert r.returncode == 2 and "unknown variants ['wb_turbo']" in r.stderr

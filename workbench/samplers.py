@@ -28,7 +28,10 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
-__all__ = ["OrdinalGPSampler", "gp_sampler", "ordinal_choices"]
+__all__ = ["OrdinalGPSampler", "SAMPLERS", "gp_sampler", "make_sampler", "ordinal_choices", "tpe_sampler"]
+
+SAMPLERS = ("tpe", "gp", "random", "nsga2")
+"""The samplers :func:`make_sampler` builds (a study's ``sampler.name``; ``grid`` needs the space: workbench.tune)."""
 
 
 def ordinal_choices(dist: BaseDistribution) -> tuple[float, ...] | None:
@@ -80,6 +83,29 @@ def _as_ordinal(t: FrozenTrial, order: dict[str, tuple[float, ...]], keys: list[
     return optuna.trial.create_trial(
         state=t.state, values=t.values if done else None, params=params, distributions=dists,
         constraints={k: t.constraints.get(k, 0.0) for k in keys} if done and keys else None)
+
+
+def make_sampler(name: str, seed: int | None, n_startup_trials: int) -> optuna.samplers.BaseSampler:
+    """The sampler a study names: what the tuner searches with and what the replay benchmark replays."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        if name == "tpe":
+            return tpe_sampler(seed, n_startup_trials)
+        if name == "gp":
+            return gp_sampler(seed, n_startup_trials)
+        if name == "random":
+            return optuna.samplers.RandomSampler(seed=seed)
+        if name == "nsga2":
+            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(2, n_startup_trials))
+    raise ValueError(f"sampler {name!r}: expected one of {', '.join(SAMPLERS)}")
+
+
+def tpe_sampler(seed: int | None, n_startup_trials: int) -> optuna.samplers.TPESampler:
+    """The studies' TPE: multivariate, constant liar (parallel workers), ``n_startup_trials`` random trials first."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
+                                          constant_liar=True)
 
 
 def gp_sampler(seed: int | None, n_startup_trials: int,

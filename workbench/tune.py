@@ -86,7 +86,7 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.config import ConfigError, config_hash
 from workbench.export import export_config, write_json
 from workbench.knobs import detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
-from workbench.samplers import gp_sampler
+from workbench.samplers import make_sampler
 from workbench.stats import noise_floor, pair_ratios, speedup_interval
 from workbench.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
 from workbench.trial import TrialOutcome, invalid_config_outcome, read_log_tail, run_trial
@@ -190,14 +190,6 @@ def _alive(pid: int, start: str | None) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def tpe_sampler(seed: int | None, n_startup_trials: int) -> optuna.samplers.TPESampler:
-    """The studies' TPE: multivariate, constant liar (parallel workers), ``n_startup_trials`` random trials first."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials, multivariate=True,
-                                          constant_liar=True)
 
 
 class _AskTellGridSampler(optuna.samplers.GridSampler):
@@ -382,18 +374,10 @@ class Tuner:
         seed = s.seed
         if seed is not None and self.worker:
             seed = seed + 1 + os.getpid() % 100_000  # two workers must not replay the same random sequence
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            if s.name == "tpe":
-                return tpe_sampler(seed, s.n_startup_trials)
-            if s.name == "gp":
-                return gp_sampler(seed, s.n_startup_trials)
-            if s.name == "random":
-                return optuna.samplers.RandomSampler(seed=seed)
-            if s.name == "nsga2":
-                return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(2, s.n_startup_trials))
-            grid = {name: spec.space[name].grid(get_knob(name).kind) for name in self.active}
-            return _AskTellGridSampler(grid, seed=seed)
+        if s.name != "grid":
+            return make_sampler(s.name, seed, s.n_startup_trials)
+        grid = {name: spec.space[name].grid(get_knob(name).kind) for name in self.active}
+        return _AskTellGridSampler(grid, seed=seed)
 
     def _pruner(self) -> optuna.pruners.BasePruner:
         spec = self.spec
