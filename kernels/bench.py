@@ -245,6 +245,16 @@ def _cases(models: list[str], dev) -> list[Case]:
                         kernels.rms_norm_triton, ops.rms_norm_torch,
                         bytes={"fwd": 2 * M * D * es, "bwd": 3 * M * D * es, "full": 5 * M * D * es}))
 
+        def make_rms_autocast(D=D):  # as the model runs it under bf16 autocast: fp32 stream in, bf16 out
+            x = torch.randn(_B, _T, D, device=dev, requires_grad=True)
+            w = torch.ones(D, device=dev, requires_grad=True)
+            return (x, w, 1e-5, torch.bfloat16), [x, w], torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16)
+
+        # fwd reads x (4 bytes) and writes y (2); bwd reads x and dy (2) and writes dx (4)
+        out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D} bf16 out", {"rows": M, "hidden": D},
+                        "float32>bfloat16", make_rms_autocast, kernels.rms_norm_triton, ops.rms_norm_torch,
+                        bytes={"fwd": 6 * M * D, "bwd": 10 * M * D, "full": 16 * M * D}))
+
         def make_swiglu(F=F):
             g = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
             u = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -489,6 +499,30 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
 E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
 E2E_EXTRA = [(o, c) for c in ("eager", "compile") for o in ("triton_fused",)]
 """On request (``--e2e-variants``): the Triton ops with each block's residual add fused into its second norm."""
+E2E_MODES = ("eager", "compile")
+
+
+def _e2e_ops(ops_name: str) -> tuple[dict[str, str], bool]:
+    """An end-to-end variant's ops -> ({op: backend}, fused_residual_norm).
+
+    ``torch``, ``triton`` (every op), ``triton_fused`` (every op, residual add fused into the norm), or a mix:
+    op names joined by ``+`` run on Triton, the others on torch; ``fused`` among them fuses the residual add
+    (``rmsnorm+loss``, ``rmsnorm+fused+rope``)."""
+    from workbench.ops import OP_NAMES
+
+    named = {"torch": ((), False), "triton": (OP_NAMES, False), "triton_fused": (OP_NAMES, True)}
+    if ops_name in named:
+        ops, fused = named[ops_name]
+    else:
+        parts = ops_name.split("+")
+        bad = [p for p in parts if p not in OP_NAMES and p != "fused"]
+        if bad or not parts:
+            raise ValueError(f"{ops_name!r}: {bad} not in {list(OP_NAMES) + ['fused']} (or use torch, triton, "
+                             f"triton_fused)")
+        ops, fused = tuple(p for p in parts if p != "fused"), "fused" in parts
+        if fused and "rmsnorm" not in ops:
+            raise ValueError(f"{ops_name!r}: 'fused' needs the Triton rmsnorm (the fused add runs in its kernel)")
+    return {op: "triton" for op in ops}, fused
 PROFILE_STEPS = 2
 PROFILE_TOP = 40  # kernels (ops on the CPU) kept per variant, by self time
 
@@ -518,8 +552,8 @@ def _profile_steps(run_step: Callable[[], Any], device: _Device) -> list[dict[st
 def _e2e_row(ops_name: str, mode: str, best: dict[str, dict[str, int]], common: dict[str, str]) -> dict[str, Any]:
     """The identifying columns of one end-to-end variant's row."""
     return {"kernel": "e2e_step", "shape": f"{E2E_PRESET} {BATCH}x{SEQ}", "mode": "train_step",
-            "provider": f"{ops_name}_ops_{mode}", "sweep": "best" if ops_name.startswith("triton") else "reference",
-            "launch": json.dumps(best, sort_keys=True) if ops_name.startswith("triton") else "",
+            "provider": f"{ops_name}_ops_{mode}", "sweep": "reference" if ops_name == "torch" else "best",
+            "launch": "" if ops_name == "torch" else json.dumps(best, sort_keys=True),
             "dtype": "float32+autocast_bf16", **common}
 
 
@@ -529,9 +563,13 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str]]:
     out = []
     for v in args.e2e_variants.split(","):
         ops_name, _, mode = v.strip().partition(":")
-        if (ops_name, mode) not in E2E_VARIANTS + E2E_EXTRA:
-            raise SystemExit(f"kernels.bench: --e2e-variants: {v!r} is not one of "
-                             f"{', '.join(f'{o}:{m}' for o, m in E2E_VARIANTS + E2E_EXTRA)}")
+        try:
+            _e2e_ops(ops_name)
+        except ValueError as e:
+            raise SystemExit(f"kernels.bench: --e2e-variants: {v!r}: ops {e}") from None
+        if mode not in E2E_MODES:
+            raise SystemExit(f"kernels.bench: --e2e-variants: {v!r}: mode {mode!r} is not one of "
+                             f"{', '.join(E2E_MODES)} (e.g. {', '.join(f'{o}:{m}' for o, m in E2E_VARIANTS + E2E_EXTRA)})")
         out.append((ops_name, mode))
     return out
 
@@ -544,7 +582,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
 
     import kernels
     from workbench.model import Llama, get_preset
-    from workbench.ops import OP_NAMES, resolve
+    from workbench.ops import resolve
 
     _B, _T, dev = BATCH, SEQ, device.dev  # noqa: N806
     margs = get_preset(E2E_PRESET)
@@ -555,14 +593,15 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     ids = torch.randint(0, margs.vocab_size, (_B, _T), device=dev)
     pos = torch.arange(_T, device=dev).expand(_B, _T).contiguous()
     mask = torch.ones(_B, _T, dtype=torch.bool, device=dev)
-    all_triton = {op: "triton" for op in OP_NAMES}
-    opsets = {"torch": resolve(), "triton": resolve(all_triton),
-              "triton_fused": resolve(all_triton, fused_residual_norm=True)}
+    variants = variants or _variants(args)
+    opsets = {}
+    for ops_name, _ in variants:
+        ops, fused = _e2e_ops(ops_name)
+        opsets[ops_name] = resolve(ops, fused_residual_norm=fused)
     from torch import _dynamo
 
     _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
     compiled = torch.compile(model.loss, dynamic=False)
-    variants = variants or _variants(args)
     warmup, steps, rounds = (2, 4, 1) if args.quick else (2, 6, 2)
     if len(variants) == 1:  # a worker process: one variant, its rounds' steps in one go
         steps, rounds = steps * rounds, 1
@@ -721,6 +760,13 @@ def _summary(df, ceiling: float) -> tuple[str, list[str]]:
                 goals.append(f"INFO end to end {mode}: the fused residual add {b['median_ms'] / c['median_ms']:.3f}x "
                              f"the step speed of the Triton ops without it; losses {c['loss']:.5f} vs "
                              f"{b['loss']:.5f}")
+            for name, m in by.items():  # the mixes: Triton for some ops only
+                if name.endswith(f"_ops_{mode}") and name[: -len(f"_ops_{mode}")] not in ("torch", "triton",
+                                                                                           "triton_fused"):
+                    if a is not None and not (pd.isna(a["median_ms"]) or pd.isna(m["median_ms"])):
+                        goals.append(f"INFO end to end {mode}: Triton for {name[: -len(f'_ops_{mode}')]} only "
+                                     f"{a['median_ms'] / m['median_ms']:.3f}x the step speed of torch ops; losses "
+                                     f"{m['loss']:.5f} vs {a['loss']:.5f}")
     pd.set_option("display.width", 250)
     return "\n".join(lines) + "\n", goals
 

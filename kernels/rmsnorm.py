@@ -121,18 +121,25 @@ def _params(M: int, D: int) -> dict[str, int]:
     return launch_params("rmsnorm", {"rows": M, "hidden": D})
 
 
+def _sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
+    return x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+
+
 def _rmsnorm_fwd(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """-> (y_MD, s_MD or None, rstd_M); y and s in the dtype of ``x + residual`` (x's without residual)."""
+    """-> (y_MD in ``out_dtype``, s_MD or None, rstd_M); s, and y when ``out_dtype`` is None, in the dtype of
+    ``x + residual`` (x's without residual)."""
     _check_inputs(x, residual, weight)
+    if out_dtype is not None and out_dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"kernels.rmsnorm: out_dtype must be one of {list(_FLOAT_DTYPES)}, got {out_dtype}")
     D = x.shape[-1]
     x_MD = _rows(x, D)
     M = x_MD.shape[0]
     p = _params(M, D)
-    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
-    y_MD = empty((M, D), out_dtype, x.device)
-    s_MD = empty((M, D), out_dtype, x.device) if residual is not None else None
+    s_dtype = _sum_dtype(x, residual)
+    y_MD = empty((M, D), out_dtype or s_dtype, x.device)
+    s_MD = empty((M, D), s_dtype, x.device) if residual is not None else None
     rstd_M = empty((M,), torch.float32, x.device)
     if M == 0 or D == 0:
         return y_MD, s_MD, rstd_M
@@ -150,7 +157,8 @@ def _rmsnorm_fwd(
 def _rmsnorm_bwd(
     dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (dx_MD in x's dtype, dw_D in weight's dtype); ``ds`` is added to dx (fused residual)."""
+    """-> (dx_MD in x's dtype, dw_D in weight's dtype); ``ds`` is added to dx (fused residual). ``dy`` may be in
+    another dtype than x (a norm written in autocast's dtype gets its gradient in that dtype)."""
     M, D = x_MD.shape
     x_MD, dy_MD = _rows(x_MD, D), _rows(dy, D)
     ds_MD = _rows(ds, D) if ds is not None else dy_MD  # dy_MD: unused placeholder without ds
@@ -179,20 +187,20 @@ def _rmsnorm_bwd(
 
 @torch.library.custom_op("wb_kernels::rmsnorm_fwd", mutates_args=())
 def _rmsnorm_fwd_op(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """-> (y_MD, s_MD (an empty tensor without residual), rstd_M)."""
-    y_MD, s_MD, rstd_M = _rmsnorm_fwd(x, residual, weight, eps)
+    """-> (y_MD in ``out_dtype``, s_MD (an empty tensor without residual), rstd_M)."""
+    y_MD, s_MD, rstd_M = _rmsnorm_fwd(x, residual, weight, eps, out_dtype)
     return y_MD, (s_MD if s_MD is not None else y_MD.new_empty(0)), rstd_M
 
 
 @_rmsnorm_fwd_op.register_fake
-def _(x, residual, weight, eps):
+def _(x, residual, weight, eps, out_dtype):
     D = x.shape[-1]
     M = x.numel() // D if D else 0
-    out_dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    s_dtype = _sum_dtype(x, residual)
     y_MD = x.new_empty((M, D), dtype=out_dtype)
-    s_MD = x.new_empty((M, D) if residual is not None else (0,), dtype=out_dtype)
+    s_MD = x.new_empty((M, D) if residual is not None else (0,), dtype=s_dtype)
     return y_MD, s_MD, x.new_empty((M,), dtype=torch.float32)
 
 
@@ -218,8 +226,8 @@ def _(dy, x_MD, weight, rstd_M, ds):
 
 class _RMSNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        y_MD, _, rstd_M = _rmsnorm_fwd_op(x, None, weight, eps)
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+        y_MD, _, rstd_M = _rmsnorm_fwd_op(x, None, weight, eps, out_dtype)
         ctx.save_for_backward(x, weight, rstd_M)
         return y_MD.view(x.shape)
 
@@ -227,13 +235,14 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         x, weight, rstd_M = ctx.saved_tensors
         dx_MD, dw = _rmsnorm_bwd_op(dy, x.reshape(-1, x.shape[-1]), weight, rstd_M, None)
-        return dx_MD.view(dy.shape), dw, None
+        return dx_MD.view(dy.shape), dw, None, None
 
 
 class _RMSNormAdd(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float):
-        y_MD, s_MD, rstd_M = _rmsnorm_fwd_op(x, residual, weight, eps)
+    def forward(ctx, x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float,
+                out_dtype: torch.dtype):
+        y_MD, s_MD, rstd_M = _rmsnorm_fwd_op(x, residual, weight, eps, out_dtype)
         s = s_MD.view(x.shape)
         ctx.save_for_backward(s, weight, rstd_M)
         ctx.dtypes = (x.dtype, residual.dtype)
@@ -245,21 +254,25 @@ class _RMSNormAdd(torch.autograd.Function):
         dsum_MD, dw = _rmsnorm_bwd_op(dy, s.reshape(-1, s.shape[-1]), weight, rstd_M, ds)
         dsum = dsum_MD.view(dy.shape)
         x_dtype, r_dtype = ctx.dtypes
-        return dsum.to(x_dtype), dsum.to(r_dtype), dw, None
+        return dsum.to(x_dtype), dsum.to(r_dtype), dw, None, None
 
 
 # --------------------------------------------------------------------------- functional
 
 
-def rms_norm_triton(x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, fp32 inside, in ``x``'s dtype: the ``triton`` backend of op ``rmsnorm``
-    (same signature and numerics as ``workbench.ops.rms_norm_torch``)."""
-    return _RMSNorm.apply(x_BTD, weight_D, eps)
+def rms_norm_triton(
+    x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last dim, fp32 inside, in ``out_dtype`` (default ``x``'s dtype): the ``triton`` backend
+    of op ``rmsnorm`` (same signature and numerics as ``workbench.ops.rms_norm_torch``)."""
+    return _RMSNorm.apply(x_BTD, weight_D, eps, out_dtype or x_BTD.dtype)
 
 
 def rms_norm_add_triton(
-    x_BTD: torch.Tensor, residual_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float
+    x_BTD: torch.Tensor, residual_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused ``s = x + residual; (rms_norm(s, weight, eps), s)``: one read of x and residual instead of
-    three passes (add, then norm's read of s)."""
-    return _RMSNormAdd.apply(x_BTD, residual_BTD, weight_D, eps)
+    three passes (add, then norm's read of s). y in ``out_dtype`` (default: s's dtype)."""
+    return _RMSNormAdd.apply(x_BTD, residual_BTD, weight_D, eps,
+                             out_dtype or torch.promote_types(x_BTD.dtype, residual_BTD.dtype))

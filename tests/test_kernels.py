@@ -183,6 +183,33 @@ def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
     close(dw, dw64, dtype, scale=dw64.abs().max().item())
 
 
+@pytest.mark.parametrize("fused", (False, True), ids=("norm", "add+norm"))
+def test_rmsnorm_writes_the_matmul_dtype(gen, fused):
+    """out_dtype (the model passes autocast's): y written in bf16 from fp32 x, its bf16 gradient read back;
+    values as the torch reference with the same out_dtype (fp32 inside, one rounding), dx and dw in fp32."""
+    x = randn(gen, 6, 200).requires_grad_()
+    r = randn(gen, 6, 200).requires_grad_()
+    w = (1 + randn(gen, 200, scale=0.5)).requires_grad_()
+    dy = randn(gen, 6, 200, dtype=torch.bfloat16)
+    with kernels.using({"rmsnorm": {"block_rows": 2}}), kernels.poison_outputs():
+        if fused:
+            y, s = kernels.rms_norm_add_triton(x, r, w, 1e-5, torch.bfloat16)
+            assert s.dtype == torch.float32
+        else:
+            y = kernels.rms_norm_triton(x, w, 1e-5, torch.bfloat16)
+        got = grads(y, (x, r, w) if fused else (x, w), dy)
+    assert y.dtype == torch.bfloat16 and all(g.dtype == torch.float32 for g in got)
+    xr, rr, wr = (t.detach().clone().requires_grad_() for t in (x, r, w))
+    y_ref = (ops.rms_norm_add_torch(xr, rr, wr, 1e-5, torch.bfloat16)[0] if fused
+             else ops.rms_norm_torch(xr, wr, 1e-5, torch.bfloat16))
+    assert y_ref.dtype == torch.bfloat16
+    want = grads(y_ref, (xr, rr, wr) if fused else (xr, wr), dy)
+    # y: both round the same fp32 value to bf16 once; fp32 sums in another order may flip a last bf16 bit
+    close(y, y_ref.double(), torch.bfloat16, scale=y_ref.abs().max().item())
+    for a, b in zip(got, want):  # the gradient read is bf16 in both: fp32 math after it
+        close(a, b.double(), torch.float32, scale=b.abs().max().item())
+
+
 # --------------------------------------------------------------------------- SwiGLU
 
 
@@ -545,9 +572,10 @@ def test_the_launchers_are_custom_ops_with_fake_functions():
     h, wv = torch.randn(6, 40, device=DEVICE), torch.randn(70, 40, device=DEVICE)
     labels, mask = torch.randint(0, 70, (6,), device=DEVICE), torch.rand(6, device=DEVICE) < 0.5
     calls = [
-        (torch.ops.wb_kernels.rmsnorm_fwd, (x, None, w, 1e-5)),
-        (torch.ops.wb_kernels.rmsnorm_fwd, (x, x * 2, w, 1e-5)),
+        (torch.ops.wb_kernels.rmsnorm_fwd, (x, None, w, 1e-5, torch.float32)),
+        (torch.ops.wb_kernels.rmsnorm_fwd, (x, x * 2, w, 1e-5, torch.bfloat16)),
         (torch.ops.wb_kernels.rmsnorm_bwd, (x, x.reshape(-1, 40), w, torch.ones(21, device=DEVICE), None)),
+        (torch.ops.wb_kernels.rmsnorm_bwd, (x.bfloat16(), x.reshape(-1, 40), w, torch.ones(21, device=DEVICE), x)),
         (torch.ops.wb_kernels.swiglu_fwd, (x, x)),
         (torch.ops.wb_kernels.swiglu_bwd, (x, x, x)),
         (torch.ops.wb_kernels.rope_fwd, (q, k, cos, sin)),
@@ -822,5 +850,27 @@ def test_bench_e2e_variants_include_the_fused_residual_add_on_request():
     got = bench._variants(argparse.Namespace(e2e_variants="triton:compile,triton_fused:compile"))
     assert got == [("triton", "compile"), ("triton_fused", "compile")]
     assert bench._e2e_row("triton_fused", "compile", {"rmsnorm": {"num_warps": 8}}, {})["sweep"] == "best"
-    with pytest.raises(SystemExit, match="triton_fused:eager"):
+    with pytest.raises(SystemExit, match="'fused' needs the Triton rmsnorm"):
         bench._variants(argparse.Namespace(e2e_variants="fused:eager"))
+
+
+def test_bench_e2e_mixes_run_triton_for_the_named_ops_only():
+    import argparse
+
+    import kernels  # noqa: F401 - registers the triton backends
+    from kernels import bench
+    from workbench.ops import OP_NAMES, resolve
+
+    got = bench._variants(argparse.Namespace(e2e_variants="rmsnorm+loss:compile,rmsnorm+fused+rope:eager"))
+    assert got == [("rmsnorm+loss", "compile"), ("rmsnorm+fused+rope", "eager")]
+    assert bench._e2e_ops("rmsnorm+loss") == ({"rmsnorm": "triton", "loss": "triton"}, False)
+    assert bench._e2e_ops("rmsnorm+fused+rope") == ({"rmsnorm": "triton", "rope": "triton"}, True)
+    assert bench._e2e_ops("triton") == ({op: "triton" for op in OP_NAMES}, False)
+    assert bench._e2e_ops("torch") == ({}, False)
+    chosen = resolve(*bench._e2e_ops("rmsnorm+loss")[:1]).backends
+    assert chosen == {"rmsnorm": "triton", "swiglu": "torch", "rope": "torch", "loss": "triton"}
+    assert bench._e2e_row("rmsnorm+loss", "compile", {}, {})["provider"] == "rmsnorm+loss_ops_compile"
+    with pytest.raises(SystemExit, match=r"\['swigloo'\] not in"):
+        bench._variants(argparse.Namespace(e2e_variants="rmsnorm+swigloo:eager"))
+    with pytest.raises(SystemExit, match="mode 'graphs' is not one of eager, compile"):
+        bench._variants(argparse.Namespace(e2e_variants="rope:graphs"))

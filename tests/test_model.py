@@ -308,9 +308,9 @@ def test_resolve_unknown_backend_names_op_and_backends():
 def test_registered_backend_is_used_by_model(monkeypatch):
     calls = []
 
-    def counting_rmsnorm(x, weight, eps):
+    def counting_rmsnorm(x, weight, eps, out_dtype=None):
         calls.append(x.shape)
-        return rms_norm_torch(x, weight, eps)
+        return rms_norm_torch(x, weight, eps, out_dtype)
 
     monkeypatch.setitem(ops_mod.OPS, "rmsnorm", dict(ops_mod.OPS["rmsnorm"]))
     register("rmsnorm", "counting", counting_rmsnorm)
@@ -337,6 +337,46 @@ def test_rms_norm_keeps_dtype():
     xf = x_BTD.float()
     want = xf / (xf.pow(2).mean(-1, keepdim=True) + 1e-6).sqrt() * w_D
     torch.testing.assert_close(y, want.bfloat16())
+    assert rms_norm_torch(x_BTD.float(), w_D, 1e-6, torch.bfloat16).dtype == torch.bfloat16
+
+
+def test_norms_write_autocast_dtype(monkeypatch):
+    """Under autocast the norms write their output in autocast's dtype (their consumers are all matmuls that
+    would cast it first): the forward is bitwise that of norms that return float32 and leave the cast to
+    autocast. The gradients differ only where a norm feeds several matmuls (q, k, v; gate, up): their bf16
+    gradients are summed in bf16 instead of fp32, one more bf16 rounding."""
+    seen = []
+
+    def fp32_rmsnorm(x, weight, eps, out_dtype=None):  # the old contract: out_dtype ignored
+        seen.append(out_dtype)
+        return rms_norm_torch(x, weight, eps)
+
+    monkeypatch.setitem(ops_mod.OPS, "rmsnorm", dict(ops_mod.OPS["rmsnorm"]))
+    register("rmsnorm", "fp32", fp32_rmsnorm)
+    args = _small_args()
+    torch.manual_seed(0)
+    model = Llama(args)
+    ids_BT, pos_BT = _batch(args, B=2, T=7)
+    mask_BT = torch.ones_like(ids_BT, dtype=torch.bool)
+    results = []
+    for backend in ("torch", "fp32"):
+        model.set_ops(resolve({"rmsnorm": backend}))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = model(ids_BT, pos_BT)
+            loss_sum, n = model.loss(ids_BT, pos_BT, mask_BT)
+        grads = torch.autograd.grad(loss_sum / n, list(model.parameters()))
+        results.append((h, loss_sum.detach(), grads))
+    assert results[0][0].dtype == torch.bfloat16 and results[1][0].dtype == torch.float32
+    assert torch.equal(results[0][0], results[1][0].bfloat16())
+    assert set(seen) == {torch.bfloat16}
+    assert torch.equal(results[0][1], results[1][1])
+    for (name, _), a, b in zip(model.named_parameters(), results[0][2], results[1][2]):
+        if name.startswith(("lm_head", "norm.", f"layers.{args.num_hidden_layers - 1}.mlp.")):
+            assert torch.equal(a, b), name  # upstream of every multi-consumer norm: the same gradient
+        else:  # the bf16 sum: a relative rounding of 2^-8 per sum, compounded over the layers after it
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-2 * b.abs().max().item(), msg=name)
+    model.set_ops(resolve())
+    assert model(ids_BT, pos_BT).dtype == torch.float32  # no autocast: x's dtype
 
 
 # ---------------------------------------------------------------------------

@@ -337,11 +337,22 @@ class RMSNorm(nn.Module):
         self.ops = ops
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        return self.ops.rmsnorm(x_BTD, self.weight, self.eps)
+        return self.ops.rmsnorm(x_BTD, self.weight, self.eps, _matmul_dtype(x_BTD))
 
     def add_forward(self, x_BTD: torch.Tensor, residual_BTD: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``s = x + residual; (norm(s), s)`` through ``ops.rmsnorm_add`` (one kernel with the Triton backend)."""
-        return self.ops.rmsnorm_add(x_BTD, residual_BTD, self.weight, self.eps)
+        return self.ops.rmsnorm_add(x_BTD, residual_BTD, self.weight, self.eps, _matmul_dtype(x_BTD))
+
+
+def _matmul_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype a norm writes its output in: autocast's when autocast is on, else ``x``'s.
+
+    Every consumer of a norm's output here is a matmul (the q/k/v and gate/up projections, the LM head) that
+    autocast would first cast to its dtype; the norm writing it so skips that pass, and its backward then reads
+    the gradient in that dtype, as the cast's backward would have delivered it. The values are the same.
+    """
+    dev = x.device.type
+    return torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
 
 
 # enable_gqa arrived in torch 2.5; before it, kv heads are repeated explicitly.

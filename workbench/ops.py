@@ -14,10 +14,14 @@ Calling conventions every backend of an op must follow (shape legend: B batch,
 T tokens, D model dim, H heads, K kv heads, d head dim, N flattened positions,
 V vocab):
 
-- ``rmsnorm(x_BTD, weight_D, eps) -> y_BTD``: computed in float32, returned in
-  the dtype of ``x``.
-- ``rmsnorm_add(x_BTD, residual_BTD, weight_D, eps) -> (y_BTD, s_BTD)``: the
-  residual add fused with the norm, ``s = x + residual; y = rmsnorm(s)``; not
+- ``rmsnorm(x_BTD, weight_D, eps, out_dtype=None) -> y_BTD``: computed in
+  float32, returned in ``out_dtype`` (``None``: the dtype of ``x``). The model
+  passes autocast's dtype under autocast: every consumer of a norm's output is
+  a matmul that would cast it to that dtype first, so the norm writes it so
+  (half the bytes, and its backward reads a half-width gradient).
+- ``rmsnorm_add(x_BTD, residual_BTD, weight_D, eps, out_dtype=None) ->
+  (y_BTD, s_BTD)``: the residual add fused with the norm, ``s = x + residual;
+  y = rmsnorm(s)`` (``s`` in the promoted dtype of ``x`` and ``residual``); not
   an op of its own: it follows the ``rmsnorm`` backend, and the model uses it
   only when asked (``resolve(..., fused_residual_norm=True)``).
 - ``swiglu(gate, up) -> silu(gate) * up`` (any shape, same dtype).
@@ -62,19 +66,22 @@ OP_NAMES: tuple[str, ...] = ("rmsnorm", "swiglu", "rope", "loss")
 # ---------------------------------------------------------------------------
 
 
-def rms_norm_torch(x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, computed in float32, cast back to ``x``'s dtype."""
+def rms_norm_torch(
+    x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """RMSNorm over the last dim, computed in float32, cast to ``out_dtype`` (default: ``x``'s dtype)."""
     x_f = x_BTD.float()
     inv_rms = torch.rsqrt(x_f.pow(2).mean(dim=-1, keepdim=True) + eps)
-    return (x_f * inv_rms * weight_D.float()).to(x_BTD.dtype)
+    return (x_f * inv_rms * weight_D.float()).to(out_dtype or x_BTD.dtype)
 
 
 def rms_norm_add_torch(
-    x_BTD: torch.Tensor, residual_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float
+    x_BTD: torch.Tensor, residual_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + residual; (rms_norm(s), s)``: the unfused reference of the fused residual add + norm."""
     s_BTD = x_BTD + residual_BTD
-    return rms_norm_torch(s_BTD, weight_D, eps), s_BTD
+    return rms_norm_torch(s_BTD, weight_D, eps, out_dtype), s_BTD
 
 
 def swiglu_torch(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -181,7 +188,7 @@ class OpSet:
     """The callables the model uses for each switchable op."""
 
     rmsnorm: Callable = rms_norm_torch
-    """``(x_BTD, weight_D, eps) -> y_BTD``"""
+    """``(x_BTD, weight_D, eps, out_dtype=None) -> y_BTD``"""
     swiglu: Callable = swiglu_torch
     """``(gate, up) -> silu(gate) * up``"""
     rope: Callable = rope_torch
@@ -189,7 +196,7 @@ class OpSet:
     loss: Callable = linear_cross_entropy_torch
     """``(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``"""
     rmsnorm_add: Callable | None = None
-    """``(x_BTD, residual_BTD, weight_D, eps) -> (y_BTD, s_BTD)`` when the blocks fuse their second residual add
+    """``(x_BTD, residual_BTD, weight_D, eps, out_dtype=None) -> (y_BTD, s_BTD)`` when the blocks fuse their second residual add
     into the norm after it; None: add, then ``rmsnorm``."""
     backends: Mapping[str, str] = field(
         default_factory=lambda: {op: "torch" for op in OP_NAMES}, hash=False
