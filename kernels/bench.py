@@ -499,7 +499,9 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
 E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
 E2E_EXTRA = [(o, c) for c in ("eager", "compile") for o in ("triton_fused",)]
 """On request (``--e2e-variants``): the Triton ops with each block's residual add fused into its second norm."""
-E2E_MODES = ("eager", "compile")
+E2E_MODES = ("eager", "compile", "graphs")
+"""``graphs``: torch.compile with mode="reduce-overhead" (CUDA graphs of the forward and backward): the host's
+launch overhead gone, as in the training loop's graph replay; on request only."""
 
 
 def _e2e_ops(ops_name: str) -> tuple[dict[str, str], bool]:
@@ -601,7 +603,8 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     from torch import _dynamo
 
     _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
-    compiled = torch.compile(model.loss, dynamic=False)
+    compiled = {"compile": torch.compile(model.loss, dynamic=False),
+                "graphs": torch.compile(model.loss, dynamic=False, mode="reduce-overhead")}
     warmup, steps, rounds = (2, 4, 1) if args.quick else (2, 6, 2)
     if len(variants) == 1:  # a worker process: one variant, its rounds' steps in one go
         steps, rounds = steps * rounds, 1
@@ -610,6 +613,8 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     peaks: dict[tuple[str, str], float] = {}
 
     def step(fn) -> torch.Tensor:
+        if fn is compiled["graphs"]:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous step's graph outputs may be overwritten
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             loss_sum, n = fn(ids, pos, mask)
         loss = loss_sum / n
@@ -627,7 +632,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                     errors.setdefault((ops_name, mode), "not run: an earlier variant failed")
                     continue
                 model.set_ops(opsets[ops_name])
-                fn = model.loss if mode == "eager" else compiled
+                fn = model.loss if mode == "eager" else compiled[mode]
                 t0 = time.time()
                 try:
                     for _ in range(warmup if r == 0 else 1):
@@ -747,7 +752,7 @@ def _summary(df, ceiling: float) -> tuple[str, list[str]]:
             lines.append(f"| {r['provider']} | {r['median_ms']:.1f} | {r['p20_ms']:.1f} | {r['p80_ms']:.1f} | "
                          f"{r['tokens_per_s']:,.0f} | {r['peak_mem_gib']:.1f} | {r['loss']:.5f} |")
         by = {r["provider"]: r for _, r in e2e.iterrows()}
-        for mode in ("eager", "compile"):
+        for mode in E2E_MODES:
             a, b = by.get(f"torch_ops_{mode}"), by.get(f"triton_ops_{mode}")
             if a is not None and b is not None and (pd.isna(a["median_ms"]) or pd.isna(b["median_ms"])):
                 goals.append(f"FAIL end to end {mode}: not measured ({a.get('error') or b.get('error')})")
@@ -784,8 +789,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "parameters when this run sweeps no kernel (--kernels none --e2e)")
     p.add_argument("--e2e-isolation", choices=("auto", "process", "none"), default="auto",
                    help="run each end-to-end variant in its own process (auto: on CUDA) or all in this one")
-    p.add_argument("--e2e-variants", help="end-to-end variants to run, e.g. torch:eager,triton:compile "
-                                          "(default: torch and triton ops, eager and compile)")
+    p.add_argument("--e2e-variants", help="end-to-end variants to run, OPS:MODE, e.g. torch:eager,triton:compile,rmsnorm+loss:graphs "
+                                          "(OPS: torch, triton, triton_fused, or op names joined by +; MODE: "
+                                          "eager, compile, graphs; default: torch and triton ops, eager and "
+                                          "compile)")
     p.add_argument("--e2e-profile", action="store_true",
                    help="also profile two end-to-end steps per variant (torch.profiler): e2e_profile.csv, the time "
                         "per kernel / op, to see where one variant loses to another")

@@ -63,9 +63,9 @@ def _rmsnorm_fwd_kernel(
 
 @triton.jit
 def _rmsnorm_bwd_kernel(
-    DY, X, W, RSTD, DS, DX, DW_PARTIAL,
+    DY, X, W, RSTD, DS, DX, DX2, DW_PARTIAL,
     M, D, stride_dy, stride_x, stride_ds, stride_dx,
-    HAS_DS: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_DS: tl.constexpr, HAS_DX2: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -88,6 +88,8 @@ def _rmsnorm_bwd_kernel(
         if HAS_DS:
             dx += tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+        if HAS_DX2:  # the same gradient in a second dtype (the branch's, when the add mixed dtypes)
+            tl.store(DX2 + rows[:, None] * stride_dx + cols[None, :], dx.to(DX2.dtype.element_ty), mask=mask)
         dw += dy * xhat
     tl.store(DW_PARTIAL + pid.to(tl.int64) * D + cols, tl.sum(dw, axis=0), mask=col_ok)
 
@@ -155,26 +157,30 @@ def _rmsnorm_fwd(
 
 
 def _rmsnorm_bwd(
-    dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (dx_MD in x's dtype, dw_D in weight's dtype); ``ds`` is added to dx (fused residual). ``dy`` may be in
-    another dtype than x (a norm written in autocast's dtype gets its gradient in that dtype)."""
+    dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None,
+    dx2_dtype: torch.dtype | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """-> (dx_MD in x's dtype, dx_MD in ``dx2_dtype`` or None, dw_D in weight's dtype); ``ds`` is added to dx
+    (fused residual). ``dy`` may be in another dtype than x (a norm written in autocast's dtype gets its
+    gradient in that dtype). ``dx2_dtype``: the kernel also writes dx in that dtype (the fused add's branch
+    input, bf16 where the residual stream is fp32), instead of a cast pass after it."""
     M, D = x_MD.shape
     x_MD, dy_MD = _rows(x_MD, D), _rows(dy, D)
     ds_MD = _rows(ds, D) if ds is not None else dy_MD  # dy_MD: unused placeholder without ds
     p = _params(M, D)
     dx_MD = empty((M, D), x_MD.dtype, x_MD.device)
+    dx2_MD = empty((M, D), dx2_dtype, x_MD.device) if dx2_dtype not in (None, x_MD.dtype) else None
     if M == 0 or D == 0:
-        return dx_MD, torch.zeros_like(weight)
+        return dx_MD, dx2_MD, torch.zeros_like(weight)
     programs = min(triton.cdiv(M, p["block_rows"]), num_sms(x_MD.device) * p["programs_per_sm"])
     dw_partial = empty((programs, D), torch.float32, x_MD.device)
     _rmsnorm_bwd_kernel[(programs,)](
-        dy_MD, x_MD, weight, rstd_M, ds_MD, dx_MD, dw_partial,
+        dy_MD, x_MD, weight, rstd_M, ds_MD, dx_MD, dx2_MD if dx2_MD is not None else dx_MD, dw_partial,
         M, D, dy_MD.stride(0), x_MD.stride(0), ds_MD.stride(0), dx_MD.stride(0),
-        HAS_DS=ds is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=p["block_size"],
+        HAS_DS=ds is not None, HAS_DX2=dx2_MD is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=p["block_size"],
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )
-    return dx_MD, dw_partial.sum(0).to(weight.dtype)
+    return dx_MD, dx2_MD, dw_partial.sum(0).to(weight.dtype)
 
 
 # --------------------------------------------------------------------------- custom ops
@@ -206,15 +212,19 @@ def _(x, residual, weight, eps, out_dtype):
 
 @torch.library.custom_op("wb_kernels::rmsnorm_bwd", mutates_args=())
 def _rmsnorm_bwd_op(
-    dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """-> (dx_MD, dw_D)."""
-    return _rmsnorm_bwd(dy, x_MD, weight, rstd_M, ds)
+    dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None,
+    dx2_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """-> (dx_MD, dx_MD in ``dx2_dtype`` (an empty tensor when that is x's dtype), dw_D)."""
+    dx_MD, dx2_MD, dw = _rmsnorm_bwd(dy, x_MD, weight, rstd_M, ds, dx2_dtype)
+    return dx_MD, (dx2_MD if dx2_MD is not None else dx_MD.new_empty(0)), dw
 
 
 @_rmsnorm_bwd_op.register_fake
-def _(dy, x_MD, weight, rstd_M, ds):
-    return torch.empty_like(x_MD, memory_format=torch.contiguous_format), torch.empty_like(weight)
+def _(dy, x_MD, weight, rstd_M, ds, dx2_dtype):
+    dx_MD = torch.empty_like(x_MD, memory_format=torch.contiguous_format)
+    dx2_MD = torch.empty_like(dx_MD, dtype=dx2_dtype) if dx2_dtype != x_MD.dtype else x_MD.new_empty(0)
+    return dx_MD, dx2_MD, torch.empty_like(weight)
 
 
 # --------------------------------------------------------------------------- autograd
@@ -234,7 +244,7 @@ class _RMSNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor):
         x, weight, rstd_M = ctx.saved_tensors
-        dx_MD, dw = _rmsnorm_bwd_op(dy, x.reshape(-1, x.shape[-1]), weight, rstd_M, None)
+        dx_MD, _, dw = _rmsnorm_bwd_op(dy, x.reshape(-1, x.shape[-1]), weight, rstd_M, None, x.dtype)
         return dx_MD.view(dy.shape), dw, None, None
 
 
@@ -251,10 +261,19 @@ class _RMSNormAdd(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy: torch.Tensor, ds: torch.Tensor | None):
         s, weight, rstd_M = ctx.saved_tensors
-        dsum_MD, dw = _rmsnorm_bwd_op(dy, s.reshape(-1, s.shape[-1]), weight, rstd_M, ds)
-        dsum = dsum_MD.view(dy.shape)
         x_dtype, r_dtype = ctx.dtypes
-        return dsum.to(x_dtype), dsum.to(r_dtype), dw, None, None
+        other = x_dtype if x_dtype != s.dtype else r_dtype  # the kernel also writes dx in this dtype
+        dsum_MD, dsum2_MD, dw = _rmsnorm_bwd_op(dy, s.reshape(-1, s.shape[-1]), weight, rstd_M, ds, other)
+        dsum = dsum_MD.view(dy.shape)
+
+        def grad(dt: torch.dtype) -> torch.Tensor:
+            if dt == s.dtype:
+                return dsum
+            if dt == dsum2_MD.dtype and dsum2_MD.shape == dsum_MD.shape:
+                return dsum2_MD.view(dy.shape)
+            return dsum.to(dt)  # (bf16 + fp16: both differ from the fp32 sum; the second is cast here)
+
+        return grad(x_dtype), grad(r_dtype), dw, None, None
 
 
 # --------------------------------------------------------------------------- functional

@@ -180,6 +180,9 @@ class Trainer:
                 for layer in self.model.layers:
                     layer.compile(mode=mode, dynamic=dynamic)
                 self.model.norm.compile(mode=mode, dynamic=dynamic)
+                if self.model.ops.rmsnorm_add is not None:  # the final norm adds the last block's MLP output
+                    self.model.norm.add_forward = torch.compile(self.model.norm.add_forward, mode=mode,
+                                                                dynamic=dynamic)
                 self.model.head_loss = torch.compile(self.model.head_loss, mode=mode, dynamic=dynamic)
             else:
                 self.compute = torch.compile(self.loss_module, mode=mode, dynamic=dynamic)

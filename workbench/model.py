@@ -418,7 +418,13 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """Pre-norm decoder block: ``x + attn(norm(x))``, then ``x + mlp(norm(x))``.
+
+    With ``ops.rmsnorm_add`` (``compute_domain.fused_residual_norm``) every residual add runs inside the norm
+    that follows it: the block takes the previous block's MLP output still to be added (``pending``) and adds
+    it in its first norm, adds its attention output in its second, and hands its own MLP output on as the
+    next ``pending`` (the final norm adds the last one). Same sums, same order; no separate add pass.
+    """
 
     def __init__(self, args: ModelArgs, ops: OpSet) -> None:
         super().__init__()
@@ -427,13 +433,24 @@ class Block(nn.Module):
         self.post_attention_layernorm = RMSNorm(args.hidden_size, args.rms_norm_eps, ops)
         self.mlp = MLP(args, ops)
 
-    def forward(self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
-        attn_BTD = self.self_attn(self.input_layernorm(x_BTD), cos_BTd, sin_BTd)
-        if self.post_attention_layernorm.ops.rmsnorm_add is not None:  # the add fused into the norm after it
-            normed_BTD, x_BTD = self.post_attention_layernorm.add_forward(attn_BTD, x_BTD)
-            return x_BTD + self.mlp(normed_BTD)
-        x_BTD = x_BTD + attn_BTD
-        return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD))
+    def forward(
+        self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor,
+        pending_BTD: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> ``(x_BTD, pending_BTD)``: the residual stream and the branch output not yet added to it (None
+        unless the adds are fused into the norms)."""
+        if self.post_attention_layernorm.ops.rmsnorm_add is None:
+            if pending_BTD is not None:
+                x_BTD = x_BTD + pending_BTD
+            x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos_BTd, sin_BTd)
+            return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD)), None
+        if pending_BTD is None:
+            normed_BTD = self.input_layernorm(x_BTD)
+        else:
+            normed_BTD, x_BTD = self.input_layernorm.add_forward(pending_BTD, x_BTD)
+        attn_BTD = self.self_attn(normed_BTD, cos_BTd, sin_BTd)
+        normed_BTD, x_BTD = self.post_attention_layernorm.add_forward(attn_BTD, x_BTD)
+        return x_BTD, self.mlp(normed_BTD)
 
 
 class Llama(nn.Module):
@@ -494,9 +511,12 @@ class Llama(nn.Module):
             )
         cos_BTd, sin_BTd = self.rotary(position_ids_BT)
         x_BTD = self.embed_tokens(input_ids_BT)
+        pending_BTD = None  # a branch output to add in the next norm (fused_residual_norm)
         for layer in self.layers:
-            x_BTD = layer(x_BTD, cos_BTd, sin_BTd)
-        return self.norm(x_BTD)
+            x_BTD, pending_BTD = layer(x_BTD, cos_BTd, sin_BTd, pending_BTD)
+        if pending_BTD is None:
+            return self.norm(x_BTD)
+        return self.norm.add_forward(pending_BTD, x_BTD)[0]
 
     def logits(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor) -> torch.Tensor:
         """``logits_BTV`` (materialised; for tests and evaluation, not the training loss)."""
