@@ -570,8 +570,9 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str]]:
         except ValueError as e:
             raise SystemExit(f"kernels.bench: --e2e-variants: {v!r}: ops {e}") from None
         if mode not in E2E_MODES:
+            examples = ", ".join(f"{o}:{m}" for o, m in E2E_VARIANTS + E2E_EXTRA)
             raise SystemExit(f"kernels.bench: --e2e-variants: {v!r}: mode {mode!r} is not one of "
-                             f"{', '.join(E2E_MODES)} (e.g. {', '.join(f'{o}:{m}' for o, m in E2E_VARIANTS + E2E_EXTRA)})")
+                             f"{', '.join(E2E_MODES)} (e.g. {examples})")
         out.append((ops_name, mode))
     return out
 
@@ -765,13 +766,15 @@ def _summary(df, ceiling: float) -> tuple[str, list[str]]:
                 goals.append(f"INFO end to end {mode}: the fused residual add {b['median_ms'] / c['median_ms']:.3f}x "
                              f"the step speed of the Triton ops without it; losses {c['loss']:.5f} vs "
                              f"{b['loss']:.5f}")
-            for name, m in by.items():  # the mixes: Triton for some ops only
-                if name.endswith(f"_ops_{mode}") and name[: -len(f"_ops_{mode}")] not in ("torch", "triton",
-                                                                                           "triton_fused"):
-                    if a is not None and not (pd.isna(a["median_ms"]) or pd.isna(m["median_ms"])):
-                        goals.append(f"INFO end to end {mode}: Triton for {name[: -len(f'_ops_{mode}')]} only "
-                                     f"{a['median_ms'] / m['median_ms']:.3f}x the step speed of torch ops; losses "
-                                     f"{m['loss']:.5f} vs {a['loss']:.5f}")
+            suffix = f"_ops_{mode}"
+            mixes = {n[: -len(suffix)]: m for n, m in by.items() if n.endswith(suffix)}
+            for ops_name, m in mixes.items():  # Triton for some ops only
+                if ops_name in ("torch", "triton", "triton_fused") or a is None:
+                    continue
+                if not (pd.isna(a["median_ms"]) or pd.isna(m["median_ms"])):
+                    goals.append(f"INFO end to end {mode}: Triton for {ops_name} only "
+                                 f"{a['median_ms'] / m['median_ms']:.3f}x the step speed of torch ops; losses "
+                                 f"{m['loss']:.5f} vs {a['loss']:.5f}")
     pd.set_option("display.width", 250)
     return "\n".join(lines) + "\n", goals
 
@@ -789,10 +792,10 @@ def _parser() -> argparse.ArgumentParser:
                                     "parameters when this run sweeps no kernel (--kernels none --e2e)")
     p.add_argument("--e2e-isolation", choices=("auto", "process", "none"), default="auto",
                    help="run each end-to-end variant in its own process (auto: on CUDA) or all in this one")
-    p.add_argument("--e2e-variants", help="end-to-end variants to run, OPS:MODE, e.g. torch:eager,triton:compile,rmsnorm+loss:graphs "
-                                          "(OPS: torch, triton, triton_fused, or op names joined by +; MODE: "
-                                          "eager, compile, graphs; default: torch and triton ops, eager and "
-                                          "compile)")
+    p.add_argument("--e2e-variants",
+                   help="end-to-end variants to run, OPS:MODE, e.g. torch:eager,triton:compile,rmsnorm+loss:graphs "
+                        "(OPS: torch, triton, triton_fused, or op names joined by +; MODE: eager, compile, graphs; "
+                        "default: torch and triton ops, eager and compile)")
     p.add_argument("--e2e-profile", action="store_true",
                    help="also profile two end-to-end steps per variant (torch.profiler): e2e_profile.csv, the time "
                         "per kernel / op, to see where one variant loses to another")

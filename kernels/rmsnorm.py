@@ -128,19 +128,18 @@ def _sum_dtype(x: torch.Tensor, residual: torch.Tensor | None) -> torch.dtype:
 
 
 def _rmsnorm_fwd(
-    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, out_dtype: torch.dtype | None
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float, out_dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """-> (y_MD in ``out_dtype``, s_MD or None, rstd_M); s, and y when ``out_dtype`` is None, in the dtype of
-    ``x + residual`` (x's without residual)."""
+    """-> (y_MD in ``out_dtype``, s_MD or None, rstd_M); s in the dtype of ``x + residual``."""
     _check_inputs(x, residual, weight)
-    if out_dtype is not None and out_dtype not in _FLOAT_DTYPES:
+    if out_dtype not in _FLOAT_DTYPES:
         raise ValueError(f"kernels.rmsnorm: out_dtype must be one of {list(_FLOAT_DTYPES)}, got {out_dtype}")
     D = x.shape[-1]
     x_MD = _rows(x, D)
     M = x_MD.shape[0]
     p = _params(M, D)
     s_dtype = _sum_dtype(x, residual)
-    y_MD = empty((M, D), out_dtype or s_dtype, x.device)
+    y_MD = empty((M, D), out_dtype, x.device)
     s_MD = empty((M, D), s_dtype, x.device) if residual is not None else None
     rstd_M = empty((M,), torch.float32, x.device)
     if M == 0 or D == 0:
@@ -158,10 +157,10 @@ def _rmsnorm_fwd(
 
 def _rmsnorm_bwd(
     dy: torch.Tensor, x_MD: torch.Tensor, weight: torch.Tensor, rstd_M: torch.Tensor, ds: torch.Tensor | None,
-    dx2_dtype: torch.dtype | None = None,
+    dx2_dtype: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """-> (dx_MD in x's dtype, dx_MD in ``dx2_dtype`` or None, dw_D in weight's dtype); ``ds`` is added to dx
-    (fused residual). ``dy`` may be in another dtype than x (a norm written in autocast's dtype gets its
+    """-> (dx_MD in x's dtype, dx_MD in ``dx2_dtype`` (None when that is x's), dw_D in weight's dtype); ``ds``
+    is added to dx (fused residual). ``dy`` may be in another dtype than x (a norm written in autocast's dtype gets its
     gradient in that dtype). ``dx2_dtype``: the kernel also writes dx in that dtype (the fused add's branch
     input, bf16 where the residual stream is fp32), instead of a cast pass after it."""
     M, D = x_MD.shape
@@ -169,7 +168,7 @@ def _rmsnorm_bwd(
     ds_MD = _rows(ds, D) if ds is not None else dy_MD  # dy_MD: unused placeholder without ds
     p = _params(M, D)
     dx_MD = empty((M, D), x_MD.dtype, x_MD.device)
-    dx2_MD = empty((M, D), dx2_dtype, x_MD.device) if dx2_dtype not in (None, x_MD.dtype) else None
+    dx2_MD = empty((M, D), dx2_dtype, x_MD.device) if dx2_dtype != x_MD.dtype else None
     if M == 0 or D == 0:
         return dx_MD, dx2_MD, torch.zeros_like(weight)
     programs = min(triton.cdiv(M, p["block_rows"]), num_sms(x_MD.device) * p["programs_per_sm"])
@@ -293,5 +292,4 @@ def rms_norm_add_triton(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused ``s = x + residual; (rms_norm(s, weight, eps), s)``: one read of x and residual instead of
     three passes (add, then norm's read of s). y in ``out_dtype`` (default: s's dtype)."""
-    return _RMSNormAdd.apply(x_BTD, residual_BTD, weight_D, eps,
-                             out_dtype or torch.promote_types(x_BTD.dtype, residual_BTD.dtype))
+    return _RMSNormAdd.apply(x_BTD, residual_BTD, weight_D, eps, out_dtype or _sum_dtype(x_BTD, residual_BTD))

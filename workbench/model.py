@@ -439,9 +439,7 @@ class Block(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """-> ``(x_BTD, pending_BTD)``: the residual stream and the branch output not yet added to it (None
         unless the adds are fused into the norms)."""
-        if self.post_attention_layernorm.ops.rmsnorm_add is None:
-            if pending_BTD is not None:
-                x_BTD = x_BTD + pending_BTD
+        if self.post_attention_layernorm.ops.rmsnorm_add is None:  # (pending is then always None)
             x_BTD = x_BTD + self.self_attn(self.input_layernorm(x_BTD), cos_BTd, sin_BTd)
             return x_BTD + self.mlp(self.post_attention_layernorm(x_BTD)), None
         if pending_BTD is None:
