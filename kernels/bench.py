@@ -79,7 +79,8 @@ MODES = ("fwd", "bwd", "full")
 GOAL_PCT_OF_COPY = 85.0  # the goal for the memory-bound kernels
 CSV_COLUMNS = [
     "kernel", "shape", "mode", "provider", "sweep", "launch",
-    "num_warps", "num_stages", "block_rows", "block_size", "programs_per_sm", "block_h", "block_v", "chunk_size",
+    "num_warps", "num_stages", "block_rows", "block_size", "fwd_block_size", "programs_per_sm", "block_h", "block_v",
+    "chunk_size",
     "median_ms", "p20_ms", "p80_ms", "host_ms", "gb_per_s", "pct_of_copy_ceiling", "tflop_per_s", "peak_mem_gib", "tokens_per_s",
     "loss", "dtype", "note", "error", "copy_ceiling_gb_per_s", "gpu", "torch", "triton", "cuda", "timestamp",
 ]
@@ -383,7 +384,8 @@ def _ofat(space, shape, quick: bool) -> list[dict[str, int]]:
     configs = [dict(base)]
     params = space.param_names()
     if quick:  # the parameters that matter most: warps and the kernel's main block
-        params = tuple(p for p in params if p in ("num_warps", "block_rows", "block_size", "block_h", "block_v"))
+        params = tuple(p for p in params if p in ("num_warps", "block_rows", "block_size", "fwd_block_size",
+                                                   "block_h", "block_v"))
     for p in params:
         for v in space.param(p).candidates(shape):
             cfg = {**base, p: v}

@@ -285,6 +285,12 @@ RMSNORM = LaunchSpace(
                     f"must be a power of two >= the hidden size {s['hidden']} (the one-pass kernel holds a whole "
                     f"row in one tile)",
                     candidates=lambda s: (_next_pow2(s["hidden"]),), default=lambda s: _next_pow2(s["hidden"])),
+        LaunchParam(name="fwd_block_size", doc="forward: columns per loop step; below the hidden size the "
+                    "forward reads each row twice (the sum of squares, then from L2 to normalise), at or above it "
+                    "one pass with the block_size tile", check=_pow2_between(1, MAX_TILE_NUMEL),
+                    candidates=lambda s: tuple(sorted({v for v in (512, 1024) if v < s["hidden"]}
+                                                      | {_next_pow2(s["hidden"])})),
+                    default=lambda s: _next_pow2(s["hidden"])),
         LaunchParam(name="programs_per_sm", doc="backward: persistent programs per SM (each loops over row tiles "
                     "and keeps its partial dw in registers)", check=_between(1, 32),
                     candidates=lambda s: (1, 2, 4, 8),

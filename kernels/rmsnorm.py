@@ -12,7 +12,10 @@ Backward, with xhat = x * rstd and g = w * dy:
     dw_D  = sum_M(dy * xhat)
 
 One pass: a tile of ``block_rows`` x ``block_size`` holds whole rows (``block_size`` >= D),
-so x is read once in the forward and x, dy once in the backward. The forward saves
+so x is read once in the forward and x, dy once in the backward. With ``fwd_block_size`` < D the
+forward makes two passes over column chunks of that width instead, as inductor's looped
+reduction does: the sum of squares, then a second read of the rows (kept in L2 by an
+``evict_last`` first read) to normalise; a narrower tile, fewer registers, more programs in flight. The forward saves
 rstd (4 bytes per row) so the backward does not recompute it. The backward is
 persistent (as Liger-Kernel's): ``programs_per_sm`` programs per SM, each looping over
 row tiles and keeping its partial dw in registers; the partials ([programs, D], fp32)
@@ -40,25 +43,54 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 def _rmsnorm_fwd_kernel(
     X, R, W, Y, S, RSTD,
     M, D, stride_x, stride_r, stride_y, stride_s, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TWO_PASS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-    cols = tl.arange(0, BLOCK_D)
     row_ok = rows < M
-    col_ok = cols < D
-    mask = row_ok[:, None] & col_ok[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        s = (x + r).to(S.dtype.element_ty)  # rounded like the unfused add, then normalised
-        tl.store(S + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
-        x = s.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
-    w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    if TWO_PASS:  # BLOCK_D < D: sum of squares over column chunks, then a second read (from L2) to normalise
+        acc = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
+        for c0 in range(0, D, BLOCK_D):
+            cols = c0 + tl.arange(0, BLOCK_D)
+            mask = row_ok[:, None] & (cols < D)[None, :]
+            x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                        eviction_policy="evict_last").to(tl.float32)
+            if HAS_RESIDUAL:
+                r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+                s = (x + r).to(S.dtype.element_ty)
+                tl.store(S + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+                x = s.to(tl.float32)
+            acc += x * x
+        rstd = 1.0 / tl.sqrt(tl.sum(acc, axis=1) / D + eps)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+        for c0 in range(0, D, BLOCK_D):
+            cols = c0 + tl.arange(0, BLOCK_D)
+            col_ok = cols < D
+            mask = row_ok[:, None] & col_ok[None, :]
+            if HAS_RESIDUAL:
+                x = tl.load(S + rows[:, None] * stride_s + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+            else:
+                x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0,
+                            eviction_policy="evict_first").to(tl.float32)
+            w = tl.load(W + cols, mask=col_ok, other=0.0, eviction_policy="evict_last").to(tl.float32)
+            y = x * rstd[:, None] * w[None, :]
+            tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+    else:  # one pass: the tile holds whole rows
+        cols = tl.arange(0, BLOCK_D)
+        col_ok = cols < D
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = (x + r).to(S.dtype.element_ty)  # rounded like the unfused add, then normalised
+            tl.store(S + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+            x = s.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
+        w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -149,7 +181,8 @@ def _rmsnorm_fwd(
     _rmsnorm_fwd_kernel[(triton.cdiv(M, p["block_rows"]),)](
         x_MD, r_MD, weight, y_MD, s_arg, rstd_M,
         M, D, x_MD.stride(0), r_MD.stride(0), y_MD.stride(0), s_arg.stride(0), float(eps),
-        HAS_RESIDUAL=residual is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=p["block_size"],
+        HAS_RESIDUAL=residual is not None, BLOCK_ROWS=p["block_rows"],
+        BLOCK_D=min(p["fwd_block_size"], p["block_size"]), TWO_PASS=p["fwd_block_size"] < D,
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )
     return y_MD, s_MD, rstd_M

@@ -155,6 +155,7 @@ KNOBS: tuple[Knob, ...] = (
     _kernel_knob("rmsnorm", "rmsnorm", "block_rows", "rows per tile"),
     _kernel_knob("rmsnorm", "rmsnorm", "block_size", "columns per tile (a power of two >= hidden size)"),
     _kernel_knob("rmsnorm", "rmsnorm", "programs_per_sm", "backward: persistent programs per SM"),
+    _kernel_knob("rmsnorm", "rmsnorm", "fwd_block_size", "forward: columns per loop step (< hidden: two passes)"),
     _kernel_knob("swiglu", "swiglu", "num_warps", "warps per program"),
     _kernel_knob("swiglu", "swiglu", "block_size", "elements per program"),
     _kernel_knob("rope", "rope", "num_warps", "warps per program"),
