@@ -79,7 +79,8 @@ MODES = ("fwd", "bwd", "full")
 GOAL_PCT_OF_COPY = 85.0  # the goal for the memory-bound kernels
 CSV_COLUMNS = [
     "kernel", "shape", "mode", "provider", "sweep", "launch",
-    "num_warps", "num_stages", "block_rows", "block_size", "fwd_block_size", "programs_per_sm", "block_h", "block_v",
+    "num_warps", "num_stages", "block_rows", "block_size", "fwd_block_size", "bwd_num_warps", "bwd_block_rows",
+    "programs_per_sm", "bwd_tiles_in_flight", "block_h", "block_v",
     "chunk_size",
     "median_ms", "p20_ms", "p80_ms", "host_ms", "gb_per_s", "pct_of_copy_ceiling", "tflop_per_s", "peak_mem_gib", "tokens_per_s",
     "loss", "dtype", "note", "error", "copy_ceiling_gb_per_s", "gpu", "torch", "triton", "cuda", "timestamp",
@@ -256,6 +257,19 @@ def _cases(models: list[str], dev) -> list[Case]:
                         "float32>bfloat16", make_rms_autocast, kernels.rms_norm_triton, ops.rms_norm_torch,
                         bytes={"fwd": 6 * M * D, "bwd": 10 * M * D, "full": 16 * M * D}))
 
+        def make_rms_add(D=D):  # the fused residual add as the model runs it: bf16 branch + fp32 stream, bf16 out
+            x = torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+            r = torch.randn(_B, _T, D, device=dev, requires_grad=True)
+            w = torch.ones(D, device=dev, requires_grad=True)
+            up = (torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16), torch.randn(_B, _T, D, device=dev))
+            return (x, r, w, 1e-5, torch.bfloat16), [x, r, w], up
+
+        # fwd reads x (2 bytes) and r (4), writes s (4) and y (2); bwd reads dy (2), s (4) and the stream's
+        # gradient ds (4), writes the gradients of r (4) and x (2)
+        out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D} fused add", {"rows": M, "hidden": D},
+                        "bfloat16+float32>bfloat16", make_rms_add, kernels.rms_norm_add_triton,
+                        ops.rms_norm_add_torch, bytes={"fwd": 12 * M * D, "bwd": 16 * M * D, "full": 28 * M * D}))
+
         def make_swiglu(F=F):
             g = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
             u = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
@@ -385,6 +399,7 @@ def _ofat(space, shape, quick: bool) -> list[dict[str, int]]:
     params = space.param_names()
     if quick:  # the parameters that matter most: warps and the kernel's main block
         params = tuple(p for p in params if p in ("num_warps", "block_rows", "block_size", "fwd_block_size",
+                                                   "bwd_num_warps", "bwd_block_rows",
                                                    "block_h", "block_v"))
     for p in params:
         for v in space.param(p).candidates(shape):
@@ -787,6 +802,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="gr00t shapes only, a smaller sweep, shorter timing")
     p.add_argument("--full-sweep", action="store_true", help="every valid launch configuration (long)")
     p.add_argument("--kernels", default="rmsnorm,swiglu,rope,fused_linear_ce")
+    p.add_argument("--shapes", help="only the cases whose shape label contains one of these comma-separated "
+                                    "strings, e.g. 'fused add,bf16 out'")
     p.add_argument("--providers", default=",".join(PROVIDERS))
     p.add_argument("--e2e", action="store_true", help="also the end-to-end gr00t-n1.6 step, eager and compiled")
     p.add_argument("--kernel-sweep", help="also write the gr00t-shape triton rows as a report kernel_sweep.csv")
@@ -855,13 +872,16 @@ def run(args: argparse.Namespace, dev) -> int:
         "sweep": "ceiling", "gb_per_s": ceiling, "pct_of_copy_ceiling": 100.0, "copy_ceiling_gb_per_s": ceiling,
         "median_ms": 2 * COPY_BYTES / ceiling / 1e6, "dtype": "bfloat16", **common}]
     models = [MAIN_MODEL] if args.quick else list(MODELS)
+    shapes = [x.strip() for x in (args.shapes or "").split(",") if x.strip()]
     for case in _cases(models, dev):
-        if case.kernel in chosen:
+        if case.kernel in chosen and (not shapes or any(x in case.shape_label for x in shapes)):
             rows += _bench_case(case, providers, args, ceiling, common, log, device)
     df = pd.DataFrame(rows)
     best = _best_launch(df)
     main_best: dict[str, dict[str, int]] = {}
-    for shape, per_kernel in best.items():
+    # the end-to-end step's parameters: the main model's shapes, the fused residual add's RMSNorm last (so its
+    # best wins: the fused-add norms are all but one of the step's norms when the adds are fused)
+    for shape, per_kernel in sorted(best.items(), key=lambda kv: "fused add" in kv[0]):
         if shape.startswith(MAIN_MODEL):
             main_best.update(per_kernel)
     if args.launch:  # launch parameters measured by an earlier run fill in the kernels this run did not sweep

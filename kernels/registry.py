@@ -135,6 +135,8 @@ class LaunchParam:
     """Shape-independent constraint: None if ``value`` is allowed, else what is required."""
     shape_check: ShapeCheck | None = None
     """Constraint at a shape: None if allowed, else what is required."""
+    phase: str = ""
+    """``"fwd"`` or ``"bwd"`` when only that kernel of the op reads it; ``""`` when every launch does."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,16 +183,35 @@ class LaunchSpace:
         return {p.name: tuple(p.candidates(shape)) for p in self.params}
 
     def sweep(self, shape: Shape, fixed: Mapping[str, int] | None = None) -> list[dict[str, int]]:
-        """Every valid combination of candidates at ``shape`` (``fixed`` pins some parameters)."""
+        """Every valid combination of candidates at ``shape`` that can differ in time (``fixed`` pins some
+        parameters).
+
+        Parameters read by one phase only (forward or backward kernel) are not crossed with the other phase's:
+        for each combination of the shared ones, the forward-only combinations (backward-only ones at their
+        defaults), then the backward-only ones (forward-only at their defaults). The two kernels are separate
+        launches, so a full step's time is the sum of theirs and the cross product would add no information.
+        """
         cands = self.candidates(shape)
         for k, v in (fixed or {}).items():
             self.param(k)
             cands[k] = (int(v),)
-        out = []
-        for values in itertools.product(*cands.values()):
-            params = dict(zip(cands, values))
-            if not self.problems(params, shape):
-                out.append(params)
+        defaults = self.defaults(shape)
+        by_phase: dict[str, list[str]] = {}
+        for p in self.params:
+            by_phase.setdefault(p.phase, []).append(p.name)
+        shared = by_phase.pop("", [])
+        phased = list(by_phase.values()) or [[]]
+        out: list[dict[str, int]] = []
+        for shared_values in itertools.product(*(cands[n] for n in shared)):
+            for names in phased:
+                others = {n: (cands[n] if len(cands[n]) == 1 else (defaults[n],))
+                          for ns in phased if ns is not names for n in ns}
+                for values in itertools.product(*(cands[n] for n in names)):
+                    params = {**dict(zip(shared, shared_values)), **{n: v[0] for n, v in others.items()},
+                              **dict(zip(names, values))}
+                    params = {n: params[n] for n in self.param_names()}
+                    if params not in out and not self.problems(params, shape):
+                        out.append(params)
         return out
 
     def problems(self, params: Mapping[str, Any], shape: Shape | None = None) -> list[LaunchConfigError]:
@@ -262,21 +283,28 @@ def _rms_default_rows(s: Shape) -> int:
 
 
 def _rms_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
-    if "block_rows" in p and "block_size" in p and "num_warps" in p:
-        why = _per_thread(p["block_rows"] * p["block_size"], p["num_warps"])
-        if why:
-            return [("block_rows", f"with block_size={p['block_size']} {why}")]
-    return []
+    out = []
+    for rows, warps in (("block_rows", "num_warps"), ("bwd_block_rows", "bwd_num_warps")):
+        if rows in p and "block_size" in p and warps in p:
+            why = _per_thread(p[rows] * p["block_size"], p[warps])
+            if why:
+                out.append((rows, f"with block_size={p['block_size']} and {warps}={p[warps]} {why}"))
+    return out
+
+
+def _rms_default_warps(s: Shape) -> int:
+    return _rms_tile_warps(_rms_default_rows(s) * _next_pow2(s["hidden"]))
 
 
 RMSNORM = LaunchSpace(
     kernel="rmsnorm", op="rmsnorm", dims=("rows", "hidden"),
     doc="RMSNorm (optionally fused with the residual add), forward and backward; one pass over each row.",
     params=(
-        LaunchParam(**_NUM_WARPS, candidates=lambda s: (2, 4, 8, 16),
-                    default=lambda s: _rms_tile_warps(_rms_default_rows(s) * _next_pow2(s["hidden"]))),
-        LaunchParam(**_NUM_STAGES, candidates=lambda s: (1, 2, 3), default=lambda s: 2),
-        LaunchParam(name="block_rows", doc="rows per tile (forward: per program; backward: per loop step)",
+        LaunchParam(**{**_NUM_WARPS, "doc": "forward: warps per program"}, phase="fwd",
+                    candidates=lambda s: (2, 4, 8, 16), default=_rms_default_warps),
+        LaunchParam(**{**_NUM_STAGES, "doc": "software-pipelining stages of the backward's row loop and of the "
+                       "two-pass forward's column loops"}, candidates=lambda s: (1, 2, 3), default=lambda s: 2),
+        LaunchParam(name="block_rows", doc="forward: rows per program", phase="fwd",
                     check=_pow2_between(1, 256), candidates=lambda s: (1, 2, 4, 8, 16),
                     default=_rms_default_rows),
         LaunchParam(name="block_size", doc="columns per tile: the whole hidden size, padded to a power of two",
@@ -287,16 +315,24 @@ RMSNORM = LaunchSpace(
                     candidates=lambda s: (_next_pow2(s["hidden"]),), default=lambda s: _next_pow2(s["hidden"])),
         LaunchParam(name="fwd_block_size", doc="forward: columns per loop step; below the hidden size the "
                     "forward reads each row twice (the sum of squares, then from L2 to normalise), at or above it "
-                    "one pass with the block_size tile", check=_pow2_between(1, MAX_TILE_NUMEL),
+                    "one pass with the block_size tile", check=_pow2_between(1, MAX_TILE_NUMEL), phase="fwd",
                     candidates=lambda s: tuple(sorted({v for v in (512, 1024) if v < s["hidden"]}
                                                       | {_next_pow2(s["hidden"])})),
                     default=lambda s: _next_pow2(s["hidden"])),
+        LaunchParam(**{**_NUM_WARPS, "name": "bwd_num_warps", "doc": "backward: warps per program"}, phase="bwd",
+                    candidates=lambda s: (4, 8, 16), default=_rms_default_warps),
+        LaunchParam(name="bwd_block_rows", doc="backward: rows per loop step", phase="bwd",
+                    check=_pow2_between(1, 256), candidates=lambda s: (1, 2, 4, 8), default=_rms_default_rows),
         LaunchParam(name="programs_per_sm", doc="backward: persistent programs per SM (each loops over row tiles "
-                    "and keeps its partial dw in registers)", check=_between(1, 32),
+                    "and keeps its partial dw in registers)", check=_between(1, 32), phase="bwd",
                     candidates=lambda s: (1, 2, 4, 8),
                     # Liger-Kernel runs one per SM; two keep more loads in flight per SM at the cost of twice
                     # the partial-dw rows (2 x SMs x D fp32, small next to the M x D tensors)
                     default=lambda s: 2),
+        LaunchParam(name="bwd_tiles_in_flight", doc="backward: row tiles whose loads are in flight per program; 2 "
+                    "loads the next tile before working on the current one (its loads then overlap the reduction "
+                    "and the stores, for twice the input registers)", check=_int_in((1, 2)), phase="bwd",
+                    candidates=lambda s: (1, 2), default=lambda s: 1),
     ),
     joint=_rms_joint,
 )

@@ -12,14 +12,16 @@ Backward, with xhat = x * rstd and g = w * dy:
     dw_D  = sum_M(dy * xhat)
 
 One pass: a tile of ``block_rows`` x ``block_size`` holds whole rows (``block_size`` >= D),
-so x is read once in the forward and x, dy once in the backward. With ``fwd_block_size`` < D the
+so x is read once in the forward and x, dy once in the backward (the backward's tile:
+``bwd_block_rows`` rows, with its own warp count). With ``fwd_block_size`` < D the
 forward makes two passes over column chunks of that width instead, as inductor's looped
 reduction does: the sum of squares, then a second read of the rows (kept in L2 by an
 ``evict_last`` first read) to normalise; a narrower tile, fewer registers, more programs in flight. The forward saves
 rstd (4 bytes per row) so the backward does not recompute it. The backward is
 persistent (as Liger-Kernel's): ``programs_per_sm`` programs per SM, each looping over
 row tiles and keeping its partial dw in registers; the partials ([programs, D], fp32)
-are summed by torch. Launch parameters come from ``kernels.registry`` (kernel ``rmsnorm``).
+are summed by torch. With ``bwd_tiles_in_flight`` 2 each program loads the next tile's inputs before
+working on the current one, so its loads are in flight during the row reduction and the stores. Launch parameters come from ``kernels.registry`` (kernel ``rmsnorm``).
 """
 
 from __future__ import annotations
@@ -94,10 +96,30 @@ def _rmsnorm_fwd_kernel(
 
 
 @triton.jit
+def _rmsnorm_bwd_load(
+    DY, X, RSTD, DS, tile, M, cols, col_ok, stride_dy, stride_x, stride_ds,
+    HAS_DS: tl.constexpr, BLOCK_ROWS: tl.constexpr,
+):
+    """One row tile's inputs in their stored dtypes (every row masked past M): (x, dy, ds, rstd)."""
+    rows = (tile * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
+    row_ok = rows < M
+    mask = row_ok[:, None] & col_ok[None, :]
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0)
+    rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
+    if HAS_DS:  # loaded with the others, so its latency is not exposed after the row reduction
+        ds = tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0)
+    else:
+        ds = dy  # unused
+    return x, dy, ds, rstd
+
+
+@triton.jit
 def _rmsnorm_bwd_kernel(
     DY, X, W, RSTD, DS, DX, DX2, DW_PARTIAL,
     M, D, stride_dy, stride_x, stride_ds, stride_dx,
     HAS_DS: tl.constexpr, HAS_DX2: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -106,19 +128,27 @@ def _rmsnorm_bwd_kernel(
     w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
     dw = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
     n_tiles = tl.cdiv(M, BLOCK_ROWS)
+    if PREFETCH:  # the first tile's inputs; each step then loads the next tile's before working on its own
+        x_next, dy_next, ds_next, rstd_next = _rmsnorm_bwd_load(
+            DY, X, RSTD, DS, pid, M, cols, col_ok, stride_dy, stride_x, stride_ds, HAS_DS, BLOCK_ROWS)
     for tile in range(pid, n_tiles, n_programs):
+        if PREFETCH:
+            x, dy, ds, rstd = x_next, dy_next, ds_next, rstd_next
+            x_next, dy_next, ds_next, rstd_next = _rmsnorm_bwd_load(
+                DY, X, RSTD, DS, tile + n_programs, M, cols, col_ok, stride_dy, stride_x, stride_ds, HAS_DS,
+                BLOCK_ROWS)
+        else:
+            x, dy, ds, rstd = _rmsnorm_bwd_load(
+                DY, X, RSTD, DS, tile, M, cols, col_ok, stride_dy, stride_x, stride_ds, HAS_DS, BLOCK_ROWS)
         rows = (tile * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
-        row_ok = rows < M
-        mask = row_ok[:, None] & col_ok[None, :]
-        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        rstd = tl.load(RSTD + rows, mask=row_ok, other=0.0)
-        xhat = x * rstd[:, None]
+        mask = (rows < M)[:, None] & col_ok[None, :]
+        xhat = x.to(tl.float32) * rstd[:, None]
+        dy = dy.to(tl.float32)
         g = dy * w[None, :]
         c = tl.sum(xhat * g, axis=1) / D
         dx = (g - xhat * c[:, None]) * rstd[:, None]
         if HAS_DS:
-            dx += tl.load(DS + rows[:, None] * stride_ds + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            dx += ds.to(tl.float32)
         tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
         if HAS_DX2:  # the same gradient in a second dtype (the branch's, when the add mixed dtypes)
             tl.store(DX2 + rows[:, None] * stride_dx + cols[None, :], dx.to(DX2.dtype.element_ty), mask=mask)
@@ -204,13 +234,14 @@ def _rmsnorm_bwd(
     dx2_MD = empty((M, D), dx2_dtype, x_MD.device) if dx2_dtype != x_MD.dtype else None
     if M == 0 or D == 0:
         return dx_MD, dx2_MD, torch.zeros_like(weight)
-    programs = min(triton.cdiv(M, p["block_rows"]), num_sms(x_MD.device) * p["programs_per_sm"])
+    programs = min(triton.cdiv(M, p["bwd_block_rows"]), num_sms(x_MD.device) * p["programs_per_sm"])
     dw_partial = empty((programs, D), torch.float32, x_MD.device)
     _rmsnorm_bwd_kernel[(programs,)](
         dy_MD, x_MD, weight, rstd_M, ds_MD, dx_MD, dx2_MD if dx2_MD is not None else dx_MD, dw_partial,
         M, D, dy_MD.stride(0), x_MD.stride(0), ds_MD.stride(0), dx_MD.stride(0),
-        HAS_DS=ds is not None, HAS_DX2=dx2_MD is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=p["block_size"],
-        num_warps=p["num_warps"], num_stages=p["num_stages"],
+        HAS_DS=ds is not None, HAS_DX2=dx2_MD is not None, BLOCK_ROWS=p["bwd_block_rows"],
+        BLOCK_D=p["block_size"], PREFETCH=p["bwd_tiles_in_flight"] == 2,
+        num_warps=p["bwd_num_warps"], num_stages=p["num_stages"],
     )
     return dx_MD, dx2_MD, dw_partial.sum(0).to(weight.dtype)
 

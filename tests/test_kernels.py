@@ -130,6 +130,10 @@ RMS_CASES = [  # (leading shape, hidden, launch params)
     ((300,), 3, {"block_rows": 4, "programs_per_sm": 8}),  # more backward programs than under the default
     ((2, 3), 200, {"fwd_block_size": 64}),  # two-pass forward: 4 column chunks, the last one partly masked
     ((257,), 127, {"block_rows": 4, "fwd_block_size": 32, "num_warps": 2}),
+    # backward with its own tile, loading the next one ahead: 3 programs (interpreter) over 65 tiles of 4 rows
+    # (the last tile has one row, and each program's last load ahead is past M: masked)
+    ((257,), 127, {"bwd_block_rows": 4, "bwd_num_warps": 2, "bwd_tiles_in_flight": 2, "programs_per_sm": 1}),
+    ((5,), 3, {"bwd_block_rows": 8, "bwd_tiles_in_flight": 2}),  # one tile, more rows than M
 ]
 
 
@@ -159,8 +163,8 @@ def dx_terms(x64, w64, dy, eps) -> float:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("lead,D,params", RMS_CASES[1:4:2] + RMS_CASES[4:5] + RMS_CASES[6:7],
-                         ids=["5x3", "6x200", "257x127", "6x200-two-pass"])
+@pytest.mark.parametrize("lead,D,params", RMS_CASES[1:4:2] + RMS_CASES[4:5] + RMS_CASES[6:7] + RMS_CASES[8:9],
+                         ids=["5x3", "6x200", "257x127", "6x200-two-pass", "257x127-bwd-prefetch"])
 def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
     x = randn(gen, *lead, D, dtype=dtype).requires_grad_()
     r = randn(gen, *lead, D, dtype=dtype).requires_grad_()
@@ -532,7 +536,7 @@ def test_launch_params_fill_defaults_and_are_recorded():
     kernels.configure({"rmsnorm": {"num_warps": 8}})
     p = kernels.launch_params("rmsnorm", {"rows": 10, "hidden": 200})
     assert p == {"num_warps": 8, "num_stages": 2, "block_rows": 16, "block_size": 256, "fwd_block_size": 256,
-                 "programs_per_sm": 2}
+                 "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2, "bwd_tiles_in_flight": 1}
     assert kernels.launch_record() == [{"kernel": "rmsnorm", "hidden": 200, "rows": 10, **p,
                                         "configured": ["num_warps"]}]
 
