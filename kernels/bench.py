@@ -624,9 +624,11 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     compiled = {"compile": torch.compile(model.loss, dynamic=False),
                 "graphs": torch.compile(model.loss, dynamic=False, mode="reduce-overhead")}
     warmup, steps, rounds = (2, 4, 1) if args.quick else (2, 6, 2)
+    rounds = getattr(args, "e2e_rounds", None) or rounds
     if len(variants) == 1:  # a worker process: one variant, its rounds' steps in one go
         steps, rounds = steps * rounds, 1
     times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
+    round_of: dict[tuple[str, str], list[int]] = {v: [] for v in variants}
     losses: dict[tuple[str, str], float] = {}
     peaks: dict[tuple[str, str], float] = {}
 
@@ -659,6 +661,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                     for _ in range(steps):
                         loss, ms = device.time_ms(lambda: step(fn))  # noqa: B023
                         times[(ops_name, mode)].append(ms)
+                        round_of[(ops_name, mode)].append(r)
                     losses[(ops_name, mode)] = float(loss)  # note: a host sync, after the timed steps
                     peaks[(ops_name, mode)] = device.peak_gib(0)
                     if getattr(args, "e2e_profile", False) and r == rounds - 1:
@@ -682,10 +685,38 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
         med = statistics.median(ts)
         rows.append({**base, "median_ms": med, "p20_ms": q(0.2), "p80_ms": q(0.8),
                      "tokens_per_s": _B * _T / (med * 1e-3), "peak_mem_gib": peaks[(ops_name, mode)],
-                     "loss": losses[(ops_name, mode)], "profile": profiles.get((ops_name, mode))})
+                     "loss": losses[(ops_name, mode)], "profile": profiles.get((ops_name, mode)),
+                     "note": _paired_note(times, round_of, (ops_name, mode), rounds),
+                     "steps": [{"round": r, "step": i, "ms": t}
+                               for i, (r, t) in enumerate(zip(round_of[(ops_name, mode)], ts))]})
     del model, opt
     device.empty_cache()
     return rows
+
+
+def _paired_note(times: dict[tuple[str, str], list[float]], round_of: dict[tuple[str, str], list[int]],
+                 variant: tuple[str, str], rounds: int) -> str:
+    """For a non-torch variant measured in interleaved rounds with the torch ops in the same mode: the torch
+    ops' median step time over this variant's, per round (paired: each round's two medians were taken minutes
+    apart at most, so slow drift of the GPU's clocks cancels). '' otherwise."""
+    ref = ("torch", variant[1])
+    if variant[0] == "torch" or ref not in times or rounds < 2:
+        return ""
+
+    def per_round(v: tuple[str, str]) -> dict[int, float]:
+        out: dict[int, list[float]] = {}
+        for r, t in zip(round_of[v], times[v]):
+            out.setdefault(r, []).append(t)
+        return {r: statistics.median(ts) for r, ts in out.items()}
+
+    a, b = per_round(ref), per_round(variant)
+    ratios = sorted(a[r] / b[r] for r in a if r in b)
+    if len(ratios) < 2:
+        return ""
+    faster = sum(x > 1 for x in ratios)
+    return (f"paired over {len(ratios)} rounds: torch ops' step / this step, per round: median "
+            f"{statistics.median(ratios):.4f}, min {ratios[0]:.4f}, max {ratios[-1]:.4f}; faster in "
+            f"{faster} of {len(ratios)}")
 
 
 # --------------------------------------------------------------------------- results
@@ -815,6 +846,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="end-to-end variants to run, OPS:MODE, e.g. torch:eager,triton:compile,rmsnorm+loss:graphs "
                         "(OPS: torch, triton, triton_fused, or op names joined by +; MODE: eager, compile, graphs; "
                         "default: torch and triton ops, eager and compile)")
+    p.add_argument("--e2e-rounds", type=int,
+                   help="interleaved rounds of timed steps per variant when the variants share a process "
+                        "(--e2e-isolation none; default 2): each variant's per-round medians are "
+                        "paired with the torch ops' (column note) and every step is written to e2e_steps.csv")
     p.add_argument("--e2e-profile", action="store_true",
                    help="also profile two end-to-end steps per variant (torch.profiler): e2e_profile.csv, the time "
                         "per kernel / op, to see where one variant loses to another")
@@ -896,6 +931,12 @@ def run(args: argparse.Namespace, dev) -> int:
         log(f"end to end {E2E_PRESET} {BATCH}x{SEQ}, Triton launch parameters {main_best or 'defaults'}")
         rows += _bench_e2e(main_best, args, common, log, device)
         df = pd.DataFrame(rows)
+    steps = [{"provider": r["provider"], **k, **common} for r in rows if r.get("steps") for k in r["steps"]]
+    if steps:  # every timed step of the end-to-end variants, with its round (paired comparisons)
+        pd.DataFrame(steps).to_csv(out / "e2e_steps.csv", index=False)
+        for r in rows:
+            if r.get("note", "").startswith("paired"):
+                log(f"  {r['provider']}: {r['note']}")
     prof = [{"provider": r["provider"], "rank": i + 1, **k, **common}
             for r in rows if r.get("profile") for i, k in enumerate(r["profile"])]
     if prof:  # long format: one row per variant and kernel

@@ -833,6 +833,36 @@ def test_bench_e2e_keeps_the_variants_measured_before_one_fails(tmp_path, monkey
     assert "end to end eager: triton ops" in summary  # the eager pair is still compared
 
 
+def test_bench_e2e_pairs_interleaved_rounds_with_the_torch_ops(tmp_path, monkeypatch):
+    """--e2e-rounds in one process: per round, the torch ops' median step over the other variant's (note column),
+    and every timed step with its round in e2e_steps.csv."""
+    import pandas as pd
+
+    from kernels import bench
+
+    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(bench, "BATCH", 1)
+    monkeypatch.setattr(bench, "SEQ", 6)
+    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(bench, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
+    # rounds run torch's 4 timed steps, then triton's: 10 ms against 8, except round 2 (11: slower there)
+    scripted = iter([10.0] * 4 + [8.0] * 4 + [10.0] * 4 + [8.0] * 4 + [10.0] * 4 + [11.0] * 4)
+    monkeypatch.setattr(bench._Device, "time_ms", lambda self, fn: (fn(), next(scripted)))
+    args = bench._parser().parse_args(["--quick", "--e2e", "--kernels", "none", "--out", str(tmp_path),
+                                       "--e2e-isolation", "none", "--e2e-rounds", "3",
+                                       "--e2e-variants", "torch:eager,triton:eager"])
+    assert bench.run(args, DEVICE) == 0
+    e2e = pd.read_csv(tmp_path / "kernels_bench.csv").query("kernel == 'e2e_step'").set_index("provider")
+    assert e2e.loc["triton_ops_eager", "note"] == (
+        "paired over 3 rounds: torch ops' step / this step, per round: median 1.2500, min 0.9091, max 1.2500; "
+        "faster in 2 of 3")
+    assert pd.isna(e2e.loc["torch_ops_eager", "note"])
+    steps = pd.read_csv(tmp_path / "e2e_steps.csv")
+    assert len(steps) == 24 and list(steps.groupby("provider")["round"].nunique()) == [3, 3]
+    per_round = steps.groupby(["provider", "round"])["ms"].median().unstack()
+    assert per_round.loc["triton_ops_eager"].tolist() == [8.0, 8.0, 11.0]
+
+
 def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
     """--e2e-isolation process: each variant runs in a worker process of its own (python -m kernels.bench
     --e2e-worker) whose rows come back to the parent; losses agree across the isolated processes (same seed)."""
