@@ -332,7 +332,11 @@ RMSNORM = LaunchSpace(
         LaunchParam(name="bwd_tiles_in_flight", doc="backward: row tiles whose loads are in flight per program; 2 "
                     "loads the next tile before working on the current one (its loads then overlap the reduction "
                     "and the stores, for twice the input registers)", check=_int_in((1, 2)), phase="bwd",
-                    candidates=lambda s: (1, 2), default=lambda s: 1),
+                    candidates=lambda s: (1, 2),
+                    # on an H200 (runs V and X, benchmarks/README.md): 2 at hidden 2,048 (bf16 out 78.7 -> 82.9%
+                    # of copy, fused add 85.4 -> 85.8% under the default tile), 1 at 4,096 (fp32 92.4% against
+                    # 87.9%, fused add 91.8 against 84.6%: the second tile's registers cost more than it hides)
+                    default=lambda s: 2 if _next_pow2(s["hidden"]) <= 2048 else 1),
     ),
     joint=_rms_joint,
 )

@@ -536,7 +536,7 @@ def test_launch_params_fill_defaults_and_are_recorded():
     kernels.configure({"rmsnorm": {"num_warps": 8}})
     p = kernels.launch_params("rmsnorm", {"rows": 10, "hidden": 200})
     assert p == {"num_warps": 8, "num_stages": 2, "block_rows": 16, "block_size": 256, "fwd_block_size": 256,
-                 "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2, "bwd_tiles_in_flight": 1}
+                 "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2, "bwd_tiles_in_flight": 2}
     assert kernels.launch_record() == [{"kernel": "rmsnorm", "hidden": 200, "rows": 10, **p,
                                         "configured": ["num_warps"]}]
 
@@ -567,6 +567,10 @@ def test_kernel_knobs_mirror_the_launch_spaces():
     assert k.active({"triton_fusion": True, "loss_backend": "torch"})
     assert get_knob("rmsnorm_backend").active({"triton_fusion": False})
     assert not get_knob("rmsnorm_backend").active({"triton_fusion": True})
+    fused = get_knob("fused_residual_norm")  # one Triton kernel; with torch norms the same add and norm
+    assert fused.key == "loongforge.compute_domain.fused_residual_norm" and fused.inactive is False
+    assert fused.active({"triton_fusion": True}) and fused.active({"rmsnorm_backend": "triton"})
+    assert not fused.active({"triton_fusion": False, "rmsnorm_backend": "torch", "loss_backend": "triton"})
 
 
 # --------------------------------------------------------------------------- torch.compile (the CPU: interpreted kernels)
