@@ -155,6 +155,23 @@ def test_rmsnorm_forward_and_grads(gen, lead, D, params, dtype):
     close(dw, dw64, dtype, scale=dw64.abs().max().item())
 
 
+@pytest.mark.parametrize("P,D,block_p", [(1, 1, 0), (300, 70, 64), (300, 70, 0), (5, 2049, 0)],
+                         ids=["1x1", "300x70-loop", "300x70-256-rows", "5x2049"])
+def test_rmsnorm_dw_partials_sum(gen, P, D, block_p):
+    """The backward's dw partials are summed by a Triton kernel (row blocks in a loop, the last one partly
+    masked; columns past D masked), written in the weight's dtype."""
+    from kernels.rmsnorm import _sum_rows
+
+    partial = randn(gen, P, D)
+    ref = partial.double().sum(0)
+    with kernels.poison_outputs():
+        got = _sum_rows(partial, torch.float32, block_p=block_p)
+        got16 = _sum_rows(partial, torch.bfloat16, block_p=block_p)
+    # fp32 sums of P terms of size ~1 in another order than fp64's: error ~ P * 2^-24 * sqrt(P)
+    close(got, ref, torch.float32, scale=max(1.0, P ** 0.5))
+    close(got16, ref, torch.bfloat16, scale=ref.abs().max().item())
+
+
 def dx_terms(x64, w64, dy, eps) -> float:
     """Magnitude of the terms whose difference is RMSNorm's dx: rstd * |w * dy|."""
     x64 = x64.detach()
