@@ -1,7 +1,8 @@
 """Benchmark of the Triton kernels against torch eager and torch.compile of the references (CUDA only).
 
     python -m kernels.bench [--out DIR] [--quick] [--e2e] [--kernels rmsnorm,swiglu,rope,fused_linear_ce]
-                            [--providers triton,torch,torch_compile] [--full-sweep] [--kernel-sweep PATH]
+                            [--shapes 'fused add,bf16 out'] [--providers triton,torch,torch_compile]
+                            [--full-sweep] [--kernel-sweep PATH] [--e2e-isolation none --e2e-rounds N]
 
 For each kernel, at the ``gr00t-n1.6`` shapes (micro-batch 8 x 2,048) and at one
 larger hidden size (4,096, Llama-7B-like), in the dtypes the model sees under bf16
@@ -30,7 +31,12 @@ with torch ops and with Triton ops (the best launch configurations of this run's
 sweep at the gr00t shapes, or of ``--launch``), eager and compiled. On CUDA each
 variant runs in a process of its own (``--e2e-isolation``): a fresh allocator
 and compile cache each, and a variant that fails, a CUDA error included, costs
-only its own row. A few minutes: two full-model compiles.
+only its own row. A few minutes: two full-model compiles. Separate processes
+differ by several milliseconds per step (a compiled gr00t step: 318.8 to 326.8
+ms for the same variant on an H200), more than the Triton ops change it; for a
+verdict, ``--e2e-isolation none --e2e-rounds 12`` runs the variants in one
+process in interleaved rounds and pairs each round's medians with the torch
+ops' (column ``note``; every step in ``e2e_steps.csv``).
 
 Writes under ``--out`` (default ``benchmarks/out``): ``kernels_bench.csv`` (long
 format: one row per kernel, shape, mode, provider and launch configuration, with
@@ -40,6 +46,11 @@ entries) and ``summary.md`` (tables for benchmarks/README.md); prints a short
 table last. ``--kernel-sweep PATH`` also writes the triton full-mode rows at the
 gr00t shapes in the layout the report's Kernels section reads
 (``runs/<study>/kernel_sweep.csv``).
+
+RMSNorm is timed in three cases: fp32 in and out; fp32 in, bf16 out (an unfused
+norm under autocast); and ``fused add`` (bf16 branch + fp32 stream, bf16 out: the
+model's norms with ``fused_residual_norm``, whose best launch the end-to-end step
+uses). ``--shapes`` keeps the cases whose label contains one of its strings.
 
 Default run: about 80 Triton launch configurations and 8 inductor compiles,
 estimated at about 4 minutes on one H200 (not yet timed); ``--quick`` (gr00t

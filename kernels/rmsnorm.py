@@ -20,8 +20,11 @@ reduction does: the sum of squares, then a second read of the rows (kept in L2 b
 rstd (4 bytes per row) so the backward does not recompute it. The backward is
 persistent (as Liger-Kernel's): ``programs_per_sm`` programs per SM, each looping over
 row tiles and keeping its partial dw in registers; the partials ([programs, D], fp32)
-are summed by torch. With ``bwd_tiles_in_flight`` 2 each program loads the next tile's inputs before
-working on the current one, so its loads are in flight during the row reduction and the stores. Launch parameters come from ``kernels.registry`` (kernel ``rmsnorm``).
+are summed by a small Triton kernel in a fixed order (deterministic). With ``bwd_tiles_in_flight``
+2 each program loads the next tile's inputs before working on the current one, so its loads are
+in flight during the row reduction and the stores. Launch parameters come from
+``kernels.registry`` (kernel ``rmsnorm``); the partial sum's block sizes follow from the
+partials' shape (see ``_sum_rows``).
 """
 
 from __future__ import annotations
