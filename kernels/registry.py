@@ -137,9 +137,6 @@ class LaunchParam:
     """Constraint at a shape: None if allowed, else what is required."""
     phase: str = ""
     """``"fwd"`` or ``"bwd"`` when only that kernel of the op reads it; ``""`` when every launch does."""
-    requires: Mapping[str, int] = field(default_factory=dict)
-    """Read only when these parameters have these values (else its value is inert: sweeps keep it at its
-    default, and the one-at-a-time sweep sets them when it varies this one)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -212,17 +209,10 @@ class LaunchSpace:
                 for values in itertools.product(*(cands[n] for n in names)):
                     params = {**dict(zip(shared, shared_values)), **{n: v[0] for n, v in others.items()},
                               **dict(zip(names, values))}
-                    params = self._inert_at_default({n: params[n] for n in self.param_names()}, defaults)
+                    params = {n: params[n] for n in self.param_names()}
                     if params not in out and not self.problems(params, shape):
                         out.append(params)
         return out
-
-    def _inert_at_default(self, params: dict[str, int], defaults: Mapping[str, int]) -> dict[str, int]:
-        """``params`` with each parameter whose ``requires`` is not met set to its default (it is not read)."""
-        for p in self.params:
-            if any(params.get(k) != v for k, v in p.requires.items()):
-                params[p.name] = defaults[p.name]
-        return params
 
     def problems(self, params: Mapping[str, Any], shape: Shape | None = None) -> list[LaunchConfigError]:
         """Every violated constraint of ``params`` (at ``shape`` when given); [] when valid."""
@@ -294,10 +284,6 @@ def _rms_default_rows(s: Shape) -> int:
 
 def _rms_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
     out = []
-    if (p.get("fwd_tiles_in_flight", 1) == 2 and s is not None
-            and p.get("fwd_block_size", _next_pow2(s["hidden"])) < s["hidden"]):
-        out.append(("fwd_tiles_in_flight", f"needs the one-pass forward: fwd_block_size="
-                                           f"{p['fwd_block_size']} is below the hidden size {s['hidden']}"))
     for rows, warps in (("block_rows", "num_warps"), ("bwd_block_rows", "bwd_num_warps")):
         if rows in p and "block_size" in p and warps in p:
             why = _per_thread(p[rows] * p["block_size"], p[warps])
@@ -333,13 +319,6 @@ RMSNORM = LaunchSpace(
                     candidates=lambda s: tuple(sorted({v for v in (512, 1024) if v < s["hidden"]}
                                                       | {_next_pow2(s["hidden"])})),
                     default=lambda s: _next_pow2(s["hidden"])),
-        LaunchParam(name="fwd_tiles_in_flight", doc="forward (one pass): 1 runs a program per row tile; 2 runs "
-                    "fwd_programs_per_sm persistent programs per SM, each loading its next tile before working on "
-                    "the current one", check=_int_in((1, 2)), phase="fwd", candidates=lambda s: (1, 2),
-                    default=lambda s: 1),
-        LaunchParam(name="fwd_programs_per_sm", doc="forward: persistent programs per SM (read only with "
-                    "fwd_tiles_in_flight 2)", check=_between(1, 32), phase="fwd", candidates=lambda s: (2, 4, 8),
-                    default=lambda s: 4, requires={"fwd_tiles_in_flight": 2}),
         LaunchParam(**{**_NUM_WARPS, "name": "bwd_num_warps", "doc": "backward: warps per program"}, phase="bwd",
                     candidates=lambda s: (4, 8, 16), default=_rms_default_warps),
         LaunchParam(name="bwd_block_rows", doc="backward: rows per loop step", phase="bwd",

@@ -49,12 +49,11 @@ def _rmsnorm_fwd_kernel(
     X, R, W, Y, S, RSTD,
     M, D, stride_x, stride_r, stride_y, stride_s, eps,
     HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr, TWO_PASS: tl.constexpr,
-    PERSISTENT: tl.constexpr,
 ):
     pid = tl.program_id(0)
+    rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    row_ok = rows < M
     if TWO_PASS:  # BLOCK_D < D: sum of squares over column chunks, then a second read (from L2) to normalise
-        rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
-        row_ok = rows < M
         acc = tl.zeros((BLOCK_ROWS, BLOCK_D), dtype=tl.float32)
         for c0 in range(0, D, BLOCK_D):
             cols = c0 + tl.arange(0, BLOCK_D)
@@ -85,53 +84,18 @@ def _rmsnorm_fwd_kernel(
     else:  # one pass: the tile holds whole rows
         cols = tl.arange(0, BLOCK_D)
         col_ok = cols < D
+        mask = row_ok[:, None] & col_ok[None, :]
+        x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        if HAS_RESIDUAL:
+            r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = (x + r).to(S.dtype.element_ty)  # rounded like the unfused add, then normalised
+            tl.store(S + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
+            x = s.to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
+        tl.store(RSTD + rows, rstd, mask=row_ok)
         w = tl.load(W + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if PERSISTENT:  # programs loop over row tiles, loading the next tile before working on the current one
-            n_programs = tl.num_programs(0)
-            x_next, r_next = _rmsnorm_fwd_load(X, R, pid, M, cols, col_ok, stride_x, stride_r, HAS_RESIDUAL,
-                                               BLOCK_ROWS)
-            for tile in range(pid, tl.cdiv(M, BLOCK_ROWS), n_programs):
-                x, r = x_next, r_next
-                x_next, r_next = _rmsnorm_fwd_load(X, R, tile + n_programs, M, cols, col_ok, stride_x, stride_r,
-                                                   HAS_RESIDUAL, BLOCK_ROWS)
-                _rmsnorm_fwd_rows(x, r, w, Y, S, RSTD, tile, M, D, cols, col_ok, stride_y, stride_s, eps,
-                                  HAS_RESIDUAL, BLOCK_ROWS)
-        else:
-            x, r = _rmsnorm_fwd_load(X, R, pid, M, cols, col_ok, stride_x, stride_r, HAS_RESIDUAL, BLOCK_ROWS)
-            _rmsnorm_fwd_rows(x, r, w, Y, S, RSTD, pid, M, D, cols, col_ok, stride_y, stride_s, eps, HAS_RESIDUAL,
-                              BLOCK_ROWS)
-
-
-@triton.jit
-def _rmsnorm_fwd_load(X, R, tile, M, cols, col_ok, stride_x, stride_r, HAS_RESIDUAL: tl.constexpr,
-                      BLOCK_ROWS: tl.constexpr):
-    """One row tile of x (and the residual) in their stored dtypes, rows past M masked: (x, r)."""
-    rows = (tile * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
-    mask = (rows < M)[:, None] & col_ok[None, :]
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0)
-    if HAS_RESIDUAL:
-        r = tl.load(R + rows[:, None] * stride_r + cols[None, :], mask=mask, other=0.0)
-    else:
-        r = x  # unused
-    return x, r
-
-
-@triton.jit
-def _rmsnorm_fwd_rows(x, r, w, Y, S, RSTD, tile, M, D, cols, col_ok, stride_y, stride_s, eps,
-                      HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr):
-    """Normalise one loaded row tile (adding the residual first) and store y, s and rstd."""
-    rows = (tile * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)).to(tl.int64)
-    row_ok = rows < M
-    mask = row_ok[:, None] & col_ok[None, :]
-    x = x.to(tl.float32)
-    if HAS_RESIDUAL:
-        s = (x + r.to(tl.float32)).to(S.dtype.element_ty)  # rounded like the unfused add, then normalised
-        tl.store(S + rows[:, None] * stride_s + cols[None, :], s, mask=mask)
-        x = s.to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)
-    tl.store(RSTD + rows, rstd, mask=row_ok)
-    y = x * rstd[:, None] * w[None, :]
-    tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
+        y = x * rstd[:, None] * w[None, :]
+        tl.store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -260,14 +224,11 @@ def _rmsnorm_fwd(
         return y_MD, s_MD, rstd_M
     r_MD = _rows(residual, D) if residual is not None else x_MD  # x_MD: unused placeholder without residual
     s_arg = s_MD if s_MD is not None else y_MD
-    tiles = triton.cdiv(M, p["block_rows"])
-    persistent = p["fwd_tiles_in_flight"] == 2
-    grid = min(tiles, num_sms(x.device) * p["fwd_programs_per_sm"]) if persistent else tiles
-    _rmsnorm_fwd_kernel[(grid,)](
+    _rmsnorm_fwd_kernel[(triton.cdiv(M, p["block_rows"]),)](
         x_MD, r_MD, weight, y_MD, s_arg, rstd_M,
         M, D, x_MD.stride(0), r_MD.stride(0), y_MD.stride(0), s_arg.stride(0), float(eps),
         HAS_RESIDUAL=residual is not None, BLOCK_ROWS=p["block_rows"],
-        BLOCK_D=min(p["fwd_block_size"], p["block_size"]), TWO_PASS=p["fwd_block_size"] < D, PERSISTENT=persistent,
+        BLOCK_D=min(p["fwd_block_size"], p["block_size"]), TWO_PASS=p["fwd_block_size"] < D,
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )
     return y_MD, s_MD, rstd_M

@@ -159,8 +159,6 @@ KNOBS: tuple[Knob, ...] = (
     _kernel_knob("rmsnorm", "rmsnorm", "block_size", "columns per tile (a power of two >= hidden size)"),
     _kernel_knob("rmsnorm", "rmsnorm", "programs_per_sm", "backward: persistent programs per SM"),
     _kernel_knob("rmsnorm", "rmsnorm", "fwd_block_size", "forward: columns per loop step (< hidden: two passes)"),
-    _kernel_knob("rmsnorm", "rmsnorm", "fwd_tiles_in_flight", "forward: 2 = persistent, next tile loaded ahead"),
-    _kernel_knob("rmsnorm", "rmsnorm", "fwd_programs_per_sm", "forward: persistent programs per SM"),
     _kernel_knob("rmsnorm", "rmsnorm", "bwd_num_warps", "backward: warps per program"),
     _kernel_knob("rmsnorm", "rmsnorm", "bwd_block_rows", "backward: rows per loop step"),
     _kernel_knob("rmsnorm", "rmsnorm", "bwd_tiles_in_flight", "backward: row tiles loaded ahead (2: the next one too)"),

@@ -1,6 +1,7 @@
 """Probe (CUDA): the RMSNorm forward, one program per row tile against persistent programs that load their next
 tile ahead (fwd_tiles_in_flight 2), fp32 in with fp32 and bf16 out, hidden 2,048 and 4,096; torch.compile of the
-reference in the same process. GPU time of the forward (kernels.bench.do_bench, quick timing). CSV to argv[1]."""
+reference in the same process. Ran at commit 749fbe0 (run AA); the persistent forward was slower in every case and was
+reverted after it, so this script needs that commit. GPU time (kernels.bench.do_bench, quick timing). CSV to argv[1]."""
 import itertools
 import sys
 
