@@ -526,7 +526,7 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
 
 E2E_VARIANTS = [(o, c) for c in ("eager", "compile") for o in ("torch", "triton")]
 E2E_EXTRA = [(o, c) for c in ("eager", "compile") for o in ("triton_fused",)]
-"""On request (``--e2e-variants``): the Triton ops with each block's residual add fused into its second norm."""
+"""On request (``--e2e-variants``): the Triton ops with every residual add fused into the norm after it."""
 E2E_MODES = ("eager", "compile", "graphs")
 """``graphs``: torch.compile with mode="reduce-overhead" (CUDA graphs of the forward and backward): the host's
 launch overhead gone, as in the training loop's graph replay; on request only."""
@@ -638,8 +638,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     rounds = getattr(args, "e2e_rounds", None) or rounds
     if len(variants) == 1:  # a worker process: one variant, its rounds' steps in one go
         steps, rounds = steps * rounds, 1
-    times: dict[tuple[str, str], list[float]] = {v: [] for v in variants}
-    round_of: dict[tuple[str, str], list[int]] = {v: [] for v in variants}
+    times: dict[tuple[str, str], dict[int, list[float]]] = {v: {} for v in variants}  # variant -> round -> ms
     losses: dict[tuple[str, str], float] = {}
     peaks: dict[tuple[str, str], float] = {}
 
@@ -671,8 +670,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                     device.reset_peak()
                     for _ in range(steps):
                         loss, ms = device.time_ms(lambda: step(fn))  # noqa: B023
-                        times[(ops_name, mode)].append(ms)
-                        round_of[(ops_name, mode)].append(r)
+                        times[(ops_name, mode)].setdefault(r, []).append(ms)
                     losses[(ops_name, mode)] = float(loss)  # note: a host sync, after the timed steps
                     peaks[(ops_name, mode)] = device.peak_gib(0)
                     if getattr(args, "e2e_profile", False) and r == rounds - 1:
@@ -682,11 +680,12 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                     log(f"  e2e {ops_name:6s} {mode:7s} round {r}: FAILED {errors[(ops_name, mode)][:200]}")
                     continue
                 log(f"  e2e {ops_name:6s} {mode:7s} round {r}: median "
-                    f"{statistics.median(times[(ops_name, mode)][-steps:]):8.2f} ms/step, loss {float(loss):.5f} "
+                    f"{statistics.median(times[(ops_name, mode)][r]):8.2f} ms/step, loss {float(loss):.5f} "
                     f"({time.time() - t0:.0f} s)")
     rows = []
     for ops_name, mode in variants:
-        ts = times[(ops_name, mode)]
+        per_step = [(r, t) for r, ts in times[(ops_name, mode)].items() for t in ts]
+        ts = [t for _, t in per_step]
         base = _e2e_row(ops_name, mode, best, common)
         if (ops_name, mode) in errors:  # its timed steps (if any) are incomplete: not reported as a result
             rows.append({**base, "error": errors[(ops_name, mode)]})
@@ -697,31 +696,22 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
         rows.append({**base, "median_ms": med, "p20_ms": q(0.2), "p80_ms": q(0.8),
                      "tokens_per_s": _B * _T / (med * 1e-3), "peak_mem_gib": peaks[(ops_name, mode)],
                      "loss": losses[(ops_name, mode)], "profile": profiles.get((ops_name, mode)),
-                     "note": _paired_note(times, round_of, (ops_name, mode), rounds),
-                     "steps": [{"round": r, "step": i, "ms": t}
-                               for i, (r, t) in enumerate(zip(round_of[(ops_name, mode)], ts))]})
+                     "note": _paired_note(times, (ops_name, mode)),
+                     "steps": [{"round": r, "step": i, "ms": t} for i, (r, t) in enumerate(per_step)]})
     del model, opt
     device.empty_cache()
     return rows
 
 
-def _paired_note(times: dict[tuple[str, str], list[float]], round_of: dict[tuple[str, str], list[int]],
-                 variant: tuple[str, str], rounds: int) -> str:
+def _paired_note(times: dict[tuple[str, str], dict[int, list[float]]], variant: tuple[str, str]) -> str:
     """For a non-torch variant measured in interleaved rounds with the torch ops in the same mode: the torch
     ops' median step time over this variant's, per round (paired: each round's two medians were taken minutes
     apart at most, so slow drift of the GPU's clocks cancels). '' otherwise."""
     ref = ("torch", variant[1])
-    if variant[0] == "torch" or ref not in times or rounds < 2:
+    if variant[0] == "torch" or ref not in times:
         return ""
-
-    def per_round(v: tuple[str, str]) -> dict[int, float]:
-        out: dict[int, list[float]] = {}
-        for r, t in zip(round_of[v], times[v]):
-            out.setdefault(r, []).append(t)
-        return {r: statistics.median(ts) for r, ts in out.items()}
-
-    a, b = per_round(ref), per_round(variant)
-    ratios = sorted(a[r] / b[r] for r in a if r in b)
+    a, b = times[ref], times[variant]
+    ratios = sorted(statistics.median(a[r]) / statistics.median(b[r]) for r in a if r in b)
     if len(ratios) < 2:
         return ""
     faster = sum(x > 1 for x in ratios)

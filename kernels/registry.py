@@ -202,15 +202,18 @@ class LaunchSpace:
         shared = by_phase.pop("", [])
         phased = list(by_phase.values()) or [[]]
         out: list[dict[str, int]] = []
+        seen: set[tuple[int, ...]] = set()
         for shared_values in itertools.product(*(cands[n] for n in shared)):
             for names in phased:
-                others = {n: (cands[n] if len(cands[n]) == 1 else (defaults[n],))
+                # the other phase's parameters at their defaults (or at the value ``fixed`` pins)
+                others = {n: cands[n][0] if len(cands[n]) == 1 else defaults[n]
                           for ns in phased if ns is not names for n in ns}
                 for values in itertools.product(*(cands[n] for n in names)):
-                    params = {**dict(zip(shared, shared_values)), **{n: v[0] for n, v in others.items()},
-                              **dict(zip(names, values))}
+                    params = {**dict(zip(shared, shared_values)), **others, **dict(zip(names, values))}
                     params = {n: params[n] for n in self.param_names()}
-                    if params not in out and not self.problems(params, shape):
+                    key = tuple(params.values())
+                    if key not in seen and not self.problems(params, shape):
+                        seen.add(key)
                         out.append(params)
         return out
 

@@ -154,7 +154,8 @@ KNOBS: tuple[Knob, ...] = (
          requires=_CUDA, condition=functools.partial(_op_uses_triton, "rmsnorm"), inactive=False,
          doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)"),
     _kernel_knob("rmsnorm", "rmsnorm", "num_warps", "forward: warps per program"),
-    _kernel_knob("rmsnorm", "rmsnorm", "num_stages", "pipelining stages of the backward's row loop"),
+    _kernel_knob("rmsnorm", "rmsnorm", "num_stages", "pipelining stages of the backward's row loop and the "
+                 "two-pass forward's column loops"),
     _kernel_knob("rmsnorm", "rmsnorm", "block_rows", "forward: rows per program"),
     _kernel_knob("rmsnorm", "rmsnorm", "block_size", "columns per tile (a power of two >= hidden size)"),
     _kernel_knob("rmsnorm", "rmsnorm", "programs_per_sm", "backward: persistent programs per SM"),

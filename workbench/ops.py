@@ -196,8 +196,8 @@ class OpSet:
     loss: Callable = linear_cross_entropy_torch
     """``(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``"""
     rmsnorm_add: Callable | None = None
-    """``(x_BTD, residual_BTD, weight_D, eps, out_dtype=None) -> (y_BTD, s_BTD)`` when the blocks fuse their second residual add
-    into the norm after it; None: add, then ``rmsnorm``."""
+    """``(x_BTD, residual_BTD, weight_D, eps, out_dtype=None) -> (y_BTD, s_BTD)`` when every residual add runs
+    inside the norm after it; None: add, then ``rmsnorm``."""
     backends: Mapping[str, str] = field(
         default_factory=lambda: {op: "torch" for op in OP_NAMES}, hash=False
     )
@@ -207,9 +207,9 @@ class OpSet:
 def resolve(ops: Mapping[str, str] | None = None, *, fused_residual_norm: bool = False) -> OpSet:
     """Build an :class:`OpSet` from ``{op: backend}``; unnamed ops use ``"torch"``.
 
-    ``fused_residual_norm``: the blocks add the attention output to the residual inside the norm that follows
-    (``rmsnorm_add`` of the ``rmsnorm`` backend): with the Triton backend one kernel reads x and the residual
-    once instead of an add and a norm; with the torch backend the same add and norm as unfused.
+    ``fused_residual_norm``: every residual add runs inside the norm that follows it (``rmsnorm_add`` of the
+    ``rmsnorm`` backend): with the Triton backend one kernel reads x and the residual once instead of an add
+    and a norm; with the torch backend the same add and norm as unfused.
 
     Raises ``ValueError`` naming the op and its registered backends when a
     backend is not registered (e.g. ``"triton"`` before ``import kernels``), or
