@@ -366,7 +366,7 @@ SWIGLU = LaunchSpace(
     joint=_swiglu_joint,
 )
 
-# ---- rope: one program per token, a loop over blocks of heads
+# ---- rope: one program per block of tokens, a loop over blocks of heads
 
 
 def _rope_half(s: Shape) -> int:
@@ -380,15 +380,16 @@ def _rope_default_heads(s: Shape) -> int:
 
 def _rope_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
     if s is not None and "block_h" in p and "num_warps" in p:
-        why = _per_thread(p["block_h"] * _rope_half(s), p["num_warps"])
+        why = _per_thread(p["block_h"] * p.get("block_t", 1) * _rope_half(s), p["num_warps"])
         if why:
-            return [("block_h", f"with head dim {s['head_dim']} {why}")]
+            return [("block_h", f"with block_t={p.get('block_t', 1)} and head dim {s['head_dim']} {why}")]
     return []
 
 
 ROPE = LaunchSpace(
     kernel="rope", op="rope", dims=("tokens", "q_heads", "k_heads", "head_dim"),
-    doc="Rotary embedding of q and k (rotate-half), forward and backward; one program per (batch, token).",
+    doc="Rotary embedding of q and k (rotate-half), forward and backward; one program per (batch, block of "
+        "tokens).",
     params=(
         LaunchParam(**_NUM_WARPS, candidates=lambda s: (1, 2, 4, 8), default=lambda s: 4),
         LaunchParam(**_NUM_STAGES, candidates=lambda s: (1, 2, 3), default=lambda s: 2),
@@ -396,6 +397,8 @@ ROPE = LaunchSpace(
                     candidates=lambda s: tuple(h for h in (1, 2, 4, 8, 16, 32)
                                                if h <= _next_pow2(max(s["q_heads"], s["k_heads"]))),
                     default=_rope_default_heads),
+        LaunchParam(name="block_t", doc="tokens per program (its heads' tiles span them)",
+                    check=_pow2_between(1, 64), candidates=lambda s: (1, 2, 4, 8), default=lambda s: 1),
     ),
     joint=_rope_joint,
 )

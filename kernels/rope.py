@@ -9,8 +9,12 @@ but the kernel reads both halves and matches the reference for any table):
     forward:   o1 = x1 * c1 - x2 * s1,   o2 = x2 * c2 + x1 * s2                  (fp32 inside)
     backward:  dx1 = g1 * c1 + g2 * s2,  dx2 = g2 * c2 - g1 * s1   (the transposed rotation)
 
-One program per (batch, token): it loads that token's cos/sin once and loops over
-the q heads, then the k heads, ``block_h`` heads per step. q and k may be strided
+One program per (batch, ``block_t`` consecutive tokens): it loads those tokens'
+cos/sin once and loops over the q heads, then the k heads, ``block_h`` heads per
+step, each step a tile of block_h heads x block_t tokens x d. Several tokens per
+program keep its reads contiguous when the tokens of a head are adjacent in memory
+(the (B, H, T, d) layout); with one token, a program reads one head vector per
+head, each from another place. q and k may be strided
 views (the model passes ``view(B, T, H, d).transpose(1, 2)``); only the head dim
 must be contiguous. Outputs keep the inputs' layout. cos/sin are constants (the
 model's buffers): no gradient flows to them. Launch parameters come from
@@ -36,13 +40,15 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @triton.jit
 def _rope_heads(
-    X, O, x_base, o_base, stride_xh, stride_oh, n_heads, c1, c2, s1, s2, j, j_ok, HALF,
+    X, O, x_base, o_base, stride_xh, stride_oh, x_off, o_off, n_heads, c1, c2, s1, s2, ok, HALF,
     BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr,
 ):
+    # a tile of BLOCK_H heads x (BLOCK_T tokens x BLOCK_HALF) per step; x_off/o_off: each column's token offset
+    # plus its place in the half
     for h0 in range(0, n_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
-        mask = (h < n_heads)[:, None] & j_ok[None, :]
-        px = X + x_base + h[:, None] * stride_xh + j[None, :]
+        mask = (h < n_heads)[:, None] & ok[None, :]
+        px = X + x_base + h[:, None] * stride_xh + x_off[None, :]
         x1 = tl.load(px, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(px + HALF, mask=mask, other=0.0).to(tl.float32)
         if BACKWARD:
@@ -51,7 +57,7 @@ def _rope_heads(
         else:
             o1 = x1 * c1[None, :] - x2 * s1[None, :]
             o2 = x2 * c2[None, :] + x1 * s2[None, :]
-        po = O + o_base + h[:, None] * stride_oh + j[None, :]
+        po = O + o_base + h[:, None] * stride_oh + o_off[None, :]
         tl.store(po, o1.to(O.dtype.element_ty), mask=mask)
         tl.store(po + HALF, o2.to(O.dtype.element_ty), mask=mask)
 
@@ -61,23 +67,26 @@ def _rope_apply(
     Q, K, COS, SIN, QO, KO, T, H, KH, HALF,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sqo_b, sqo_h, sqo_t, sko_b, sko_h, sko_t,
     sc_b, sc_t, ss_b, ss_t,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr, BACKWARD: tl.constexpr,
 ):
     pid = tl.program_id(0).to(tl.int64)
-    b = pid // T
-    t = pid % T
-    j = tl.arange(0, BLOCK_HALF)
-    j_ok = j < HALF
-    pc = COS + b * sc_b + t * sc_t + j
-    ps = SIN + b * ss_b + t * ss_t + j
-    c1 = tl.load(pc, mask=j_ok, other=0.0).to(tl.float32)
-    c2 = tl.load(pc + HALF, mask=j_ok, other=0.0).to(tl.float32)
-    s1 = tl.load(ps, mask=j_ok, other=0.0).to(tl.float32)
-    s2 = tl.load(ps + HALF, mask=j_ok, other=0.0).to(tl.float32)
-    _rope_heads(Q, QO, b * sq_b + t * sq_t, b * sqo_b + t * sqo_t, sq_h, sqo_h, H, c1, c2, s1, s2, j, j_ok, HALF,
-                BLOCK_H, BACKWARD)
-    _rope_heads(K, KO, b * sk_b + t * sk_t, b * sko_b + t * sko_t, sk_h, sko_h, KH, c1, c2, s1, s2, j, j_ok, HALF,
-                BLOCK_H, BACKWARD)
+    n_tb = tl.cdiv(T, BLOCK_T)
+    b = pid // n_tb
+    t0 = (pid % n_tb) * BLOCK_T
+    i = tl.arange(0, BLOCK_T * BLOCK_HALF)
+    t = (i // BLOCK_HALF).to(tl.int64)  # token within the block
+    j = i % BLOCK_HALF
+    ok = (t0 + t < T) & (j < HALF)
+    pc = COS + b * sc_b + (t0 + t) * sc_t + j
+    ps = SIN + b * ss_b + (t0 + t) * ss_t + j
+    c1 = tl.load(pc, mask=ok, other=0.0).to(tl.float32)
+    c2 = tl.load(pc + HALF, mask=ok, other=0.0).to(tl.float32)
+    s1 = tl.load(ps, mask=ok, other=0.0).to(tl.float32)
+    s2 = tl.load(ps + HALF, mask=ok, other=0.0).to(tl.float32)
+    _rope_heads(Q, QO, b * sq_b + t0 * sq_t, b * sqo_b + t0 * sqo_t, sq_h, sqo_h, t * sq_t + j, t * sqo_t + j,
+                H, c1, c2, s1, s2, ok, HALF, BLOCK_H, BACKWARD)
+    _rope_heads(K, KO, b * sk_b + t0 * sk_t, b * sko_b + t0 * sko_t, sk_h, sko_h, t * sk_t + j, t * sko_t + j,
+                KH, c1, c2, s1, s2, ok, HALF, BLOCK_H, BACKWARD)
 
 
 @triton.jit
@@ -85,11 +94,11 @@ def _rope_fwd_kernel(
     Q, K, COS, SIN, QO, KO, T, H, KH, HALF,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sqo_b, sqo_h, sqo_t, sko_b, sko_h, sko_t,
     sc_b, sc_t, ss_b, ss_t,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     _rope_apply(Q, K, COS, SIN, QO, KO, T, H, KH, HALF,
                 sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sqo_b, sqo_h, sqo_t, sko_b, sko_h, sko_t,
-                sc_b, sc_t, ss_b, ss_t, BLOCK_H, BLOCK_HALF, False)
+                sc_b, sc_t, ss_b, ss_t, BLOCK_H, BLOCK_T, BLOCK_HALF, False)
 
 
 @triton.jit
@@ -97,11 +106,11 @@ def _rope_bwd_kernel(
     DQO, DKO, COS, SIN, DQ, DK, T, H, KH, HALF,
     sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sqo_b, sqo_h, sqo_t, sko_b, sko_h, sko_t,
     sc_b, sc_t, ss_b, ss_t,
-    BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     _rope_apply(DQO, DKO, COS, SIN, DQ, DK, T, H, KH, HALF,
                 sq_b, sq_h, sq_t, sk_b, sk_h, sk_t, sqo_b, sqo_h, sqo_t, sko_b, sko_h, sko_t,
-                sc_b, sc_t, ss_b, ss_t, BLOCK_H, BLOCK_HALF, True)
+                sc_b, sc_t, ss_b, ss_t, BLOCK_H, BLOCK_T, BLOCK_HALF, True)
 
 
 # --------------------------------------------------------------------------- launchers
@@ -143,12 +152,12 @@ def _rope_launch(kernel, q, k, cos, sin, qo, ko) -> None:
         return
     p = launch_params("rope", {"tokens": B * T, "q_heads": H, "k_heads": KH, "head_dim": d})
     cos, sin = cos.expand(B, T, d), sin.expand(B, T, d)  # a (1, T, d) table gets batch stride 0
-    kernel[(B * T,)](
+    kernel[(B * triton.cdiv(T, p["block_t"]),)](
         q, k, cos, sin, qo, ko, T, H, KH, d // 2,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         qo.stride(0), qo.stride(1), qo.stride(2), ko.stride(0), ko.stride(1), ko.stride(2),
         cos.stride(0), cos.stride(1), sin.stride(0), sin.stride(1),
-        BLOCK_H=p["block_h"], BLOCK_HALF=triton.next_power_of_2(max(1, d // 2)),
+        BLOCK_H=p["block_h"], BLOCK_T=p["block_t"], BLOCK_HALF=triton.next_power_of_2(max(1, d // 2)),
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )
 

@@ -272,6 +272,8 @@ ROPE_CASES = [  # (B, H, K, T, d, q as the model's transposed view, launch param
     (2, 4, 2, 5, 6, True, {"block_h": 2}),
     (1, 3, 3, 7, 10, True, {"block_h": 1, "num_warps": 1}),
     (3, 5, 1, 2, 64, False, {"block_h": 4, "num_stages": 1}),
+    (2, 3, 2, 7, 10, True, {"block_h": 2, "block_t": 4}),  # 7 tokens in blocks of 4: the last block is short
+    (2, 2, 1, 5, 8, False, {"block_h": 1, "block_t": 2}),
 ]
 
 

@@ -168,6 +168,7 @@ KNOBS: tuple[Knob, ...] = (
     _kernel_knob("rope", "rope", "num_warps", "warps per program"),
     _kernel_knob("rope", "rope", "num_stages", "pipelining stages of the loop over heads"),
     _kernel_knob("rope", "rope", "block_h", "heads per loop step"),
+    _kernel_knob("rope", "rope", "block_t", "tokens per program"),
     _kernel_knob("fused_linear_ce", "loss", "num_warps", "warps per program of the softmax/CE kernel"),
     _kernel_knob("fused_linear_ce", "loss", "num_stages", "pipelining stages of the loop over the vocab"),
     _kernel_knob("fused_linear_ce", "loss", "block_v", "vocab entries per loop step"),
