@@ -800,6 +800,10 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
     kern = df[df["kernel"].isin(list(registry.LAUNCH_SPACES))]
     assert set(kern["kernel"]) == set(registry.LAUNCH_SPACES) and not kern["error"].notna().any()
     assert set(kern["mode"]) == {"fwd", "bwd", "full"} and set(kern["provider"]) == {"triton", "torch"}
+    # the same-size copy moves the op's bytes: under the fake timer (1 ms for everything) the op is at 100% of it
+    sized = kern[kern["mode"].isin(["fwd", "bwd"]) & (kern["kernel"] != "fused_linear_ce")]
+    assert sized["pct_of_size_copy"].to_numpy() == pytest.approx(100, rel=0.02)
+    assert kern[kern["mode"] == "full"]["pct_of_size_copy"].isna().all()
     derived = kern[kern["note"].notna()]
     assert set(derived["kernel"]) == {"fused_linear_ce"} and set(derived["mode"]) == {"bwd"}
     assert set(derived["provider"]) == {"triton"} and (derived["median_ms"] > 0).all()
