@@ -25,8 +25,9 @@ the copy ceiling measured in the same run (``dst.copy_(src)`` of 1 GiB: read +
 write bytes over time), and with a copy of as many bytes as the op moves in that
 mode (``pct_of_size_copy``): an op of tens of microseconds cannot reach the 1 GiB
 copy's rate, because ramp-up and the last wave weigh more; where both a kernel
-and inductor's are at about 100% of the same-size copy, neither can be faster. The loss reports TFLOP/s of its three matmuls (full mode)
-and its peak memory (fwd + bwd, above what its inputs hold).
+and inductor's are at about 100% of the same-size copy, neither can be faster.
+The loss reports TFLOP/s of its three matmuls (full mode) and its peak memory
+(fwd + bwd, above what its inputs hold).
 
 ``--e2e`` adds the end-to-end ``gr00t-n1.6`` training step (8 x 2,048, bf16
 autocast, fused AdamW, learning rate 0 so that every variant's loss must agree)

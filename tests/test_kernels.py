@@ -287,7 +287,11 @@ def test_rope_forward_and_grads(gen, B, H, K, T, d, transposed, params, dtype):
     k = randn(gen, B, K, T, d, dtype=dtype).requires_grad_()
     angles = randn(gen, B, T, d, scale=3.0)
     cos, sin = angles.cos(), angles.sin()  # any table: the kernel reads both halves of cos and sin
-    dqo, dko = randn(gen, B, H, T, d, dtype=dtype), randn(gen, B, K, T, d, dtype=dtype)
+    if transposed:  # the gradients as flash SDPA's backward hands them over in the model: laid out like q
+        dqo = randn(gen, B, T, H, d, dtype=dtype).transpose(1, 2)
+        dko = randn(gen, B, T, K, d, dtype=dtype).transpose(1, 2)
+    else:
+        dqo, dko = randn(gen, B, H, T, d, dtype=dtype), randn(gen, B, K, T, d, dtype=dtype)
     with kernels.using({"rope": params}), kernels.poison_outputs():
         qo, ko = kernels.rope_triton(q, k, cos, sin)
         dq, dk = grads((qo, ko), (q, k), (dqo, dko))
@@ -766,6 +770,21 @@ def test_bench_needs_cuda_and_says_so(capsys):
         pytest.skip("CUDA present: the benchmark would run")
     assert bench.main(["--quick"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_the_compiled_references_backward_expects_gradients_laid_out_like_its_outputs():
+    import torch._functorch.config as aot_config
+
+    from kernels import bench
+
+    before = aot_config.guess_tangent_strides_as_outputs
+    aot_config.guess_tangent_strides_as_outputs = False  # torch 2.11's default: contiguous gradients
+    try:
+        with bench._tangents_like_outputs():
+            assert aot_config.guess_tangent_strides_as_outputs is True
+        assert aot_config.guess_tangent_strides_as_outputs is False  # restored
+    finally:
+        aot_config.guess_tangent_strides_as_outputs = before
 
 
 def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
