@@ -65,6 +65,7 @@ Progress lines carry the elapsed time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import math
@@ -442,8 +443,6 @@ def _tangents_like_outputs():
     0.265 ms that way against 0.078 ms for contiguous gradients. Inside a compiled model that copy does not
     happen (the backward that makes the gradient is in the same graph), so it is not charged to the reference.
     """
-    import contextlib
-
     import torch._functorch.config as aot_config
 
     if not hasattr(aot_config, "guess_tangent_strides_as_outputs"):
@@ -799,12 +798,11 @@ def _summary(df, ceiling: float) -> tuple[str, list[str]]:
             if t.empty:
                 continue
             t = t.iloc[0]
-            ref = g[(g["provider"] == "torch") & (g["mode"] == mode)]["median_ms"]
-            comp = g[(g["provider"] == "torch_compile") & (g["mode"] == mode)]["median_ms"]
-            comp_size = g[(g["provider"] == "torch_compile") & (g["mode"] == mode)]["pct_of_size_copy"]
-            ref_ms = float(ref.iloc[0]) if len(ref) else math.nan
-            comp_ms = float(comp.iloc[0]) if len(comp) else math.nan
-            comp_at_size = float(comp_size.iloc[0]) if len(comp_size) else math.nan
+            ref = g[(g["provider"] == "torch") & (g["mode"] == mode)]
+            comp = g[(g["provider"] == "torch_compile") & (g["mode"] == mode)]
+            ref_ms = float(ref["median_ms"].iloc[0]) if len(ref) else math.nan
+            comp_ms, comp_at_size = ((float(comp["median_ms"].iloc[0]), float(comp["pct_of_size_copy"].iloc[0]))
+                                     if len(comp) else (math.nan, math.nan))
             lines.append(f"| {kernel} | {shape} | {mode} | {t['median_ms']:.3f} | {t['gb_per_s']:,.0f} | "
                          f"{t['pct_of_copy_ceiling']:.1f} | {t['pct_of_size_copy']:.1f} | {comp_at_size:.1f} | "
                          f"{ref_ms:.3f} | {comp_ms:.3f} | "

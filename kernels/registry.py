@@ -382,9 +382,10 @@ def _rope_default_heads(s: Shape) -> int:
 
 def _rope_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
     if s is not None and "block_h" in p and "num_warps" in p:
-        why = _per_thread(p["block_h"] * p.get("block_t", 1) * _rope_half(s), p["num_warps"])
+        block_t = p.get("block_t", 1)
+        why = _per_thread(p["block_h"] * block_t * _rope_half(s), p["num_warps"])
         if why:
-            return [("block_h", f"with block_t={p.get('block_t', 1)} and head dim {s['head_dim']} {why}")]
+            return [("block_h", f"with block_t={block_t} and head dim {s['head_dim']} {why}")]
     return []
 
 

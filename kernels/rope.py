@@ -40,15 +40,15 @@ _FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @triton.jit
 def _rope_heads(
-    X, O, x_base, o_base, stride_xh, stride_oh, x_off, o_off, n_heads, c1, c2, s1, s2, ok, HALF,
+    X, O, x_off, o_off, stride_xh, stride_oh, n_heads, c1, c2, s1, s2, ok, HALF,
     BLOCK_H: tl.constexpr, BACKWARD: tl.constexpr,
 ):
-    # a tile of BLOCK_H heads x (BLOCK_T tokens x BLOCK_HALF) per step; x_off/o_off: each column's token offset
-    # plus its place in the half
+    # a tile of BLOCK_H heads x (BLOCK_T tokens x BLOCK_HALF) per step; x_off/o_off: each column's offset in
+    # head 0 (its batch, its token, its place in the first half)
     for h0 in range(0, n_heads, BLOCK_H):
         h = (h0 + tl.arange(0, BLOCK_H)).to(tl.int64)
         mask = (h < n_heads)[:, None] & ok[None, :]
-        px = X + x_base + h[:, None] * stride_xh + x_off[None, :]
+        px = X + h[:, None] * stride_xh + x_off[None, :]
         x1 = tl.load(px, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(px + HALF, mask=mask, other=0.0).to(tl.float32)
         if BACKWARD:
@@ -57,7 +57,7 @@ def _rope_heads(
         else:
             o1 = x1 * c1[None, :] - x2 * s1[None, :]
             o2 = x2 * c2[None, :] + x1 * s2[None, :]
-        po = O + o_base + h[:, None] * stride_oh + o_off[None, :]
+        po = O + h[:, None] * stride_oh + o_off[None, :]
         tl.store(po, o1.to(O.dtype.element_ty), mask=mask)
         tl.store(po + HALF, o2.to(O.dtype.element_ty), mask=mask)
 
@@ -74,19 +74,19 @@ def _rope_apply(
     b = pid // n_tb
     t0 = (pid % n_tb) * BLOCK_T
     i = tl.arange(0, BLOCK_T * BLOCK_HALF)
-    t = (i // BLOCK_HALF).to(tl.int64)  # token within the block
+    t = t0 + (i // BLOCK_HALF).to(tl.int64)  # each column's token
     j = i % BLOCK_HALF
-    ok = (t0 + t < T) & (j < HALF)
-    pc = COS + b * sc_b + (t0 + t) * sc_t + j
-    ps = SIN + b * ss_b + (t0 + t) * ss_t + j
+    ok = (t < T) & (j < HALF)
+    pc = COS + b * sc_b + t * sc_t + j
+    ps = SIN + b * ss_b + t * ss_t + j
     c1 = tl.load(pc, mask=ok, other=0.0).to(tl.float32)
     c2 = tl.load(pc + HALF, mask=ok, other=0.0).to(tl.float32)
     s1 = tl.load(ps, mask=ok, other=0.0).to(tl.float32)
     s2 = tl.load(ps + HALF, mask=ok, other=0.0).to(tl.float32)
-    _rope_heads(Q, QO, b * sq_b + t0 * sq_t, b * sqo_b + t0 * sqo_t, sq_h, sqo_h, t * sq_t + j, t * sqo_t + j,
-                H, c1, c2, s1, s2, ok, HALF, BLOCK_H, BACKWARD)
-    _rope_heads(K, KO, b * sk_b + t0 * sk_t, b * sko_b + t0 * sko_t, sk_h, sko_h, t * sk_t + j, t * sko_t + j,
-                KH, c1, c2, s1, s2, ok, HALF, BLOCK_H, BACKWARD)
+    _rope_heads(Q, QO, b * sq_b + t * sq_t + j, b * sqo_b + t * sqo_t + j, sq_h, sqo_h, H, c1, c2, s1, s2, ok,
+                HALF, BLOCK_H, BACKWARD)
+    _rope_heads(K, KO, b * sk_b + t * sk_t + j, b * sko_b + t * sko_t + j, sk_h, sko_h, KH, c1, c2, s1, s2, ok,
+                HALF, BLOCK_H, BACKWARD)
 
 
 @triton.jit
