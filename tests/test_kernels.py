@@ -134,6 +134,11 @@ RMS_CASES = [  # (leading shape, hidden, launch params)
     # (the last tile has one row, and each program's last load ahead is past M: masked)
     ((257,), 127, {"bwd_block_rows": 4, "bwd_num_warps": 2, "bwd_tiles_in_flight": 2, "programs_per_sm": 1}),
     ((5,), 3, {"bwd_block_rows": 8, "bwd_tiles_in_flight": 2}),  # one tile, more rows than M
+    # tiles wholly inside the tensor (rows a multiple of block_rows, D of the column block): the forward's
+    # unmasked path, one pass and two; then D a multiple of the block but not the rows (masked)
+    ((2, 4), 128, {"block_rows": 4, "block_size": 128}),
+    ((2, 4), 256, {"block_rows": 2, "fwd_block_size": 64}),
+    ((5,), 128, {"block_rows": 2, "fwd_block_size": 32}),
 ]
 
 
@@ -180,8 +185,9 @@ def dx_terms(x64, w64, dy, eps) -> float:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("lead,D,params", RMS_CASES[1:4:2] + RMS_CASES[4:5] + RMS_CASES[6:7] + RMS_CASES[8:9],
-                         ids=["5x3", "6x200", "257x127", "6x200-two-pass", "257x127-bwd-prefetch"])
+@pytest.mark.parametrize("lead,D,params", RMS_CASES[1:4:2] + RMS_CASES[4:5] + RMS_CASES[6:7] + RMS_CASES[8:9]
+                         + RMS_CASES[10:12], ids=["5x3", "6x200", "257x127", "6x200-two-pass", "257x127-bwd-prefetch",
+                                                  "8x128-whole-tiles", "8x256-two-pass-whole-chunks"])
 def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
     x = randn(gen, *lead, D, dtype=dtype).requires_grad_()
     r = randn(gen, *lead, D, dtype=dtype).requires_grad_()
@@ -205,6 +211,38 @@ def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
     close(dx, ds64, dtype, scale=scale)
     close(dr, ds64, dtype, scale=scale)
     close(dw, dw64, dtype, scale=dw64.abs().max().item())
+
+
+@pytest.mark.parametrize("lead,D,params,fused,even", [
+    ((2, 4), 128, {"block_rows": 4, "block_size": 128}, False, True),  # one pass, whole tiles
+    ((2, 4), 256, {"block_rows": 2, "fwd_block_size": 64}, False, True),  # two passes, whole chunks
+    ((5,), 128, {"block_rows": 2, "fwd_block_size": 32}, False, False),  # rows not a multiple of block_rows
+    ((2, 4), 200, {"block_rows": 4, "fwd_block_size": 64}, False, False),  # D not a multiple of the chunk
+    ((2, 4), 100, {"block_rows": 4, "block_size": 128}, False, False),  # one pass, a tile wider than D
+    ((2, 4), 128, {"block_rows": 4, "block_size": 128}, True, False),  # the fused add keeps its masks
+], ids=["one-pass", "two-pass", "rows-ragged", "chunks-ragged", "tile-wider", "fused-add"])
+def test_rmsnorm_forward_drops_its_masks_only_where_the_tiles_fit(gen, monkeypatch, lead, D, params, fused, even):
+    """The forward's unmasked path is taken exactly when every tile lies inside the tensor, and not with the fused
+    add (runs AI and AJ: up to 3.1% faster without the add, 0.2-0.5% slower with it); the results are checked
+    for the same shapes in test_rmsnorm_forward_and_grads and test_rmsnorm_fused_residual_add."""
+    import kernels.rmsnorm as rms
+
+    launched = []
+    real = rms._rmsnorm_fwd_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def launch(*args, **kw):
+                launched.append(kw["EVEN"])
+                return real[grid](*args, **kw)
+            return launch
+
+    monkeypatch.setattr(rms, "_rmsnorm_fwd_kernel", Spy())
+    x, w, r = randn(gen, *lead, D), 1 + randn(gen, D, scale=0.5), randn(gen, *lead, D)
+    with kernels.using({"rmsnorm": params}), kernels.poison_outputs():
+        y = kernels.rms_norm_add_triton(x, r, w, 1e-5)[0] if fused else kernels.rms_norm_triton(x, w, 1e-5)
+    assert launched == [even]
+    close(y, rmsnorm_ref(x + r if fused else x, w, 1e-5), torch.float32, scale=2.0)
 
 
 @pytest.mark.parametrize("fused", (False, True), ids=("norm", "add+norm"))
