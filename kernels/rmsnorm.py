@@ -72,8 +72,8 @@ def _rmsnorm_fwd_kernel(
     EVEN: tl.constexpr,
 ):
     # EVEN: no access needs a mask (M % BLOCK_ROWS == 0 and D % BLOCK_D == 0), as in inductor's kernels for static
-    # shapes. Runs AI and AJ (paired against the masked kernel): 0.3-3.1% faster without the residual at 9 of 12
-    # launches, level at the other 3; 0.2-0.5% slower with it at 4 of 4, so the launcher sets it only without.
+    # shapes. Run AJ (paired against the masked kernel): without the residual 0.3-3.1% faster at 8 of 12 launches,
+    # level within 0.2% at the other 4; with it 0.2-0.5% slower at 4 of 4, so the launcher sets it only without.
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < M
