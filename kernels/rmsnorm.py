@@ -16,10 +16,10 @@ so x is read once in the forward and x, dy once in the backward (the backward's 
 ``bwd_block_rows`` rows, with its own warp count). With ``fwd_block_size`` < D the
 forward makes two passes over column chunks of that width instead, as inductor's looped
 reduction does: the sum of squares, then a second read of the rows (kept in L2 by an
-``evict_last`` first read) to normalise; a narrower tile, fewer registers, more programs in flight. Where every
-tile lies inside the tensor (rows a multiple of ``block_rows``, D of the column block) and there is no residual,
-the forward's loads and stores carry no mask (``EVEN``). The forward saves
-rstd (4 bytes per row) so the backward does not recompute it. The backward is
+``evict_last`` first read) to normalise; a narrower tile, fewer registers, more programs in flight.
+Where every tile lies inside the tensor (rows a multiple of ``block_rows``, D of the column
+block) and there is no residual, the forward's loads and stores carry no mask (``EVEN``).
+The forward saves rstd (4 bytes per row) so the backward does not recompute it. The backward is
 persistent (as Liger-Kernel's): ``programs_per_sm`` programs per SM, each looping over
 row tiles and keeping its partial dw in registers; the partials ([programs, D], fp32)
 are summed by a small Triton kernel in a fixed order (deterministic). With ``bwd_tiles_in_flight``

@@ -12,7 +12,6 @@ Usage: python benchmarks/probes/int32_index_probe.py rmsnorm|swiglu OUT_CSV [ROU
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import json
 import statistics
@@ -25,9 +24,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from workbench import ops  # noqa: E402
 from workbench.fingerprint import versions  # noqa: E402
+from paired import write_csv  # noqa: E402
 
 
 @triton.jit
@@ -183,10 +184,7 @@ def main() -> None:
                              "copy_ceiling_gb_per_s": ceiling, "launch": launches[name], "timestamp": stamp,
                              "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}})
         torch.cuda.empty_cache()
-    with out_csv.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
+    write_csv(out_csv, rows)
     print(f"copy ceiling {ceiling:.0f} GB/s; {rounds} interleaved rounds; x compile = median over rounds of "
           "(compile ms / variant ms) in the same round")
     for shape, mode in dict.fromkeys((r["shape"], r["mode"]) for r in rows):

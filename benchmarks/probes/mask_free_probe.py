@@ -17,9 +17,7 @@ Usage: python benchmarks/probes/mask_free_probe.py OUT_CSV
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
-import statistics
 import sys
 import traceback
 from pathlib import Path
@@ -29,11 +27,13 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from kernels.swiglu import _swiglu_bwd_kernel, _swiglu_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
 from workbench.fingerprint import versions  # noqa: E402
+from paired import paired_lines, write_csv  # noqa: E402
 
 ROUNDS = 6
 
@@ -238,21 +238,12 @@ def main() -> None:
                              "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}})
         del built, calls, ok, outs
         torch.cuda.empty_cache()
-        with out_csv.open("w", newline="") as f:  # after every case: a timeout keeps what was measured
-            wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-            wr.writeheader()
-            wr.writerows(rows)
+        write_csv(out_csv, rows)  # after every case: a timeout keeps what was measured
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for kernel, shape, mode, _ in cases:
         p = [r for r in rows if (r["kernel"], r["shape"], r["mode"]) == (kernel, shape, mode) and r["round"] >= 0]
-        comp = {r["round"]: r["median_ms"] for r in p if r["variant"] == "torch.compile"}
         print(f"{kernel} {shape} {mode}")
-        for name in dict.fromkeys(r["variant"] for r in p):
-            v = [r for r in p if r["variant"] == name]
-            ratios = [comp[r["round"]] / r["median_ms"] for r in v]
-            print(f"  {name:>32} {statistics.median(r['median_ms'] for r in v):8.4f} ms "
-                  f"{statistics.median(r['pct_of_copy_ceiling'] for r in v):6.1f}% {statistics.median(ratios):7.3f}x "
-                  f"({min(ratios):.3f}-{max(ratios):.3f}) faster in {sum(x > 1 for x in ratios)}/{len(ratios)}")
+        print("\n".join(paired_lines(p, 32)))
 
 
 if __name__ == "__main__":

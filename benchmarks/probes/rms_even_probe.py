@@ -16,10 +16,8 @@ Usage: python benchmarks/probes/rms_even_probe.py OUT_CSV OLD_KERNEL_PY
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import importlib.util
-import statistics
 import sys
 from pathlib import Path
 
@@ -27,11 +25,13 @@ import torch
 import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels  # noqa: E402
 from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd  # noqa: E402
 from workbench import ops  # noqa: E402
 from workbench.fingerprint import versions  # noqa: E402
+from paired import paired_lines, write_csv  # noqa: E402
 
 ROUNDS = 6
 # (label, x dtype, residual dtype or None, out dtype, bytes per element moved, launches as (block_rows,
@@ -111,21 +111,11 @@ def main() -> None:
                                  **{k: ver[k] for k in ("torch", "triton", "cuda")}})
             del x, r, w, want, xd, rd, wd, y_old, s_old, rstd_old, calls, ref
             torch.cuda.empty_cache()
-            with out_csv.open("w", newline="") as f:  # after every shape: a timeout keeps what was measured
-                wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-                wr.writeheader()
-                wr.writerows(rows)
+            write_csv(out_csv, rows)  # after every shape: a timeout keeps what was measured
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for (label, shape) in dict.fromkeys((r["case"], r["shape"]) for r in rows):
-        p = [r for r in rows if (r["case"], r["shape"]) == (label, shape)]
-        comp = {r["round"]: r["median_ms"] for r in p if r["variant"] == "torch.compile"}
         print(f"{label} {shape}")
-        for name in dict.fromkeys(r["variant"] for r in p):
-            v = [r for r in p if r["variant"] == name]
-            ratios = [comp[r["round"]] / r["median_ms"] for r in v]
-            print(f"  {name:>24} {statistics.median(r['median_ms'] for r in v):8.4f} ms "
-                  f"{statistics.median(r['pct_of_copy_ceiling'] for r in v):6.1f}% {statistics.median(ratios):7.3f}x "
-                  f"({min(ratios):.3f}-{max(ratios):.3f}) faster in {sum(x > 1 for x in ratios)}/{len(ratios)}")
+        print("\n".join(paired_lines([r for r in rows if (r["case"], r["shape"]) == (label, shape)], 24)))
 
 
 if __name__ == "__main__":

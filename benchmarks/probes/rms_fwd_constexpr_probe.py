@@ -12,10 +12,8 @@ Usage: python benchmarks/probes/rms_fwd_constexpr_probe.py OUT_CSV
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -26,6 +24,7 @@ import triton.language as tl
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from int32_index_probe import _rms_fwd  # noqa: E402
+from paired import paired_lines, write_csv  # noqa: E402
 
 from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from workbench import ops  # noqa: E402
@@ -119,21 +118,11 @@ def main() -> None:
                                  "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}})
         del x, y, rstd
         torch.cuda.empty_cache()
-    with out_csv.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
+    write_csv(out_csv, rows)
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for D in (2048, 4096):
-        p = [r for r in rows if r["shape"].endswith(f"x{D}")]
-        comp = {r["round"]: r["median_ms"] for r in p if r["variant"] == "torch.compile"}
         print(f"hidden {D}")
-        for name in dict.fromkeys(r["variant"] for r in p):
-            v = [r for r in p if r["variant"] == name]
-            ratios = [comp[r["round"]] / r["median_ms"] for r in v]
-            print(f"  {name:>40} {statistics.median(r['median_ms'] for r in v):8.4f} ms "
-                  f"{statistics.median(r['pct_of_copy_ceiling'] for r in v):6.1f}% {statistics.median(ratios):7.3f}x "
-                  f"({min(ratios):.3f}-{max(ratios):.3f}) faster in {sum(x > 1 for x in ratios)}/{len(ratios)}")
+        print("\n".join(paired_lines([r for r in rows if r["shape"].endswith(f"x{D}")], 40)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ Usage: python benchmarks/probes/rms_fwd_store_probe.py OUT_CSV [ROUNDS]
 
 from __future__ import annotations
 
-import csv
 import datetime as dt
 import statistics
 import sys
@@ -23,9 +22,11 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from workbench import ops  # noqa: E402
 from workbench.fingerprint import versions  # noqa: E402
+from paired import write_csv  # noqa: E402
 
 
 @triton.jit
@@ -118,10 +119,7 @@ def main() -> None:
                              "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}})
         del x, y, rstd
         torch.cuda.empty_cache()
-    with out_csv.open("w", newline="") as f:
-        wr = csv.DictWriter(f, fieldnames=list(rows[0]))
-        wr.writeheader()
-        wr.writerows(rows)
+    write_csv(out_csv, rows)
     print(f"copy ceiling {ceiling:.0f} GB/s; {rounds} interleaved rounds; x compile = median over rounds of "
           "(compile ms / variant ms) in the same round")
     print(f"{'D':>5} {'variant':>30} {'median ms':>9} {'% copy':>6} {'x compile':>9} {'min-max':>13} {'wins':>5}")
