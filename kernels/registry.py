@@ -299,17 +299,39 @@ def _rms_default_warps(s: Shape) -> int:
     return _rms_tile_warps(_rms_default_rows(s) * _next_pow2(s["hidden"]))
 
 
+# The forward's defaults from a row of 2,048 up: one row per program, two passes over chunks of half the row (at
+# most 2,048 columns), 4 elements (one 16-byte fp32 access) a thread. On an H200, in the six cases of kernels.bench
+# at hidden 2,048 and 4,096 (fp32 out, bf16 out, fused add): the fastest launch measured in five, 0.7% behind it
+# in the sixth (fused add at 2,048, run AO); the former one-pass whole-row defaults were 1.2-4.5% slower than the
+# best (run AR, benchmarks/README.md). Below 2,048 (not measured on a GPU) the one-pass tile.
+def _rms_fwd_split(s: Shape) -> bool:
+    return _next_pow2(s["hidden"]) >= 2048
+
+
+def _rms_fwd_default_rows(s: Shape) -> int:
+    return 1 if _rms_fwd_split(s) else _rms_default_rows(s)
+
+
+def _rms_fwd_default_block(s: Shape) -> int:
+    # chunks of at most 2,048 columns (one of the candidates) above a row of 4,096: not measured there
+    return min(2048, _next_pow2(s["hidden"]) // 2) if _rms_fwd_split(s) else _next_pow2(s["hidden"])
+
+
+def _rms_fwd_default_warps(s: Shape) -> int:
+    return min(16, _rms_fwd_default_block(s) // 128) if _rms_fwd_split(s) else _rms_default_warps(s)
+
+
 RMSNORM = LaunchSpace(
     kernel="rmsnorm", op="rmsnorm", dims=("rows", "hidden"),
     doc="RMSNorm (optionally fused with the residual add), forward and backward; one pass over each row.",
     params=(
         LaunchParam(**{**_NUM_WARPS, "doc": "forward: warps per program"}, phase="fwd",
-                    candidates=lambda s: (2, 4, 8, 16), default=_rms_default_warps),
+                    candidates=lambda s: (2, 4, 8, 16), default=_rms_fwd_default_warps),
         LaunchParam(**{**_NUM_STAGES, "doc": "software-pipelining stages of the backward's row loop and of the "
                        "two-pass forward's column loops"}, candidates=lambda s: (1, 2, 3), default=lambda s: 2),
         LaunchParam(name="block_rows", doc="forward: rows per program", phase="fwd",
                     check=_pow2_between(1, 256), candidates=lambda s: (1, 2, 4, 8, 16),
-                    default=_rms_default_rows),
+                    default=_rms_fwd_default_rows),
         LaunchParam(name="block_size", doc="columns per tile: the whole hidden size, padded to a power of two",
                     check=_pow2_between(1, MAX_TILE_NUMEL),
                     shape_check=lambda v, s: None if v >= s["hidden"] else
@@ -323,7 +345,7 @@ RMSNORM = LaunchSpace(
                     # program; the same launch here is level with it (run AE, benchmarks/README.md)
                     candidates=lambda s: tuple(sorted({v for v in (512, 1024, 2048) if v < s["hidden"]}
                                                       | {_next_pow2(s["hidden"])})),
-                    default=lambda s: _next_pow2(s["hidden"])),
+                    default=_rms_fwd_default_block),
         LaunchParam(**{**_NUM_WARPS, "name": "bwd_num_warps", "doc": "backward: warps per program"}, phase="bwd",
                     candidates=lambda s: (4, 8, 16), default=_rms_default_warps),
         LaunchParam(name="bwd_block_rows", doc="backward: rows per loop step", phase="bwd",
