@@ -324,7 +324,7 @@ def _rms_fwd_default_warps(s: Shape) -> int:
 RMSNORM = LaunchSpace(
     kernel="rmsnorm", op="rmsnorm", dims=("rows", "hidden"),
     doc="RMSNorm (optionally fused with the residual add), forward and backward; the forward reads each row "
-    "once or, in column chunks, twice (fwd_block_size).",
+        "once or, in column chunks, twice (fwd_block_size).",
     params=(
         LaunchParam(**{**_NUM_WARPS, "doc": "forward: warps per program"}, phase="fwd",
                     candidates=lambda s: (2, 4, 8, 16), default=_rms_fwd_default_warps),
