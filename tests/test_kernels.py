@@ -139,6 +139,9 @@ RMS_CASES = [  # (leading shape, hidden, launch params)
     ((2, 4), 128, {"block_rows": 4, "block_size": 128}),
     ((2, 4), 256, {"block_rows": 2, "fwd_block_size": 64}),
     ((5,), 128, {"block_rows": 2, "fwd_block_size": 32}),
+    # the defaults from a row of 2,048 up: two passes over half-row chunks; at 1,500 the second chunk is masked
+    ((3,), 1500, {}),
+    ((2,), 2048, {}),
 ]
 
 
@@ -553,6 +556,12 @@ def test_every_space_is_valid_data():
             assert set(params) == set(space.param_names())
             space.validate(params, shape)
         assert "num_warps" in space.param_names()
+    # RMSNorm's forward defaults: a whole-row tile read once below a row of 2,048; from there one row a program,
+    # two passes over chunks of half the row (at most 2,048 columns), 4 elements a thread (runs AO, AR, AS)
+    rms = registry.get_space("rmsnorm")
+    fwd = ("block_rows", "fwd_block_size", "num_warps")
+    assert [rms.defaults({"rows": 16384, "hidden": d})[k] for d in (1000, 2048, 4096, 8192) for k in fwd] == [
+        4, 1024, 8, 1, 1024, 8, 1, 2048, 16, 1, 2048, 16]
     # the largest power of two of rows whose bf16 logits fit in 512 MiB, capped by the rows there are
     ce = registry.get_space("fused_linear_ce")
     assert ce.defaults(GR00T_SHAPES["fused_linear_ce"])["chunk_size"] == 4096
