@@ -19,7 +19,6 @@ Usage: python benchmarks/probes/ceiling_probe.py OUT_CSV [INDUCTOR_CODE_TXT]
 
 from __future__ import annotations
 
-import datetime as dt
 import statistics
 import sys
 import traceback
@@ -31,12 +30,10 @@ import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from kernels.swiglu import _swiglu_bwd_kernel, _swiglu_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from workbench.fingerprint import versions  # noqa: E402
-from paired import paired_lines, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
 
 ROUNDS = 6
 
@@ -182,16 +179,13 @@ def _inductor_code(path: Path, dev) -> None:
 
 def main() -> None:
     out_csv = Path(sys.argv[1])
-    ver = versions()
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     dev = torch.device("cuda")
-    ceiling = copy_ceiling_gb_per_s(False, dev)
+    ceiling, base = context(dev)
     rows: list[dict] = []
     cases = [("rmsnorm fp32", "8x2048x2048", "fwd", lambda: _rms_case(2048, dev)),
              ("swiglu bf16", "8x2048x5632", "fwd", lambda: _swiglu_case(5632, dev, "fwd")),
              ("swiglu bf16", "8x2048x5632", "bwd", lambda: _swiglu_case(5632, dev, "bwd")),
              ("rmsnorm fp32", "8x2048x4096", "fwd", lambda: _rms_case(4096, dev))]
-    base = {"timestamp": stamp, "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}}
     for kernel, shape, mode, make in cases:
         calls, outs, check, nbytes = make()
         ok = {}
@@ -210,13 +204,10 @@ def main() -> None:
                              "median_ms": float("nan"), "p20_ms": float("nan"), "p80_ms": float("nan"),
                              "pct_of_copy_ceiling": float("nan"), "copy_ceiling_gb_per_s": ceiling,
                              "bytes": nbytes, "error": f"{type(e).__name__}: {str(e)[:200]}", **base})
-        for rnd in range(ROUNDS):
-            for name in (list(ok) if rnd % 2 == 0 else list(reversed(ok))):
-                ms = do_bench(ok[name], False)
-                rows.append({"kernel": kernel, "shape": shape, "mode": mode, "variant": name, "round": rnd,
-                             "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
-                             "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-                             "copy_ceiling_gb_per_s": ceiling, "bytes": nbytes, "error": "", **base})
+        rows += timed_rounds(ok, ROUNDS, lambda name, rnd, ms: {
+            "kernel": kernel, "shape": shape, "mode": mode, "variant": name, "round": rnd, "median_ms": ms[0],
+            "p20_ms": ms[1], "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
+            "copy_ceiling_gb_per_s": ceiling, "bytes": nbytes, "error": "", **base})
         del calls, ok, outs
         torch.cuda.empty_cache()
         write_csv(out_csv, rows)  # after every case: a timeout keeps what was measured

@@ -1,4 +1,5 @@
-"""What the paired-round probes share: their CSV, and the table of each variant against torch.compile.
+"""What the paired-round probes share: their set-up, their interleaved rounds, their CSV, and the table of each
+variant against torch.compile.
 
 Each probe times every variant and torch.compile once per round, in interleaved rounds, and pairs the ratios per
 round (compile ms / variant ms in the same round), so drift between rounds cancels. Factored out of the probes
@@ -8,8 +9,10 @@ after they ran; their printed tables are unchanged (checked against the logs of 
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import statistics
 from pathlib import Path
+from typing import Callable
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -31,4 +34,30 @@ def paired_lines(rows: list[dict], width: int) -> list[str]:
                    f"{statistics.median(r['pct_of_copy_ceiling'] for r in v):6.1f}% "
                    f"{statistics.median(ratios):7.3f}x ({min(ratios):.3f}-{max(ratios):.3f}) "
                    f"faster in {sum(x > 1 for x in ratios)}/{len(ratios)}")
+    return out
+
+
+def context(dev) -> tuple[float, dict]:
+    """-> (the copy ceiling measured now, GB/s; the columns every row carries: timestamp, GPU, versions)."""
+    import torch
+
+    from kernels.bench import copy_ceiling_gb_per_s
+    from workbench.fingerprint import versions
+
+    ver = versions()
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    ceiling = copy_ceiling_gb_per_s(False, dev)
+    return ceiling, {"timestamp": stamp, "gpu": torch.cuda.get_device_name(),
+                     **{k: ver[k] for k in ("torch", "triton", "cuda")}}
+
+
+def timed_rounds(calls: dict[str, Callable], rounds: int, row: Callable[[str, int, tuple], dict]) -> list[dict]:
+    """``rounds`` interleaved rounds over ``calls`` (in order, then reversed, alternately), each timed by
+    kernels.bench.do_bench; ``row(name, round, (median, p20, p80))`` makes each timing's row."""
+    from kernels.bench import do_bench
+
+    out = []
+    for rnd in range(rounds):
+        for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
+            out.append(row(name, rnd, do_bench(calls[name], False)))
     return out

@@ -18,7 +18,6 @@ Usage: python benchmarks/probes/rms_constexpr_d_probe.py OUT_CSV
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -26,12 +25,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
+from kernels.bench import do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel as after_kernel  # noqa: E402
 from rms_fwd_runtime_d_kernel import _rmsnorm_fwd_kernel as before_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from workbench.fingerprint import versions  # noqa: E402
-from paired import paired_lines, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
 
 ROUNDS = 8
 TOP = 3
@@ -83,11 +81,8 @@ def _name(br, chunk, nw, two_pass):
 
 def main() -> None:
     out_csv = Path(sys.argv[1])
-    ver = versions()
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     dev = torch.device("cuda")
-    ceiling = copy_ceiling_gb_per_s(False, dev)
-    base = {"timestamp": stamp, "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}}
+    ceiling, base = context(dev)
     rows: list[dict] = []
     tables = []
 
@@ -125,12 +120,8 @@ def main() -> None:
                 y.fill_(float("nan"))
                 call()
                 check()
-        case_rows = []
-        for rnd in range(ROUNDS):
-            for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
-                r = row(label, "paired", name, rnd, do_bench(calls[name], False), nbytes)
-                rows.append(r)
-                case_rows.append(r)
+        case_rows = timed_rounds(calls, ROUNDS, lambda name, rnd, ms: row(label, "paired", name, rnd, ms, nbytes))
+        rows += case_rows
         write_csv(out_csv, rows)
         tables.append((label, case_rows))
         del ref, launch, check, y, screen, calls

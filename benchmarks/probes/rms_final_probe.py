@@ -14,7 +14,6 @@ Usage: python benchmarks/probes/rms_final_probe.py OUT_CSV
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -23,11 +22,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels  # noqa: E402
-from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from rms_fwd_runtime_d_kernel import _rmsnorm_fwd_kernel as before_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from workbench.fingerprint import versions  # noqa: E402
-from paired import paired_lines, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
 
 ROUNDS = 8
 # best launch per case: (block_rows, fwd_block_size, num_warps)
@@ -37,11 +34,8 @@ BEST = {("fp32", 2048): (1, 1024, 8), ("fp32", 4096): (1, 2048, 16), ("bf16 out"
 
 def main() -> None:
     out_csv = Path(sys.argv[1])
-    ver = versions()
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     dev = torch.device("cuda")
-    ceiling = copy_ceiling_gb_per_s(False, dev)
-    base = {"timestamp": stamp, "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}}
+    ceiling, base = context(dev)
     rows: list[dict] = []
     tables = []
     for (kind, D), (br, chunk, nw) in BEST.items():
@@ -93,15 +87,11 @@ def main() -> None:
         torch.testing.assert_close(y, want, **tol)
         nbytes = 12 * M * D if add else M * D * (4 + y.element_size())
         label = f"{kind}, hidden {D}, training forward"
-        case_rows = []
-        for rnd in range(ROUNDS):
-            for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
-                ms = do_bench(calls[name], False)
-                row = {"case": label, "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1],
-                       "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-                       "copy_ceiling_gb_per_s": ceiling, **base}
-                rows.append(row)
-                case_rows.append(row)
+        case_rows = timed_rounds(calls, ROUNDS, lambda name, rnd, ms: {
+            "case": label, "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
+            "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling, "copy_ceiling_gb_per_s": ceiling,
+            **base})
+        rows += case_rows
         write_csv(out_csv, rows)
         tables.append((label, case_rows))
         del x, r, w, ref, args, calls, y, s, rstd

@@ -19,24 +19,21 @@ Usage: python benchmarks/probes/rms_fp32_sweep_probe.py OUT_CSV
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import os
 import sys
 from pathlib import Path
 
 import torch
-import triton
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ceiling_probe import _traffic  # noqa: E402
 from kernels import registry  # noqa: E402
-from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
+from kernels.bench import do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from workbench.fingerprint import versions  # noqa: E402
-from paired import paired_lines, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
 
 ROUNDS = 8
 TOP = 6
@@ -57,11 +54,8 @@ def _inductor_picks() -> list[str]:
 
 def main() -> None:
     out_csv = Path(sys.argv[1])
-    ver = versions()
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     dev = torch.device("cuda")
-    ceiling = copy_ceiling_gb_per_s(False, dev)
-    base = {"timestamp": stamp, "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}}
+    ceiling, base = context(dev)
     rows: list[dict] = []
     tables = []
     for D in (2048, 4096):
@@ -110,16 +104,11 @@ def main() -> None:
         n = x2.numel()
         final["floor: triton b1024 w8"] = lambda: _traffic[(n // 1024,)](x2, x2, x2, fy, fy, NIN=1, NOUT=1,
                                                                           BLOCK=1024, num_warps=8)
-        case_rows = []
-        for rnd in range(ROUNDS):
-            for name in (list(final) if rnd % 2 == 0 else list(reversed(final))):
-                ms = do_bench(final[name], False)
-                r = {"hidden": D, "stage": "paired", "variant": name, "round": rnd,
-                     "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
-                     "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-                     "copy_ceiling_gb_per_s": ceiling, "inductor_picks": " | ".join(picks), **base}
-                rows.append(r)
-                case_rows.append(r)
+        case_rows = timed_rounds(final, ROUNDS, lambda name, rnd, ms: {
+            "hidden": D, "stage": "paired", "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1],
+            "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
+            "copy_ceiling_gb_per_s": ceiling, "inductor_picks": " | ".join(picks), **base})
+        rows += case_rows
         write_csv(out_csv, rows)
         tables.append((D, sorted(screen.items(), key=lambda kv: kv[1][0])[:TOP], case_rows))
         del x, x2, y, fy, ref, screen, final

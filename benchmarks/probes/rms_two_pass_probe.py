@@ -22,7 +22,6 @@ Usage: python benchmarks/probes/rms_two_pass_probe.py OUT_CSV
 
 from __future__ import annotations
 
-import datetime as dt
 import sys
 from pathlib import Path
 
@@ -30,11 +29,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels.bench import copy_ceiling_gb_per_s, do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from workbench.fingerprint import versions  # noqa: E402
-from paired import paired_lines, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
 
 ROUNDS = 8
 
@@ -56,11 +53,8 @@ def _inductor_launches() -> list[str]:
 
 def main() -> None:
     out_csv = Path(sys.argv[1])
-    ver = versions()
-    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     dev = torch.device("cuda")
-    ceiling = copy_ceiling_gb_per_s(False, dev)
-    base = {"timestamp": stamp, "gpu": torch.cuda.get_device_name(), **{k: ver[k] for k in ("torch", "triton", "cuda")}}
+    ceiling, base = context(dev)
     rows: list[dict] = []
     tables = []
     # the launches found best so far: run AG's sweep, run AM's screen (fp32) and launch_rms_H (bf16, r1 w2)
@@ -98,16 +92,12 @@ def main() -> None:
                 y.fill_(float("nan"))
                 call()
                 torch.testing.assert_close(y, want, **tol)
-        case_rows = []
         label = f"fp32 in, {str(out_dtype)[6:]} out, hidden {D}"
-        for rnd in range(ROUNDS):
-            for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
-                ms = do_bench(calls[name], False)
-                r = {"case": label, "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1],
-                     "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-                     "copy_ceiling_gb_per_s": ceiling, **base}
-                rows.append(r)
-                case_rows.append(r)
+        case_rows = timed_rounds(calls, ROUNDS, lambda name, rnd, ms: {
+            "case": label, "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
+            "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling, "copy_ceiling_gb_per_s": ceiling,
+            **base})
+        rows += case_rows
         write_csv(out_csv, rows)
         tables.append((label, case_rows))
         del x, x2, y, ref, calls
