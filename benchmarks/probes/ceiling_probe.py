@@ -204,10 +204,8 @@ def main() -> None:
                              "median_ms": float("nan"), "p20_ms": float("nan"), "p80_ms": float("nan"),
                              "pct_of_copy_ceiling": float("nan"), "copy_ceiling_gb_per_s": ceiling,
                              "bytes": nbytes, "error": f"{type(e).__name__}: {str(e)[:200]}", **base})
-        rows += timed_rounds(ok, ROUNDS, lambda name, rnd, ms: {
-            "kernel": kernel, "shape": shape, "mode": mode, "variant": name, "round": rnd, "median_ms": ms[0],
-            "p20_ms": ms[1], "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-            "copy_ceiling_gb_per_s": ceiling, "bytes": nbytes, "error": "", **base})
+        rows += timed_rounds(ok, ROUNDS, {"kernel": kernel, "shape": shape, "mode": mode}, nbytes, ceiling, base,
+                             {"bytes": nbytes, "error": ""})
         del calls, ok, outs
         torch.cuda.empty_cache()
         write_csv(out_csv, rows)  # after every case: a timeout keeps what was measured

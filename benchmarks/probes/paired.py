@@ -51,13 +51,23 @@ def context(dev) -> tuple[float, dict]:
                      **{k: ver[k] for k in ("torch", "triton", "cuda")}}
 
 
-def timed_rounds(calls: dict[str, Callable], rounds: int, row: Callable[[str, int, tuple], dict]) -> list[dict]:
+def timing_row(lead: dict, variant: str, rnd: int, ms: tuple, nbytes: float, ceiling: float, base: dict,
+               tail: dict | None = None) -> dict:
+    """One timing's row: ``lead``'s columns, the variant, the round, (median, p20, p80) ms, % of the copy ceiling
+    for ``nbytes``, the ceiling, ``tail``'s columns, then ``base``'s (see :func:`context`)."""
+    return {**lead, "variant": variant, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
+            "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling, "copy_ceiling_gb_per_s": ceiling,
+            **(tail or {}), **base}
+
+
+def timed_rounds(calls: dict[str, Callable], rounds: int, lead: dict, nbytes: float, ceiling: float, base: dict,
+                 tail: dict | None = None) -> list[dict]:
     """``rounds`` interleaved rounds over ``calls`` (in order, then reversed, alternately), each timed by
-    kernels.bench.do_bench; ``row(name, round, (median, p20, p80))`` makes each timing's row."""
+    kernels.bench.do_bench: one :func:`timing_row` per timing."""
     from kernels.bench import do_bench
 
     out = []
     for rnd in range(rounds):
         for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
-            out.append(row(name, rnd, do_bench(calls[name], False)))
+            out.append(timing_row(lead, name, rnd, do_bench(calls[name], False), nbytes, ceiling, base, tail))
     return out

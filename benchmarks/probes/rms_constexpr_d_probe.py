@@ -29,7 +29,7 @@ from kernels.bench import do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel as after_kernel  # noqa: E402
 from rms_fwd_runtime_d_kernel import _rmsnorm_fwd_kernel as before_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, timing_row, write_csv  # noqa: E402
 
 ROUNDS = 8
 TOP = 3
@@ -86,11 +86,6 @@ def main() -> None:
     rows: list[dict] = []
     tables = []
 
-    def row(label, stage, variant, rnd, ms, nbytes):
-        return {"case": label, "stage": stage, "variant": variant, "round": rnd, "median_ms": ms[0],
-                "p20_ms": ms[1], "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-                "copy_ceiling_gb_per_s": ceiling, **base}
-
     for (kind, D), known in KNOWN.items():
         label = f"{kind}, hidden {D}"
         ref, launch, check, y, nbytes = _case(kind, D, dev)
@@ -107,8 +102,9 @@ def main() -> None:
                         check()
                         ms = do_bench(call, False)
                         screen[_name(br, chunk, nw, two_pass)] = (ms[0], call)
-                        rows.append(row(label, "screen", "constexpr D " + _name(br, chunk, nw, two_pass), 0, ms,
-                                        nbytes))
+                        rows.append(timing_row({"case": label, "stage": "screen"},
+                                               "constexpr D " + _name(br, chunk, nw, two_pass), 0, ms, nbytes,
+                                               ceiling, base))
         calls = {"torch.compile": ref}
         for cfg in known:
             calls[f"runtime D {_name(*cfg)}"] = launch(before_kernel, *cfg)
@@ -120,7 +116,7 @@ def main() -> None:
                 y.fill_(float("nan"))
                 call()
                 check()
-        case_rows = timed_rounds(calls, ROUNDS, lambda name, rnd, ms: row(label, "paired", name, rnd, ms, nbytes))
+        case_rows = timed_rounds(calls, ROUNDS, {"case": label, "stage": "paired"}, nbytes, ceiling, base)
         rows += case_rows
         write_csv(out_csv, rows)
         tables.append((label, case_rows))

@@ -87,10 +87,7 @@ def main() -> None:
         torch.testing.assert_close(y, want, **tol)
         nbytes = 12 * M * D if add else M * D * (4 + y.element_size())
         label = f"{kind}, hidden {D}, training forward"
-        case_rows = timed_rounds(calls, ROUNDS, lambda name, rnd, ms: {
-            "case": label, "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
-            "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling, "copy_ceiling_gb_per_s": ceiling,
-            **base})
+        case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
         rows += case_rows
         write_csv(out_csv, rows)
         tables.append((label, case_rows))

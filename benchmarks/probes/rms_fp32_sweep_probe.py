@@ -33,7 +33,7 @@ from kernels import registry  # noqa: E402
 from kernels.bench import do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import context, paired_lines, timed_rounds, timing_row, write_csv  # noqa: E402
 
 ROUNDS = 8
 TOP = 6
@@ -90,10 +90,8 @@ def main() -> None:
                         torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
                         ms = do_bench(call, False)
                         screen[name] = (ms[0], call)
-                        rows.append({"hidden": D, "stage": "screen", "variant": name, "round": 0,
-                                     "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
-                                     "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-                                     "copy_ceiling_gb_per_s": ceiling, "inductor_picks": "", **base})
+                        rows.append(timing_row({"hidden": D, "stage": "screen"}, name, 0, ms, nbytes, ceiling, base,
+                                               {"inductor_picks": ""}))
         p = registry.RMSNORM.defaults({"rows": M, "hidden": D})
         final = {"torch.compile": lambda: ref(x, w)}
         for name in sorted(screen, key=lambda k: screen[k][0])[:TOP]:
@@ -104,10 +102,8 @@ def main() -> None:
         n = x2.numel()
         final["floor: triton b1024 w8"] = lambda: _traffic[(n // 1024,)](x2, x2, x2, fy, fy, NIN=1, NOUT=1,
                                                                           BLOCK=1024, num_warps=8)
-        case_rows = timed_rounds(final, ROUNDS, lambda name, rnd, ms: {
-            "hidden": D, "stage": "paired", "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1],
-            "p80_ms": ms[2], "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling,
-            "copy_ceiling_gb_per_s": ceiling, "inductor_picks": " | ".join(picks), **base})
+        case_rows = timed_rounds(final, ROUNDS, {"hidden": D, "stage": "paired"}, nbytes, ceiling, base,
+                                 {"inductor_picks": " | ".join(picks)})
         rows += case_rows
         write_csv(out_csv, rows)
         tables.append((D, sorted(screen.items(), key=lambda kv: kv[1][0])[:TOP], case_rows))

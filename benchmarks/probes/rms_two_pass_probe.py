@@ -93,10 +93,7 @@ def main() -> None:
                 call()
                 torch.testing.assert_close(y, want, **tol)
         label = f"fp32 in, {str(out_dtype)[6:]} out, hidden {D}"
-        case_rows = timed_rounds(calls, ROUNDS, lambda name, rnd, ms: {
-            "case": label, "variant": name, "round": rnd, "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2],
-            "pct_of_copy_ceiling": 100 * nbytes / (ms[0] * 1e-3) / 1e9 / ceiling, "copy_ceiling_gb_per_s": ceiling,
-            **base})
+        case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
         rows += case_rows
         write_csv(out_csv, rows)
         tables.append((label, case_rows))
