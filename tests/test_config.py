@@ -357,6 +357,21 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path: Path) -> None:
         load_config(path)
 
 
+def test_unreadable_file_names_file_and_reason(tmp_path: Path) -> None:
+    cases = {
+        tmp_path / "missing.yaml": "no such config file",
+        tmp_path / "adir.yaml": "is a directory; expected a config file",
+        tmp_path / "binary.yaml": "not UTF-8 text (byte 0); expected a YAML config",
+    }
+    (tmp_path / "adir.yaml").mkdir()
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00data")
+    for path, why in cases.items():
+        with pytest.raises(ConfigError) as info:
+            load_config(path)
+        assert str(info.value) == f"{path}: {why}"
+        assert info.value.source == str(path)
+
+
 def test_duplicate_keys_are_rejected() -> None:
     _rejects("data:\n  num_workers: 2\n  num_workers: 4\n", "run.yaml:3", "duplicate key 'num_workers'")
 

@@ -145,6 +145,21 @@ def test_config_errors_name_the_key(tmp_path, subprocess_env):
     r = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny", "--set",
                         "data.micro_batchsize=2"], env=subprocess_env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and "micro_batchsize" in r.stderr and "micro_batch_size" in r.stderr
+    # a value of the wrong type: named as a ConfigError, not by the private class that found it
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny", "--set",
+                        "data.micro_batch_size=abc"], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert "ConfigError: data.micro_batch_size: got 'abc' (str); expected an integer >= 1" in r.stderr
+    assert "_Mismatch" not in r.stderr
+
+
+def test_unreadable_config_file_is_a_config_error(tmp_path, subprocess_env):
+    missing = tmp_path / "missing.yaml"
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--config", str(missing), "--out",
+                        str(tmp_path / "o")], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert f"{missing}: no such config file" in r.stderr and "Traceback" not in r.stderr
+    assert json.loads((tmp_path / "o" / "failure.json").read_text())["kind"] == "invalid_config"
 
 
 def test_ctrl_c_leaves_a_usable_checkpoint(synth, tmp_path, subprocess_env):

@@ -79,6 +79,17 @@ def test_bad_specs_name_file_and_key(tmp_path, text, key, words):
     assert words in msg
 
 
+def test_unreadable_spec_files_name_file_and_reason(tmp_path):
+    (tmp_path / "adir.yaml").mkdir()
+    (tmp_path / "binary.yaml").write_bytes(b"name: t\n\xff\n")
+    for name, why in (("missing.yaml", "no such study spec file"),
+                      ("adir.yaml", "is a directory; expected a study spec file"),
+                      ("binary.yaml", "not UTF-8 text (byte 8); expected a YAML study spec")):
+        with pytest.raises(ConfigError) as e:
+            load_study_spec(str(tmp_path / name))
+        assert str(e.value) == f"{tmp_path / name}: {why}"
+
+
 def test_unknown_study_name_lists_the_builtins():
     with pytest.raises(ValueError, match="built-in studies: .*tiny-cpu"):
         load_study_spec("no-such-study")

@@ -1162,10 +1162,25 @@ def loads_config(text: str, source: str = "<string>") -> Config:
         raise e.with_source(source) from None
 
 
+def read_yaml_text(path: Path, what: str = "config") -> str:
+    """The text of a YAML file; a missing, unreadable or non-UTF-8 file is a ConfigError naming it
+    (``what``: the kind of file, for the message)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"no such {what} file", source=str(path)) from None
+    except IsADirectoryError:
+        raise ConfigError(f"is a directory; expected a {what} file", source=str(path)) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"not UTF-8 text (byte {e.start}); expected a YAML {what}", source=str(path)) from None
+    except OSError as e:
+        raise ConfigError(f"cannot read: {e.strerror or e}", source=str(path)) from None
+
+
 def load_config(path: str | os.PathLike[str]) -> Config:
     """Read and validate a config.yaml; ConfigError messages start with the file name."""
     path = Path(path)
-    return loads_config(path.read_text(encoding="utf-8"), source=str(path))
+    return loads_config(read_yaml_text(path), source=str(path))
 
 
 # --------------------------------------------------------------------------- field documentation

@@ -40,7 +40,9 @@ from typing import Any, Literal
 
 import yaml
 
-from workbench.config import MODEL_PRESETS, Config, ConfigError, from_dict, merge_overrides, preset_config, to_dict
+from workbench.config import (
+    MODEL_PRESETS, Config, ConfigError, from_dict, merge_overrides, preset_config, read_yaml_text, to_dict,
+)
 from workbench.knobs import get_knob, knob_names
 
 __all__ = [
@@ -450,9 +452,7 @@ def find_study(name_or_path: str) -> tuple[str, str, Path | None]:
     """(YAML text, source label, base dir) of a built-in study name or a spec file path."""
     path = Path(name_or_path).expanduser()
     if path.suffix in (".yaml", ".yml") or path.exists() or "/" in name_or_path:
-        if not path.is_file():
-            raise ConfigError(f"no such study spec file: {path}", source=str(path))
-        return path.read_text(encoding="utf-8"), str(path), path.parent.resolve()
+        return read_yaml_text(path, "study spec"), str(path), path.parent.resolve()
     res = importlib.resources.files("studies") / f"{name_or_path}.yaml"
     if not res.is_file():
         raise ConfigError(f"unknown study {name_or_path!r}; built-in studies: {', '.join(builtin_studies())}, "

@@ -183,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - classified, recorded, re-exit with its code
         if isinstance(e, SystemExit):
             raise
+        from workbench.config import ConfigError
+
         kind = classify_exception(e)
-        msg = f"{type(e).__name__}: {e}"
+        # a ConfigError's subclasses are details of where it was raised (LaunchConfigError excepted)
+        name = "ConfigError" if isinstance(e, ConfigError) and type(e).__name__.startswith("_") else type(e).__name__
+        msg = f"{name}: {e}"
         print(f"error ({kind}): {msg}", file=sys.stderr)
         if kind == "crash":
             traceback.print_exc()
