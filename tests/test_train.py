@@ -151,6 +151,9 @@ def test_config_errors_name_the_key(tmp_path, subprocess_env):
     assert r.returncode == 2
     assert "ConfigError: data.micro_batch_size: got 'abc' (str); expected an integer >= 1" in r.stderr
     assert "_Mismatch" not in r.stderr
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny", "--steps", "0"],
+                       env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "training.max_steps: got 0, out of range; expected an integer >= 1" in r.stderr
 
 
 def test_unreadable_config_file_is_a_config_error(tmp_path, subprocess_env):

@@ -73,6 +73,31 @@ def test_storage_urls():
     assert tune.default_storage_url(tune.Path("runs/s")).endswith("/runs/s/study.db")
 
 
+def test_bad_storage_urls_are_clear_errors(monkeypatch):
+    from workbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--storage: 'not a url' is not a database URL"):
+        tune.make_storage("not a url")
+    with pytest.raises(ConfigError, match=r"^--storage: bogus://x: no database driver for this URL"):
+        tune.make_storage("bogus://x")
+    # a server that refuses: retried (the schema race), then one line naming the URL without its password
+    import importlib.util
+    import socket
+
+    if importlib.util.find_spec("psycopg2") is None:
+        pytest.skip("psycopg2 is not installed")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]  # closed once the block ends: connections are refused
+    sleeps = []
+    monkeypatch.setattr(tune.time, "sleep", sleeps.append)
+    with pytest.raises(TuneError) as e:
+        tune.make_storage(f"postgresql://u:secret@127.0.0.1:{port}/db")
+    assert str(e.value).startswith(f"cannot open the study storage postgresql+psycopg2://u:***@127.0.0.1:{port}/db "
+                                   "after 5 attempts: ")
+    assert "secret" not in str(e.value) and len(sleeps) == 4
+
+
 def test_cli_errors_are_clear(tmp_path, subprocess_env):
     p = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", "nope", "--out", str(tmp_path)],
                        capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)

@@ -127,7 +127,7 @@ def load_run_config(args: argparse.Namespace):
 
     cfg = load_config(args.config) if args.config else preset_config(args.preset)
     overrides: dict[str, Any] = parse_overrides(args.set)
-    if args.steps:
+    if args.steps is not None:  # 0 or less: rejected by the config, not ignored
         overrides["training.max_steps"] = args.steps
     if overrides:
         cfg = merge_overrides(cfg, overrides)

@@ -152,8 +152,14 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     else:
         engine_kwargs["pool_pre_ping"] = True  # survive server-side connection drops during long trials
+    import sqlalchemy.engine
     import sqlalchemy.exc
 
+    try:
+        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        raise ConfigError(f"{url!r} is not a database URL; expected e.g. sqlite:///runs/study.db or "
+                          "postgresql://user:password@host/db", key="--storage") from None
     for attempt in range(5):
         try:
             with warnings.catch_warnings():
@@ -161,11 +167,15 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
                                                   heartbeat_interval=HEARTBEAT_INTERVAL_S,
                                                   grace_period=HEARTBEAT_GRACE_S)
-        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError):
+        except (sqlalchemy.exc.NoSuchModuleError, ModuleNotFoundError) as e:
+            raise ConfigError(f"{shown}: no database driver for this URL ({e}); expected sqlite:///... or "
+                              "postgresql://... (psycopg2)", key="--storage") from None
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
             # two processes creating the schema of a new database at once: one loses the race, then
             # finds the tables there on the next attempt
             if attempt == 4:
-                raise
+                reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+                raise TuneError(f"cannot open the study storage {shown} after 5 attempts: {reason}") from e
             time.sleep(0.5 + attempt)
     raise AssertionError("unreachable")
 
