@@ -282,6 +282,23 @@ def test_wrong_type_names_path_value_and_expected(text: str, fragments: list[str
             "loongforge:\n  compute_domain:\n    kernels: {rmsnorm: {num_warps: 0}}\n",
             ["loongforge.compute_domain.kernels.rmsnorm.num_warps", ">= 1"],
         ),
+        (  # the kernels' launch parameters: the registry's checks that hold at every shape, at load
+            "loongforge:\n  compute_domain:\n    kernels: {rmsnorm: {num_warps: 3}}\n",
+            ["loongforge.compute_domain.kernels.rmsnorm.num_warps: got 3; must be one of [1, 2, 4, 8, 16, 32]"],
+        ),
+        (
+            "loongforge:\n  compute_domain:\n    kernels: {rmsnrom: {num_warps: 4}}\n",
+            ["loongforge.compute_domain.kernels.rmsnrom: unknown kernel; kernels: rmsnorm, swiglu, rope"],
+        ),
+        (
+            "loongforge:\n  compute_domain:\n    kernels: {swiglu: {block_sise: 1024}}\n",
+            ["kernels.swiglu.block_sise: is not a launch parameter of this kernel", "'block_size'"],
+        ),
+        (
+            "loongforge:\n  compute_domain:\n    kernels:\n"
+            "      rmsnorm: {block_rows: 256, block_size: 65536, num_warps: 4}\n",
+            ["kernels.rmsnorm.block_rows: got 256; with block_size=65536 and num_warps=4 gives a tile of 16777216"],
+        ),
         ("provenance:\n  study: s\n  speedup_ci: [1.4, 1.2]\n", ["provenance.speedup_ci", "low must be <= high"]),
         ("provenance:\n  study: s\n  created: yesterday\n", ["provenance.created", "ISO 8601"]),
         ("metrics:\n  prometheus_port: 70000\n", ["metrics.prometheus_port", "[1, 65535]"]),

@@ -6,6 +6,7 @@ import dataclasses
 
 import pytest
 
+from kernels.registry import LAUNCH_SPACES
 from workbench import knobs
 from workbench.config import Config, ConfigError, merge_overrides, to_dict
 from workbench.knobs import KNOBS, Knob, detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
@@ -21,8 +22,13 @@ def test_every_knob_names_a_real_config_key_of_its_kind():
     data = to_dict(Config())
     for k in KNOBS:
         if ".kernels." in k.key:  # launch parameters live in a dict field that is empty by default
-            cfg = merge_overrides(Config(), {k.key: 1})  # ConfigError if the schema refuses the key
-            assert _get(to_dict(cfg), k.key) == 1
+            kernel, param = k.key.split(".")[-2:]
+            check = LAUNCH_SPACES[kernel].param(param).check
+            value = next(v for v in [*range(1, 65), *(1 << i for i in range(7, 21))] if check(v) is None)
+            cfg = merge_overrides(Config(), {k.key: value})  # ConfigError if the schema refuses the key
+            assert _get(to_dict(cfg), k.key) == value
+            with pytest.raises(ConfigError, match=rf"{k.key}: got {1 << 30}; "):  # the registry's check, at load
+                merge_overrides(Config(), {k.key: 1 << 30})
             continue
         _get(data, k.key)  # KeyError if the schema has no such key
     assert [k.name for k in KNOBS] == list(knob_names())

@@ -364,6 +364,26 @@ class OpsConfig:
 _GRAPH_CAPTURING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
 
 
+def _check_kernel_launch(kernels_cfg: Mapping[str, Mapping[str, int]]) -> None:
+    """The checks of ``kernels`` that hold at every shape (a known kernel and parameter, a value some shape allows,
+    constraints between parameters), at load: a typo fails here, not only on a GPU that runs the kernel. The checks
+    that depend on the shape run at launch."""
+    if not kernels_cfg:
+        return
+    try:  # imported here: kernels.registry imports this module (and the kernels package, torch and triton)
+        from kernels.registry import LAUNCH_SPACES
+    except ImportError:  # no Triton on this machine: its kernels cannot run here, and are checked where they can
+        return
+    for kernel, params in kernels_cfg.items():
+        space = LAUNCH_SPACES.get(kernel)
+        if space is None:
+            raise ConfigError(f"unknown kernel; kernels: {', '.join(LAUNCH_SPACES)}", key=f"kernels.{kernel}")
+        for e in space.problems(params)[:1]:
+            known = e.param in space.param_names()
+            raise ConfigError(f"got {e.value!r}; {e.constraint}" if known else e.constraint,
+                              key=f"kernels.{kernel}.{e.param}")
+
+
 @dataclass(kw_only=True)
 class ComputeDomainConfig:
     """Compute domain: compilation, CUDA graphs and Triton kernels."""
@@ -393,6 +413,7 @@ class ComputeDomainConfig:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+        _check_kernel_launch(self.kernels)
         if self.graph_capture and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
             raise ConfigError(
                 f"true cannot be combined with compile: {self.compile!r}, "

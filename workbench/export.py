@@ -80,7 +80,7 @@ def pinned_launch_params(record: list[Mapping[str, Any]] | None) -> dict[str, di
     """Kernel -> launch parameters to pin, from a run's launch record (``summary["kernels/launch"]``: one entry
     per kernel and shape, as resolved at launch). A kernel launched at several shapes with different resolved
     parameters is left out: its shape-dependent defaults are what ran, and one value cannot pin them all."""
-    from kernels.registry import LAUNCH_SPACES  # plain data: imports neither torch nor triton
+    from kernels.registry import LAUNCH_SPACES  # data, but the kernels package imports torch and triton
 
     seen: dict[str, list[dict[str, int]]] = {}
     for entry in record or []:
