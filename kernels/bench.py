@@ -95,8 +95,8 @@ MODES = ("fwd", "bwd", "full")
 GOAL_PCT_OF_COPY = 85.0  # the goal for the memory-bound kernels
 CSV_COLUMNS = [
     "kernel", "shape", "mode", "provider", "sweep", "launch",
-    "num_warps", "num_stages", "block_rows", "block_size", "fwd_block_size", "bwd_num_warps", "bwd_block_rows",
-    "programs_per_sm", "bwd_tiles_in_flight", "block_h", "block_t", "block_v",
+    "num_warps", "num_stages", "block_rows", "block_size", "fwd_block_size", "fwd_passes", "bwd_num_warps",
+    "bwd_block_rows", "programs_per_sm", "bwd_tiles_in_flight", "block_h", "block_t", "block_v",
     "chunk_size",
     "median_ms", "p20_ms", "p80_ms", "host_ms", "gb_per_s", "pct_of_copy_ceiling", "size_copy_gb_per_s",
     "pct_of_size_copy", "tflop_per_s", "peak_mem_gib", "tokens_per_s",
@@ -424,7 +424,7 @@ def _ofat(space, shape, quick: bool) -> list[dict[str, int]]:
     params = space.param_names()
     if quick:  # the parameters that matter most: warps and the kernel's main block
         params = tuple(p for p in params if p in ("num_warps", "block_rows", "block_size", "fwd_block_size",
-                                                   "bwd_num_warps", "bwd_block_rows", "bwd_tiles_in_flight",
+                                                   "fwd_passes", "bwd_num_warps", "bwd_block_rows", "bwd_tiles_in_flight",
                                                    "block_h", "block_v"))
     for p in params:
         for v in space.param(p).candidates(shape):

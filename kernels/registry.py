@@ -303,13 +303,19 @@ def _rms_default_warps(s: Shape) -> int:
 # most 2,048 columns), 4 elements (one 16-byte fp32 access) a thread. On an H200, in the six cases of kernels.bench
 # at hidden 2,048 and 4,096 (fp32 out, bf16 out, fused add): the fastest launch measured in five, 0.7% behind it
 # in the sixth (fused add at 2,048, run AO); the former one-pass whole-row defaults were 1.2-4.5% slower than the
-# best (run AR, benchmarks/README.md). Below 2,048 (not measured on a GPU) the one-pass tile.
+# best (run AR, benchmarks/README.md). From a tile of 1,024 columns up to a row of 2,047: one pass, one row per
+# program, 4 warps; run AT, at hidden 1,024 and 1,536 in the same three cases, 0.6-3.0% faster than the defaults
+# before (several rows a program, or two passes at 1,536) in all six. Below (not measured on a GPU): several rows.
 def _rms_fwd_split(s: Shape) -> bool:
-    return _next_pow2(s["hidden"]) >= 2048
+    return s["hidden"] >= 2048
+
+
+def _rms_fwd_row_a_program(s: Shape) -> bool:
+    return not _rms_fwd_split(s) and _next_pow2(s["hidden"]) >= 1024
 
 
 def _rms_fwd_default_rows(s: Shape) -> int:
-    return 1 if _rms_fwd_split(s) else _rms_default_rows(s)
+    return 1 if _rms_fwd_split(s) or _rms_fwd_row_a_program(s) else _rms_default_rows(s)
 
 
 def _rms_fwd_default_block(s: Shape) -> int:
@@ -318,7 +324,9 @@ def _rms_fwd_default_block(s: Shape) -> int:
 
 
 def _rms_fwd_default_warps(s: Shape) -> int:
-    return min(16, _rms_fwd_default_block(s) // 128) if _rms_fwd_split(s) else _rms_default_warps(s)
+    if _rms_fwd_split(s):
+        return min(16, _rms_fwd_default_block(s) // 128)
+    return 4 if _rms_fwd_row_a_program(s) else _rms_default_warps(s)
 
 
 RMSNORM = LaunchSpace(
@@ -347,6 +355,14 @@ RMSNORM = LaunchSpace(
                     candidates=lambda s: tuple(sorted({v for v in (512, 1024, 2048) if v < s["hidden"]}
                                                       | {_next_pow2(s["hidden"])})),
                     default=_rms_fwd_default_block),
+        LaunchParam(name="fwd_passes", doc="forward: 2 reads each row twice (the sum of squares, then from L2 to "
+                    "normalise) even where one fwd_block_size chunk holds the row, as inductor's forward does; 1 "
+                    "reads it once where the chunk holds it (a chunk narrower than the row always takes two)",
+                    check=_int_in((1, 2)), phase="fwd", candidates=lambda s: (1, 2),
+                    # run AT, hidden 2,048: two passes over the whole row, 2 rows of 16 warps (inductor's launch),
+                    # 0.999x torch.compile with fp32 out against 0.995x at the defaults; with bf16 out 0.996x
+                    # against 1.070x, so not the default
+                    default=lambda s: 1),
         LaunchParam(**{**_NUM_WARPS, "name": "bwd_num_warps", "doc": "backward: warps per program"}, phase="bwd",
                     candidates=lambda s: (4, 8, 16), default=_rms_default_warps),
         LaunchParam(name="bwd_block_rows", doc="backward: rows per loop step", phase="bwd",

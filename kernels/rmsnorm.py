@@ -17,6 +17,7 @@ so x is read once in the forward and x, dy once in the backward (the backward's 
 forward makes two passes over column chunks of that width instead, as inductor's looped
 reduction does: the sum of squares, then a second read of the rows (kept in L2 by an
 ``evict_last`` first read) to normalise; a narrower tile, fewer registers, more programs in flight.
+``fwd_passes`` 2 makes the two passes over a chunk that holds the whole row (inductor's shape).
 Where every tile lies inside the tensor (rows a multiple of ``block_rows``, D of the column
 block) and there is no residual, the forward's loads and stores carry no mask (``EVEN``).
 The forward saves rstd (4 bytes per row) so the backward does not recompute it. The backward is
@@ -254,7 +255,7 @@ def _rmsnorm_fwd(
         x_MD, r_MD, weight, y_MD, s_arg, rstd_M,
         M, x_MD.stride(0), r_MD.stride(0), y_MD.stride(0), s_arg.stride(0), float(eps),
         D=D, HAS_RESIDUAL=residual is not None, BLOCK_ROWS=p["block_rows"], BLOCK_D=block_d,
-        TWO_PASS=p["fwd_block_size"] < D,
+        TWO_PASS=p["fwd_block_size"] < D or p["fwd_passes"] == 2,
         EVEN=residual is None and M % p["block_rows"] == 0 and D % block_d == 0,
         num_warps=p["num_warps"], num_stages=p["num_stages"],
     )

@@ -139,9 +139,13 @@ RMS_CASES = [  # (leading shape, hidden, launch params)
     ((2, 4), 128, {"block_rows": 4, "block_size": 128}),
     ((2, 4), 256, {"block_rows": 2, "fwd_block_size": 64}),
     ((5,), 128, {"block_rows": 2, "fwd_block_size": 32}),
-    # the defaults from a row of 2,048 up: two passes over half-row chunks; at 1,500 the second chunk is masked
+    # the defaults: at 1,500 one pass, a row a program in a 2,048-column tile of 4 warps (masked); from a row of
+    # 2,048 up, two passes over half-row chunks (unmasked)
     ((3,), 1500, {}),
     ((2,), 2048, {}),
+    # two passes over one chunk that holds the whole row (fwd_passes 2): masked, then whole tiles
+    ((3,), 200, {"fwd_passes": 2, "block_rows": 2}),
+    ((2, 4), 128, {"fwd_passes": 2, "block_rows": 4, "block_size": 128}),
 ]
 
 
@@ -189,8 +193,9 @@ def dx_terms(x64, w64, dy, eps) -> float:
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("lead,D,params", RMS_CASES[1:4:2] + RMS_CASES[4:5] + RMS_CASES[6:7] + RMS_CASES[8:9]
-                         + RMS_CASES[10:12], ids=["5x3", "6x200", "257x127", "6x200-two-pass", "257x127-bwd-prefetch",
-                                                  "8x128-whole-tiles", "8x256-two-pass-whole-chunks"])
+                         + RMS_CASES[10:12] + RMS_CASES[15:16],
+                         ids=["5x3", "6x200", "257x127", "6x200-two-pass", "257x127-bwd-prefetch",
+                              "8x128-whole-tiles", "8x256-two-pass-whole-chunks", "3x200-two-pass-whole-row"])
 def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
     x = randn(gen, *lead, D, dtype=dtype).requires_grad_()
     r = randn(gen, *lead, D, dtype=dtype).requires_grad_()
@@ -223,7 +228,8 @@ def test_rmsnorm_fused_residual_add(gen, lead, D, params, dtype):
     ((2, 4), 200, {"block_rows": 4, "fwd_block_size": 64}, False, False),  # D not a multiple of the chunk
     ((2, 4), 100, {"block_rows": 4, "block_size": 128}, False, False),  # one pass, a tile wider than D
     ((2, 4), 128, {"block_rows": 4, "block_size": 128}, True, False),  # the fused add keeps its masks
-], ids=["one-pass", "two-pass", "rows-ragged", "chunks-ragged", "tile-wider", "fused-add"])
+    ((2, 4), 128, {"block_rows": 4, "block_size": 128, "fwd_passes": 2}, False, True),  # two passes, whole rows
+], ids=["one-pass", "two-pass", "rows-ragged", "chunks-ragged", "tile-wider", "fused-add", "two-pass-whole-row"])
 def test_rmsnorm_forward_drops_its_masks_only_where_the_tiles_fit(gen, monkeypatch, lead, D, params, fused, even):
     """The forward's unmasked path is taken exactly when every tile lies inside the tensor, and not with the fused
     add (runs AI and AJ: up to 3.1% faster without the add, 0.2-0.5% slower with it); the results are checked
@@ -556,12 +562,14 @@ def test_every_space_is_valid_data():
             assert set(params) == set(space.param_names())
             space.validate(params, shape)
         assert "num_warps" in space.param_names()
-    # RMSNorm's forward defaults: a whole-row tile read once below a row of 2,048; from there one row a program,
-    # two passes over chunks of half the row (at most 2,048 columns), 4 elements a thread (runs AO, AR, AS)
+    # RMSNorm's forward defaults: a whole-row tile read once below a row of 2,048, several rows a program below a
+    # tile of 1,024 columns, one row of 4 warps from there (run AT); from a row of 2,048 one row a program, two
+    # passes over chunks of half the row (at most 2,048 columns), 4 elements a thread (runs AO, AR, AS)
     rms = registry.get_space("rmsnorm")
-    fwd = ("block_rows", "fwd_block_size", "num_warps")
-    assert [rms.defaults({"rows": 16384, "hidden": d})[k] for d in (1000, 2048, 4096, 8192) for k in fwd] == [
-        4, 1024, 8, 1, 1024, 8, 1, 2048, 16, 1, 2048, 16]
+    fwd = ("block_rows", "fwd_block_size", "num_warps", "fwd_passes")
+    assert [[rms.defaults({"rows": 16384, "hidden": d})[k] for k in fwd] for d in (200, 1000, 1536, 2048, 4096,
+                                                                                  8192)] == [
+        [16, 256, 8, 1], [1, 1024, 4, 1], [1, 2048, 4, 1], [1, 1024, 8, 1], [1, 2048, 16, 1], [1, 2048, 16, 1]]
     # the largest power of two of rows whose bf16 logits fit in 512 MiB, capped by the rows there are
     ce = registry.get_space("fused_linear_ce")
     assert ce.defaults(GR00T_SHAPES["fused_linear_ce"])["chunk_size"] == 4096
@@ -606,7 +614,7 @@ def test_launch_params_fill_defaults_and_are_recorded():
     kernels.configure({"rmsnorm": {"num_warps": 8}})
     p = kernels.launch_params("rmsnorm", {"rows": 10, "hidden": 200})
     assert p == {"num_warps": 8, "num_stages": 2, "block_rows": 16, "block_size": 256, "fwd_block_size": 256,
-                 "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2, "bwd_tiles_in_flight": 2}
+                 "fwd_passes": 1, "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2, "bwd_tiles_in_flight": 2}
     assert kernels.launch_record() == [{"kernel": "rmsnorm", "hidden": 200, "rows": 10, **p,
                                         "configured": ["num_warps"]}]
 

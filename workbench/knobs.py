@@ -160,6 +160,7 @@ KNOBS: tuple[Knob, ...] = (
     _kernel_knob("rmsnorm", "rmsnorm", "block_size", "columns per tile (a power of two >= hidden size)"),
     _kernel_knob("rmsnorm", "rmsnorm", "programs_per_sm", "backward: persistent programs per SM"),
     _kernel_knob("rmsnorm", "rmsnorm", "fwd_block_size", "forward: columns per loop step (< hidden: two passes)"),
+    _kernel_knob("rmsnorm", "rmsnorm", "fwd_passes", "forward: 2 reads each row twice even where one chunk holds it"),
     _kernel_knob("rmsnorm", "rmsnorm", "bwd_num_warps", "backward: warps per program"),
     _kernel_knob("rmsnorm", "rmsnorm", "bwd_block_rows", "backward: rows per loop step"),
     _kernel_knob("rmsnorm", "rmsnorm", "bwd_tiles_in_flight", "backward: row tiles loaded ahead (2: the next one too)"),
