@@ -71,3 +71,53 @@ def timed_rounds(calls: dict[str, Callable], rounds: int, lead: dict, nbytes: fl
         for name in (list(calls) if rnd % 2 == 0 else list(reversed(calls))):
             out.append(timing_row(lead, name, rnd, do_bench(calls[name], False), nbytes, ceiling, base, tail))
     return out
+
+
+def rms_training_case(kind: str, D: int, dev):
+    """One RMSNorm forward case of kernels.bench's ``fwd`` mode, inputs requiring grad, 8 x 2,048 rows of ``D``:
+    ``kind`` "fp32" (in and out), "bf16 out" (fp32 in) or "fused add" (bf16 branch + fp32 stream, bf16 out).
+    -> add, M, x, r (None without the add), w, out_dtype, args, ref (torch.compile of the reference),
+    triton_fn (the kernel as the model calls it: ``triton_fn(*args, eps, out_dtype)``) and want (ref's normalised
+    output, M x D, detached)."""
+    from types import SimpleNamespace
+
+    import torch
+
+    import kernels
+    from workbench import ops
+
+    M = 8 * 2048
+    add = kind == "fused add"
+    x = torch.randn(8, 2048, D, device=dev, dtype=torch.bfloat16 if add else torch.float32, requires_grad=True)
+    r = torch.randn(8, 2048, D, device=dev, requires_grad=True) if add else None
+    w = torch.randn(D, device=dev, requires_grad=True)
+    out_dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    if add:
+        ref = torch.compile(lambda x, r, w: ops.rms_norm_add_torch(x, r, w, 1e-5, out_dtype), dynamic=False)
+        args, triton_fn = (x, r, w), kernels.rms_norm_add_triton
+    else:
+        ref = torch.compile(lambda x, w: ops.rms_norm_torch(x, w, 1e-5, out_dtype), dynamic=False)
+        args, triton_fn = (x, w), kernels.rms_norm_triton
+    want = ref(*args)
+    want = (want[0] if add else want).detach().reshape(M, D)
+    return SimpleNamespace(add=add, M=M, x=x, r=r, w=w, out_dtype=out_dtype, args=args, ref=ref, triton_fn=triton_fn,
+                           want=want)
+
+
+class Recorder:
+    """A probe's rows, every case's appended to one CSV (rewritten after each case, so a crash keeps what ran),
+    and its tables, printed at the end."""
+
+    def __init__(self, out_csv: Path) -> None:
+        self.out_csv, self.rows, self.tables = out_csv, [], []
+
+    def add(self, label: str, case_rows: list[dict]) -> None:
+        self.rows += case_rows
+        write_csv(self.out_csv, self.rows)
+        self.tables.append((label, case_rows))
+
+    def print_tables(self, ceiling: float, width: int) -> None:
+        print(f"copy ceiling {ceiling:.0f} GB/s")
+        for label, case_rows in self.tables:
+            print(label)
+            print("\n".join(paired_lines(case_rows, width)))

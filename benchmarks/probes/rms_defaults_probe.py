@@ -21,8 +21,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels  # noqa: E402
-from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import Recorder, context, rms_training_case, timed_rounds  # noqa: E402
 
 ROUNDS = 8
 KINDS = ("fp32", "bf16 out", "fused add")
@@ -36,59 +35,38 @@ LAUNCHES = {  # hidden -> variant -> rmsnorm launch parameters ({} = the registr
 
 
 def main() -> None:
-    out_csv = Path(sys.argv[1])
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(Path(sys.argv[1]))
     for D, launches in LAUNCHES.items():
         for kind in KINDS:
-            M = 8 * 2048
-            add = kind == "fused add"
-            x = torch.randn(8, 2048, D, device=dev, dtype=torch.bfloat16 if add else torch.float32,
-                            requires_grad=True)
-            r = torch.randn(8, 2048, D, device=dev, requires_grad=True) if add else None
-            w = torch.randn(D, device=dev, requires_grad=True)
-            out_dtype = torch.float32 if kind == "fp32" else torch.bfloat16
-            if add:
-                ref = torch.compile(lambda x, r, w: ops.rms_norm_add_torch(x, r, w, 1e-5, out_dtype), dynamic=False)
-                args, triton_fn = (x, r, w), kernels.rms_norm_add_triton
-            else:
-                ref = torch.compile(lambda x, w: ops.rms_norm_torch(x, w, 1e-5, out_dtype), dynamic=False)
-                args, triton_fn = (x, w), kernels.rms_norm_triton
-            want = ref(*args)
-            want = (want[0] if add else want).detach().reshape(M, D)
+            c = rms_training_case(kind, D, dev)
 
-            def ours(launch):
+            def ours(launch, c=c):
                 def call():
                     with kernels.using({"rmsnorm": launch}):
-                        return triton_fn(*args, 1e-5, out_dtype)
+                        return c.triton_fn(*c.args, 1e-5, c.out_dtype)
                 return call
 
-            calls = {"torch.compile": lambda: ref(*args), **{name: ours(p) for name, p in launches.items()}}
-            tol = dict(rtol=1e-5, atol=1e-5) if out_dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+            calls = {"torch.compile": lambda c=c: c.ref(*c.args), **{name: ours(p) for name, p in launches.items()}}
+            tol = dict(rtol=1e-5, atol=1e-5) if c.out_dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
             resolved = {}
             for name, launch in launches.items():
                 with kernels.using({"rmsnorm": launch}):
-                    out = triton_fn(*args, 1e-5, out_dtype)
+                    out = c.triton_fn(*c.args, 1e-5, c.out_dtype)
                     resolved[name] = kernels.launch_record()[-1]
-                torch.testing.assert_close((out[0] if add else out).detach().reshape(M, D), want, **tol)
-            nbytes = 12 * M * D if add else M * D * (4 + out_dtype.itemsize)
+                torch.testing.assert_close((out[0] if c.add else out).detach().reshape(c.M, D), c.want, **tol)
+            nbytes = 12 * c.M * D if c.add else c.M * D * (4 + c.out_dtype.itemsize)
             label = f"{kind}, hidden {D}, training forward"
             case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
             for row in case_rows:  # the launch each variant resolved to, defaults included
-                rec = resolved.get(row["variant"], {})
-                row["launch"] = " ".join(f"{k}={rec[k]}" for k in ("block_rows", "fwd_block_size", "num_warps",
-                                                                    "fwd_passes", "num_stages") if k in rec)
-            rows += case_rows
-            write_csv(out_csv, rows)
-            tables.append((label, case_rows))
+                r = resolved.get(row["variant"], {})
+                row["launch"] = " ".join(f"{k}={r[k]}" for k in ("block_rows", "fwd_block_size", "num_warps",
+                                                                  "fwd_passes", "num_stages") if k in r)
+            rec.add(label, case_rows)
+            del c, calls
             torch.cuda.empty_cache()
-    print(f"copy ceiling {ceiling:.0f} GB/s")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 34)))
-
+    rec.print_tables(ceiling, 34)
 
 if __name__ == "__main__":
     main()

@@ -23,8 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels  # noqa: E402
 from rms_fwd_runtime_d_kernel import _rmsnorm_fwd_kernel as before_kernel  # noqa: E402
-from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import Recorder, context, rms_training_case, timed_rounds  # noqa: E402
 
 ROUNDS = 8
 # best launch per case: (block_rows, fwd_block_size, num_warps)
@@ -33,47 +32,31 @@ BEST = {("fp32", 2048): (1, 1024, 8), ("fp32", 4096): (1, 2048, 16), ("bf16 out"
 
 
 def main() -> None:
-    out_csv = Path(sys.argv[1])
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(Path(sys.argv[1]))
     for (kind, D), (br, chunk, nw) in BEST.items():
-        M = 8 * 2048
-        add = kind == "fused add"
-        x = torch.randn(8, 2048, D, device=dev, dtype=torch.bfloat16 if add else torch.float32, requires_grad=True)
-        r = torch.randn(8, 2048, D, device=dev, requires_grad=True) if add else None
-        w = torch.randn(D, device=dev, requires_grad=True)
-        out_dtype = torch.float32 if kind == "fp32" else torch.bfloat16
-        if add:
-            ref = torch.compile(lambda x, r, w: ops.rms_norm_add_torch(x, r, w, 1e-5, out_dtype), dynamic=False)
-            args = (x, r, w)
-            triton_fn = kernels.rms_norm_add_triton
-        else:
-            ref = torch.compile(lambda x, w: ops.rms_norm_torch(x, w, 1e-5, out_dtype), dynamic=False)
-            args = (x, w)
-            triton_fn = kernels.rms_norm_triton
-        want = ref(*args)
-        want = (want[0] if add else want).detach().reshape(M, D)
+        c = rms_training_case(kind, D, dev)
+        M, add, out_dtype = c.M, c.add, c.out_dtype
         best = {"rmsnorm": {"block_rows": br, "fwd_block_size": chunk, "num_warps": nw}}
 
-        def ours(cfg):
+        def ours(cfg, c=c):
             def call():
                 with kernels.using(cfg):
-                    return triton_fn(*args, 1e-5, out_dtype)
+                    return c.triton_fn(*c.args, 1e-5, c.out_dtype)
             return call
 
-        x2 = x.detach().reshape(M, D)
-        r2 = r.detach().reshape(M, D) if add else x2
+        x2 = c.x.detach().reshape(M, D)
+        r2 = c.r.detach().reshape(M, D) if add else x2
         y, rstd = torch.empty(M, D, device=dev, dtype=out_dtype), torch.empty(M, device=dev)
         s = torch.empty(M, D, device=dev) if add else y
-        wd = w.detach()
+        wd = c.w.detach()
 
         def before():
             before_kernel[(M // br,)](x2, r2, wd, y, s, rstd, M, D, D, D, D, D, 1e-5, HAS_RESIDUAL=add, BLOCK_ROWS=br,
                                       BLOCK_D=chunk, TWO_PASS=chunk < D, EVEN=not add, num_warps=nw, num_stages=2)
 
-        calls = {"torch.compile": lambda: ref(*args),
+        calls = {"torch.compile": lambda c=c: c.ref(*c.args),
                  "ours, registry defaults": ours({"rmsnorm": {}}),
                  f"ours r{br} c{chunk} w{nw}": ours(best),
                  f"1a5e719 r{br} c{chunk} w{nw}": before}
@@ -81,23 +64,16 @@ def main() -> None:
         for name, call in calls.items():
             if name.startswith("ours"):
                 out = call()
-                torch.testing.assert_close((out[0] if add else out).detach().reshape(M, D), want, **tol)
+                torch.testing.assert_close((out[0] if add else out).detach().reshape(M, D), c.want, **tol)
         y.fill_(float("nan"))
         before()
-        torch.testing.assert_close(y, want, **tol)
+        torch.testing.assert_close(y, c.want, **tol)
         nbytes = 12 * M * D if add else M * D * (4 + y.element_size())
         label = f"{kind}, hidden {D}, training forward"
-        case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
-        rows += case_rows
-        write_csv(out_csv, rows)
-        tables.append((label, case_rows))
-        del x, r, w, ref, args, calls, y, s, rstd
+        rec.add(label, timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base))
+        del c, calls
         torch.cuda.empty_cache()
-    print(f"copy ceiling {ceiling:.0f} GB/s")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 30)))
-
+    rec.print_tables(ceiling, 30)
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel as current_kernel  # noqa: E402
-from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import Recorder, context, rms_training_case, timed_rounds  # noqa: E402
 
 ROUNDS = 8
 HIDDEN = (1024, 1536, 2048)
@@ -67,77 +66,56 @@ def _load_rstd_last():
 
 
 def main() -> None:
-    out_csv = Path(sys.argv[1])
     rstd_last_kernel = _load_rstd_last()
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(Path(sys.argv[1]))
     for D in HIDDEN:
         for kind in KINDS:
-            M = 8 * 2048
-            add = kind == "fused add"
-            x = torch.randn(8, 2048, D, device=dev, dtype=torch.bfloat16 if add else torch.float32,
-                            requires_grad=True)
-            r = torch.randn(8, 2048, D, device=dev, requires_grad=True) if add else None
-            w = torch.randn(D, device=dev, requires_grad=True)
-            out_dtype = torch.float32 if kind == "fp32" else torch.bfloat16
-            if add:
-                ref = torch.compile(lambda x, r, w: ops.rms_norm_add_torch(x, r, w, 1e-5, out_dtype), dynamic=False)
-                args, triton_fn = (x, r, w), kernels.rms_norm_add_triton
-            else:
-                ref = torch.compile(lambda x, w: ops.rms_norm_torch(x, w, 1e-5, out_dtype), dynamic=False)
-                args, triton_fn = (x, w), kernels.rms_norm_triton
-            want = ref(*args)
-            want = (want[0] if add else want).detach().reshape(M, D)
-            x2 = x.detach().reshape(M, D)
-            r2 = r.detach().reshape(M, D) if add else x2
+            c = rms_training_case(kind, D, dev)
+            M, add = c.M, c.add
+            x2 = c.x.detach().reshape(M, D)
+            r2 = c.r.detach().reshape(M, D) if add else x2
             s_in = (x2.float() + r2) if add else x2
             want_rstd = torch.rsqrt(s_in.float().pow(2).mean(-1) + 1e-5)
-            y, rstd = torch.empty(M, D, device=dev, dtype=out_dtype), torch.empty(M, device=dev)
+            y, rstd = torch.empty(M, D, device=dev, dtype=c.out_dtype), torch.empty(M, device=dev)
             s = torch.empty(M, D, device=dev) if add else y
-            wd = w.detach()
+            wd = c.w.detach()
 
-            def direct(kernel, br, nw, chunk, two_pass):
+            def direct(kernel, br, nw, chunk, two_pass, M=M, add=add, x2=x2, r2=r2, wd=wd, y=y, s=s, rstd=rstd):
                 even = not add and M % br == 0 and D % chunk == 0
                 return lambda: kernel[(triton_cdiv(M, br),)](
                     x2, r2, wd, y, s, rstd, M, D, D, D, D, 1e-5, D=D, HAS_RESIDUAL=add, BLOCK_ROWS=br,
                     BLOCK_D=chunk, TWO_PASS=two_pass, EVEN=even, num_warps=nw, num_stages=2)
 
-            def model_call():
+            def model_call(c=c):
                 with kernels.using({"rmsnorm": {}}):
-                    return triton_fn(*args, 1e-5, out_dtype)
+                    return c.triton_fn(*c.args, 1e-5, c.out_dtype)
 
             block = 1 << (D - 1).bit_length()
-            calls = {"torch.compile": lambda: ref(*args), "ours, registry defaults": model_call}
+            calls = {"torch.compile": lambda c=c: c.ref(*c.args), "ours, registry defaults": model_call}
             for br, nw in ONE_PASS[D]:
                 calls[f"one pass r{br} w{nw}: rstd between"] = direct(current_kernel, br, nw, block, False)
                 calls[f"one pass r{br} w{nw}: rstd last"] = direct(rstd_last_kernel, br, nw, block, False)
             if D == 2048:
                 for br, nw in WHOLE_ROW:
                     calls[f"two passes, whole row, r{br} w{nw}"] = direct(current_kernel, br, nw, block, True)
-            tol = dict(rtol=1e-5, atol=1e-5) if out_dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
+            tol = dict(rtol=1e-5, atol=1e-5) if c.out_dtype == torch.float32 else dict(rtol=1.6e-2, atol=1e-2)
             out = model_call()
-            torch.testing.assert_close((out[0] if add else out).detach().reshape(M, D), want, **tol)
+            torch.testing.assert_close((out[0] if add else out).detach().reshape(M, D), c.want, **tol)
             for name, call in calls.items():
                 if name.startswith(("one pass", "two passes")):
                     y.fill_(float("nan"))
                     rstd.fill_(float("nan"))
                     call()
-                    torch.testing.assert_close(y, want, **tol)
+                    torch.testing.assert_close(y, c.want, **tol)
                     torch.testing.assert_close(rstd, want_rstd, rtol=1e-4, atol=1e-5)
             nbytes = 12 * M * D if add else M * D * (4 + y.element_size())
             label = f"{kind}, hidden {D}, training forward"
-            case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
-            rows += case_rows
-            write_csv(out_csv, rows)
-            tables.append((label, case_rows))
+            rec.add(label, timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base))
+            del c, calls
             torch.cuda.empty_cache()
-    print(f"copy ceiling {ceiling:.0f} GB/s")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 38)))
-
+    rec.print_tables(ceiling, 38)
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
