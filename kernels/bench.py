@@ -424,8 +424,8 @@ def _ofat(space, shape, quick: bool) -> list[dict[str, int]]:
     params = space.param_names()
     if quick:  # the parameters that matter most: warps and the kernel's main block
         params = tuple(p for p in params if p in ("num_warps", "block_rows", "block_size", "fwd_block_size",
-                                                   "fwd_passes", "bwd_num_warps", "bwd_block_rows", "bwd_tiles_in_flight",
-                                                   "block_h", "block_v"))
+                                                   "fwd_passes", "bwd_num_warps", "bwd_block_rows",
+                                                   "bwd_tiles_in_flight", "block_h", "block_v"))
     for p in params:
         for v in space.param(p).candidates(shape):
             cfg = {**base, p: v}

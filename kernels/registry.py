@@ -304,8 +304,9 @@ def _rms_default_warps(s: Shape) -> int:
 # at hidden 2,048 and 4,096 (fp32 out, bf16 out, fused add): the fastest launch measured in five, 0.7% behind it
 # in the sixth (fused add at 2,048, run AO); the former one-pass whole-row defaults were 1.2-4.5% slower than the
 # best (run AR, benchmarks/README.md). From a tile of 1,024 columns up to a row of 2,047: one pass, one row per
-# program, 4 warps; run AT, at hidden 1,024 and 1,536 in the same three cases, 0.6-3.0% faster than the defaults
-# before (several rows a program, or two passes at 1,536) in all six. Below (not measured on a GPU): several rows.
+# program, 4 warps: at hidden 1,024 and 1,536 in the same three cases, faster than the defaults before (several
+# rows a program, or two passes at 1,536) in all six, by 0.6-3.8% and in every round through the model's call
+# (run AU; run AT, launched directly: 0.6-3.0%). Below (not measured on a GPU): several rows.
 def _rms_fwd_split(s: Shape) -> bool:
     return s["hidden"] >= 2048
 

@@ -614,7 +614,8 @@ def test_launch_params_fill_defaults_and_are_recorded():
     kernels.configure({"rmsnorm": {"num_warps": 8}})
     p = kernels.launch_params("rmsnorm", {"rows": 10, "hidden": 200})
     assert p == {"num_warps": 8, "num_stages": 2, "block_rows": 16, "block_size": 256, "fwd_block_size": 256,
-                 "fwd_passes": 1, "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2, "bwd_tiles_in_flight": 2}
+                 "fwd_passes": 1, "bwd_num_warps": 8, "bwd_block_rows": 16, "programs_per_sm": 2,
+                 "bwd_tiles_in_flight": 2}
     assert kernels.launch_record() == [{"kernel": "rmsnorm", "hidden": 200, "rows": 10, **p,
                                         "configured": ["num_warps"]}]
 
