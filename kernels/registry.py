@@ -25,7 +25,6 @@ the ``kernels`` package does, since it registers the kernels).
 from __future__ import annotations
 
 import itertools
-import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -312,11 +311,11 @@ def _rms_fwd_split(s: Shape) -> bool:
 
 
 def _rms_fwd_row_a_program(s: Shape) -> bool:
-    return not _rms_fwd_split(s) and _next_pow2(s["hidden"]) >= 1024
+    return _next_pow2(s["hidden"]) >= 1024
 
 
 def _rms_fwd_default_rows(s: Shape) -> int:
-    return 1 if _rms_fwd_split(s) or _rms_fwd_row_a_program(s) else _rms_default_rows(s)
+    return 1 if _rms_fwd_row_a_program(s) else _rms_default_rows(s)
 
 
 def _rms_fwd_default_block(s: Shape) -> int:

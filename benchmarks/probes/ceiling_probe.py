@@ -39,9 +39,8 @@ ROUNDS = 6
 
 
 @triton.jit
-def _traffic(A, B, C, Y, Z, NIN: tl.constexpr, NOUT: tl.constexpr, BLOCK: tl.constexpr):
-    """Reads NIN inputs, writes NOUT outputs, BLOCK elements per program, no masks (n % BLOCK == 0)."""
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+def _traffic_block(A, B, C, Y, Z, offs, NIN: tl.constexpr, NOUT: tl.constexpr):
+    """Reads NIN inputs and writes NOUT outputs at ``offs``, no masks."""
     v = tl.load(A + offs).to(tl.float32)
     if NIN >= 2:
         v += tl.load(B + offs).to(tl.float32)
@@ -53,18 +52,16 @@ def _traffic(A, B, C, Y, Z, NIN: tl.constexpr, NOUT: tl.constexpr, BLOCK: tl.con
 
 
 @triton.jit
+def _traffic(A, B, C, Y, Z, NIN: tl.constexpr, NOUT: tl.constexpr, BLOCK: tl.constexpr):
+    """Reads NIN inputs, writes NOUT outputs, BLOCK elements per program, no masks (n % BLOCK == 0)."""
+    _traffic_block(A, B, C, Y, Z, tl.program_id(0) * BLOCK + tl.arange(0, BLOCK), NIN, NOUT)
+
+
+@triton.jit
 def _traffic_persistent(A, B, C, Y, Z, n_blocks, NIN: tl.constexpr, NOUT: tl.constexpr, BLOCK: tl.constexpr):
     """The same, grid-stride: each program walks blocks pid, pid + grid, ..."""
     for blk in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
-        offs = blk * BLOCK + tl.arange(0, BLOCK)
-        v = tl.load(A + offs).to(tl.float32)
-        if NIN >= 2:
-            v += tl.load(B + offs).to(tl.float32)
-        if NIN >= 3:
-            v += tl.load(C + offs).to(tl.float32)
-        tl.store(Y + offs, v.to(Y.dtype.element_ty))
-        if NOUT == 2:
-            tl.store(Z + offs, v.to(Z.dtype.element_ty))
+        _traffic_block(A, B, C, Y, Z, blk * BLOCK + tl.arange(0, BLOCK), NIN, NOUT)
 
 
 def _floors(ins: list[torch.Tensor], outs: list[torch.Tensor]) -> dict:

@@ -116,8 +116,7 @@ class Recorder:
         write_csv(self.out_csv, self.rows)
         self.tables.append((label, case_rows))
 
-    def print_tables(self, ceiling: float, width: int) -> None:
-        print(f"copy ceiling {ceiling:.0f} GB/s")
+    def print_tables(self, width: int) -> None:
         for label, case_rows in self.tables:
             print(label)
             print("\n".join(paired_lines(case_rows, width)))

@@ -29,7 +29,7 @@ from kernels.bench import do_bench  # noqa: E402
 from kernels.rmsnorm import _rmsnorm_fwd_kernel as after_kernel  # noqa: E402
 from rms_fwd_runtime_d_kernel import _rmsnorm_fwd_kernel as before_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, timing_row, write_csv  # noqa: E402
+from paired import Recorder, context, timed_rounds, timing_row  # noqa: E402
 
 ROUNDS = 8
 TOP = 3
@@ -83,8 +83,7 @@ def main() -> None:
     out_csv = Path(sys.argv[1])
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(out_csv)
 
     for (kind, D), known in KNOWN.items():
         label = f"{kind}, hidden {D}"
@@ -102,9 +101,9 @@ def main() -> None:
                         check()
                         ms = do_bench(call, False)
                         screen[_name(br, chunk, nw, two_pass)] = (ms[0], call)
-                        rows.append(timing_row({"case": label, "stage": "screen"},
-                                               "constexpr D " + _name(br, chunk, nw, two_pass), 0, ms, nbytes,
-                                               ceiling, base))
+                        rec.rows.append(timing_row({"case": label, "stage": "screen"},
+                                                   "constexpr D " + _name(br, chunk, nw, two_pass), 0, ms, nbytes,
+                                                   ceiling, base))
         calls = {"torch.compile": ref}
         for cfg in known:
             calls[f"runtime D {_name(*cfg)}"] = launch(before_kernel, *cfg)
@@ -117,15 +116,11 @@ def main() -> None:
                 call()
                 check()
         case_rows = timed_rounds(calls, ROUNDS, {"case": label, "stage": "paired"}, nbytes, ceiling, base)
-        rows += case_rows
-        write_csv(out_csv, rows)
-        tables.append((label, case_rows))
+        rec.add(label, case_rows)
         del ref, launch, check, y, screen, calls
         torch.cuda.empty_cache()
     print(f"copy ceiling {ceiling:.0f} GB/s")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 34)))
+    rec.print_tables(34)
 
 
 if __name__ == "__main__":

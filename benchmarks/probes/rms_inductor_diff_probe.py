@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import Recorder, context, timed_rounds  # noqa: E402
 
 ROUNDS = 8
 # inductor's launches (run AN, from its code cache): (rows, chunk, warps)
@@ -63,8 +63,7 @@ def main() -> None:
     out_csv = Path(sys.argv[1])
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(out_csv)
     for (D, out_dtype), (br, chunk, nw) in INDUCTOR.items():
         M = 8 * 2048
         x, w = torch.randn(M, D, device=dev), torch.randn(D, device=dev)
@@ -92,15 +91,11 @@ def main() -> None:
                 torch.testing.assert_close(y, want, **tol)
         label = f"fp32 in, {str(out_dtype)[6:]} out, hidden {D}, inductor's launch r{br} c{chunk} w{nw}"
         case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
-        rows += case_rows
-        write_csv(out_csv, rows)
-        tables.append((label, case_rows))
+        rec.add(label, case_rows)
         del x, y, ref, calls
         torch.cuda.empty_cache()
     print(f"copy ceiling {ceiling:.0f} GB/s")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 38)))
+    rec.print_tables(38)
 
 
 if __name__ == "__main__":

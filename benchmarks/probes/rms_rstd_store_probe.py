@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernels  # noqa: E402
 from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import Recorder, context, timed_rounds  # noqa: E402
 
 ROUNDS = 8
 # (hidden, out dtype, rows, chunk, warps): inductor's launches (run AN) and the best of run AO
@@ -70,8 +70,7 @@ def main() -> None:
     out_csv, code_txt = Path(sys.argv[1]), Path(sys.argv[2])
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(out_csv)
     codes = []
     for D, out_dtype, br, chunk, nw in CASES:
         M = 8 * 2048
@@ -114,16 +113,12 @@ def main() -> None:
                 torch.testing.assert_close(y, want, **tol)
         label = f"fp32 in, {str(out_dtype)[6:]} out, hidden {D}, launch r{br} c{chunk} w{nw} s1"
         case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
-        rows += case_rows
-        write_csv(out_csv, rows)
-        tables.append((label, case_rows))
+        rec.add(label, case_rows)
         del x, xg, y, infer, train, calls
         torch.cuda.empty_cache()
     code_txt.write_text("\n\n".join(f"# ======== hidden {k[0]}, {k[1]} out\n\n{c}" for k, c in codes))
     print(f"copy ceiling {ceiling:.0f} GB/s; 'torch.compile' below is its training forward")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 36)))
+    rec.print_tables(36)
 
 
 if __name__ == "__main__":

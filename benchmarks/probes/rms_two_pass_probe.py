@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels.rmsnorm import _rmsnorm_fwd_kernel  # noqa: E402
 from workbench import ops  # noqa: E402
-from paired import context, paired_lines, timed_rounds, write_csv  # noqa: E402
+from paired import Recorder, context, timed_rounds  # noqa: E402
 
 ROUNDS = 8
 
@@ -55,8 +55,7 @@ def main() -> None:
     out_csv = Path(sys.argv[1])
     dev = torch.device("cuda")
     ceiling, base = context(dev)
-    rows: list[dict] = []
-    tables = []
+    rec = Recorder(out_csv)
     # the launches found best so far: run AG's sweep, run AM's screen (fp32) and launch_rms_H (bf16, r1 w2)
     best_known = {(2048, torch.float32): [(1, 1024, 8, 2), (2, 1024, 16, 2)],
                   (4096, torch.float32): [(1, 2048, 16, 2)],
@@ -94,17 +93,13 @@ def main() -> None:
                 torch.testing.assert_close(y, want, **tol)
         label = f"fp32 in, {str(out_dtype)[6:]} out, hidden {D}"
         case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
-        rows += case_rows
-        write_csv(out_csv, rows)
-        tables.append((label, case_rows))
+        rec.add(label, case_rows)
         del x, x2, y, ref, calls
         torch.cuda.empty_cache()
     print(f"copy ceiling {ceiling:.0f} GB/s")
     for line in _inductor_launches():
         print(f"inductor launched {line}")
-    for label, case_rows in tables:
-        print(label)
-        print("\n".join(paired_lines(case_rows, 32)))
+    rec.print_tables(32)
 
 
 if __name__ == "__main__":
