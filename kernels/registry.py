@@ -305,17 +305,18 @@ def _rms_default_warps(s: Shape) -> int:
 # best (run AR, benchmarks/README.md). From a tile of 1,024 columns up to a row of 2,047: one pass, one row per
 # program, 4 warps: at hidden 1,024 and 1,536 in the same three cases, faster than the defaults before (several
 # rows a program, or two passes at 1,536) in all six, by 0.6-3.8% and in every round through the model's call
-# (run AU; run AT, launched directly: 0.6-3.0%). Below (not measured on a GPU): several rows.
+# (run AU; run AT, launched directly: 0.6-3.0%). Below, several rows a program of 4 warps: 4 rows at a tile of 512
+# columns, 16 at 256 columns and below. At hidden 256 and 512 in the same three cases these were faster than the
+# defaults before (16 and 8 rows, 8 warps) by 0.5-5.2%, in 46 of 48 paired rounds, and the fastest of the six
+# launches timed in five of the six cases, 2.5% behind 8 rows in the sixth (fused add at 256; run AY; below 256
+# not measured).
 def _rms_fwd_split(s: Shape) -> bool:
     return s["hidden"] >= 2048
 
 
-def _rms_fwd_row_a_program(s: Shape) -> bool:
-    return _next_pow2(s["hidden"]) >= 1024
-
-
 def _rms_fwd_default_rows(s: Shape) -> int:
-    return 1 if _rms_fwd_row_a_program(s) else _rms_default_rows(s)
+    tile = _next_pow2(s["hidden"])
+    return 1 if tile >= 1024 else 4 if tile == 512 else 16
 
 
 def _rms_fwd_default_block(s: Shape) -> int:
@@ -326,7 +327,7 @@ def _rms_fwd_default_block(s: Shape) -> int:
 def _rms_fwd_default_warps(s: Shape) -> int:
     if _rms_fwd_split(s):
         return min(16, _rms_fwd_default_block(s) // 128)
-    return 4 if _rms_fwd_row_a_program(s) else _rms_default_warps(s)
+    return 4
 
 
 RMSNORM = LaunchSpace(

@@ -562,14 +562,16 @@ def test_every_space_is_valid_data():
             assert set(params) == set(space.param_names())
             space.validate(params, shape)
         assert "num_warps" in space.param_names()
-    # RMSNorm's forward defaults: a whole-row tile read once below a row of 2,048, several rows a program below a
-    # tile of 1,024 columns, one row of 4 warps from there (run AT); from a row of 2,048 one row a program, two
-    # passes over chunks of half the row (at most 2,048 columns), 4 elements a thread (runs AO, AR, AS)
+    # RMSNorm's forward defaults: a whole-row tile read once below a row of 2,048, with 4 warps: 16 rows a program
+    # up to a tile of 256 columns, 4 rows at 512 (run AY), one row from a tile of 1,024 (run AT); from a row of
+    # 2,048 one row a program, two passes over chunks of half the row (at most 2,048 columns), 4 elements a thread
+    # (runs AO, AR, AS)
     rms = registry.get_space("rmsnorm")
     fwd = ("block_rows", "fwd_block_size", "num_warps", "fwd_passes")
-    assert [[rms.defaults({"rows": 16384, "hidden": d})[k] for k in fwd] for d in (200, 1000, 1536, 2048, 4096,
+    assert [[rms.defaults({"rows": 16384, "hidden": d})[k] for k in fwd] for d in (200, 512, 1000, 1536, 2048, 4096,
                                                                                   8192)] == [
-        [16, 256, 8, 1], [1, 1024, 4, 1], [1, 2048, 4, 1], [1, 1024, 8, 1], [1, 2048, 16, 1], [1, 2048, 16, 1]]
+        [16, 256, 4, 1], [4, 512, 4, 1], [1, 1024, 4, 1], [1, 2048, 4, 1], [1, 1024, 8, 1], [1, 2048, 16, 1],
+        [1, 2048, 16, 1]]
     # the largest power of two of rows whose bf16 logits fit in 512 MiB, capped by the rows there are
     ce = registry.get_space("fused_linear_ce")
     assert ce.defaults(GR00T_SHAPES["fused_linear_ce"])["chunk_size"] == 4096

@@ -8,7 +8,11 @@ paired with torch.compile's training forward, for fp32 in and out, fp32 in and b
   8 warps; 1,536: two passes over chunks of 1,024, 8 warps), pinned explicitly;
 - hidden 2,048: the defaults, and ``fwd_passes: 2`` over the whole row at inductor's launch (2 rows, 16 warps).
 
-Usage: python benchmarks/probes/rms_defaults_probe.py OUT_CSV
+With --small (GPU run AY), the defaults below a tile of 1,024 columns, never measured before: hidden 256 and 512
+(several rows a program) and 768 (one row of 4 warps, the rule of run AT reaching down), each against a few other
+row and warp counts.
+
+Usage: python benchmarks/probes/rms_defaults_probe.py OUT_CSV [--small]
 """
 
 from __future__ import annotations
@@ -32,13 +36,21 @@ LAUNCHES = {  # hidden -> variant -> rmsnorm launch parameters ({} = the registr
            "fwd_passes 2, whole row, r2 w16": {"fwd_passes": 2, "fwd_block_size": 2048, "block_rows": 2,
                                                "num_warps": 16}},
 }
+LAUNCHES_SMALL = {
+    256: {"defaults": {}, **{f"r{r} w{w}": {"block_rows": r, "num_warps": w}
+                             for r, w in ((1, 2), (2, 2), (4, 4), (8, 4), (16, 4))}},
+    512: {"defaults": {}, **{f"r{r} w{w}": {"block_rows": r, "num_warps": w}
+                             for r, w in ((1, 2), (1, 4), (2, 4), (4, 4), (4, 8))}},
+    768: {"defaults": {}, **{f"r{r} w{w}": {"block_rows": r, "num_warps": w}
+                             for r, w in ((1, 2), (1, 8), (2, 4), (2, 8), (4, 8))}},
+}
 
 
 def main() -> None:
     dev = torch.device("cuda")
     ceiling, base = context(dev)
     rec = Recorder(Path(sys.argv[1]))
-    for D, launches in LAUNCHES.items():
+    for D, launches in (LAUNCHES_SMALL if "--small" in sys.argv else LAUNCHES).items():
         for kind in KINDS:
             c = rms_training_case(kind, D, dev)
 
