@@ -473,7 +473,7 @@ FUSED_LINEAR_CE = LaunchSpace(
     doc="LM head + cross-entropy in chunks of rows (logits of one chunk at a time), with the gradients.",
     params=(
         # 8 warps: the softmax kernel over 4,096 rows of 50,304 took 0.359 ms at 8 warps against 0.428 at 16 (the
-        # default before) and 0.362-1.57 ms over 4-32 warps and block_v 2,048-8,192 on an H200, run AV
+        # default before), and 0.359-0.796 ms over 4-32 warps and block_v 2,048-8,192, on an H200 in run AV
         # (benchmarks/results/fused_ce_probe_h200_2026-11-30.csv)
         LaunchParam(**_NUM_WARPS, candidates=lambda s: (4, 8, 16, 32), default=lambda s: 8),
         LaunchParam(**_NUM_STAGES, candidates=lambda s: (1, 2, 3), default=lambda s: 2),
