@@ -77,8 +77,9 @@ def rms_training_case(kind: str, D: int, dev):
     """One RMSNorm forward case of kernels.bench's ``fwd`` mode, inputs requiring grad, 8 x 2,048 rows of ``D``:
     ``kind`` "fp32" (in and out), "bf16 out" (fp32 in) or "fused add" (bf16 branch + fp32 stream, bf16 out).
     -> add, M, x, r (None without the add), w, out_dtype, args, ref (torch.compile of the reference),
-    triton_fn (the kernel as the model calls it: ``triton_fn(*args, eps, out_dtype)``) and want (ref's normalised
-    output, M x D, detached)."""
+    triton_fn (the kernel as the model calls it: ``triton_fn(*args, eps, out_dtype)``), want (ref's normalised
+    output, M x D, detached) and nbytes (the bytes the forward moves: x read and y written; with the add, the
+    bf16 branch and fp32 stream read, the fp32 sum and bf16 y written)."""
     from types import SimpleNamespace
 
     import torch
@@ -100,8 +101,9 @@ def rms_training_case(kind: str, D: int, dev):
         args, triton_fn = (x, w), kernels.rms_norm_triton
     want = ref(*args)
     want = (want[0] if add else want).detach().reshape(M, D)
+    nbytes = 12 * M * D if add else M * D * (4 + out_dtype.itemsize)
     return SimpleNamespace(add=add, M=M, x=x, r=r, w=w, out_dtype=out_dtype, args=args, ref=ref, triton_fn=triton_fn,
-                           want=want)
+                           want=want, nbytes=nbytes)
 
 
 class Recorder:

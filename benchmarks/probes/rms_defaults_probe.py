@@ -68,9 +68,8 @@ def main() -> None:
                     out = c.triton_fn(*c.args, 1e-5, c.out_dtype)
                     resolved[name] = kernels.launch_record()[-1]
                 torch.testing.assert_close((out[0] if c.add else out).detach().reshape(c.M, D), c.want, **tol)
-            nbytes = 12 * c.M * D if c.add else c.M * D * (4 + c.out_dtype.itemsize)
             label = f"{kind}, hidden {D}, training forward"
-            case_rows = timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base)
+            case_rows = timed_rounds(calls, ROUNDS, {"case": label}, c.nbytes, ceiling, base)
             for row in case_rows:  # the launch each variant resolved to, defaults included
                 r = resolved.get(row["variant"], {})
                 row["launch"] = " ".join(f"{k}={r[k]}" for k in ("block_rows", "fwd_block_size", "num_warps",

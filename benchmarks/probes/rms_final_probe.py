@@ -68,9 +68,8 @@ def main() -> None:
         y.fill_(float("nan"))
         before()
         torch.testing.assert_close(y, c.want, **tol)
-        nbytes = 12 * M * D if add else M * D * (4 + y.element_size())
         label = f"{kind}, hidden {D}, training forward"
-        rec.add(label, timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base))
+        rec.add(label, timed_rounds(calls, ROUNDS, {"case": label}, c.nbytes, ceiling, base))
         del c, calls
         torch.cuda.empty_cache()
     print(f"copy ceiling {ceiling:.0f} GB/s")

@@ -110,9 +110,8 @@ def main() -> None:
                     call()
                     torch.testing.assert_close(y, c.want, **tol)
                     torch.testing.assert_close(rstd, want_rstd, rtol=1e-4, atol=1e-5)
-            nbytes = 12 * M * D if add else M * D * (4 + y.element_size())
             label = f"{kind}, hidden {D}, training forward"
-            rec.add(label, timed_rounds(calls, ROUNDS, {"case": label}, nbytes, ceiling, base))
+            rec.add(label, timed_rounds(calls, ROUNDS, {"case": label}, c.nbytes, ceiling, base))
             del c, calls
             torch.cuda.empty_cache()
     print(f"copy ceiling {ceiling:.0f} GB/s")
