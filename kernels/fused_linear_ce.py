@@ -157,6 +157,15 @@ def _mm_into(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, accumulate: bo
     return out
 
 
+def _softmax_grad(logits_CV: torch.Tensor, labels: torch.Tensor, mask_u8: torch.Tensor, loss: torch.Tensor, V: int,
+                  write_grad: bool, p: dict[str, int]) -> None:
+    """The softmax kernel over one chunk: ``loss`` per row; the logits' gradient over them if ``write_grad``."""
+    _ce_fwd_kernel[(logits_CV.shape[0],)](
+        logits_CV, logits_CV.stride(0), labels, mask_u8, loss, V, logits_CV.shape[1], _IGNORE_INDEX,
+        WRITE_GRAD=write_grad, BLOCK_V=p["block_v"], num_warps=p["num_warps"], num_stages=p["num_stages"],
+    )
+
+
 def _fused_linear_ce_fwd(
     h: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor,
     compute_dtype: torch.dtype, grad_h: bool, grad_w: bool,
@@ -184,11 +193,7 @@ def _fused_linear_ce_fwd(
     for start in range(0, N, C):  # a Python loop over chunks: no host sync
         end = min(start + C, N)
         logits_CV = torch.mm(h_c[start:end], w_c.t())
-        _ce_fwd_kernel[(end - start,)](
-            logits_CV, logits_CV.stride(0), labels[start:end], mask_u8[start:end], loss_N[start:end],
-            V, Vp, _IGNORE_INDEX, WRITE_GRAD=write_grad, BLOCK_V=p["block_v"],
-            num_warps=p["num_warps"], num_stages=p["num_stages"],
-        )
+        _softmax_grad(logits_CV, labels[start:end], mask_u8[start:end], loss_N[start:end], V, write_grad, p)
         if dh is not None:
             _mm_into(dh[start:end], logits_CV, w_c, accumulate=False)
         if dw is not None:
