@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 import kernels
-from benchmarks.probes.paired import context, write_csv
+from benchmarks.probes.paired import ce_loss_case, context, write_csv
 from kernels import fused_linear_ce as fl
 from kernels.bench import do_bench
 from kernels.registry import launch_params, using
@@ -131,18 +131,7 @@ def part1(D: int, C: int, base: dict) -> list[dict]:
 
 
 def part2(D: int, base: dict, warps: bool) -> list[dict]:
-    torch.manual_seed(0)
-    h = torch.randn(N, D, device=dev, requires_grad=True)
-    w = (torch.randn(V, D, device=dev) * 0.02).requires_grad_()
-    labels = torch.randint(0, V, (N,), device=dev)
-    mask = torch.rand(N, device=dev) < 0.95
-
-    def full_of(loss_fn):
-        def full():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = loss_fn(h, w, labels, mask)[0]
-            return torch.autograd.grad(loss, [h, w])
-        return full
+    full_of = ce_loss_case(D, dev)
 
     ref = torch.compile(ops.linear_cross_entropy_torch, dynamic=False)
     real = fl._fused_linear_ce_fwd

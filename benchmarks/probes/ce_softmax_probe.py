@@ -31,7 +31,7 @@ import triton
 import triton.language as tl
 
 import kernels
-from benchmarks.probes.paired import context, write_csv
+from benchmarks.probes.paired import ce_loss_case, context, write_csv
 from kernels import fused_linear_ce as fl
 from kernels.bench import do_bench
 from kernels.registry import launch_params
@@ -196,19 +196,7 @@ def part1(dev, base: dict) -> tuple[list[dict], dict]:
 
 
 def part2(dev, base: dict, best: str, fn) -> list[dict]:
-    torch.manual_seed(0)
-    D = 2048
-    h = torch.randn(N, D, device=dev, requires_grad=True)
-    w = (torch.randn(V, D, device=dev) * 0.02).requires_grad_()
-    labels = torch.randint(0, V, (N,), device=dev)
-    mask = torch.rand(N, device=dev) < 0.95
-
-    def full_of(loss_fn):
-        def full():
-            with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = loss_fn(h, w, labels, mask)[0]
-            return torch.autograd.grad(loss, [h, w])
-        return full
+    full_of = ce_loss_case(2048, dev)
 
     real = fl._softmax_grad
     fused = full_of(kernels.linear_cross_entropy_triton)
@@ -230,7 +218,7 @@ def part2(dev, base: dict, best: str, fn) -> list[dict]:
     for rnd in range(ROUNDS_2):
         for name in (names if rnd % 2 == 0 else names[::-1]):
             ms = do_bench(calls[name], False)
-            rows.append({"part": "whole loss, fwd+bwd", "hidden": D, "rows": N, "variant": name, "round": rnd,
+            rows.append({"part": "whole loss, fwd+bwd", "hidden": 2048, "rows": N, "variant": name, "round": rnd,
                          "median_ms": ms[0], "p20_ms": ms[1], "p80_ms": ms[2], "gb_per_s_read_write_once": float("nan"),
                          "max_rel_loss_diff_vs_as_is": float("nan"), "max_abs_grad_diff_vs_as_is": float("nan"),
                          "max_rel_grad_diff_vs_compile": checks[name], **base})

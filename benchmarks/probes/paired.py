@@ -106,6 +106,27 @@ def rms_training_case(kind: str, D: int, dev):
                            want=want, nbytes=nbytes)
 
 
+def ce_loss_case(D: int, dev, N: int = 8 * 2047, V: int = 50257) -> Callable[[Callable], Callable[[], tuple]]:
+    """The whole loss of kernels.bench (seed 0): h (N, D) and W (V, D) in fp32 requiring grad, labels, a mask
+    true at 95% of positions. -> ``full_of(loss_fn)``: a call of ``loss_fn(h, W, labels, mask)[0]`` under bf16
+    autocast and its gradients to h and W (torch.autograd.grad), forward + backward."""
+    import torch
+
+    torch.manual_seed(0)
+    h = torch.randn(N, D, device=dev, requires_grad=True)
+    w = (torch.randn(V, D, device=dev) * 0.02).requires_grad_()
+    labels = torch.randint(0, V, (N,), device=dev)
+    mask = torch.rand(N, device=dev) < 0.95
+
+    def full_of(loss_fn: Callable) -> Callable[[], tuple]:
+        def full():
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                loss = loss_fn(h, w, labels, mask)[0]
+            return torch.autograd.grad(loss, [h, w])
+        return full
+    return full_of
+
+
 class Recorder:
     """A probe's rows, every case's appended to one CSV (rewritten after each case, so a crash keeps what ran),
     and its tables, printed at the end."""
