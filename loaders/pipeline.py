@@ -1,22 +1,34 @@
 """The batch pipeline: shards -> ordered async reads -> zstd decode -> staging blocks -> device.
 
-Shape legend: ``B`` micro-batch (records per batch), ``T`` the batch's bucket
-length (every record of a batch is padded to it).
+Shape legend: ``B`` micro-batch (rows per batch), ``T`` the batch's length: the
+bucket length under ``packing="bucket"`` (every record of a batch is padded to
+it), ``seq_len`` under ``packing="fill"``; ``N`` = B x T, a batch's tokens flat.
+
+Packing
+    ``"bucket"`` (``EpochPlan``): a batch is ``B`` records of one length bucket,
+    each padded to the bucket length. ``"fill"`` (``FillPlan``): the epoch's
+    records, in ``EpochPlan``'s seeded order at one record per batch, are laid
+    end to end as one stream and cut into rows of exactly ``seq_len`` tokens,
+    ``B`` rows a batch, no padding: a record that does not fit the rest of a
+    row ends it with its head and starts the next row (or batch) with its tail,
+    each slice keeping the record's own position ids and loss mask. The stream's
+    tail short of a whole batch is dropped for that epoch (``dropped_tokens``).
 
 Threads (all daemons, all joined by ``close()``)::
 
     reader     plan.frame_order -> reader.read_ordered() -> decode pool (num_workers threads;
                0 = decode on the reader thread) -> frame store {(epoch, frame): [future, refcount]}
-    assembler  plan.batches in order -> staging block (waits for the block's completion
-               token / copy event) -> padded [B, T] columns -> h2d copy (CUDA: non_blocking on a
-               side stream, event recorded) -> output queue
+    assembler  plan batches in order -> staging block (waits for the block's completion
+               token / copy event) -> [B, T] columns (padded rows | packed rows) -> h2d copy
+               (CUDA: non_blocking on a side stream, event recorded) -> output queue
     consumer   next(pipeline): the training thread; only waits on the queue
 
 * Reads are issued in the future order the plan already knows; decoded frames
-  are kept with a refcount of their records still to be assembled and dropped
-  at 0, so every frame is read and decoded once per epoch. The reader runs at
-  most ``prefetch_batches`` batches ahead of the assembler (plus ``ring_depth``
-  reads in flight).
+  are kept with a refcount of their record slices still to be assembled (a
+  record split across two batches under fill packing counts once per batch)
+  and dropped at 0, so every frame is read and decoded once per epoch. The
+  reader runs at most ``prefetch_batches`` batches ahead of the assembler (plus
+  ``ring_depth`` reads in flight).
 * An error in any background thread (a corrupt frame's ``ShardFormatError``, an
   ``OSError`` from a read) is queued in batch order and re-raised by ``next()``;
   the batches before it are delivered first. Nothing is swallowed, nothing hangs.
@@ -43,14 +55,16 @@ Metrics (``metrics()``)
     the latest completion (a delivered rate: it follows the consumer's pace);
     ``decode/mb_per_s`` and ``decode/tokens_per_s`` decompressed output per busy
     decode-second summed over workers (a per-core capacity); ``data/padding_ratio``
-    padding over B x T of the batches consumed; ``data/consumer_wait_s`` time the
-    training thread spent blocked in ``next()``; ``data/batches`` consumed.
+    padding over B x T of the batches consumed (0 under fill packing);
+    ``data/consumer_wait_s`` time the training thread spent blocked in ``next()``;
+    ``data/batches`` consumed; fill packing only: ``data/dropped_tokens_per_epoch``.
 
 Resuming
     ``state_dict()`` records the position of the next batch to be consumed;
     ``load_state_dict()`` on a pipeline built with the same seed, micro-batch,
-    shuffle window and shards continues with exactly that batch (the plan is a
-    pure function of (seed, epoch) and the index).
+    shuffle window, packing (and seq_len or bucket width) and shards continues
+    with exactly that batch (the plan is a pure function of (seed, epoch) and
+    the index).
 """
 
 from __future__ import annotations
@@ -73,6 +87,8 @@ from .reader import BACKENDS, OrderedReader, make_reader
 
 __all__ = [
     "EpochPlan",
+    "FillPlan",
+    "PACKINGS",
     "StagingRing",
     "Batch",
     "BatchPipeline",
@@ -87,6 +103,9 @@ _POLL_S = 0.05
 # int32 tokens, int32 position ids, uint8 loss mask: the staging layout of one token.
 _STAGED_BYTES_PER_TOKEN = 4 + 4 + 1
 _PAGE = 4096
+PACKINGS = ("bucket", "fill")
+# Shortest fill row accepted (data.seq_len's lower bound too).
+_MIN_SEQ_LEN = 16
 
 
 def bytes_per_sample(max_len: int) -> int:
@@ -220,6 +239,89 @@ def record_frames(shards: ShardSet) -> np.ndarray:
     return np.repeat(np.arange(int(shards.n_frames), dtype=np.int64), np.asarray(shards.frame_n_rec, np.int64))
 
 
+class FillPlan:
+    """Which record slices fill which packed [micro_batch, seq_len] batch, for one (seed, epoch).
+
+    The record order is ``EpochPlan``'s at ``micro_batch=1`` on the shards' own
+    buckets: the same seeded frame permutation and window shuffle per bucket,
+    the buckets interleaved record by record, no record dropped; so it is a pure
+    function of (seed, epoch) and the index. Those records are laid end to end as
+    one stream of tokens; batch ``k`` is tokens ``k x N .. (k + 1) x N`` of it
+    (``N = micro_batch x seq_len``), row-major: row ``i`` is its tokens
+    ``i x seq_len ..``. A record crossing a row or batch edge is split there, each
+    piece the slice of the record's tokens, positions and mask. The stream past
+    the last whole batch is dropped for this epoch.
+
+    Attributes: ``records`` int64 [n_records] global record ids in stream order;
+    ``piece_rec`` / ``piece_off`` / ``piece_len`` / ``piece_dest`` int64 [n_pieces]:
+    the record, the slice's start in it, its length and its start in the batch's
+    flat N tokens, batch by batch; ``batch_first_piece`` int64 [n_batches + 1];
+    ``bucket_length`` [seq_len] (one shape); ``frame_order`` / ``frame_first_use`` as
+    ``EpochPlan``'s; ``dropped_tokens`` the stream's tokens in no batch;
+    ``dropped_records`` records with no token in a batch. ``bucket_width`` does
+    not apply: rows have no buckets.
+    """
+
+    def __init__(self, shards: ShardSet, *, micro_batch: int, seq_len: int, seed: int, epoch: int,
+                 shuffle_window_frames: int = 4, rec_frame: np.ndarray | None = None,
+                 rec_length: np.ndarray | None = None) -> None:
+        if micro_batch < 1 or seq_len < 1:
+            raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}: expected >= 1")
+        order = EpochPlan(shards, micro_batch=1, seed=seed, epoch=epoch, shuffle_window_frames=shuffle_window_frames,
+                          rec_frame=rec_frame)
+        self.micro_batch, self.seq_len, self.seed, self.epoch = micro_batch, seq_len, seed, epoch
+        self.shuffle_window_frames = shuffle_window_frames
+        self.rec_frame = order.rec_frame
+        self.bucket_length = np.array([seq_len], np.int64)
+        self.records = order.batches.ravel()
+        rec_len = np.asarray(rec_length if rec_length is not None else shards.rec_length, np.int64)
+        N = micro_batch * seq_len
+        L = rec_len[self.records]
+        end = np.cumsum(L)
+        start = end - L
+        n_batches = int(end[-1]) // N if len(end) else 0
+        used = n_batches * N
+        self.dropped_tokens = int(end[-1]) - used if len(end) else 0
+        keep = start < used                                          # records with a token in some batch
+        self.dropped_records = int((~keep).sum())
+        start, end, recs = start[keep], end[keep], self.records[keep]
+        first_b, last_b = start // N, np.minimum(end - 1, used - 1) // N
+        n_pieces = last_b - first_b + 1                              # > 1: the record crosses batch edges
+        idx = np.repeat(np.arange(len(recs)), n_pieces)
+        pb = first_b[idx] + np.arange(len(idx)) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
+        lo = np.maximum(start[idx], pb * N)
+        hi = np.minimum(end[idx], (pb + 1) * N)
+        self.piece_rec, self.piece_off, self.piece_len = recs[idx], lo - start[idx], hi - lo
+        self.piece_dest, self.piece_batch = lo - pb * N, pb
+        self.batch_first_piece = np.searchsorted(pb, np.arange(n_batches + 1), side="left").astype(np.int64)
+        self.frame_order, self.frame_first_use, _ = self.schedule(0)
+
+    def __len__(self) -> int:
+        return len(self.batch_first_piece) - 1
+
+    def pieces(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Batch ``k``'s slices in stream order: (global record id, start in the record, length, start in the
+        batch's flat ``micro_batch x seq_len`` tokens); the lengths sum to that many tokens."""
+        a, b = int(self.batch_first_piece[k]), int(self.batch_first_piece[k + 1])
+        return self.piece_rec[a:b], self.piece_off[a:b], self.piece_len[a:b], self.piece_dest[a:b]
+
+    def batch(self, k: int) -> tuple[int, np.ndarray]:
+        """(bucket index, always 0; global record ids of batch ``k``'s slices, stream order)."""
+        return 0, self.pieces(k)[0]
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        return (self.batch(k) for k in range(len(self)))
+
+    def schedule(self, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For batches ``start..``: frames in first-use order, the batch that first uses each, and how many
+        record slices those batches take from it (the frame's refcount)."""
+        a = int(self.batch_first_piece[start])
+        flat = self.rec_frame[self.piece_rec[a:]]
+        frames, first, count = np.unique(flat, return_index=True, return_counts=True)
+        o = np.argsort(first, kind="stable")
+        return frames[o], self.piece_batch[a:][first[o]], count[o]
+
+
 # --------------------------------------------------------------------------- staging ring
 
 
@@ -291,18 +393,20 @@ class StagingRing:
         """Block ``i`` is being copied out; it is refilled after ``event`` completes."""
         self._pending[i] = event
 
-    def views(self, i: int, B: int, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def views(self, i: int, B: int, T: int, *, zero: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Zeroed numpy views of block ``i``: tokens int32 [B, T], positions int32 [B, T], mask uint8 [B, T].
 
         Zeroing the batch's region once (one memset) is the padding: token 0, position 0, mask 0; it
         measured ~20% cheaper than padding each row's tail with three more slice assignments.
+        ``zero=False`` leaves the block's old bytes: only for a caller that writes every element (fill packing).
         """
         n = B * T
         if n * _STAGED_BYTES_PER_TOKEN > self.block_bytes:
             raise ValueError(f"a [{B}, {T}] batch needs {n * _STAGED_BYTES_PER_TOKEN} staging bytes, "
                              f"the block has {self.block_bytes}")
         a = self.blocks[i].numpy()
-        a[:n * _STAGED_BYTES_PER_TOKEN] = 0
+        if zero:
+            a[:n * _STAGED_BYTES_PER_TOKEN] = 0
         return (a[:4 * n].view(np.int32).reshape(B, T), a[4 * n:8 * n].view(np.int32).reshape(B, T),
                 a[8 * n:9 * n].reshape(B, T))
 
@@ -322,15 +426,27 @@ def _fill_row(tok_BT: np.ndarray, pos_BT: np.ndarray, mask_BT: np.ndarray, i: in
     return L
 
 
+def _fill_span(tok_N: np.ndarray, pos_N: np.ndarray, mask_N: np.ndarray, d: int,
+               t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
+    """Copy one record slice to flat offset ``d`` of a batch's [B x T] views (fill packing: rows end to end)."""
+    L = len(t)
+    tok_N[d:d + L] = t  # uint16 -> int32 on the way
+    pos_N[d:d + L] = p
+    mask_N[d:d + L] = m
+    return L
+
+
 # --------------------------------------------------------------------------- batch
 
 
 @dataclass(eq=False)
 class Batch:
-    """One micro-batch: records of one bucket padded to its length ``T``.
+    """One micro-batch: records of one bucket padded to its length ``T`` (bucket packing), or ``B`` rows of
+    ``T = seq_len`` tokens cut from the epoch's record stream (fill packing: no padding, ``bucket`` 0,
+    ``record_ids`` the records whose slices it holds, in stream order, not one per row).
 
     ``padded_tokens`` is ``B x T`` (as in the manifest: tokens after padding);
-    ``real_tokens`` of them are real, the rest padding.
+    ``real_tokens`` of them are real, the rest padding (fill packing: all ``B x T`` real).
     """
 
     input_ids: torch.Tensor      # int32 [B, T]
@@ -342,13 +458,13 @@ class Batch:
     epoch: int
     index: int                   # batch index within the epoch
     bucket: int
-    record_ids: np.ndarray       # global record ids, row order
+    record_ids: np.ndarray       # global record ids, row order (fill: stream order)
     event: Any = field(default=None, repr=False)    # CUDA: the h2d copy's event
     _token: _HostToken | None = field(default=None, repr=False)
 
     @property
     def seq_len(self) -> int:
-        """``T``, the bucket length (an alias of ``length``)."""
+        """``T``, the bucket length or fill row length (an alias of ``length``)."""
         return self.length
 
     def ready(self, stream: Any = None) -> None:
@@ -395,20 +511,28 @@ class BatchPipeline:
         shuffle_window_frames: frames whose records are shuffled together (see ``EpochPlan``).
         num_staging_blocks: staging blocks in the ring.
         pinned_block_kb: staging block size (``loongforge.memory_domain.pinned_block_kb``); default
-            ceil(max_len x 9 x micro_batch / 4096) x 4096 bytes.
+            ceil(max_len x 9 x micro_batch / 4096) x 4096 bytes (fill packing: seq_len for max_len).
         device: ``"cpu"`` or a CUDA device.
         start_epoch: first epoch.
         epochs: stop after epoch ``start_epoch + epochs - 1`` (kept across ``load_state_dict``); None: endless.
         bucket_width: ``data.bucket_width``: group the stored buckets into buckets of this width (see
-            ``EpochPlan``); None: the shards' own buckets.
+            ``EpochPlan``); None: the shards' own buckets. Bucket packing only (fill rows have no buckets).
+        packing: ``"bucket"``: records of one bucket padded to its length (``EpochPlan``); ``"fill"``: the
+            record stream cut into full rows of ``seq_len`` tokens, no padding (``FillPlan``).
+        seq_len: the row length of fill packing (required there), an int >= 16; not used by bucket packing.
         guard: only for tests: ``False`` lets the producer refill a block still in use.
+
+    Attributes: ``batches_per_epoch``; ``batch_lengths()`` the distinct ``T`` it hands out; fill packing:
+    ``seq_len`` and ``dropped_tokens_per_epoch`` (the stream's tail short of a whole batch; None under bucket
+    packing, whose plans count ``dropped_records`` per bucket).
     """
 
     def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch: int, seed: int = 0,
                  num_workers: int = 2, io_backend: str = "auto", ring_depth: int = 64, read_threads: int = 4,
                  prefetch_batches: int = 4, shuffle_window_frames: int = 4, num_staging_blocks: int = 4,
                  pinned_block_kb: int | None = None, device: str | torch.device = "cpu", start_epoch: int = 0,
-                 epochs: int | None = None, bucket_width: int | None = None, guard: bool = True) -> None:
+                 epochs: int | None = None, bucket_width: int | None = None, packing: str = "bucket",
+                 seq_len: int | None = None, guard: bool = True) -> None:
         for name, value, lo in (("micro_batch", micro_batch, 1), ("num_workers", num_workers, 0),
                                 ("ring_depth", ring_depth, 1), ("read_threads", read_threads, 1),
                                 ("prefetch_batches", prefetch_batches, 1),
@@ -419,6 +543,12 @@ class BatchPipeline:
                 raise ValueError(f"{name}={value!r}: expected an int >= {lo}")
         if bucket_width is not None and (not isinstance(bucket_width, int) or bucket_width < 1):
             raise ValueError(f"bucket_width={bucket_width!r}: expected None (the shards' buckets) or an int >= 1")
+        if packing not in PACKINGS:
+            raise ValueError(f"packing={packing!r}: expected one of {', '.join(map(repr, PACKINGS))}")
+        if packing == "fill" and seq_len is None:
+            raise ValueError(f"seq_len=None: packing='fill' needs seq_len, an int >= {_MIN_SEQ_LEN}")
+        if seq_len is not None and (not isinstance(seq_len, int) or seq_len < _MIN_SEQ_LEN):
+            raise ValueError(f"seq_len={seq_len!r}: expected None (bucket packing) or an int >= {_MIN_SEQ_LEN}")
         if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
             raise ValueError(f"epochs={epochs!r}: expected None (endless) or an int >= 1")
         if io_backend not in BACKENDS:
@@ -436,7 +566,7 @@ class BatchPipeline:
         self.shards = ShardSet(shards) if self._own_shards else shards
         try:
             self._setup(micro_batch, seed, num_workers, prefetch_batches, shuffle_window_frames, num_staging_blocks,
-                        pinned_block_kb, start_epoch, bucket_width, guard)
+                        pinned_block_kb, start_epoch, bucket_width, packing, seq_len, guard)
             self.reader: OrderedReader = make_reader(io_backend, depth=ring_depth, threads=read_threads)
         except BaseException:
             if self._own_shards:
@@ -462,40 +592,63 @@ class BatchPipeline:
 
     def _setup(self, micro_batch: int, seed: int, num_workers: int, prefetch_batches: int,
                shuffle_window_frames: int, num_staging_blocks: int, pinned_block_kb: int | None,
-               start_epoch: int, bucket_width: int | None, guard: bool) -> None:
+               start_epoch: int, bucket_width: int | None, packing: str, seq_len: int | None,
+               guard: bool) -> None:
         self.micro_batch, self.seed, self.bucket_width = micro_batch, seed, bucket_width
+        self.packing = packing
+        self.seq_len = seq_len if packing == "fill" else None  # the fill row length; None: bucket packing
         self.num_workers, self.prefetch_batches = num_workers, prefetch_batches
         self.shuffle_window_frames = shuffle_window_frames
         self._rec_frame = record_frames(self.shards)
         self._first_rec = np.asarray(self.shards.frame_first_rec, np.int64)
-        self._bucket_len, _ = plan_buckets(self.shards, bucket_width)  # T of each plan bucket
-        self._plans: dict[int, EpochPlan] = {}
+        if packing == "fill":
+            self._rec_len = np.asarray(self.shards.rec_length, np.int64)
+            self._bucket_len = np.array([seq_len], np.int64)          # one shape: [B, seq_len]
+        else:
+            self._bucket_len, _ = plan_buckets(self.shards, bucket_width)  # T of each plan bucket
+        self._plans: dict[int, EpochPlan | FillPlan] = {}
         self._plans_lock = threading.Lock()
         plan = self._plan(start_epoch)
         self.batches_per_epoch = len(plan)
+        # fill: every epoch streams all records, so the tail short of a batch has the same length each epoch
+        self.dropped_tokens_per_epoch = plan.dropped_tokens if packing == "fill" else None
+        if self.batches_per_epoch == 0 and packing == "fill":
+            raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}: the epoch's "
+                             f"{int(self._rec_len.sum())} tokens fill no [{micro_batch}, {seq_len}] batch")
         if self.batches_per_epoch == 0:
             raise ValueError(f"micro_batch={micro_batch}: no bucket holds that many records, an epoch has no "
                              f"batch (records per bucket: "
                              f"{(plan.batches_per_bucket * micro_batch + plan.dropped_records).tolist()})")
-        # staging: the default size follows the seed's formula; a block too small for the largest bucket is an error
+        # staging: the default size follows the seed's formula; a block too small for the largest batch is an error
         longest = int(self._bucket_len.max())
-        max_len = int(self.shards.manifest.get("max_len", longest))
+        max_len = int(self.shards.manifest.get("max_len", longest)) if packing == "bucket" else longest
         block = pinned_block_kb * 1024 if pinned_block_kb is not None else default_block_bytes(max_len, micro_batch)
         if block < _batch_bytes(micro_batch, longest):
+            what = "the packed rows" if packing == "fill" else "the largest bucket"
             raise ValueError(f"pinned_block_kb={pinned_block_kb}: a staging block of {block} bytes is too small for "
-                             f"the largest bucket ({micro_batch} x {longest} tokens x {_STAGED_BYTES_PER_TOKEN} "
+                             f"{what} ({micro_batch} x {longest} tokens x {_STAGED_BYTES_PER_TOKEN} "
                              f"bytes = {_batch_bytes(micro_batch, longest)} bytes); need pinned_block_kb >= "
                              f"{math.ceil(default_block_bytes(longest, micro_batch) / 1024)}")
         self.ring = StagingRing(num_staging_blocks, block, pin=self._cuda, guard=guard)
 
+    def batch_lengths(self) -> list[int]:
+        """The lengths ``T`` of the batches this pipeline can hand out, distinct, longest first: the plan buckets'
+        (``plan_buckets``) under bucket packing, ``[seq_len]`` under fill packing."""
+        return sorted({int(x) for x in self._bucket_len}, reverse=True)
+
     # -- plans (shared by both threads; a pure function of (seed, epoch))
-    def _plan(self, epoch: int) -> EpochPlan:
+    def _plan(self, epoch: int) -> EpochPlan | FillPlan:
         with self._plans_lock:
             p = self._plans.get(epoch)
             if p is None:
-                p = EpochPlan(self.shards, micro_batch=self.micro_batch, seed=self.seed, epoch=epoch,
-                              shuffle_window_frames=self.shuffle_window_frames, bucket_width=self.bucket_width,
-                              rec_frame=self._rec_frame)
+                if self.packing == "fill":
+                    p = FillPlan(self.shards, micro_batch=self.micro_batch, seq_len=self.seq_len, seed=self.seed,
+                                 epoch=epoch, shuffle_window_frames=self.shuffle_window_frames,
+                                 rec_frame=self._rec_frame, rec_length=self._rec_len)
+                else:
+                    p = EpochPlan(self.shards, micro_batch=self.micro_batch, seed=self.seed, epoch=epoch,
+                                  shuffle_window_frames=self.shuffle_window_frames, bucket_width=self.bucket_width,
+                                  rec_frame=self._rec_frame)
                 self._plans[epoch] = p
                 for old in [e for e in self._plans if e < epoch - 2]:
                     del self._plans[old]
@@ -657,7 +810,9 @@ class BatchPipeline:
             if ent[1] <= 0:
                 del self._store[(epoch, frame)]
 
-    def _assemble(self, epoch: int, k: int, plan: EpochPlan) -> Batch:
+    def _assemble(self, epoch: int, k: int, plan: EpochPlan | FillPlan) -> Batch:
+        if isinstance(plan, FillPlan):
+            return self._assemble_fill(epoch, k, plan)
         bucket, ids = plan.batch(k)
         B, T = len(ids), int(self._bucket_len[bucket])
         try:
@@ -677,6 +832,38 @@ class BatchPipeline:
             real += _fill_row(tok_BT, pos_BT, mask_BT, row, *fr.record(r - int(self._first_rec[f])))
         for f, n in uses.items():
             self._unref(epoch, f, n)
+        return self._ship(i, B, T, real=real, epoch=epoch, index=k, bucket=bucket, record_ids=ids)
+
+    def _assemble_fill(self, epoch: int, k: int, plan: FillPlan) -> Batch:
+        """Batch ``k`` of a fill plan: its record slices written end to end over the block's flat B x T."""
+        rec, off, length, dest = (x.tolist() for x in plan.pieces(k))
+        B, T = self.micro_batch, plan.seq_len
+        try:
+            i = self.ring.acquire()
+        except RuntimeError:
+            raise _Stopped from None
+        tok_BT, pos_BT, mask_BT = self.ring.views(i, B, T, zero=False)  # the slices cover all of it: no padding
+        tok_N, pos_N, mask_N = tok_BT.reshape(-1), pos_BT.reshape(-1), mask_BT.reshape(-1)  # views, contiguous
+        frames: dict[int, Frame] = {}
+        uses: collections.Counter = collections.Counter()
+        real = 0
+        for r, a, n, d in zip(rec, off, length, dest):
+            f = int(self._rec_frame[r])
+            fr = frames.get(f)
+            if fr is None:
+                fr = frames[f] = self._frame(epoch, f)
+            uses[f] += 1
+            t, p, m = fr.record(r - int(self._first_rec[f]))
+            real += _fill_span(tok_N, pos_N, mask_N, d, t[a:a + n], p[a:a + n], m[a:a + n])
+        if real != B * T:  # a plan bug, not a data error: unwritten staging bytes would reach the model
+            raise RuntimeError(f"loaders: fill batch {k} of epoch {epoch} has {real} tokens, expected {B} x {T}")
+        for f, n in uses.items():
+            self._unref(epoch, f, n)
+        return self._ship(i, B, T, real=real, epoch=epoch, index=k, bucket=0, record_ids=np.asarray(rec, np.int64))
+
+    def _ship(self, i: int, B: int, T: int, *, real: int, epoch: int, index: int, bucket: int,
+              record_ids: np.ndarray) -> Batch:
+        """The batch in block ``i`` as tensors: copied to the device (CUDA) or lent as views of the block (CPU)."""
         n = B * T
         blk = self.ring.blocks[i]
         if self._cuda:
@@ -692,7 +879,7 @@ class BatchPipeline:
         return Batch(input_ids=src[:4 * n].view(torch.int32).view(B, T),
                      position_ids=src[4 * n:8 * n].view(torch.int32).view(B, T),
                      loss_mask=src[8 * n:9 * n].view(B, T), length=T, real_tokens=real, padded_tokens=n,
-                     epoch=epoch, index=k, bucket=bucket, record_ids=ids, event=ev, _token=token)
+                     epoch=epoch, index=index, bucket=bucket, record_ids=record_ids, event=ev, _token=token)
 
     def _put(self, item: Any) -> None:
         while not self._stop.is_set():
@@ -775,21 +962,28 @@ class BatchPipeline:
         epoch, k = self._pos
         return {"version": _STATE_VERSION, "epoch": epoch, "batch": k, "seed": self.seed,
                 "micro_batch": self.micro_batch, "shuffle_window_frames": self.shuffle_window_frames,
-                "bucket_width": self.bucket_width,
+                "bucket_width": self.bucket_width, "packing": self.packing, "seq_len": self.seq_len,
                 "batches_per_epoch": self.batches_per_epoch, "n_records": int(self.shards.n_records),
                 "n_frames": int(self.shards.n_frames)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue at ``state``'s position: the next batch equals the next batch of an uninterrupted run."""
+        """Continue at ``state``'s position: the next batch equals the next batch of an uninterrupted run.
+
+        A state without ``packing`` / ``seq_len`` is a bucket-packing one; ``bucket_width`` is compared under
+        bucket packing only (fill packing does not use it)."""
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r}: expected {_STATE_VERSION}")
-        for key in ("seed", "micro_batch", "shuffle_window_frames", "bucket_width", "batches_per_epoch", "n_records",
-                    "n_frames"):
-            mine = self.state_dict()[key]
-            if state.get(key) != mine:
-                raise ValueError(f"state {key}={state.get(key)!r} differs from this pipeline's {mine!r}: an exact "
-                                 f"resume needs the same seed, micro_batch, shuffle_window_frames, bucket_width "
-                                 f"and shards")
+        theirs = {"packing": "bucket", "seq_len": None, **state}
+        mine = self.state_dict()
+        keys = ["packing", "seq_len", "seed", "micro_batch", "shuffle_window_frames", "bucket_width",
+                "batches_per_epoch", "n_records", "n_frames"]
+        if self.packing == "fill":
+            keys.remove("bucket_width")
+        for key in keys:
+            if theirs.get(key) != mine[key]:
+                raise ValueError(f"state {key}={theirs.get(key)!r} differs from this pipeline's {mine[key]!r}: an "
+                                 f"exact resume needs the same packing, seq_len, seed, micro_batch, "
+                                 f"shuffle_window_frames, bucket_width and shards")
         epoch, k = int(state["epoch"]), int(state["batch"])
         if not 0 <= k < self.batches_per_epoch or epoch < 0:
             raise ValueError(f"state epoch={epoch}, batch={k}: expected batch in 0..{self.batches_per_epoch - 1}")
@@ -806,7 +1000,7 @@ class BatchPipeline:
         r = self.reader.stats()
         with self._dec_lock:
             dec_s, dec_b, dec_t = self._dec_s, self._dec_bytes, self._dec_tokens
-        return {
+        m = {
             "io/backend": self.reader.name,
             "io/read_latency_ms_p50": r["read_latency_ms_p50"],
             "io/read_latency_ms_p90": r["read_latency_ms_p90"],
@@ -824,6 +1018,9 @@ class BatchPipeline:
             "data/real_tokens": self._real,
             "data/epoch": self._pos[0],
         }
+        if self.packing == "fill":  # the stream's tail short of a whole batch, the same count every epoch
+            m["data/dropped_tokens_per_epoch"] = self.dropped_tokens_per_epoch
+        return m
 
 
 def _wait_future(f: Future, timeout: float | None = _POLL_S) -> bool:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from loaders.format import ShardFormatError, ShardSet, ShardWriter
-from loaders.pipeline import BatchPipeline, EpochPlan, default_block_bytes, record_frames
+from loaders.pipeline import BatchPipeline, EpochPlan, FillPlan, default_block_bytes, plan_buckets, record_frames
 from loaders.reader import probe_io_uring
 
 MB = 8  # micro-batch of every test here
@@ -388,3 +388,154 @@ def test_cuda_batch_ready_on_another_stream(shards, records):
             total = b.input_ids.sum(dtype=torch.int64)
         s.synchronize()
         assert int(total) == int(b.input_ids.cpu().sum())
+
+
+# --------------------------------------------------------------------------- fill packing
+
+
+def _stream(plan, records):
+    """The epoch's records end to end in the plan's order: tokens, positions, mask (flat)."""
+    return tuple(np.concatenate([records[r][c] for r in plan.records.tolist()]).astype(np.int64) for c in range(3))
+
+
+@pytest.mark.parametrize("backend, workers", [("threadpool", 0), (URING_BACKEND, 2)])
+def test_fill_rows_are_the_record_stream_cut_into_full_rows(shards, records, backend, workers):
+    T = 128  # shorter than most records: records span rows and batches
+    plan = FillPlan(shards, micro_batch=MB, seq_len=T, seed=5, epoch=0)
+    # the order is EpochPlan's (one record a batch), every record once
+    assert np.array_equal(plan.records, EpochPlan(shards, micro_batch=1, seed=5, epoch=0).batches.ravel())
+    assert np.array_equal(np.sort(plan.records), np.arange(shards.n_records))
+    tok_ref, pos_ref, mask_ref = _stream(plan, records)
+    N = MB * T
+    assert len(plan) == len(tok_ref) // N and plan.dropped_tokens == len(tok_ref) - len(plan) * N < N
+    cols = [[], [], []]
+    with BatchPipeline(shards, micro_batch=MB, seed=5, io_backend=backend, num_workers=workers, epochs=1,
+                       packing="fill", seq_len=T) as pl:
+        assert pl.batches_per_epoch == len(plan) and pl.batch_lengths() == [T]
+        n = 0
+        for k, b in enumerate(pl):
+            assert (b.epoch, b.index, b.bucket) == (0, k, 0)
+            assert tuple(b.input_ids.shape) == tuple(b.position_ids.shape) == tuple(b.loss_mask.shape) == (MB, T)
+            assert b.length == b.seq_len == T and b.real_tokens == b.padded_tokens == N
+            assert np.array_equal(b.record_ids, plan.pieces(k)[0])
+            for c, t in zip(cols, (b.input_ids, b.position_ids, b.loss_mask)):
+                c.append(t.numpy().astype(np.int64).ravel())  # row-major: rows end to end
+            n += 1
+        m = pl.metrics()
+    assert n == len(plan)
+    used = n * N
+    for c, ref in zip(cols, (tok_ref, pos_ref, mask_ref)):
+        assert np.array_equal(np.concatenate(c), ref[:used])
+    assert m["data/padding_ratio"] == 0.0 and m["data/real_tokens"] == used
+    assert m["data/dropped_tokens_per_epoch"] == plan.dropped_tokens == len(tok_ref) - used
+    assert m["io/reads"] == len(plan.frame_order)  # each frame read (and decoded) once
+
+
+def test_fill_resume_continues_at_the_next_batch(shards):
+    kw = dict(micro_batch=MB, seed=11, num_workers=2, io_backend=URING_BACKEND, shuffle_window_frames=3,
+              packing="fill", seq_len=96)
+
+    def take(pl, n):
+        return [(b.epoch, b.index, b.input_ids.clone(), b.position_ids.clone(), b.loss_mask.clone())
+                for _, b in zip(range(n), pl)]
+
+    with BatchPipeline(shards, epochs=2, **kw) as pl:
+        nb = pl.batches_per_epoch
+        ref = take(pl, 2 * nb)
+    assert len(ref) == 2 * nb
+    for stop_at in (7, nb - 2, nb):  # mid-epoch, just before the boundary (the resumed run crosses it), at it
+        with BatchPipeline(shards, **kw) as pl:
+            take(pl, stop_at)
+            state = pl.state_dict()
+        assert (state["epoch"], state["batch"]) == divmod(stop_at, nb)
+        assert (state["packing"], state["seq_len"]) == ("fill", 96)
+        with BatchPipeline(shards, **kw) as pl:
+            pl.load_state_dict(state)
+            got = take(pl, 4)
+        for g, r in zip(got, ref[stop_at:stop_at + 4], strict=True):
+            assert g[:2] == r[:2] and all(torch.equal(x, y) for x, y in zip(g[2:], r[2:]))
+    # a state of another packing or row length is refused, naming what differs
+    with BatchPipeline(shards, micro_batch=MB, seed=11, shuffle_window_frames=3) as pl:
+        with pytest.raises(ValueError, match="packing='fill' differs"):
+            pl.load_state_dict(state)
+        bucket_state = pl.state_dict()
+    with BatchPipeline(shards, **{**kw, "seq_len": 64}) as pl:
+        with pytest.raises(ValueError, match="seq_len=96 differs"):
+            pl.load_state_dict(state)
+        with pytest.raises(ValueError, match="packing='bucket' differs"):
+            pl.load_state_dict(bucket_state)
+
+
+def test_fill_splits_a_record_across_rows_and_batches(tmp_path):
+    """50 records of 40 tokens (record i: tokens i + 1, positions 0..39), rows of 64, 2 rows a batch."""
+    out = tmp_path / "even"
+    n_rec, L, T, B = 50, 40, 64, 2
+    mask = (np.arange(L) % 3 != 0).astype(np.uint8)
+    with ShardWriter(out, vocab_size=1000, bucket_width=64, max_len=64, zstd_level=3, compare_baselines=False) as w:
+        for i in range(n_rec):
+            w.add(np.full(L, i + 1, np.uint16), loss_mask=mask, position_ids=np.arange(L))
+    with BatchPipeline(out, micro_batch=B, seed=0, epochs=1, num_workers=0, packing="fill", seq_len=T) as pl:
+        # 2,000 tokens: 15 batches of 128, the last 80 tokens (two whole records) dropped
+        assert pl.batches_per_epoch == 15 and pl.dropped_tokens_per_epoch == 80
+        b0 = next(pl)
+        tok0, pos0, mask0 = (t.numpy().copy() for t in (b0.input_ids, b0.position_ids, b0.loss_mask))
+        ids0 = b0.record_ids.copy()
+        b1 = next(pl)
+        tok1, pos1, mask1 = (t.numpy().copy() for t in (b1.input_ids, b1.position_ids, b1.loss_mask))
+        ids1 = b1.record_ids.copy()
+    # row 0: a whole record, then the first 24 tokens of the next; its last 16 start row 1, positions going on
+    a, c = ids0[0] + 1, ids0[1] + 1
+    assert (tok0[0, :40] == a).all() and (tok0[0, 40:] == c).all() and (tok0[1, :16] == c).all()
+    assert pos0[0].tolist() == list(range(40)) + list(range(24))
+    assert pos0[1, :16].tolist() == list(range(24, 40)) and pos0[1, 16:56].tolist() == list(range(40))
+    assert np.array_equal(mask0[0, 40:], mask[:24]) and np.array_equal(mask0[1, :16], mask[24:])
+    # batch 0 holds 3 records and 8 tokens of a fourth, whose other 32 tokens open batch 1
+    assert len(ids0) == 4 and ids1[0] == ids0[3] and len(set(ids0.tolist()) | set(ids1.tolist())) == 7
+    assert (tok0[1, 56:] == ids0[3] + 1).all() and pos0[1, 56:].tolist() == list(range(8))
+    assert (tok1[0, :32] == ids0[3] + 1).all() and pos1[0, :32].tolist() == list(range(8, 40))
+    assert np.array_equal(mask1[0, :32], mask[8:])
+
+
+def test_fill_bad_arguments_are_refused(shards):
+    with pytest.raises(ValueError, match="packing='pack': expected one of 'bucket', 'fill'"):
+        BatchPipeline(shards, micro_batch=MB, packing="pack")
+    with pytest.raises(ValueError, match="seq_len=None: packing='fill' needs seq_len"):
+        BatchPipeline(shards, micro_batch=MB, packing="fill")
+    for bad in (8, 0, -64, "128", 128.0):
+        with pytest.raises(ValueError, match=rf"seq_len={bad!r}: expected"):
+            BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=bad)
+    with pytest.raises(ValueError, match=r"micro_batch=8, seq_len=100000000: the epoch's \d+ tokens fill no"):
+        BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=10**8)
+    # staging: a block holds B x seq_len tokens, same layout and message as bucket packing
+    with pytest.raises(ValueError, match=r"pinned_block_kb=8\b.*packed rows \(8 x 128 tokens.*"
+                                         r"need pinned_block_kb >= 12"):
+        BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=128, pinned_block_kb=8)
+    with BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=128) as pl:
+        assert pl.ring.block_bytes == default_block_bytes(128, MB) == 12 * 1024
+    with BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=1024, pinned_block_kb=72) as pl:
+        assert tuple(next(pl).input_ids.shape) == (MB, 1024)  # rows longer than any record: records joined
+
+
+@pytest.mark.parametrize("bucket_width", [None, 256])
+def test_bucket_batch_lengths_are_the_plan_buckets(shards, bucket_width):
+    lengths, _ = plan_buckets(shards, bucket_width)
+    with BatchPipeline(shards, micro_batch=MB, bucket_width=bucket_width, epochs=1, num_workers=0) as pl:
+        assert pl.batch_lengths() == sorted(lengths.tolist(), reverse=True)
+        assert pl.packing == "bucket" and pl.seq_len is None and pl.dropped_tokens_per_epoch is None
+        seen = {b.length for b in pl}
+        assert "data/dropped_tokens_per_epoch" not in pl.metrics()
+    assert seen == set(pl.batch_lengths())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_fill_batches_match_the_cpu_ones(shards):
+    kw = dict(micro_batch=MB, seed=5, epochs=1, packing="fill", seq_len=128, num_staging_blocks=2)
+    with BatchPipeline(shards, **kw) as pl:
+        ref = [(b.input_ids.clone(), b.position_ids.clone(), b.loss_mask.clone()) for b in pl]
+    with BatchPipeline(shards, device="cuda", **kw) as pl:
+        got = list(pl)  # device batches may be kept; blocks are refilled without zeroing once their copy ran
+        torch.cuda.synchronize()
+    assert len(got) == len(ref)
+    for b, r in zip(got, ref):
+        assert b.input_ids.is_cuda and b.real_tokens == b.padded_tokens == MB * 128
+        assert all(torch.equal(x.cpu(), y) for x, y in zip((b.input_ids, b.position_ids, b.loss_mask), r))
