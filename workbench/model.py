@@ -36,11 +36,13 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from workbench.ops import OpSet, resolve
 
 __all__ = [
+    "CHECKPOINT_MODES",
     "GR00T_N1_6",
     "Llama",
     "ModelArgs",
@@ -451,10 +453,17 @@ class Block(nn.Module):
         return x_BTD, self.mlp(normed_BTD)
 
 
+CHECKPOINT_MODES: tuple[str, ...] = ("none", "selective", "full")
+"""Activation-checkpointing modes of :meth:`Llama.set_activation_checkpointing`."""
+
+
 class Llama(nn.Module):
     """Llama-family decoder. Submodule names follow HF's ``LlamaModel`` (minus
     the ``model.`` prefix): ``embed_tokens``, ``layers.<i>.self_attn.q_proj``, ...,
-    ``norm``, ``lm_head`` (``None`` when tied to ``embed_tokens``)."""
+    ``norm``, ``lm_head`` (``None`` when tied to ``embed_tokens``).
+
+    Activation checkpointing is off until :meth:`set_activation_checkpointing`;
+    :attr:`checkpointed_blocks` lists the blocks it applies to."""
 
     def __init__(self, args: ModelArgs, ops: OpSet | None = None) -> None:
         super().__init__()
@@ -469,6 +478,8 @@ class Llama(nn.Module):
             else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         )
         self.rotary = RotaryCache(args.head_dim, args.max_position_embeddings, args.rope_theta)
+        self._checkpoint_mode = "none"
+        self._checkpoint_every = 1
         self.init_weights()
 
     @property
@@ -481,6 +492,46 @@ class Llama(nn.Module):
         for module in self.modules():
             if hasattr(module, "ops"):
                 module.ops = ops
+
+    def set_activation_checkpointing(self, mode: str, every: int = 1) -> None:
+        """Choose which decoder blocks recompute their forward in backward instead of keeping activations.
+
+        - ``"none"``: no block (the default; the forward is the plain one).
+        - ``"full"``: every block; ``every`` is ignored.
+        - ``"selective"``: block ``i`` (0-based) when ``(i + 1) % every == 0``, i.e. the last block of each
+          group of ``every``: ``every=1`` is every block (as ``"full"``), ``every=2`` blocks 1, 3, 5, ...;
+          with ``every`` above the number of blocks, none.
+
+        A checkpointed block keeps only its inputs; in backward it runs its forward again
+        (``torch.utils.checkpoint.checkpoint``, ``use_reentrant=False``, RNG state preserved). The loss and
+        gradients are those of the plain forward. It applies only while ``self.training`` and grad mode
+        are on: in eval or under ``torch.no_grad`` every block runs plainly.
+
+        Raises ``ValueError`` naming the argument and its allowed values when ``mode`` is not one of
+        :data:`CHECKPOINT_MODES` or ``every`` is not an int >= 1 (checked for every mode).
+        """
+        if mode not in CHECKPOINT_MODES:
+            raise ValueError(f"mode must be one of {CHECKPOINT_MODES}, got {mode!r}")
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"every must be an int >= 1, got {every!r}")
+        self._checkpoint_mode = mode
+        self._checkpoint_every = every
+
+    @property
+    def activation_checkpointing(self) -> tuple[str, int]:
+        """``(mode, every)`` as last set by :meth:`set_activation_checkpointing` (``("none", 1)`` by default)."""
+        return self._checkpoint_mode, self._checkpoint_every
+
+    @property
+    def checkpointed_blocks(self) -> list[int]:
+        """Indices of the decoder blocks checkpointed in a training forward, ascending (see
+        :meth:`set_activation_checkpointing` for the rule); ``[]`` for ``"none"``."""
+        n = len(self.layers)
+        if self._checkpoint_mode == "full":
+            return list(range(n))
+        if self._checkpoint_mode == "selective":
+            return [i for i in range(n) if (i + 1) % self._checkpoint_every == 0]
+        return []
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -501,7 +552,10 @@ class Llama(nn.Module):
 
     def forward(self, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states ``h_BTD``. ``position_ids_BT`` restart at 0 at
-        each packed document and must be below ``max_position_embeddings``."""
+        each packed document and must be below ``max_position_embeddings``.
+
+        In training with grad enabled, the blocks in :attr:`checkpointed_blocks` run under activation
+        checkpointing; otherwise every block runs plainly."""
         if input_ids_BT.shape != position_ids_BT.shape:
             raise ValueError(
                 f"input_ids {tuple(input_ids_BT.shape)} and position_ids "
@@ -510,8 +564,20 @@ class Llama(nn.Module):
         cos_BTd, sin_BTd = self.rotary(position_ids_BT)
         x_BTD = self.embed_tokens(input_ids_BT)
         pending_BTD = None  # a branch output to add in the next norm (fused_residual_norm)
-        for layer in self.layers:
-            x_BTD, pending_BTD = layer(x_BTD, cos_BTd, sin_BTd, pending_BTD)
+        checkpointed = (
+            frozenset(self.checkpointed_blocks) if self.training and torch.is_grad_enabled() else frozenset()
+        )
+        for i, layer in enumerate(self.layers):
+            if i in checkpointed:
+                # The module itself is checkpointed, not layer.forward: its __call__ runs the compiled forward
+                # of a block compiled in place (layer.compile, compile_scope: layer), so the compiled graph
+                # runs inside the checkpoint, in the forward and again in the recompute. A None pending_BTD
+                # passes through as a non-tensor argument and comes back as a non-tensor output.
+                x_BTD, pending_BTD = torch.utils.checkpoint.checkpoint(
+                    layer, x_BTD, cos_BTd, sin_BTd, pending_BTD, use_reentrant=False
+                )
+            else:
+                x_BTD, pending_BTD = layer(x_BTD, cos_BTd, sin_BTd, pending_BTD)
         if pending_BTD is None:
             return self.norm(x_BTD)
         return self.norm.add_forward(pending_BTD, x_BTD)[0]
