@@ -71,9 +71,9 @@ def test_compile_scope_is_searched_only_when_something_is_compiled():
     assert k.key == "loongforge.compute_domain.compile_scope" and not k.requires
     assert not k.active({"compile": "none"}) and not k.active({})
     assert k.active({"compile": "default"}) and k.active({"compile": "max-autotune-no-cudagraphs"})
-    assert k.inactive == "model"
-    cfg = merge_overrides(Config(), {"loongforge.compute_domain.compile": "default", k.key: "layer"})
-    assert cfg.loongforge.compute_domain.compile_scope == "layer"
+    assert k.inactive == "layer" == Config().loongforge.compute_domain.compile_scope  # per-block compile: the default
+    cfg = merge_overrides(Config(), {"loongforge.compute_domain.compile": "default", k.key: "model"})
+    assert cfg.loongforge.compute_domain.compile_scope == "model"
     with pytest.raises(ConfigError, match="compile_scope"):
         merge_overrides(Config(), {k.key: "block"})
 
@@ -111,13 +111,16 @@ def test_a_bad_declaration_is_refused():
 def test_dropping_on_a_cpu_host():
     names = list(knob_names())
     kept, dropped = drop_unsupported(names, {"io_uring"})
-    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "compile", "compile_scope",
+    assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "packing",
+                    "activation_checkpointing", "activation_checkpointing_every", "compile", "compile_scope",
                     "compile_shapes"]
     reasons = {d.knob: d.reason for d in dropped}
     assert reasons["graph_capture"] == "needs cuda"
+    assert reasons["fp8"] == "needs an FP8 GPU (compute capability 8.9+) and torchao"
     assert reasons["bucket_size_mb"] == "needs multi-gpu"
     text = format_dropped(dropped)
-    assert text.startswith("dropped for this hardware: graph_capture (needs cuda), ")
+    assert text.startswith("dropped for this hardware: fp8 (needs an FP8 GPU (compute capability 8.9+) and "
+                           "torchao), graph_capture (needs cuda), ")
     assert "overlap_ratio (needs multi-gpu)" in text
     assert format_dropped([]) == ""
 
@@ -125,8 +128,8 @@ def test_dropping_on_a_cpu_host():
 def test_dropping_on_a_gpu_host_without_io_uring():
     kept, dropped = drop_unsupported(list(knob_names()), {"cuda"})
     assert "graph_capture" in kept and "pinned_block_kb" in kept
-    assert {d.knob for d in dropped} == {"io_uring_entries", "bucket_size_mb", "overlap_ratio"}
-    kept, dropped = drop_unsupported(list(knob_names()), {"cuda", "multi_gpu", "io_uring"})
+    assert {d.knob for d in dropped} == {"io_uring_entries", "bucket_size_mb", "overlap_ratio", "fp8"}
+    kept, dropped = drop_unsupported(list(knob_names()), {"cuda", "multi_gpu", "io_uring", "fp8"})
     assert not dropped
 
 
@@ -141,5 +144,10 @@ def test_detect_capabilities_here(monkeypatch):
     assert "io_uring" not in detect_capabilities(1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    import workbench.fp8 as fp8
+
+    monkeypatch.setattr(fp8, "fp8_unsupported_reason", lambda *a: "no FP8 here")
     assert detect_capabilities(8) == {"cuda", "multi_gpu"}
-    assert detect_capabilities(16) == {"cuda"}
+    monkeypatch.setattr(fp8, "fp8_unsupported_reason", lambda *a: None)
+    assert detect_capabilities(8) == {"cuda", "multi_gpu", "fp8"}
+    assert detect_capabilities(16) == {"cuda", "fp8"}

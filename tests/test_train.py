@@ -206,6 +206,7 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
     torch._dynamo.reset()
     counters.clear()
     cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
+                  "loongforge.compute_domain.compile_scope": "model",  # one compiled unit: graphs = shapes
                   "loongforge.compute_domain.compile_shapes": shapes})
     trainer = Trainer(cfg, data_dir=synth, out_dir=tmp_path)
     try:

@@ -213,6 +213,9 @@ class DataConfig:
     """Shard frames shuffled together."""
     seed: int = field(default=0, metadata={"ge": 0})
     """Seed of the data order."""
+    packing: Literal["bucket", "fill"] = "bucket"
+    """How stored records become rows at load time: bucket (each row one record, padded to its bucket's length)
+    or fill (records laid end to end and cut into full rows of seq_len, no padding: a plain loop's batches)."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -267,6 +270,11 @@ class TrainingConfig:
     """Steps per measurement window (one log line and one intermediate value each)."""
     warmup_measure_steps: int = field(default=3, metadata={"ge": 0})
     """First steps excluded from measurement (compile, graph capture, allocator settling)."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Decoder blocks whose activations are recomputed in backward instead of kept: none, selective (every
+    activation_checkpointing_every-th block) or full (every block); trades compute for memory."""
+    activation_checkpointing_every: int = field(default=2, metadata={"ge": 1})
+    """N of selective checkpointing: every N-th decoder block is recomputed."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -364,6 +372,26 @@ class OpsConfig:
 _GRAPH_CAPTURING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
 
 
+@dataclass(kw_only=True)
+class Fp8ModulesConfig:
+    """Which Linears FP8 training converts (module names as in HF checkpoints: ``layers.0.mlp.up_proj``)."""
+
+    include: list[str] = field(default_factory=lambda: ["layers.*"])
+    """Glob patterns (fnmatch) of the Linears to convert; the default is every decoder-block Linear."""
+    exclude: list[str] = field(default_factory=list)
+    """Glob patterns of Linears kept in high precision even where include matches."""
+    size_filter: bool = True
+    """Also apply torchao's size thresholds for the recipe (small matmuls are slower in FP8; dims must be
+    multiples of 16)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        for key in ("include", "exclude"):
+            for i, pattern in enumerate(getattr(self, key)):
+                if not pattern.strip():
+                    raise ConfigError("empty pattern; expected a glob such as 'layers.*.mlp.*'", key=f"{key}[{i}]")
+
+
 def _check_kernel_launch(kernels_cfg: Mapping[str, Mapping[str, int]]) -> None:
     """The checks of ``kernels`` that hold at every shape (a known kernel and parameter, a value some shape allows,
     constraints between parameters), at load: a typo fails here, not only on a GPU that runs the kernel. The checks
@@ -390,7 +418,7 @@ class ComputeDomainConfig:
 
     compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "none"
     """torch.compile mode of the model; none runs eagerly."""
-    compile_scope: Literal["model", "layer"] = "model"
+    compile_scope: Literal["model", "layer"] = "layer"
     """What one compiled graph covers: the whole loss (model), or each decoder block plus the final norm and loss
     (layer: one compile reused by every block, far shorter compile times, and per-block backward nodes, so the
     overlap scheduler's all-reduces start during the backward as they do eagerly)."""
@@ -410,6 +438,12 @@ class ComputeDomainConfig:
     """Per-op backend choice, used when triton_fusion is false."""
     kernels: dict[str, dict[str, int]] = field(default_factory=dict, metadata={"ge": 1})
     """Launch parameters per kernel, e.g. {rmsnorm: {num_warps: 8, num_stages: 2, block_size: 1024}}."""
+    fp8: Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "none"
+    """FP8 training of the Linears in fp8_modules through torchao.float8 (the recipe's name); none keeps them in
+    the compute dtype. Needs torchao (the [fp8] extra) and, on CUDA, compute capability 8.9 or newer; changes
+    numerics, so the tuner checks its loss against the base config's."""
+    fp8_modules: Fp8ModulesConfig = field(default_factory=Fp8ModulesConfig)
+    """Which Linears FP8 converts."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -514,6 +548,9 @@ class Provenance:
     """Whether the speedup exceeds the baseline's noise."""
     baseline_tokens_per_s_per_gpu: float | None = field(default=None, metadata={"ge": 0})
     """Measured baseline tokens per second per GPU."""
+    numerics: dict[str, Any] | None = None
+    """The numerics guard's check of the winner when it changes numerics (FP8): its last-window loss against the
+    reference's on the same data, the relative difference and the tolerance; null when no knob changes numerics."""
     fingerprint: dict[str, str] = field(default_factory=dict)
     """Environment: GPU, driver, CUDA, torch, Triton, NCCL versions."""
     created: str | None = None

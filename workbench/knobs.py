@@ -14,7 +14,13 @@ Capabilities (``detect_capabilities``):
 * ``multi_gpu``: the study asks for more than one GPU and this host has that many
   (overlap and gradient-bucket knobs do nothing on one process);
 * ``io_uring``: the kernel lets this process set up an io_uring ring
-  (``loaders.reader.probe_io_uring`` where the loader provides it, else liburing).
+  (``loaders.reader.probe_io_uring`` where the loader provides it, else liburing);
+* ``fp8``: a CUDA device of compute capability 8.9 or newer and torchao installed
+  (``workbench.fp8.fp8_unsupported_reason``).
+
+A knob that changes the numbers the loop computes, not only how fast
+(``numerics=True``: FP8), must also pass the tuner's numerics guard: its loss is
+compared with the base config's on the same seed and data.
 
 Knobs that need a missing capability are dropped from the search space and the
 run says which (``drop_unsupported``, ``format_dropped``).
@@ -38,9 +44,10 @@ __all__ = [
     "format_dropped",
     "get_knob",
     "knob_names",
+    "numerics_knobs",
 ]
 
-CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring"})
+CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring", "fp8"})
 """Every capability a knob may require."""
 
 KnobKind = Literal["int", "float", "categorical", "bool"]
@@ -66,6 +73,9 @@ class Knob:
     """Value written when ``condition`` is False (None: leave the base config's value)."""
     doc: str = ""
     """What the knob acts on (shown in the report and in error messages)."""
+    numerics: bool = False
+    """Changes the loop's numbers (not only its speed): a trial that sets it off its base value passes the
+    numerics guard (workbench.numerics) before it can win."""
 
     def __post_init__(self) -> None:
         unknown = set(self.requires) - CAPABILITIES
@@ -127,15 +137,24 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="num_workers", key="data.num_workers", kind="int", doc="decode workers: CPU decode parallelism"),
     Knob(name="micro_batch_size", key="data.micro_batch_size", kind="int",
          doc="samples per forward/backward (the global batch stays fixed: accumulation absorbs it)"),
+    Knob(name="packing", key="data.packing", kind="categorical",
+         doc="records padded to their bucket (bucket) or laid end to end into full rows (fill, no padding)"),
+    Knob(name="activation_checkpointing", key="training.activation_checkpointing", kind="categorical",
+         doc="decoder blocks recomputed in backward (none, selective, full): memory for bigger micro-batches"),
+    Knob(name="activation_checkpointing_every", key="training.activation_checkpointing_every", kind="int",
+         condition=lambda v: v.get("activation_checkpointing") == "selective",
+         doc="selective checkpointing: every N-th block is recomputed"),
     # compute domain
     Knob(name="compile", key="loongforge.compute_domain.compile", kind="categorical",
          doc="torch.compile mode of the model"),
     Knob(name="compile_scope", key="loongforge.compute_domain.compile_scope", kind="categorical",
-         condition=lambda v: v.get("compile", "none") != "none", inactive="model",
+         condition=lambda v: v.get("compile", "none") != "none", inactive="layer",
          doc="what one compiled graph covers: the whole loss, or each decoder block (compile time, overlap)"),
     Knob(name="compile_shapes", key="loongforge.compute_domain.compile_shapes", kind="categorical",
          condition=lambda v: v.get("compile", "none") != "none", inactive="dynamic",
          doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket"),
+    Knob(name="fp8", key="loongforge.compute_domain.fp8", kind="categorical", requires=frozenset({"fp8"}),
+         numerics=True, doc="FP8 training of the decoder Linears through torchao.float8 (recipe), or none"),
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="bool", requires=_CUDA,
          condition=_graph_capture_allowed, inactive=False,
          doc="CUDA graphs of the step (off when the compile mode captures graphs itself)"),
@@ -215,6 +234,11 @@ def knob_names() -> tuple[str, ...]:
     return tuple(_BY_NAME)
 
 
+def numerics_knobs() -> tuple[str, ...]:
+    """Names of the knobs that change numerics (``Knob.numerics``), in sampling order."""
+    return tuple(k.name for k in KNOBS if k.numerics)
+
+
 def get_knob(name: str) -> Knob:
     """The knob called ``name``; KeyError lists the known names."""
     try:
@@ -267,6 +291,11 @@ def detect_capabilities(gpus: int = 1) -> frozenset[str]:
         pass
     if _probe_io_uring():
         caps.add("io_uring")
+    if "cuda" in caps:
+        from workbench.fp8 import fp8_unsupported_reason
+
+        if fp8_unsupported_reason("cuda") is None:
+            caps.add("fp8")
     return frozenset(caps)
 
 
@@ -281,6 +310,9 @@ class DroppedKnob:
         return {"knob": self.knob, "reason": self.reason}
 
 
+_NEEDS = {"fp8": "an FP8 GPU (compute capability 8.9+) and torchao"}
+
+
 def drop_unsupported(names: Iterable[str], capabilities: Iterable[str]) -> tuple[list[str], list[DroppedKnob]]:
     """Split knob ``names`` into those that can act with ``capabilities`` and those dropped (with the reason)."""
     caps = frozenset(capabilities)
@@ -289,7 +321,8 @@ def drop_unsupported(names: Iterable[str], capabilities: Iterable[str]) -> tuple
     for name in names:
         missing = sorted(get_knob(name).requires - caps)
         if missing:
-            dropped.append(DroppedKnob(name, "needs " + " and ".join(m.replace("_", "-") for m in missing)))
+            dropped.append(DroppedKnob(name, "needs " + " and ".join(_NEEDS.get(m, m.replace("_", "-"))
+                                                                     for m in missing)))
         else:
             kept.append(name)
     return kept, dropped

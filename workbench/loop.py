@@ -21,6 +21,10 @@ Options, each a config switch:
   rate as a device tensor). Under capture the forward phase covers forward and
   backward (they are one replay) and backward reads 0. Graphs are dropped and
   re-captured after a checkpoint load (the optimizer state tensors change).
+* ``loongforge.compute_domain.fp8``: the decoder Linears become torchao ``Float8Linear``
+  (``workbench.fp8``) before anything compiles or wraps them.
+* ``training.activation_checkpointing``: decoder blocks recomputed in backward
+  (``Llama.set_activation_checkpointing``; a block compiled in place runs inside its checkpoint).
 * checkpoints of model, optimizer, step and data-loader state
   (``training.checkpoint_dir``), written atomically; Ctrl-C saves one.
 
@@ -59,6 +63,7 @@ import torch.nn as nn
 
 from workbench.config import Config, ConfigError, to_dict
 from workbench.flops import flops_per_token, peak_tflops
+from workbench.fp8 import convert_to_fp8
 from workbench.memory import apply_allocator_settings
 from workbench.metrics import (MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
                                summarize_window)
@@ -144,8 +149,15 @@ class Trainer:
             else:  # Triton kernels run on CUDA (tests run them on the CPU under TRITON_INTERPRET=1)
                 log.warning("Triton ops requested on the CPU: using the torch ops")
                 backends = {op: "torch" for op in backends}
-        self.model = Llama(self.args, resolve(
-            backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm)).to(self.device)
+        with torch.device(self.device):  # parameters are made and initialised where they train
+            self.model = Llama(self.args, resolve(
+                backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm))
+        # FP8 swaps Linears for torchao's Float8Linear (same parameters) before anything wraps or compiles them
+        self.fp8_linears = convert_to_fp8(self.model, cfg.loongforge.compute_domain, self.device.type,
+                                          self.device.index or 0)
+        if self.fp8_linears and self.device.type == "cpu":
+            log.warning("FP8 on the CPU: torchao emulates the FP8 matmuls (FP8's numbers, not its speed)")
+        self.model.set_activation_checkpointing(t.activation_checkpointing, t.activation_checkpointing_every)
         self.loss_module: nn.Module = LossModule(self.model)
         self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
         self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"
@@ -249,7 +261,8 @@ class Trainer:
             num_workers=d.num_workers, io_backend=io.io_backend, ring_depth=io.io_uring_entries,
             read_threads=io.read_threads, prefetch_batches=d.prefetch_batches,
             shuffle_window_frames=d.shuffle_window_frames, num_staging_blocks=mem.num_staging_blocks,
-            pinned_block_kb=mem.pinned_block_kb, device=self.device, bucket_width=d.bucket_width)
+            pinned_block_kb=mem.pinned_block_kb, device=self.device, bucket_width=d.bucket_width,
+            packing=d.packing, seq_len=d.seq_len)
 
     def _lr(self, step: int) -> float:
         t = self.cfg.training
@@ -322,11 +335,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ compile and capture up front
     def bucket_lengths(self) -> list[int]:
-        """The padded lengths the pipeline can hand out (its plan buckets), longest first."""
-        from loaders.pipeline import plan_buckets
-
-        lengths, _ = plan_buckets(self.shards, self.cfg.data.bucket_width)
-        return sorted({int(x) for x in lengths}, reverse=True)
+        """The row lengths the pipeline can hand out, longest first."""
+        return self.pipeline.batch_lengths()
 
     def precompile(self) -> float:
         """Compile, and under graph capture capture, every bucket shape before the first step, so that no
@@ -543,6 +553,10 @@ class Trainer:
             "model_params": sum(p.numel() for p in self.model.parameters()),
             "grad_accum_steps": self.grad_accum,
             "ops/backends": dict(self.model.ops.backends),
+            "fp8/recipe": self.cfg.loongforge.compute_domain.fp8,
+            "fp8/converted_linears": len(self.fp8_linears),
+            "training/checkpointed_blocks": len(self.model.checkpointed_blocks),
+            **_compile_cache_counts(),
             "kernels/launch": sys.modules["kernels"].launch_record() if "kernels" in sys.modules else [],
         }
         s.update(memory_snapshot(self.device))
@@ -592,6 +606,19 @@ class Trainer:
         self.writer.close()
         if self.prom:
             self.prom.close()
+
+
+def _compile_cache_counts() -> dict[str, int]:
+    """Hits and misses of Inductor's FX graph cache and AOTAutograd's cache in this process (a trial whose
+    compiles all hit ran warm: ``TORCHINDUCTOR_CACHE_DIR`` is shared by a study's trials)."""
+    if "torch._dynamo" not in sys.modules:
+        return {}
+    from torch._dynamo.utils import counters
+
+    return {"compile/fx_graph_cache_hit": int(counters["inductor"]["fxgraph_cache_hit"]),
+            "compile/fx_graph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
+            "compile/aot_autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
+            "compile/aot_autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"])}
 
 
 def progress_line(m: dict[str, Any], total: int) -> str:
