@@ -10,8 +10,8 @@ base config is exported and ``provenance`` says so (``trial: null``,
 ``provenance`` (workbench.config.Provenance): study, trial, tokens_per_s_per_gpu
 (the median of the winner's validation runs, or of the baseline repeats),
 speedup and speedup_ci (median and 95% interval of the A/B ratios),
-significant, baseline_tokens_per_s_per_gpu, the environment fingerprint and
-the export time.
+significant, baseline_tokens_per_s_per_gpu, the numerics guard's check of the
+winner (numerics knobs such as FP8), the environment fingerprint and the export time.
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ def provenance_for(
             study=study_name, trial=int(trial), tokens_per_s_per_gpu=_median(cand.get("runs")),
             speedup=float(cand["speedup_median"]),
             speedup_ci=[float(cand["ci_low"]), float(cand["ci_high"])], significant=True,
-            baseline_tokens_per_s_per_gpu=_median(cand.get("baseline_runs")), fingerprint=fp, created=created)
+            baseline_tokens_per_s_per_gpu=_median(cand.get("baseline_runs")), numerics=cand.get("numerics"),
+            fingerprint=fp, created=created)
         return prov, dict(cand.get("params") or {})
     base = _median(baseline_runs or validation.get("baseline_runs"))
     prov = Provenance(study=study_name, trial=None, tokens_per_s_per_gpu=base, speedup=1.0, speedup_ci=None,

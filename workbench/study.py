@@ -20,6 +20,8 @@ knobs, empty ranges and values of the wrong type are rejected with a
     pruner: {name: median, n_warmup_steps: 1}
     protocol: {warmup_steps: 4, window_steps: 8, windows: 3, baseline_repeats: 3,
                top_k: 2, ab_rounds: 3, trial_timeout_s: 120, heartbeat_timeout_s: 30}
+    seed_trials:                     # knob values run first (Optuna's enqueue_trial)
+      - {micro_batch_size: 8}
 
 Each trial's config is ``base`` + the protocol's measurement keys
 (``training.max_steps``, ``log_every``, ``warmup_measure_steps``) + the sampled
@@ -117,6 +119,24 @@ class KnobRange:
         n = int(math.floor((self.high - self.low) / self.step + 1e-9))
         return [self.low + i * self.step for i in range(n + 1)]
 
+    def contains(self, value: Any, kind: str) -> bool:
+        """Whether ``value`` is one of this range's values (a choice, or inside [low, high] on its step)."""
+        if self.choices is not None:
+            return any(value == c and type(value) is type(c) for c in self.choices)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return False
+        assert self.low is not None and self.high is not None
+        if kind == "int" and not isinstance(value, int):
+            return False
+        if not self.low <= value <= self.high:
+            return False
+        step = self.step or (1 if kind == "int" else None)
+        return step is None or abs((value - self.low) / step - round((value - self.low) / step)) < 1e-9
+
+    def describe(self) -> str:
+        """``choices [..]`` or ``[low, high]``, for messages."""
+        return f"choices {self.choices}" if self.choices is not None else f"[{self.low}, {self.high}]"
+
     def values_to_check(self) -> list[Any]:
         """Values validated against the config at load: every choice, or both ends of the range."""
         return list(self.choices) if self.choices is not None else [self.low, self.high]
@@ -204,10 +224,17 @@ class Protocol:
     """Best distinct feasible trials re-measured against the baseline."""
     ab_rounds: int = 3
     """Interleaved baseline/candidate pairs per candidate."""
+    ab_min_rounds: int | None = None
+    """Pairs after which a candidate's validation stops as soon as its interval excludes 1.0 (sequential A/B;
+    ab_rounds is then the cap); null = always ab_rounds pairs."""
     trial_timeout_s: float = 600.0
     """Wall-clock limit of one trial process."""
     heartbeat_timeout_s: float = 120.0
     """A trial whose step counter does not move for this long (or has no first step by the time limit) is killed."""
+    numerics_tolerance: float = 0.02
+    """Numerics guard: a trial that sets a numerics knob (FP8) off its base value fails with kind ``numerics``
+    when its mean loss over the last measured window differs from the base config's, on the same seed and data,
+    by more than this share of the base's."""
 
     def __post_init__(self) -> None:
         for key, low in (("warmup_steps", 0), ("window_steps", 1), ("windows", 1), ("baseline_repeats", 1),
@@ -217,6 +244,12 @@ class Protocol:
         for key in ("trial_timeout_s", "heartbeat_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"got {getattr(self, key)}; expected a number of seconds > 0", key=key)
+        if self.ab_min_rounds is not None and not 2 <= self.ab_min_rounds <= self.ab_rounds:
+            raise ConfigError(f"got {self.ab_min_rounds}; expected null or an integer in [2, ab_rounds = "
+                              f"{self.ab_rounds}]", key="ab_min_rounds")
+        if not 0 < self.numerics_tolerance < 1:
+            raise ConfigError(f"got {self.numerics_tolerance}; expected a share of the base loss in (0, 1)",
+                              key="numerics_tolerance")
 
     @property
     def steps(self) -> int:
@@ -256,6 +289,9 @@ class StudySpec:
     """Optuna pruner."""
     protocol: Protocol = field(default_factory=Protocol)
     """Measurement protocol."""
+    seed_trials: list[dict[str, Any]] = field(default_factory=list)
+    """Knob values run first, in order (Optuna's enqueue_trial), counted against the budget; a knob a seed leaves
+    out takes the base config's value."""
     source: str | None = None
     """File the spec was loaded from (set by the loader; not part of the YAML)."""
 
@@ -276,6 +312,7 @@ class StudySpec:
                 raise ConfigError(f"unknown knob{hint} Known knobs: {', '.join(known)}", key=f"space.{name}")
             self._check_range(name, rng)
         self._check_base()
+        self._check_seeds()
 
     # ------------------------------------------------------------------ validation
     def _check_range(self, name: str, rng: KnobRange) -> None:
@@ -314,6 +351,33 @@ class StudySpec:
                     key = f"space.{name}.choices[{i}]" if rng.choices is not None else \
                         f"space.{name}.{('low', 'high')[i]}"
                     raise ConfigError(f"{v!r} is rejected by the base config ({e})", key=key) from None
+
+    def _check_seeds(self) -> None:
+        for i, seed in enumerate(self.seed_trials):
+            where = f"seed_trials[{i}]"
+            if not isinstance(seed, Mapping):
+                raise ConfigError(f"got {seed!r}; expected a mapping of knob -> value", key=where)
+            for name, value in seed.items():
+                if name not in self.space:
+                    raise ConfigError(f"knob {name!r} is not in the study's space ({', '.join(self.space)})",
+                                      key=f"{where}.{name}")
+                if not self.space[name].contains(value, get_knob(name).kind):
+                    raise ConfigError(f"got {value!r}, outside the space of {name!r} ({self.space[name].describe()})",
+                                      key=f"{where}.{name}")
+            try:
+                self.trial_config(self.seed_params(i))
+            except ConfigError as e:
+                raise ConfigError(f"rejected by the base config ({e})", key=where) from None
+
+    def seed_params(self, i: int) -> dict[str, Any]:
+        """Knob values of seed trial ``i``: the seed's own, and for every other knob of the space the base config's
+        value where the space holds it (a value outside the space is left to the sampler)."""
+        out = dict(self.seed_trials[i])
+        base = self.base_knob_values()
+        for name, rng in self.space.items():
+            if name not in out and base.get(name) is not None and rng.contains(base[name], get_knob(name).kind):
+                out[name] = base[name]
+        return out
 
     # ------------------------------------------------------------------ configs
     def model_overrides(self) -> dict[str, Any]:

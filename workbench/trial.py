@@ -62,10 +62,11 @@ __all__ = [
     "run_trial",
 ]
 
-STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "compile_error", "invalid_config", "interrupted")
+STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config",
+            "interrupted")
 """Every status a trial can end with (user attr ``status``)."""
 
-FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "compile_error", "invalid_config")
+FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config")
 """Statuses told to Optuna as infeasible (COMPLETE, objective 0, constraint 1.0)."""
 
 TEST_FAULT_ENV = "WORKBENCH_TEST_TRIAL_FAULT"
@@ -310,13 +311,15 @@ def run_trial(
     on_phase: Callable[[str], None] | None = None,
     on_launch: Callable[[int], None] | None = None,
     label: str | None = None,
+    env: dict[str, str] | None = None,
     poll_s: float = 0.2,
 ) -> TrialOutcome:
     """Run one trial of ``cfg`` in a fresh process group under ``trial_dir`` (see the module docstring).
 
     ``on_window(i, tokens_per_s)`` is called for each measured window; returning True prunes the
     trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
-    ``on_launch(pgid)`` is called once the child runs. A KeyboardInterrupt kills the child's
+    ``on_launch(pgid)`` is called once the child runs. ``env``: variables set in the child's
+    environment (the study's shared compile caches). A KeyboardInterrupt kills the child's
     group and propagates.
     """
     trial_dir = Path(trial_dir).resolve()
@@ -328,7 +331,7 @@ def run_trial(
     fault = _test_fault(label)
     if fault is not None:
         cmd = [sys.executable, "-c", _FAULT_SCRIPTS[fault], str(trial_dir / "heartbeat")]
-    env = dict(os.environ)
+    env = {**os.environ, **(env or {})}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
     env.pop(TEST_FAULT_ENV, None)

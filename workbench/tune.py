@@ -18,11 +18,16 @@ One run of the coordinator (the default role):
 2. **Search**: Optuna trials (ask/tell), each an isolated subprocess
    (``workbench.trial.run_trial``) under ``runs/<study>/trials/<n>/``; measured windows
    are intermediate values for the pruner; failures are told as infeasible
-   (objective 0, constraint 1.0) so the sampler avoids their region.
+   (objective 0, constraint 1.0) so the sampler avoids their region. The spec's
+   ``seed_trials`` are queued first (``enqueue_trial``, once per study) and count against
+   the budget. A trial that sets a numerics knob (FP8) off its base value passes the
+   numerics guard (``workbench.numerics``) or fails with kind ``numerics``. Every trial
+   process shares the study's compile caches (``runs/<study>/compile-cache/``).
 3. **Validation**: the ``top_k`` best distinct feasible trials are re-measured
    interleaved with the baseline (A/B/A/B, ``ab_rounds`` pairs each); the winner is
    the highest median speedup whose 95% interval lies above 1.0
-   (``runs/<study>/validation.json``, ``workbench.stats``). A trial whose config is the
+   (``runs/<study>/validation.json``, ``workbench.stats``); with ``protocol.ab_min_rounds``
+   a candidate stops once its interval excludes 1.0. A trial whose config is the
    baseline's, or whose search throughput did not beat the baseline median, is not
    re-measured (listed under ``skipped``). No winner: "no significant gain", and the
    base config is exported.
@@ -83,9 +88,11 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from workbench.config import ConfigError, config_hash
+from workbench.config import ConfigError, config_hash, merge_overrides
 from workbench.export import export_config, write_json
-from workbench.knobs import detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
+from workbench.knobs import (detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names,
+                             numerics_knobs)
+from workbench.numerics import check_loss, data_key, window_loss
 from workbench.samplers import make_sampler
 from workbench.stats import noise_floor, pair_ratios, speedup_interval
 from workbench.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
@@ -355,6 +362,7 @@ class Tuner:
             self.budget = spec.budget.trials
         if not self.worker:
             study.set_user_attr("budget_trials", self.budget)
+            self._enqueue_seeds(study)
         if self.budget is None and self.timeout_s is None:
             raise TuneError("no budget: give --trials or --timeout, or set budget in the study spec")
         if not self.active:
@@ -370,6 +378,25 @@ class Tuner:
                                   pruner=self._pruner())
         self.study = study
         return study
+
+    def _enqueue_seeds(self, study: optuna.Study) -> None:
+        """The spec's seed trials, queued once per study (Optuna's enqueue_trial): they run first and count
+        against the budget. Values of knobs this machine dropped are left out."""
+        spec = self.spec
+        assert spec is not None
+        if study.user_attrs.get("seeded") or not spec.seed_trials:
+            return
+        for i in range(len(spec.seed_trials)):
+            params = {k: v for k, v in spec.seed_params(i).items() if k in self.active}
+            study.enqueue_trial(params, user_attrs={"seed_trial": i}, skip_if_exists=True)
+        study.set_user_attr("seeded", True)
+        self._log(f"queued {len(spec.seed_trials)} seed trial(s) to run first")
+
+    def _child_env(self) -> dict[str, str]:
+        """Environment of every trial process: one Inductor/AOTAutograd cache and one Triton cache per study, so
+        a trial recompiles only what no earlier trial of the study compiled."""
+        cache = self.study_dir / "compile-cache"
+        return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
 
     @property
     def timeout_s(self) -> float | None:
@@ -486,7 +513,7 @@ class Tuner:
         assert spec is not None
         return run_trial(cfg, run_dir, timeout_s=spec.protocol.trial_timeout_s,
                          heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
-                         label=label)
+                         label=label, env=self._child_env())
 
     def run_baseline(self) -> list[float]:
         """Measure the base config ``baseline_repeats`` times (resumable); returns the throughputs."""
@@ -496,6 +523,7 @@ class Tuner:
         h = config_hash(cfg)
         stored_hash = study.user_attrs.get("baseline_config_hash")
         runs = self.baseline_runs() if stored_hash in (None, h) else []
+        losses = list(study.user_attrs.get("baseline_losses", [])) if stored_hash in (None, h) else []
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
         for i in range(len(runs), repeats):
@@ -505,7 +533,9 @@ class Tuner:
                 raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
                                 f"config must run. Log: {out.trial_dir / 'log.txt'}\n{out.log_tail}")
             runs.append(out.value)
+            losses.append(window_loss(out.last_window))
             study.set_user_attr("baseline_runs", runs)
+            study.set_user_attr("baseline_losses", losses)  # the numerics guard's reference
             study.set_user_attr("baseline_dirs", [str(self.study_dir / "baseline" / str(j))
                                                   for j in range(len(runs))])
             self._log(f"baseline {i + 1}/{repeats}: {out.value:,.0f} tok/s/gpu")
@@ -579,7 +609,9 @@ class Tuner:
                 out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
                                 heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
                                 on_phase=self._phase(f"trial {n}"), label=f"trial-{n}",
-                                on_launch=lambda pgid: trial.set_user_attr("pgid", pgid))
+                                on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env())
+                if out.status == "ok":
+                    self._guard_numerics(trial, params, cfg, out)
         except KeyboardInterrupt:
             with contextlib.suppress(Exception):
                 trial.set_user_attr("status", "interrupted")
@@ -590,6 +622,44 @@ class Tuner:
             raise
         self._tell(trial, out)
         return out
+
+    def _guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
+        """The numerics guard (workbench.numerics): a trial that sets a numerics knob off its base value keeps
+        status ok only if its last-window loss is within the protocol's tolerance of its twin's; else its status
+        becomes ``numerics``. The check is stored as the trial's ``numerics`` user attr."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        base = spec.base_knob_values()
+        changed = [k for k in numerics_knobs() if k in params and params[k] != base.get(k)]
+        if not changed:
+            return
+        twin_params = {k: v for k, v in params.items() if k not in changed}
+        twin_cfg = merge_overrides(cfg, {get_knob(k).key: base.get(k) for k in changed})
+        tol = spec.protocol.numerics_tolerance
+        base_losses = [x for x in study.user_attrs.get("baseline_losses", []) if x is not None]
+        if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):
+            check = check_loss(window_loss(out.last_window), base_losses, tol, source="baseline")
+        else:
+            twins = dict(study.user_attrs.get("numerics_twins", {}))
+            h = config_hash(twin_cfg)
+            if h not in twins:
+                self._log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same data")
+                tw = self._measure(twin_cfg, out.trial_dir / "numerics-twin", f"trial-{trial.number}-twin",
+                                   f"trial {trial.number} numerics twin")
+                if tw.status != "ok" or window_loss(tw.last_window) is None:
+                    # no reference: the candidate cannot be shown to train like the base, so it cannot win
+                    out.status, out.failure_reason = "numerics", (
+                        f"its twin ({', '.join(changed)} at base: {twin_params}) failed ({tw.status}: "
+                        f"{tw.failure_reason}), so its loss has no reference")
+                    trial.set_user_attr("numerics", {"passed": False, "reference": "twin", "twin_status": tw.status})
+                    return
+                twins[h] = window_loss(tw.last_window)
+                study.set_user_attr("numerics_twins", twins)
+            check = check_loss(window_loss(out.last_window), [twins[h]], tol, source="twin")
+        trial.set_user_attr("numerics", check.to_dict())
+        if not check.passed:
+            out.status, out.failure_reason = "numerics", f"{', '.join(f'{k}={params[k]}' for k in changed)}: " \
+                + check.reason()
 
     def _tell(self, trial: optuna.Trial, out: TrialOutcome) -> None:
         spec, study = self.spec, self.study
@@ -716,7 +786,7 @@ class Tuner:
 
         validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence,
         candidates: [{trial, params, search_value, runs, baseline_runs, ratios, run_dirs,
-        baseline_dirs, failures, speedup_median, ci_low, ci_high, significant}], skipped,
+        baseline_dirs, failures, numerics, speedup_median, ci_low, ci_high, significant}], skipped,
         winner: {trial or null, significant, speedup_median, ci_low, ci_high}, complete, finished}.
         Runs: ``validation/baseline-<trial>-<round>/`` then ``validation/trial-<trial>-<round>/``
         for each round, candidates interleaved within the round.
@@ -734,15 +804,20 @@ class Tuner:
                 return old
         base_cfg = spec.measured_base_config()
         results = {t.number: {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], "runs": [],
-                              "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": []}
+                              "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
+                              "numerics": t.user_attrs.get("numerics")}
                    for t in cands}
         vdir = self.study_dir / "validation"
         if cands:
             self._log(f"validating {len(cands)} candidate(s) against the baseline, {rounds} A/B pairs each: "
                       + ", ".join(f"#{t.number}" for t in cands))
+        settled: set[int] = set()  # sequential A/B: candidates whose interval already excludes 1.0
+        min_rounds = spec.protocol.ab_min_rounds
         for r in range(rounds):
             for t in cands:
                 res = results[t.number]
+                if t.number in settled:
+                    continue
                 prefix = f"validating #{t.number} round {r + 1}/{rounds}"
                 a = self._measure(base_cfg, vdir / f"baseline-{t.number}-{r}", f"baseline-{t.number}-{r}",
                                   prefix + " (baseline)")
@@ -756,6 +831,12 @@ class Tuner:
                 else:
                     res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
                                             "reason": a.failure_reason or b.failure_reason})
+                if min_rounds is not None and len(res["runs"]) >= min_rounds:
+                    iv = speedup_interval(pair_ratios(res["runs"], res["baseline_runs"]))
+                    if iv.low > 1.0 or iv.high < 1.0:
+                        settled.add(t.number)
+                        self._log(f"candidate #{t.number}: interval [{iv.low:.3f}, {iv.high:.3f}] excludes 1.0 "
+                                  f"after {len(res['runs'])} pairs; its validation stops")
         candidates = []
         for t in cands:
             res = results[t.number]

@@ -1,0 +1,108 @@
+"""The numerics guard and seeded trials, through a real tiny study on the CPU: FP8 (torchao's CPU emulation, real
+FP8 numbers) is compared with the base config's loss on the same data; a candidate past the tolerance fails with
+kind ``numerics`` and is told as infeasible; seeded trials run first and count against the budget; the trials
+share one compile cache folder."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+
+import pytest
+from optuna.trial import TrialState
+
+from workbench.config import load_config, merge_overrides, preset_config
+from workbench.numerics import check_loss, data_key
+from workbench.study import load_study_spec
+from workbench.tune import Tuner
+
+needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
+                                   reason="torchao (the [fp8] extra) is not installed")
+
+BASE = {
+    "data": {"seq_len": 256, "micro_batch_size": 4, "bucket_width": 64, "num_workers": 0, "packing": "fill"},
+    "training": {"global_batch_size": 8, "max_steps": 16, "dtype": "fp32", "learning_rate": 1e-3},
+    "loongforge": {"compute_domain": {"fp8_modules": {"size_filter": False}}},  # tiny's Linears are small
+    "hardware": {"device": "cpu"},
+}
+
+
+def test_check_loss_and_data_key():
+    ok = check_loss(5.05, [5.0, 5.02, 4.99], 0.02, source="baseline")
+    assert ok.passed and ok.reference_loss == 5.0 and ok.rel_diff == pytest.approx(0.01) and ok.reference_runs == 3
+    bad = check_loss(5.2, [5.0], 0.02, source="twin")
+    assert not bad.passed and "4.00% off, tolerance 2.00%" in bad.reason()
+    assert not check_loss(math.nan, [5.0], 0.5, source="twin").passed
+    with pytest.raises(ValueError, match="no finite reference loss from the baseline"):
+        check_loss(5.0, [math.nan], 0.02, source="baseline")
+
+    cfg = merge_overrides(preset_config("tiny"), {"data.packing": "fill", "training.global_batch_size": 8})
+    # filled rows: the tokens of an optimizer step do not depend on the micro-batch or the bucket width
+    assert data_key(cfg) == data_key(merge_overrides(cfg, {"data.micro_batch_size": 2, "data.bucket_width": 32}))
+    assert data_key(cfg) != data_key(merge_overrides(cfg, {"data.seed": 1}))
+    bucket = merge_overrides(cfg, {"data.packing": "bucket"})
+    assert data_key(bucket) != data_key(merge_overrides(bucket, {"data.micro_batch_size": 2}))
+
+
+def _tuner(study_spec_file, tmp_path, monkeypatch, name, *, space, seeds, trials, tolerance, base=BASE):
+    path = study_spec_file(name, space=space, trials=trials, base=base,
+                           protocol={"baseline_repeats": 1, "top_k": 0, "numerics_tolerance": tolerance})
+    text = path.read_text() + "seed_trials:\n" + "".join(f"  - {json.dumps(s)}\n" for s in seeds)
+    path.write_text(text)
+    spec = load_study_spec(str(path))
+    import workbench.tune as tune
+
+    real = tune.detect_capabilities
+    # FP8 is an FP8-GPU knob; on the CPU torchao emulates it, which is what this test runs
+    monkeypatch.setattr(tune, "detect_capabilities", lambda gpus=1: real(gpus) | {"fp8"})
+    return Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+
+
+@needs_torchao
+def test_seeded_fp8_trials_pass_or_fail_the_guard(study_spec_file, tmp_path, monkeypatch):
+    """Two seeds and a budget of two: the seeds are the only trials, in order. Rowwise FP8 on the tiny model's
+    every Linear drifts from fp32 by more than a 1e-5 share of the loss (a deliberately tight tolerance), so it
+    fails with kind numerics and is infeasible; the fp32 seed passes untouched (no numerics knob changed)."""
+    tuner = _tuner(study_spec_file, tmp_path, monkeypatch, "guard",
+                   space={"fp8": {"choices": ["none", "rowwise"]}, "micro_batch_size": {"choices": [2, 4]}},
+                   seeds=[{"fp8": "rowwise", "micro_batch_size": 2}, {"fp8": "none"}], trials=2, tolerance=1e-5)
+    study = tuner.open()
+    assert [t.state for t in study.get_trials()] == [TrialState.WAITING] * 2  # queued once, before the search
+    tuner.run()
+    trials = study.get_trials()
+    assert [t.number for t in trials] == [0, 1] and [t.user_attrs["seed_trial"] for t in trials] == [0, 1]
+    fp8, plain = trials
+    assert fp8.params == {"fp8": "rowwise", "micro_batch_size": 2}
+    assert plain.params == {"fp8": "none", "micro_batch_size": 4}  # the base config's value for the rest
+    assert fp8.user_attrs["status"] == "numerics" and fp8.values == [0.0]
+    assert fp8.constraints["failed"] == 1.0
+    check = fp8.user_attrs["numerics"]
+    # micro-batch 2 on filled rows trains on the baseline's tokens: the baseline repeat is the reference, no twin
+    assert check["reference"] == "baseline" and check["passed"] is False and 1e-5 < check["rel_diff"] < 0.2
+    assert check["reference_loss"] == study.user_attrs["baseline_losses"][0]
+    assert "numerics" not in plain.user_attrs and plain.user_attrs["status"] == "ok"
+    assert not (tmp_path / "runs" / "guard" / "trials" / "0" / "numerics-twin").exists()
+    cfg = load_config(tmp_path / "runs" / "guard" / "config.yaml")
+    assert cfg.loongforge.compute_domain.fp8 == "none"
+
+
+@needs_torchao
+def test_guard_runs_a_twin_where_the_data_differs_and_passes_within_tolerance(study_spec_file, tmp_path,
+                                                                             monkeypatch):
+    """Bucketed records at another micro-batch group into other batches: the baseline is no reference, so the
+    candidate's twin (fp8 at its base value, same data) runs once; FP8 is within a 20% tolerance and passes."""
+    tuner = _tuner(study_spec_file, tmp_path, monkeypatch, "twin",
+                   space={"fp8": {"choices": ["none", "tensorwise"]}, "micro_batch_size": {"choices": [2, 4]}},
+                   seeds=[{"fp8": "tensorwise", "micro_batch_size": 2}], trials=1, tolerance=0.2,
+                   base={**BASE, "data": {**BASE["data"], "packing": "bucket"}})
+    study = tuner.open()
+    tuner.run()
+    (t,) = study.get_trials()
+    check = t.user_attrs["numerics"]
+    assert t.user_attrs["status"] == "ok" and t.values[0] > 0
+    assert check["reference"] == "twin" and check["passed"] is True and 0 < check["rel_diff"] <= 0.2
+    twin_dir = tmp_path / "runs" / "twin" / "trials" / "0" / "numerics-twin"
+    twin_cfg = load_config(twin_dir / "config.yaml")
+    assert twin_cfg.loongforge.compute_domain.fp8 == "none" and twin_cfg.data.micro_batch_size == 2
+    assert list(study.user_attrs["numerics_twins"].values()) == [check["reference_loss"]]
