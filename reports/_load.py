@@ -36,7 +36,7 @@ PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "
 """Step phases in step order; kept equal to ``workbench.timing.PHASES`` (not imported: that pulls in torch)."""
 
 OK = "ok"
-FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "compile_error", "invalid_config", "interrupted")
+FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config", "interrupted")
 
 
 def num(value: Any) -> float:
@@ -227,6 +227,8 @@ class StudyData:
     """``maximize``/``minimize`` per objective; empty when the study could not be loaded."""
     metric_names: list[str] = field(default_factory=list)
     """Name per objective (Optuna's metric names where set)."""
+    study_user_attrs: dict = field(default_factory=dict)
+    """The Optuna study's user attrs (noise floor, baseline runs and losses, ...)."""
     study_error: str | None = None
     """Why the Optuna study could not be loaded, when it could not."""
     validation: dict = field(default_factory=dict)
@@ -381,6 +383,7 @@ def _load_optuna(data: StudyData) -> None:
         study = optuna.load_study(study_name=data.study_name, storage=url)
         data.trials = sorted(study.get_trials(deepcopy=False), key=lambda t: t.number)
         data.directions = [d.name.lower() for d in study.directions]
+        data.study_user_attrs = dict(study.user_attrs)
         data.study_name = study.study_name
         names = study.metric_names
         data.metric_names = list(names) if names else _default_metric_names(len(data.directions))

@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from reports._load import PHASES, RunData, StudyData, _flatten, knob_key, lookup_key, mask_url, num
+from reports.sections_numerics import CompileSection, NumericsSection, compile_section, numerics_section
 
 __all__ = [
     "SECTIONS",
@@ -1108,6 +1109,8 @@ SECTIONS: tuple[tuple[str, str, Callable[[StudyData], Any]], ...] = (
     ("summary", "Summary", summary_section),
     ("search", "Search", search_section),
     ("time", "Where the time goes", time_section),
+    ("compile", "Compile time", compile_section),
+    ("numerics", "Numerics", numerics_section),
     ("memory", "Memory", memory_section),
     ("kernels", "Kernels", kernels_section),
     ("data", "Data", data_section),
@@ -1122,6 +1125,8 @@ class ReportData(NamedTuple):
     summary: Summary | SectionFailed
     search: Search | SectionFailed
     time: TimeSection | SectionFailed
+    compile: CompileSection | SectionFailed
+    numerics: NumericsSection | SectionFailed
     memory: Memory | SectionFailed
     kernels: Kernels | SectionFailed
     data: DataSection | SectionFailed
