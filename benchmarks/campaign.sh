@@ -1,10 +1,13 @@
 #!/bin/bash
-# The one-GPU campaign for gr00t-n1.6 (issue 8), in phases that each fit a 10-minute command and resume where a
-# previous call stopped (the studies' storage lives under $RUNS; carry it between calls).
+# The one-GPU campaign for gr00t-n1.6, in phases that each fit a 10-minute command and resume where a previous
+# call stopped (the studies' storage lives under $RUNS; carry it between calls).
 #
-#   bash benchmarks/campaign.sh search   RUNS OUT   # the proxy study (4 blocks): search, validate, export
+#   bash benchmarks/campaign.sh search   RUNS OUT   # the full-depth study: seeds, search, validate, export
+#   bash benchmarks/campaign.sh compare  RUNS OUT   # side by side in one call: exported config, study base,
+#                                                   # reference loop eager and compiled (micro-batch 8 and 16)
+#   bash benchmarks/campaign.sh converge RUNS OUT   # FP8 vs bf16 over 500 steps on the same data
+#   bash benchmarks/campaign.sh quick    RUNS OUT   # a quick look: the 4-block proxy study (not the full model)
 #   bash benchmarks/campaign.sh grid     RUNS OUT   # the 18-configuration grid of the proxy (resumable)
-#   bash benchmarks/campaign.sh compare  RUNS OUT   # full depth: exported vs base config vs reference (PASS=2: again)
 #   bash benchmarks/campaign.sh replay   RUNS OUT   # CPU: the samplers replayed against the measured grid
 #
 # RUNS: the tuner's --out (studies, trials, exported config.yaml, report.html); OUT: benchmark results.
@@ -18,35 +21,37 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 
 case "$phase" in
 search)
-    # stops starting trials after 420 s; a second call resumes the same study (Optuna storage under RUNS)
+    # stops starting trials after 500 s; a second call resumes the same study (Optuna storage under RUNS)
+    python -m workbench.tune --study gr00t-n1.6 --out "$RUNS" --timeout 500 --no-progress
+    cp "$RUNS/gr00t-n1.6/config.yaml" "$OUT/exported-config.yaml"
+    cp "$RUNS/gr00t-n1.6/report.html" "$OUT/report-gr00t-n1.6.html"   # for benchmarks/reports/
+    ;;
+compare)
+    # each variant in its own process, interleaved: the compiled reference and the exported config twice (their
+    # ratio per pair gives the interval), the study's base, the eager reference, and the compiled reference at the
+    # winner's micro-batch of 16 (what a bigger micro-batch alone gives a plain loop); every ref_* accumulates to the
+    # study's global batch of 32 sequences, so optimizer steps per token match
+    python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 --global-batch 32 \
+        --steps 8 --warmup 3 --log-every 4 --timeout 260 --wb-config "$RUNS/gr00t-n1.6/config.yaml" \
+        --wb-base "$RUNS/gr00t-n1.6/baseline/0/config.yaml" \
+        --variants ref_compiled,wb_config,wb_base,ref_eager,ref_compiled,wb_config,ref_compiled@16 --out "$OUT/compare"
+    ;;
+converge)
+    python benchmarks/convergence.py --preset gr00t-n1.6 --steps 500 --micro-batch 4 --seq-len 2048 \
+        --variants bf16,fp8_tensorwise --out "$OUT/convergence"
+    ;;
+quick)
     python -m workbench.tune --study gr00t-n1.6-proxy --out "$RUNS" --timeout 420 --no-progress
-    cp "$RUNS/gr00t-n1.6-proxy/config.yaml" "$OUT/exported-proxy-config.yaml"
-    cp "$RUNS/gr00t-n1.6-proxy/report.html" "$OUT/report-gr00t-n1.6-proxy.html"   # for benchmarks/reports/
     ;;
 grid)
     python -m workbench.tune --study gr00t-n1.6-grid --out "$RUNS" --timeout 520 --no-progress --no-report
-    ;;
-compare)
-    # the exported winner and the study's untuned base config at full depth (the proxy's model file swapped for
-    # the gr00t-n1.6 preset), against the plain reference loop eager and compiled: one pass of the four (about
-    # 7 minutes on an H200); PASS=2 runs them in a rotated order into compare2 (a second call, or a second GPU)
-    if [ "${PASS:-1}" = 2 ]; then
-        variants=wb_config,ref_compiled,wb_base,ref_eager; dest=compare2
-    else
-        variants=ref_eager,wb_base,wb_config,ref_compiled; dest=compare
-    fi
-    python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 --steps 16 --warmup 6 \
-        --log-every 4 --timeout 330 --wb-config "$RUNS/gr00t-n1.6-proxy/config.yaml" \
-        --wb-base "$RUNS/gr00t-n1.6-proxy/baseline/0/config.yaml" \
-        --wb-config-set model.name=gr00t-n1.6 --wb-config-set model.config_path=null \
-        --variants $variants --out "$OUT/$dest"
     ;;
 replay)
     python benchmarks/sampler_efficiency.py --grid "$RUNS/gr00t-n1.6-grid" --spec gr00t-n1.6-proxy --seeds 200 \
         --out "$OUT/sampler_efficiency"
     ;;
 *)
-    echo "campaign.sh: unknown phase '$phase' (search, grid, compare, replay)" >&2
+    echo "campaign.sh: unknown phase '$phase' (search, compare, converge, quick, grid, replay)" >&2
     exit 2
     ;;
 esac

@@ -11,7 +11,9 @@ variant, repeat and metric, with GPU name, versions, timestamp and the config),
 the per-variant summaries as JSON, and a table printed last.
 
 Variants:
-  ref_eager / ref_compiled         benchmarks/reference_loop.py (nanoGPT style), eager / torch.compile
+  ref_eager / ref_compiled         benchmarks/reference_loop.py (nanoGPT style), eager / torch.compile, at
+                                   --micro-batch; ``ref_compiled@16`` at micro-batch 16 (both accumulate to
+                                   --global-batch when it is given)
   wb_eager                         python -m workbench.train, eager
   wb_eager_notiming                the same with metrics.phase_timing=false (instrumentation overhead)
   wb_compiled                      compile=default
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -68,10 +71,13 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
     d.mkdir(parents=True, exist_ok=True)
     env = child_env()
     if name.startswith("ref_"):
+        kind, _, mb = name.partition("@")
         cmd = [sys.executable, str(ROOT / "benchmarks" / "reference_loop.py"), "--preset", a.preset,
-               "--micro-batch", str(a.micro_batch), "--seq-len", str(a.seq_len), "--steps", str(a.steps),
+               "--micro-batch", mb or str(a.micro_batch), "--seq-len", str(a.seq_len), "--steps", str(a.steps),
                "--warmup", str(a.warmup), "--json", str(d / "summary.json")]
-        if name == "ref_compiled":
+        if a.global_batch:
+            cmd += ["--global-batch", str(a.global_batch)]
+        if kind == "ref_compiled":
             cmd.append("--compile")
     elif name in AS_IS:
         sets = [f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
@@ -123,9 +129,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wb-config-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for the wb_config and wb_base variants (repeatable)")
     p.add_argument("--wb-base", help="config.yaml for the wb_base variant (a study's base config)")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step of the ref_* variants")
+    p.add_argument("--reference", default="ref_compiled", help="variant the ratios table divides by")
     a = p.parse_args(argv)
     unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
-               and v not in ("ref_eager", "ref_compiled")]
+               and v.partition("@")[0] not in ("ref_eager", "ref_compiled")]
     if unknown:
         p.error(f"unknown variants {unknown}; known: ref_eager, ref_compiled, {', '.join([*WB_SETS, *AS_IS])}")
     out = Path(a.out)
@@ -134,6 +142,16 @@ def main(argv: list[str] | None = None) -> None:
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     seen: dict[str, int] = {}
     results = []
+    config = f"preset={a.preset} micro_batch={a.micro_batch} seq_len={a.seq_len} steps={a.steps} warmup={a.warmup}"
+    if a.global_batch:
+        config += f" global_batch={a.global_batch}"
+    if a.wb_config_set:  # the overrides of wb_config / wb_base: part of what was measured
+        config += " wb_config_set=" + ";".join(a.wb_config_set)
+    common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
+              "commit": _commit(), "timestamp": stamp, "config": config}
+    import pandas as pd
+
+    df = pd.DataFrame()
     for name in a.variants.split(","):
         rep = seen[name] = seen.get(name, -1) + 1
         res = run_variant(name, a, out, rep)
@@ -143,22 +161,16 @@ def main(argv: list[str] | None = None) -> None:
               f"{res.get('throughput/real_tokens_per_s_per_gpu') or 0:,.0f} tok/s", flush=True)
         if res["returncode"]:
             print(res.get("log_tail", "")[-1500:], flush=True)
-    (out / "loop_bench.json").write_text(json.dumps(results, indent=1, default=str))
-    rows = []
-    config = f"preset={a.preset} micro_batch={a.micro_batch} seq_len={a.seq_len} steps={a.steps} warmup={a.warmup}"
-    if a.wb_config_set:  # the overrides of wb_config / wb_base: part of what was measured
-        config += " wb_config_set=" + ";".join(a.wb_config_set)
-    common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
-              "timestamp": stamp, "config": config}
-    for r in results:
-        values = [(m, r[m]) for m in METRICS if r.get(m) is not None]
-        values += [(f"time/{ph}_s", v) for ph, v in (r.get("phase_s_per_step") or {}).items() if v is not None]
-        rows += [{"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"], "metric": m, "value": v,
-                  **common} for m, v in values]
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    df.to_csv(out / "loop_bench.csv", index=False)
+        # written after every variant: a run cut short keeps what it measured
+        (out / "loop_bench.json").write_text(json.dumps(results, indent=1, default=str))
+        rows = []
+        for r in results:
+            values = [(m, r[m]) for m in METRICS if r.get(m) is not None]
+            values += [(f"time/{ph}_s", v) for ph, v in (r.get("phase_s_per_step") or {}).items() if v is not None]
+            rows += [{"benchmark": "loop", "variant": r["variant"], "repeat": r["repeat"], "metric": m, "value": v,
+                      **common} for m, v in values]
+        df = pd.DataFrame(rows)
+        df.to_csv(out / "loop_bench.csv", index=False)
     if df.empty:
         print("no results")
         return
@@ -169,6 +181,37 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{ver}\n{config}")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:,.4g}".format):
         print(wide[cols].rename(columns=lambda c: c.split("/")[-1]))
+    print(ratio_table(df, a.reference))
+
+
+def ratio_table(df, reference: str) -> str:
+    """Each variant's real tokens/s over the reference's, repeat by repeat (repeat i of a variant against repeat i
+    of the reference, else the reference's median), with the median and, from two pairs on, the 95% t-interval of
+    the ratio (workbench.stats.speedup_interval)."""
+    from workbench.stats import speedup_interval
+
+    tok = df[df["metric"] == "throughput/real_tokens_per_s_per_gpu"]
+    ref = tok[tok["variant"] == reference].sort_values("repeat")["value"].tolist()
+    if not ref:
+        return f"no {reference} run to divide by"
+    lines = [f"real tokens/s over {reference} (median {statistics.median(ref):,.0f}):"]
+    for name, g in tok.groupby("variant", sort=False):
+        vals = g.sort_values("repeat")["value"].tolist()
+        ratios = [v / (ref[i] if i < len(ref) else statistics.median(ref)) for i, v in enumerate(vals)]
+        iv = speedup_interval(ratios)
+        ci = f"[{iv.low:.3f}, {iv.high:.3f}]" if len(ratios) > 1 else "(one pair)"
+        lines.append(f"  {name:22s} {iv.median:.3f}x {ci} over {len(ratios)} run(s)")
+    return "\n".join(lines)
+
+
+def _commit() -> str:
+    import subprocess
+
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
 
 
 if __name__ == "__main__":

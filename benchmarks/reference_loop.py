@@ -4,10 +4,12 @@ The yardstick for the workbench's loop: no loader threads, no phase timer, no
 buckets. Batches are random windows of a flat uint16 token file (nanoGPT's
 ``get_batch``: np.memmap, pinned, non-blocking copy), the model is
 ``workbench.model.Llama`` with the torch ops, AdamW is fused, attention is SDPA,
-bf16 autocast; optionally ``torch.compile`` of the model's loss.
+bf16 autocast; optionally ``torch.compile`` of the model's loss. With ``--global-batch G`` an optimizer step
+accumulates G / micro-batch micro-batches, as the workbench's loop does for the same global batch, so both
+take the same optimizer steps per token.
 
     python benchmarks/reference_loop.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 \
-        --steps 40 --warmup 10 [--compile] --json out.json
+        --global-batch 32 --steps 40 --warmup 10 [--compile] --json out.json
 
 Every token of a window is a real token (no padding), so its tokens/s is
 directly comparable with the workbench's real tokens/s.
@@ -35,6 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="gr00t-n1.6")
     p.add_argument("--micro-batch", type=int, default=8)
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step (default: one micro-batch)")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
@@ -52,6 +55,10 @@ def main(argv: list[str] | None = None) -> dict:
         write_bin(docs, data_path, eos_id=min(args.vocab_size, 65535) - 1)
     data = np.memmap(data_path, dtype=np.uint16, mode="r")
     B, T = a.micro_batch, a.seq_len
+    G = a.global_batch or B
+    if G % B:
+        p.error(f"--global-batch {G} is not a multiple of --micro-batch {B}")
+    accum = G // B
 
     def get_batch():  # nanoGPT: random windows, pinned, non_blocking
         ix = np.random.randint(0, len(data) - T - 1, B)
@@ -69,14 +76,17 @@ def main(argv: list[str] | None = None) -> dict:
     amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
 
     def step(x):
-        with amp:
-            loss_sum, n = loss_fn(x, pos, mask)
-            loss = loss_sum / n
-        loss.backward()
+        for i in range(accum):  # the next micro-batch's copy is issued before this one's compute
+            nxt = get_batch() if i < accum - 1 else None
+            with amp:
+                loss_sum, n = loss_fn(x, pos, mask)
+                loss = loss_sum / n / accum
+            loss.backward()
+            x = nxt if nxt is not None else x
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss
+        return loss * accum
 
     x = get_batch()
     for _ in range(a.warmup):
@@ -107,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict:
         stamps.append(time.perf_counter())
         times = [b_ - a_ for a_, b_ in zip(stamps, stamps[1:])]
     wall = time.perf_counter() - t0
-    tok_s = a.steps * B * T / wall
+    tok_s = a.steps * G * T / wall
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = peak_tflops(name)
     out = {
@@ -123,7 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         "memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
         else None,
         "last_loss": float(loss.detach()),
-        "steps": a.steps, "micro_batch": B, "seq_len": T, "gpu_name": name,
+        "steps": a.steps, "micro_batch": B, "global_batch": G, "grad_accum_steps": accum, "seq_len": T,
+        "gpu_name": name,
     }
     print(json.dumps(out))
     if a.json:
