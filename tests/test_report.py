@@ -37,7 +37,8 @@ from reports import build_report, compute_sections
 from reports._load import PHASES
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION_IDS = ("summary", "search", "time", "memory", "kernels", "data", "trials", "environment")
+SECTION_IDS = ("summary", "search", "time", "compile", "numerics", "memory", "kernels", "data", "trials",
+               "environment")
 
 # --------------------------------------------------------------------------- the fixture generator
 
@@ -702,8 +703,8 @@ def test_html_well_formed_and_self_contained(page):
 
 
 def test_html_sections_and_content(page, fx):
-    for i, heading in enumerate(("Summary", "Search", "Where the time goes", "Memory", "Kernels", "Data",
-                                 "Trials", "Environment"), start=1):
+    for i, heading in enumerate(("Summary", "Search", "Where the time goes", "Compile time", "Numerics", "Memory",
+                                 "Kernels", "Data", "Trials", "Environment"), start=1):
         assert f"<h2>{i}. {heading}</h2>" in page
     assert 'class="section-error"' not in page and "section-error" not in page
     assert "Memory analysis not run" in page and "No kernel sweep ran" in page
