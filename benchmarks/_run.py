@@ -28,3 +28,12 @@ def run_logged(cmd: list[str], log_path: Path, *, env: dict[str, str], timeout: 
         except subprocess.TimeoutExpired:
             log.write(f"\n{who}: killed after --timeout {timeout} s\n")
             return 124
+
+
+def commit() -> str:
+    """The checkout's short commit hash, for the results' ``commit`` column ("unknown" outside git)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"

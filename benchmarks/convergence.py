@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _run import ROOT, child_env, run_logged
+from _run import ROOT, child_env, commit, run_logged
 
 sys.path.insert(0, str(ROOT))
 from workbench.fingerprint import versions  # noqa: E402
@@ -30,14 +29,6 @@ VARIANTS = {
     "fp8_rowwise": ["loongforge.compute_domain.fp8=rowwise"],
     "fp8_rowwise_with_gw_hp": ["loongforge.compute_domain.fp8=rowwise_with_gw_hp"],
 }
-
-
-def _commit() -> str:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
              f"warmup={a.warmup_steps} packing=fill compile=default/layer"
     ver = versions(("gpu", "torch", "triton", "cuda", "python"))
     common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
-              "commit": _commit(), "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+              "commit": commit(), "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
               "config": config}
     import pandas as pd
 

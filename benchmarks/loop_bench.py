@@ -45,7 +45,7 @@ import sys
 import time
 from pathlib import Path
 
-from _run import ROOT, child_env, run_logged
+from _run import ROOT, child_env, commit, run_logged
 
 sys.path.insert(0, str(ROOT))
 from workbench.fingerprint import versions  # noqa: E402
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.wb_config_set:  # the overrides of wb_config / wb_base: part of what was measured
         config += " wb_config_set=" + ";".join(a.wb_config_set)
     common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
-              "commit": _commit(), "timestamp": stamp, "config": config}
+              "commit": commit(), "timestamp": stamp, "config": config}
     import pandas as pd
 
     df = pd.DataFrame()
@@ -203,15 +203,6 @@ def ratio_table(df, reference: str) -> str:
         lines.append(f"  {name:22s} {iv.median:.3f}x {ci} over {len(ratios)} run(s)")
     return "\n".join(lines)
 
-
-def _commit() -> str:
-    import subprocess
-
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 if __name__ == "__main__":

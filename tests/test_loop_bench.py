@@ -60,3 +60,20 @@ def test_wb_base_and_a_variant_over_its_timeout(tmp_path):
 def test_unknown_variant_is_named():
     r = loop_bench("--variants", "wb_eager,wb_turbo", timeout=120)
     assert r.returncode == 2 and "unknown variants ['wb_turbo']" in r.stderr
+
+
+def test_reference_accumulates_to_the_global_batch_and_ratios_are_printed(tmp_path):
+    """ref_eager@N runs the plain loop at micro-batch N; with --global-batch every optimizer step accumulates
+    to that many sequences (what the workbench's loop does), and tokens/s counts all of them."""
+    out = tmp_path / "lb"
+    r = loop_bench("--preset", "tiny", "--seq-len", "128", "--micro-batch", "2", "--global-batch", "4", "--steps",
+                   "2", "--warmup", "1", "--variants", "ref_eager,ref_eager@4", "--reference", "ref_eager",
+                   "--out", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    accum = json.loads((out / "ref_eager-0" / "summary.json").read_text())
+    whole = json.loads((out / "ref_eager@4-0" / "summary.json").read_text())
+    assert (accum["micro_batch"], accum["global_batch"], accum["grad_accum_steps"]) == (2, 4, 2)
+    assert (whole["micro_batch"], whole["global_batch"], whole["grad_accum_steps"]) == (4, 4, 1)
+    step_tokens = accum["throughput/real_tokens_per_s_per_gpu"] * accum["time/step_s"]
+    assert abs(step_tokens - 4 * 128) < 1e-6 * step_tokens  # G x T tokens per optimizer step
+    assert "real tokens/s over ref_eager" in r.stdout and "ref_eager@4" in r.stdout.split("over ref_eager")[1]
