@@ -41,7 +41,11 @@ Integrity
     (checked on every read, before decompressing); each zstd frame carries
     zstd's own checksum of its decompressed content (catches a damaged
     dictionary); and the manifest's ``checksums`` hold the xxh3-64 of the index
-    file and of every dictionary (checked by ``python -m loaders.verify``).
+    file (checked by ``ShardSet`` when it opens the directory) and of every
+    dictionary (checked by ``python -m loaders.verify``). On open ``ShardSet``
+    also checks every record against its frame and bucket (contiguous, inside
+    the frame's tokens, 1 to the bucket's length long), so a damaged index is
+    a ``ShardFormatError`` naming the record, never a batch built from it.
 
 Index file ``index.lbx`` (little-endian)
     A 128-byte header::
@@ -152,6 +156,10 @@ MIN_FRAME_BYTES, MAX_FRAME_BYTES = 64 * 1024, 1024 * 1024
 # reached 98.1% (5.87x), 512 KiB 106% (6.36x) but doubles training time per
 # bucket. 256 KiB keeps random access per frame within 2% of one stream.
 DEFAULT_DICT_SIZE = 256 * 1024
+
+
+# Frames whose index rows are checked per step when a directory is opened (bounds the memory on huge ones).
+_CHECK_FRAME_BLOCK = 1 << 16
 
 
 class ShardFormatError(ValueError):
@@ -814,6 +822,7 @@ class ShardSet:
         if self.manifest.get("complete") is not True:
             raise ShardFormatError(f"{mpath}: does not say complete=true: the directory is incomplete")
         self._read_index(self.root / INDEX_NAME)
+        self._check_index_checksum(self.root / INDEX_NAME)
         self._local = threading.local()
         self._fds: dict[int, int] = {}
         self._fd_lock = threading.Lock()
@@ -837,6 +846,7 @@ class ShardSet:
                 if size < end:
                     raise ShardFormatError(f"{path}: truncated: {size} bytes, but frame {last} (the last of "
                                            f"bucket {L}) ends at byte {end}")
+        self._check_structure()
 
     def _read_index(self, path: Path) -> None:
         try:
@@ -906,6 +916,98 @@ class ShardSet:
         self.frame_first_rec, self.frame_n_rec = c["frame.first_rec"], c["frame.n_rec"]
         self.frame_xxh3 = c["frame.xxh3"]
         self.rec_offset, self.rec_length = c["rec.offset"], c["rec.length"]
+
+    def _check_index_checksum(self, path: Path) -> None:
+        """The index file against the manifest's xxh3-64 of it (a directory written before the manifest held
+        checksums is checked by the structure alone)."""
+        want = (self.manifest.get("checksums") or {}).get("index_xxh3")
+        if want is None:
+            return
+        if _file_xxh3(path) != want:
+            raise ShardFormatError(f"{path}: checksum mismatch (xxh3-64 differs from {MANIFEST_NAME}): the index is "
+                                   f"corrupt; re-run `python -m loaders.preprocess`")
+
+    def _check_structure(self) -> None:
+        """The index's structure (the rules of loaders.verify's check 1); the first bad item is named."""
+        s = self
+        max_len = int(self.manifest.get("max_len", int(np.max(self.bucket_length)) if self.n_buckets else 0))
+        idx = s.root / INDEX_NAME
+        nb, nf, nr = s.n_buckets, s.n_frames, s.n_records
+
+        def bad(what: str) -> ShardFormatError:
+            return ShardFormatError(f"{idx}: {what}")
+
+        if nb == 0 or nf == 0 or nr == 0:
+            raise bad(f"empty ({nb} buckets, {nf} frames, {nr} records)")
+        lengths = np.asarray(s.bucket_length, np.int64)
+        if np.any(np.diff(lengths) <= 0):
+            b = int(np.flatnonzero(np.diff(lengths) <= 0)[0]) + 1
+            raise bad(f"bucket {b}: bucket.length {lengths[b]} not above the previous one ({lengths[b - 1]})")
+        f0 = np.asarray(s.bucket_first_frame, np.int64)
+        nfr = np.asarray(s.bucket_n_frames, np.int64)
+        want_f0 = np.concatenate([[0], np.cumsum(nfr)[:-1]])
+        for b in range(nb):
+            if nfr[b] < 1 or f0[b] != want_f0[b]:
+                raise bad(f"bucket {b} (length {lengths[b]}): frames {f0[b]}+{nfr[b]}, expected a non-empty range "
+                          f"starting at {want_f0[b]}")
+        if int(nfr.sum()) != nf:
+            raise bad(f"bucket.nframes add up to {int(nfr.sum())}, the header says {nf} frames")
+        per_tok = s.tok_dtype.itemsize + s.pos_dtype.itemsize + 1
+
+        for b in range(nb):  # frames of a bucket are back to back and fill its data file exactly
+            a, z = int(f0[b]), int(f0[b] + nfr[b])
+            fb = np.asarray(s.frame_bucket[a:z], np.int64)
+            if np.any(fb != b):
+                f = a + int(np.flatnonzero(fb != b)[0])
+                raise bad(f"frame {f}: frame.bucket {fb[f - a]}, expected {b}")
+            off = np.asarray(s.frame_offset[a:z], np.int64)
+            clen = np.asarray(s.frame_clen[a:z], np.int64)
+            want = np.concatenate([[0], np.cumsum(clen)[:-1]])
+            if np.any(off != want):
+                f = a + int(np.flatnonzero(off != want)[0])
+                raise bad(f"frame {f}: frame.offset {off[f - a]}, expected {want[f - a]} (frames are back to back)")
+            path = s.data_path_for_length(int(lengths[b]))
+            size, end = path.stat().st_size, int(clen.sum())
+            if size < end:  # trailing bytes are harmless to a reader; loaders.verify names them
+                raise ShardFormatError(f"{path}: {size} bytes, its {z - a} frames add up to {end} (truncated)")
+
+        next_rec = 0
+        for fa in range(0, nf, _CHECK_FRAME_BLOCK):  # records: numbering, offsets, lengths, buckets
+            fz = min(nf, fa + _CHECK_FRAME_BLOCK)
+            first = np.asarray(s.frame_first_rec[fa:fz], np.int64)
+            nrec = np.asarray(s.frame_n_rec[fa:fz], np.int64)
+            want = next_rec + np.concatenate([[0], np.cumsum(nrec)[:-1]])
+            if np.any(nrec < 1) or np.any(first != want):
+                i = int(np.flatnonzero((nrec < 1) | (first != want))[0])
+                raise bad(f"frame {fa + i}: records {first[i]}+{nrec[i]}, expected a non-empty range starting at "
+                          f"{want[i]}")
+            ra, rz = int(first[0]), int(first[-1] + nrec[-1])
+            if rz > nr:
+                raise bad(f"frame {fz - 1}: records up to {rz}, the header says {nr} records")
+            next_rec = rz
+            rlen = np.asarray(s.rec_length[ra:rz], np.int64)
+            roff = np.asarray(s.rec_offset[ra:rz], np.int64)
+            rec_frame = np.repeat(np.arange(fa, fz), nrec)
+            start = np.cumsum(rlen) - rlen
+            want_off = start - np.repeat(start[first - ra], nrec)
+            if np.any(roff != want_off):
+                i = int(np.flatnonzero(roff != want_off)[0])
+                raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.offset {roff[i]}, expected {want_off[i]} "
+                          f"(records are back to back)")
+            blen = lengths[np.asarray(s.frame_bucket[fa:fz], np.int64)][rec_frame - fa]
+            want_blen = np.minimum(max_len, -(-rlen // s.bucket_width) * s.bucket_width)
+            if np.any(rlen < 1) or np.any(blen != want_blen):
+                i = int(np.flatnonzero((rlen < 1) | (blen != want_blen))[0])
+                raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.length {rlen[i]} does not belong in bucket "
+                          f"{blen[i]} (expected bucket {bucket_length(max(int(rlen[i]), 1), s.bucket_width, max_len)})")
+            toks = np.add.reduceat(rlen, first - ra)
+            dlen = np.asarray(s.frame_dlen[fa:fz], np.int64)
+            if np.any(dlen != toks * per_tok):
+                i = int(np.flatnonzero(dlen != toks * per_tok)[0])
+                raise bad(f"frame {fa + i}: frame.dlen {dlen[i]}, its records hold {toks[i]} tokens = "
+                          f"{toks[i] * per_tok} bytes")
+        if next_rec != nr:
+            raise bad(f"frames hold {next_rec} records, the header says {nr}")
 
     def col(self, name: str) -> np.ndarray:
         return self._cols[name]

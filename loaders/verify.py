@@ -3,17 +3,17 @@
 Checks, in order, stopping at the first bad item:
 
 1. the directory opens as complete (``ShardSet``: manifest says complete,
-   index header, magic, version, columns, dictionaries and data files present,
-   no data file shorter than its frames);
-2. the manifest's checksums of the index and of every dictionary (xxh3-64);
-3. the index structure: buckets sorted with contiguous frame ranges, frames of
-   a bucket back to back from offset 0, each data file exactly as long as its
-   frames, records numbered contiguously, record offsets back to back inside
-   each frame, every record in the bucket its length rounds to, each frame's
-   decompressed size equal to its records' tokens;
-4. the manifest against the index (records, real tokens, buckets, padding,
+   index header, magic, version, columns, the index's checksum against the
+   manifest, dictionaries and data files present, and the index structure:
+   buckets sorted with contiguous frame ranges, frames of a bucket back to back
+   from offset 0, each data file exactly as long as its frames, records
+   numbered contiguously, record offsets back to back inside each frame, every
+   record in the bucket its length rounds to, each frame's decompressed size
+   equal to its records' tokens);
+2. the manifest's checksum of every dictionary (xxh3-64);
+3. the manifest against the index (records, real tokens, buckets, padding,
    compressed and raw bytes);
-5. every frame: read, xxh3 of the compressed bytes, zstd decompression with
+4. every frame: read, xxh3 of the compressed bytes, zstd decompression with
    the bucket's dictionary (zstd's content checksum included), decompressed
    size, token ids < vocabulary size, position ids restarting at 0 at every
    record and counting up by one, loss mask values 0/1.
@@ -34,22 +34,14 @@ from pathlib import Path
 
 import numpy as np
 
-from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet, _file_xxh3, bucket_length
+from loaders.format import MANIFEST_NAME, ShardFormatError, ShardSet, _file_xxh3
 
 __all__ = ["verify", "summary", "format_summary", "main"]
-
-# Frames whose index rows are checked per step (bounds verify's memory on huge directories).
-_FRAME_BLOCK = 1 << 16
-
 
 def _check_checksums(s: ShardSet) -> None:
     sums = s.manifest.get("checksums")
     if sums is None:
         return  # written before checksums were recorded: the per-frame checks still run
-    idx = s.root / INDEX_NAME
-    if _file_xxh3(idx) != sums.get("index_xxh3"):
-        raise ShardFormatError(f"{idx}: checksum mismatch (xxh3-64 differs from {MANIFEST_NAME}): the index is "
-                               f"corrupt")
     for d in sorted({int(x) for x in s.bucket_dict.tolist() if x >= 0}):
         path = s.root / "dicts" / f"{d}.zdict"
         want = sums.get("dicts", {}).get(str(d))
@@ -60,85 +52,15 @@ def _check_checksums(s: ShardSet) -> None:
                                    f"{MANIFEST_NAME}): the dictionary is corrupt")
 
 
-def _check_index(s: ShardSet, max_len: int) -> None:
-    idx = s.root / INDEX_NAME
-    nb, nf, nr = s.n_buckets, s.n_frames, s.n_records
-
-    def bad(what: str) -> ShardFormatError:
-        return ShardFormatError(f"{idx}: {what}")
-
-    if nb == 0 or nf == 0 or nr == 0:
-        raise bad(f"empty ({nb} buckets, {nf} frames, {nr} records)")
-    lengths = np.asarray(s.bucket_length, np.int64)
-    if np.any(np.diff(lengths) <= 0):
-        b = int(np.flatnonzero(np.diff(lengths) <= 0)[0]) + 1
-        raise bad(f"bucket {b}: bucket.length {lengths[b]} not above the previous one ({lengths[b - 1]})")
-    f0 = np.asarray(s.bucket_first_frame, np.int64)
-    nfr = np.asarray(s.bucket_n_frames, np.int64)
-    want_f0 = np.concatenate([[0], np.cumsum(nfr)[:-1]])
-    for b in range(nb):
-        if nfr[b] < 1 or f0[b] != want_f0[b]:
-            raise bad(f"bucket {b} (length {lengths[b]}): frames {f0[b]}+{nfr[b]}, expected a non-empty range "
-                      f"starting at {want_f0[b]}")
-    if int(nfr.sum()) != nf:
-        raise bad(f"bucket.nframes add up to {int(nfr.sum())}, the header says {nf} frames")
-    per_tok = s.tok_dtype.itemsize + s.pos_dtype.itemsize + 1
-
-    for b in range(nb):  # frames of a bucket are back to back and fill its data file exactly
-        a, z = int(f0[b]), int(f0[b] + nfr[b])
-        fb = np.asarray(s.frame_bucket[a:z], np.int64)
-        if np.any(fb != b):
-            f = a + int(np.flatnonzero(fb != b)[0])
-            raise bad(f"frame {f}: frame.bucket {fb[f - a]}, expected {b}")
-        off = np.asarray(s.frame_offset[a:z], np.int64)
-        clen = np.asarray(s.frame_clen[a:z], np.int64)
-        want = np.concatenate([[0], np.cumsum(clen)[:-1]])
-        if np.any(off != want):
-            f = a + int(np.flatnonzero(off != want)[0])
-            raise bad(f"frame {f}: frame.offset {off[f - a]}, expected {want[f - a]} (frames are back to back)")
-        path = s.data_path_for_length(int(lengths[b]))
-        size, end = path.stat().st_size, int(clen.sum())
+def _check_data_sizes(s: ShardSet) -> None:
+    """Each data file exactly as long as its frames (a shorter one is refused when the directory opens)."""
+    for b, L in enumerate(s.bucket_length.tolist()):
+        frames = s.frames_of_bucket(b)
+        end = int(sum(int(s.frame_clen[f]) for f in frames))
+        path = s.data_path_for_length(L)
+        size = path.stat().st_size
         if size != end:
-            raise ShardFormatError(f"{path}: {size} bytes, its {z - a} frames add up to {end}"
-                                   + (" (truncated)" if size < end else " (trailing bytes)"))
-
-    next_rec = 0
-    for fa in range(0, nf, _FRAME_BLOCK):  # records: numbering, offsets, lengths, buckets
-        fz = min(nf, fa + _FRAME_BLOCK)
-        first = np.asarray(s.frame_first_rec[fa:fz], np.int64)
-        nrec = np.asarray(s.frame_n_rec[fa:fz], np.int64)
-        want = next_rec + np.concatenate([[0], np.cumsum(nrec)[:-1]])
-        if np.any(nrec < 1) or np.any(first != want):
-            i = int(np.flatnonzero((nrec < 1) | (first != want))[0])
-            raise bad(f"frame {fa + i}: records {first[i]}+{nrec[i]}, expected a non-empty range starting at "
-                      f"{want[i]}")
-        ra, rz = int(first[0]), int(first[-1] + nrec[-1])
-        if rz > nr:
-            raise bad(f"frame {fz - 1}: records up to {rz}, the header says {nr} records")
-        next_rec = rz
-        rlen = np.asarray(s.rec_length[ra:rz], np.int64)
-        roff = np.asarray(s.rec_offset[ra:rz], np.int64)
-        rec_frame = np.repeat(np.arange(fa, fz), nrec)
-        start = np.cumsum(rlen) - rlen
-        want_off = start - np.repeat(start[first - ra], nrec)
-        if np.any(roff != want_off):
-            i = int(np.flatnonzero(roff != want_off)[0])
-            raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.offset {roff[i]}, expected {want_off[i]} "
-                      f"(records are back to back)")
-        blen = lengths[np.asarray(s.frame_bucket[fa:fz], np.int64)][rec_frame - fa]
-        want_blen = np.minimum(max_len, -(-rlen // s.bucket_width) * s.bucket_width)
-        if np.any(rlen < 1) or np.any(blen != want_blen):
-            i = int(np.flatnonzero((rlen < 1) | (blen != want_blen))[0])
-            raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.length {rlen[i]} does not belong in bucket "
-                      f"{blen[i]} (expected bucket {bucket_length(max(int(rlen[i]), 1), s.bucket_width, max_len)})")
-        toks = np.add.reduceat(rlen, first - ra)
-        dlen = np.asarray(s.frame_dlen[fa:fz], np.int64)
-        if np.any(dlen != toks * per_tok):
-            i = int(np.flatnonzero(dlen != toks * per_tok)[0])
-            raise bad(f"frame {fa + i}: frame.dlen {dlen[i]}, its records hold {toks[i]} tokens = "
-                      f"{toks[i] * per_tok} bytes")
-    if next_rec != nr:
-        raise bad(f"frames hold {next_rec} records, the header says {nr}")
+            raise ShardFormatError(f"{path}: {size} bytes, its {len(frames)} frames add up to {end} (trailing bytes)")
 
 
 def _check_manifest(s: ShardSet) -> None:
@@ -196,9 +118,8 @@ def verify(root: str | os.PathLike, *, progress: bool = False) -> dict:
     frame, record, column, dictionary or manifest key.
     """
     with ShardSet(root) as s:
-        max_len = int(s.manifest.get("max_len", int(np.max(s.bucket_length))))
         _check_checksums(s)
-        _check_index(s, max_len)
+        _check_data_sizes(s)
         _check_manifest(s)
         frames = range(s.n_frames)
         if progress:

@@ -84,10 +84,11 @@ def classify_exception(e: BaseException) -> str:
     """Map an exception to a DESIGN.md failure kind."""
     import torch
 
+    from loaders.format import ShardFormatError
     from workbench.config import ConfigError
     from workbench.loop import NanLossError
 
-    if isinstance(e, ConfigError):
+    if isinstance(e, (ConfigError, ShardFormatError)):  # the config's data.loongbin_dir is unusable as it is
         return "invalid_config"
     if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
         return "oom"
