@@ -207,7 +207,14 @@ def test_yaml_quirks() -> None:
     )
     assert cfg.training.learning_rate == 3e-4
     assert cfg.provenance is not None and cfg.provenance.created == "2025-01-02T03:04:05"
-    assert loads_config("") == Config()  # an empty file is the default config
+    # an empty (or comments-only) file is a mistake, refused in one line; a NUL byte likewise
+    for text in ("", "\n\n", "# nothing here\n"):
+        with pytest.raises(ConfigError, match=r"^run\.yaml: is empty; expected a YAML config \(to run a preset's "
+                                              r"defaults, pass --preset NAME instead of --config\)$"):
+            loads_config(text, source="run.yaml")
+    with pytest.raises(ConfigError, match=r"^run\.yaml:2: holds a NUL byte \(character 11\); expected a YAML "
+                                          r"config \(is it a binary file\?\)$"):
+        loads_config("model:\n  na\0me: tiny\n", source="run.yaml")
     # an int is accepted where a float is expected, and stored as a float
     assert type(loads_config("training:\n  learning_rate: 1\n").training.learning_rate) is float
 

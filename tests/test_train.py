@@ -165,6 +165,20 @@ def test_unreadable_config_file_is_a_config_error(tmp_path, subprocess_env):
     assert json.loads((tmp_path / "o" / "failure.json").read_text())["kind"] == "invalid_config"
 
 
+@pytest.mark.parametrize(("content", "words"), [
+    (b"", "is empty; expected a YAML config (to run a preset's defaults, pass --preset NAME instead of --config)"),
+    (b"model:\n  name: tiny\x00\n", "holds a NUL byte (character 19); expected a YAML config"),
+])
+def test_an_empty_or_binary_config_is_refused_in_one_line(tmp_path, subprocess_env, content, words):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(content)
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--config", str(path), "--synthetic", "--out",
+                        str(tmp_path / "o")], env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and not (tmp_path / "o" / "phases.csv").exists()  # nothing trained
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
+
+
 def test_ctrl_c_leaves_a_usable_checkpoint(synth, tmp_path, subprocess_env):
     cfg = tmp_path / "c.yaml"
     ck = tmp_path / "ck"

@@ -1191,8 +1191,23 @@ def dump_config(cfg: Config, path: str | os.PathLike[str], *, comments: bool = T
     return path
 
 
+def check_yaml_text(text: str, source: str, what: str = "config") -> None:
+    """A NUL byte (a binary or damaged file) and a file with nothing in it are ConfigErrors of one line."""
+    nul = text.find("\0")
+    if nul >= 0:
+        line = text.count("\n", 0, nul) + 1
+        raise ConfigError(f"holds a NUL byte (character {nul}); expected a YAML {what} (is it a binary file?)",
+                          source=source, line=line)
+    if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
+        raise ConfigError(f"is empty; expected a YAML {what}"
+                          + (" (to run a preset's defaults, pass --preset NAME instead of --config)"
+                             if what == "config" else ""), source=source)
+
+
 def loads_config(text: str, source: str = "<string>") -> Config:
-    """Parse and validate YAML text; errors name ``source`` (and the line, for YAML syntax errors)."""
+    """Parse and validate YAML text; errors name ``source`` (and the line, for YAML syntax errors). An empty
+    text is refused: an empty file is a mistake, not a request for the defaults."""
+    check_yaml_text(text, source)
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as e:
@@ -1206,8 +1221,6 @@ def loads_config(text: str, source: str = "<string>") -> Config:
         raise ConfigError(message, source=source, line=line) from None
     except yaml.YAMLError as e:
         raise ConfigError(f"YAML error: {e}", source=source) from None
-    if data is None:
-        data = {}  # an empty file is the default config
     if not isinstance(data, Mapping):
         raise ConfigError(
             f"top level is {type(data).__name__}; expected a mapping of sections "

@@ -43,7 +43,8 @@ from typing import Any, Literal
 import yaml
 
 from workbench.config import (
-    MODEL_PRESETS, Config, ConfigError, from_dict, merge_overrides, preset_config, read_yaml_text, to_dict,
+    MODEL_PRESETS, Config, ConfigError, check_yaml_text, from_dict, merge_overrides, preset_config, read_yaml_text,
+    to_dict,
 )
 from workbench.knobs import get_knob, knob_names
 
@@ -497,6 +498,7 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Pa
 
 def loads_study_spec(text: str, source: str = "<string>", base_dir: Path | None = None) -> StudySpec:
     """Parse and validate a study spec from YAML text."""
+    check_yaml_text(text, source, "study spec")
     try:
         data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.YAMLError as e:
