@@ -99,3 +99,30 @@ def test_ctrl_c_then_kill_9_then_resume(study_spec_file, tmp_path, subprocess_en
     assert study.user_attrs["baseline_runs"] == baseline
     assert len(list((out / "resume" / "baseline").iterdir())) == 1
     assert (out / "resume" / "config.yaml").exists()
+
+
+def test_a_burst_of_ctrl_c_still_marks_the_running_trial(study_spec_file, tmp_path, subprocess_env):
+    """Five SIGINTs 20 ms apart while a real trial runs: the tuner exits 130 and the trial is FAIL/interrupted
+    in the storage, not left RUNNING; its process group is gone."""
+    spec = study_spec_file("resume", trials=3, protocol={"baseline_repeats": 1, "top_k": 0})
+    url = f"sqlite:///{(tmp_path / 'runs' / 'resume' / 'study.db').resolve()}"
+    cmd = [sys.executable, "-m", "workbench.tune", "--study", str(spec), "--out", "runs", "--no-progress",
+           "--no-report"]
+    # the default SIGINT disposition in the child, whatever the shell that runs the tests set
+    proc = subprocess.Popen(cmd, env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    study = _wait_for(proc, url, complete=1)
+    running = next(t for t in study.get_trials() if t.state == TrialState.RUNNING)
+    for _ in range(5):
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.02)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "marked FAIL (status interrupted)" in err
+    t = _study(url).trials[running.number]
+    assert t.state == TrialState.FAIL and t.user_attrs["status"] == "interrupted", (t.state, err[-2000:])
+    assert not any(x.state == TrialState.RUNNING for x in _study(url).get_trials())
+    end = time.monotonic() + 10
+    while _alive_group(running.user_attrs["pgid"]) and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not _alive_group(running.user_attrs["pgid"])

@@ -43,6 +43,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -389,7 +390,15 @@ def run_trial(
                 break
             time.sleep(poll_s)
     except BaseException:
-        _kill_group(proc)
+        # the child's group is ended whatever else arrives meanwhile (a burst of Ctrl-Cs): signals are held
+        held = {}
+        if threading.current_thread() is threading.main_thread():
+            held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            _kill_group(proc)
+        finally:
+            for sig, handler in held.items():
+                signal.signal(sig, handler)
         raise
     rc = proc.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -613,15 +613,25 @@ class Tuner:
                 if out.status == "ok":
                     self._guard_numerics(trial, params, cfg, out)
         except KeyboardInterrupt:
-            with contextlib.suppress(Exception):
-                trial.set_user_attr("status", "interrupted")
-                trial.set_user_attr("failure_reason", "interrupted (Ctrl-C or SIGTERM of the tuner)")
-                trial.set_user_attr("log_tail", read_log_tail(tdir))
-                trial.set_user_attr("config_path", str(tdir / "config.yaml"))
-                study.tell(trial, state=TrialState.FAIL)
+            self._mark_interrupted(trial)
             raise
         self._tell(trial, out)
         return out
+
+    def _mark_interrupted(self, trial: optuna.Trial) -> None:
+        """Tell a trial that Ctrl-C or SIGTERM stopped FAIL (status interrupted), once: more interrupts arriving
+        meanwhile are held off, and a trial already finished in the storage is left as it is."""
+        study = self.study
+        assert study is not None and self.storage is not None
+        tdir = self.study_dir / "trials" / str(trial.number)
+        with _interrupts_held(), contextlib.suppress(Exception):
+            if self.storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+                return
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("failure_reason", "interrupted (Ctrl-C or SIGTERM of the tuner)")
+            trial.set_user_attr("log_tail", read_log_tail(tdir))
+            trial.set_user_attr("config_path", str(tdir / "config.yaml"))
+            study.tell(trial, state=TrialState.FAIL)
 
     def _guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
         """The numerics guard (workbench.numerics): a trial that sets a numerics knob off its base value keeps
@@ -729,18 +739,22 @@ class Tuner:
             with warnings.catch_warnings():
                 warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
                 trial = study.ask()
-            with self._storage_heartbeat(trial._trial_id):
-                trial.set_user_attr("worker", self.me)
-                if self.budget is not None:
-                    earlier = sum(t.state in COUNTED_STATES for t in self._trials() if t.number < trial.number)
-                    if earlier >= self.budget:
-                        trial.set_user_attr("status", "skipped_budget")
-                        trial.set_user_attr("failure_reason", f"budget of {self.budget} trials already taken")
-                        study.tell(trial, state=TrialState.FAIL)
-                        if self.worker:
-                            return
-                        continue
-                out = self.run_one(trial)
+            try:
+                with self._storage_heartbeat(trial._trial_id):
+                    trial.set_user_attr("worker", self.me)
+                    if self.budget is not None:
+                        earlier = sum(t.state in COUNTED_STATES for t in self._trials() if t.number < trial.number)
+                        if earlier >= self.budget:
+                            trial.set_user_attr("status", "skipped_budget")
+                            trial.set_user_attr("failure_reason", f"budget of {self.budget} trials already taken")
+                            study.tell(trial, state=TrialState.FAIL)
+                            if self.worker:
+                                return
+                            continue
+                    out = self.run_one(trial)
+            except KeyboardInterrupt:  # wherever it landed, the asked trial does not stay RUNNING
+                self._mark_interrupted(trial)
+                raise
             self._log(self._trial_line(trial, out))
 
     # ------------------------------------------------------------------ validation
@@ -951,6 +965,21 @@ class Tuner:
         print("\n".join(lines), flush=True)
 
 
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while the body runs (the main thread only: elsewhere no handler can be set), so
+    that a burst of Ctrl-Cs cannot interrupt the bookkeeping of the first one."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
 def _as_dropped(items: Sequence[Mapping[str, str]]) -> list[Any]:
     from workbench.knobs import DroppedKnob
 
@@ -1154,6 +1183,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         tuner.run()
     except KeyboardInterrupt:
+        if threading.current_thread() is threading.main_thread():  # the rest of a burst of Ctrl-Cs changes nothing
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, signal.SIG_IGN)
         print(f"\ninterrupted: the running trial was stopped and marked FAIL (status interrupted); finished "
               f"trials are kept in {tuner.storage_url}.\nResume with: {_resume_hint()}", file=sys.stderr)
         return EXIT_INTERRUPTED
@@ -1175,7 +1207,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return EXIT_USAGE if isinstance(e, ConfigError) else EXIT_ERROR
     finally:
-        if threading.current_thread() is threading.main_thread():
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is _raise_keyboard_interrupt:
             signal.signal(signal.SIGTERM, prev)
 
 
