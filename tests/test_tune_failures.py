@@ -55,3 +55,37 @@ def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, 
     assert cfg.data.micro_batch_size == 4
     err = capsys.readouterr().err
     assert "trial 1: crash" in err and "trial 2: timeout" in err
+
+
+def test_a_trial_killed_from_outside_is_run_once_more(study_spec_file, tmp_path, subprocess_env):
+    """SIGKILL of a real training trial's process from outside, with no OOM behind it: the tuner keeps the first
+    attempt as trials/0.killed, runs the trial again, and records the result of the second attempt."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import optuna
+
+    path = study_spec_file("ext", space={"micro_batch_size": {"choices": [4]}}, trials=1,
+                           protocol={"baseline_repeats": 1, "top_k": 0})
+    url = f"sqlite:///{(tmp_path / 'runs' / 'ext' / 'study.db').resolve()}"
+    proc = subprocess.Popen([sys.executable, "-m", "workbench.tune", "--study", str(path), "--out", "runs",
+                             "--no-progress", "--no-report"], env=subprocess_env, cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    heartbeat = tmp_path / "runs" / "ext" / "trials" / "0" / "heartbeat"
+    end = time.monotonic() + 240
+    while not heartbeat.exists() and time.monotonic() < end:  # the trial's first step
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    study = optuna.load_study(study_name="ext", storage=url)
+    pgid = study.trials[0].user_attrs["pgid"]
+    os.kill(pgid, signal.SIGKILL)  # the train process (it leads its group), from outside
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    (t,) = optuna.load_study(study_name="ext", storage=url).get_trials()
+    assert t.user_attrs["status"] == "ok" and t.values[0] > 0, t.user_attrs.get("failure_reason")
+    assert "killed by SIGKILL from outside" in t.user_attrs["rerun"]["reason"]
+    assert (tmp_path / "runs" / "ext" / "trials" / "0.killed" / "log.txt").exists()
+    assert "running it once more before blaming its config" in err

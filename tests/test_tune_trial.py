@@ -74,3 +74,18 @@ def test_invalid_config_is_recorded_without_launch(tmp_path):
     assert out.status == "invalid_config" and out.failed
     assert json.loads((tmp_path / "i" / "failure.json").read_text())["kind"] == "invalid_config"
     assert "multiple of 3" in out.log_tail and not (tmp_path / "i" / "metrics.jsonl").exists()
+
+
+def test_a_sigkill_is_an_oom_only_with_evidence(spec, tmp_path, monkeypatch):
+    """SIGKILL with the memory cgroup's oom_kill count rising is an oom; without any sign of one it is a crash
+    marked as killed from outside (the tuner runs such a trial again)."""
+    import workbench.trial as trial_mod
+
+    monkeypatch.setenv(TEST_FAULT_ENV, "x:sigkill")
+    counts = iter([3, 4])
+    monkeypatch.setattr(trial_mod, "_oom_kills", lambda: next(counts))
+    out = run_trial(spec.trial_config({}), tmp_path / "oom", timeout_s=60, heartbeat_timeout_s=60, label="x")
+    assert out.status == "oom" and "oom_kill count rose" in out.failure_reason and not out.killed_from_outside
+    monkeypatch.setattr(trial_mod, "_oom_kills", lambda: 3)
+    out = run_trial(spec.trial_config({}), tmp_path / "ext", timeout_s=60, heartbeat_timeout_s=60, label="x")
+    assert out.status == "crash" and out.killed_from_outside and "from outside" in out.failure_reason

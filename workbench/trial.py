@@ -111,6 +111,9 @@ class TrialOutcome:
     wall_s: float = 0.0
     last_window: dict[str, Any] | None = None
     """The last metrics.jsonl record (memory and loss of a pruned or failed trial)."""
+    killed_from_outside: bool = False
+    """Ended by a SIGKILL that neither the watchdog sent nor an OOM explains (no kernel OOM kill recorded, memory
+    not near the host's): the config is not to blame; the tuner runs such a trial once more."""
 
     @property
     def failed(self) -> bool:
@@ -292,6 +295,50 @@ def _read_heartbeat(path: Path) -> str | None:
         return None
 
 
+def _oom_kills() -> int | None:
+    """The kernel's OOM-kill count of this process's memory cgroup (v2 ``memory.events``, v1
+    ``memory.oom_control``); None where neither can be read."""
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    paths = {}
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            paths["v2"] = path
+        elif "memory" in controllers.split(","):
+            paths["v1"] = path
+    candidates = []
+    if "v1" in paths:
+        candidates.append(Path("/sys/fs/cgroup/memory") / paths["v1"].lstrip("/") / "memory.oom_control")
+    if "v2" in paths:
+        candidates.append(Path("/sys/fs/cgroup") / paths["v2"].lstrip("/") / "memory.events")
+    for path in candidates:
+        try:
+            for line in path.read_text().splitlines():
+                key, _, value = line.partition(" ")
+                if key == "oom_kill":
+                    return int(value)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _host_memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024 / 2**30
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+HOST_MEMORY_SHARE_OOM = 0.9
+"""A SIGKILLed trial whose last window's RSS reached this share of the host's memory counts as an OOM."""
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -345,6 +392,7 @@ def run_trial(
     killed_reason = ""
     pruned = False
 
+    oom_kills_before = _oom_kills()
     t0 = time.monotonic()
     with open(trial_dir / "log.txt", "wb") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
@@ -443,8 +491,18 @@ def run_trial(
         reason = str(failure.get("message") or "")
         if rc is not None and rc < 0:
             kind = "crash"
-            reason = f"killed by {_signal_name(rc)}" + (
-                " (the host's OOM killer?)" if rc == -signal.SIGKILL else "") + (f"; {reason}" if reason else "")
+            reason = f"killed by {_signal_name(rc)}" + (f"; {reason}" if reason else "")
+            if rc == -signal.SIGKILL:
+                after = _oom_kills()
+                rss = (last_window or {}).get("memory/max_rss_gib")
+                host = _host_memory_gib()
+                if oom_kills_before is not None and after is not None and after > oom_kills_before:
+                    kind, reason = "oom", reason + " (the kernel's OOM killer: its oom_kill count rose)"
+                elif isinstance(rss, (int, float)) and host and rss >= HOST_MEMORY_SHARE_OOM * host:
+                    kind, reason = "oom", reason + f" (its RSS had reached {rss:.1f} of {host:.1f} GiB)"
+                else:
+                    out.killed_from_outside = True
+                    reason += " from outside (no OOM kill recorded, memory not near the host's)"
         elif not reason:
             reason = f"exit code {rc}"
         if kind == "crash" and any(m in tail for m in _OOM_MARKERS):

@@ -73,6 +73,7 @@ import json
 import math
 import os
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -606,16 +607,33 @@ class Tuner:
             except ConfigError as e:
                 out = invalid_config_outcome(tdir, str(e))
             else:
-                out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
-                                heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
-                                on_phase=self._phase(f"trial {n}"), label=f"trial-{n}",
-                                on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env())
+                out = self._run_search_trial(trial, cfg, tdir, on_window)
                 if out.status == "ok":
                     self._guard_numerics(trial, params, cfg, out)
         except KeyboardInterrupt:
             self._mark_interrupted(trial)
             raise
         self._tell(trial, out)
+        return out
+
+    def _run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
+        """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
+        config is called infeasible (the first attempt is kept as ``trials/<n>.killed``)."""
+        spec = self.spec
+        assert spec is not None
+        n = trial.number
+        for attempt in range(2):
+            out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
+                            heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
+                            on_phase=self._phase(f"trial {n}"), label=f"trial-{n}",
+                            on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env())
+            if not out.killed_from_outside or attempt:
+                return out
+            kept = tdir.with_name(f"{tdir.name}.killed")
+            shutil.rmtree(kept, ignore_errors=True)
+            tdir.rename(kept)
+            trial.set_user_attr("rerun", {"reason": out.failure_reason, "first_attempt_dir": str(kept)})
+            self._log(f"trial {n}: {out.failure_reason}; running it once more before blaming its config")
         return out
 
     def _mark_interrupted(self, trial: optuna.Trial) -> None:
