@@ -44,6 +44,10 @@ candidates are chosen among feasible trials only. Multi-objective studies maximi
 throughput and minimise peak memory (reserved on CUDA, RSS on the CPU); their candidates
 come from the feasible Pareto front.
 
+One coordinator per study: it holds a lease in the study's user attrs (``coordinator_lease``: host, pid,
+heartbeat every 10 s); a second coordinator of the same study refuses with one line naming the first, and
+takes the lease over only once its heartbeat is 60 s old or, on the same host, its process is gone.
+
 ``--worker`` processes (on this or other machines, sharing ``--storage``) only run
 search trials of the same study; the spec is read from the storage when ``--study``
 is not given. The trial budget is exact across processes: a trial whose number
@@ -113,6 +117,16 @@ HEARTBEAT_GRACE_S = 60
 SQLITE_TIMEOUT_S = 60  # concurrent writers (coordinator, workers, heartbeat threads) wait for the lock
 
 _STUDY_WAIT_S = 300  # a worker started before its coordinator waits this long for the study
+
+LEASE_ATTR = "coordinator_lease"
+"""Study user attr: the coordinator holding the study {host, pid, start, token, heartbeat (unix time)}."""
+LEASE_HEARTBEAT_S = 10
+"""The holder rewrites its lease's heartbeat this often."""
+LEASE_TTL_S = 60
+"""A lease whose heartbeat is older than this is stale: another coordinator may take it over."""
+LEASE_SETTLE_S = 1.0
+"""After writing its lease a coordinator waits this long and reads it back: of two that wrote at once, only
+the one whose lease is still there holds the study (Optuna's storage has no compare-and-set)."""
 
 
 class TuneError(RuntimeError):
@@ -292,6 +306,10 @@ class Tuner:
         self._base_values: dict[str, Any] | None = None
         self._t0 = time.monotonic()
         self.hardware: dict[str, Any] = {}
+        self._lease_token = f"{self.me['host']}:{self.me['pid']}:{os.urandom(6).hex()}"
+        self._lease_stop: threading.Event | None = None
+        self._lease_study: optuna.Study | None = None
+        self._lease_lost: str | None = None
 
     # ------------------------------------------------------------------ setup
     def _log(self, text: str) -> None:
@@ -332,6 +350,8 @@ class Tuner:
             warnings.simplefilter("ignore", FutureWarning)
             study = optuna.create_study(storage=self.storage, study_name=self.study_name, directions=directions,
                                         load_if_exists=True, sampler=optuna.samplers.RandomSampler(0))
+        if not self.worker:
+            self._acquire_lease(study)
         attrs = study.user_attrs
         stored_spec = attrs.get("spec")
         mine = spec.to_dict()
@@ -379,6 +399,73 @@ class Tuner:
                                   pruner=self._pruner())
         self.study = study
         return study
+
+    # ------------------------------------------------------------------ the coordinator lease
+    def _lease_holder(self, lease: Any) -> str:
+        age = time.time() - float(lease.get("heartbeat", 0))
+        return f"pid {lease.get('pid')} on {lease.get('host')} (heartbeat {age:.0f} s ago)"
+
+    def _lease_is_live(self, lease: Any) -> bool:
+        """Whether another coordinator holds ``lease`` now: its heartbeat is fresh, and where it runs on this host,
+        its process is alive."""
+        if not isinstance(lease, dict) or lease.get("token") == self._lease_token:
+            return False
+        if (lease.get("host"), lease.get("pid"), lease.get("start")) == (self.me["host"], self.me["pid"],
+                                                                          self.me["start"]):
+            return False  # this process, through another Tuner object
+        if time.time() - float(lease.get("heartbeat", 0)) > LEASE_TTL_S:
+            return False
+        if lease.get("host") == self.me["host"] and isinstance(lease.get("pid"), int):
+            return _alive(lease["pid"], lease.get("start"))
+        return True
+
+    def _acquire_lease(self, study: optuna.Study) -> None:
+        """Hold the study's coordinator lease (one coordinator per study, SQLite or PostgreSQL alike), or raise
+        TuneError naming the live holder. A stale lease (its heartbeat older than LEASE_TTL_S, or its process gone
+        from this host) is taken over."""
+        old = study.user_attrs.get(LEASE_ATTR)
+        if self._lease_is_live(old):
+            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self._lease_holder(old)}; "
+                            f"start this one with --worker to add trials, or wait for it to finish")
+        mine = {**{k: self.me[k] for k in ("host", "pid", "start")}, "token": self._lease_token,
+                "heartbeat": time.time()}
+        study.set_user_attr(LEASE_ATTR, mine)
+        time.sleep(LEASE_SETTLE_S)
+        now = optuna.load_study(study_name=self.study_name, storage=self.storage).user_attrs.get(LEASE_ATTR)
+        if not isinstance(now, dict) or now.get("token") != self._lease_token:
+            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self._lease_holder(now or {})}"
+                            f" (both started at once); start this one with --worker to add trials")
+        if isinstance(old, dict) and old.get("token") != self._lease_token and \
+                (old.get("host"), old.get("pid")) != (self.me["host"], self.me["pid"]):
+            self._log(f"took over the coordinator lease of {self._lease_holder(old)}: it is gone")
+        self._lease_study = study
+        stop = self._lease_stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(LEASE_HEARTBEAT_S):
+                with contextlib.suppress(Exception):  # a transient DB error: the next beat tries again
+                    held = study.user_attrs.get(LEASE_ATTR)
+                    if isinstance(held, dict) and held.get("token") != self._lease_token:
+                        self._lease_lost = self._lease_holder(held)
+                        return
+                    study.set_user_attr(LEASE_ATTR, {**mine, "heartbeat": time.time()})
+
+        threading.Thread(target=beat, name="coordinator-lease", daemon=True).start()
+
+    def _release_lease(self) -> None:
+        if self._lease_stop is None or self._lease_study is None:
+            return
+        self._lease_stop.set()
+        with contextlib.suppress(Exception):
+            held = self._lease_study.user_attrs.get(LEASE_ATTR)
+            if isinstance(held, dict) and held.get("token") == self._lease_token:
+                self._lease_study.set_user_attr(LEASE_ATTR, None)
+        self._lease_stop = None
+
+    def _check_lease(self) -> None:
+        if self._lease_lost:
+            raise TuneError(f"study {self.study_name!r}: another coordinator took the lease over "
+                            f"({self._lease_lost}); this one stops")
 
     def _enqueue_seeds(self, study: optuna.Study) -> None:
         """The spec's seed trials, queued once per study (Optuna's enqueue_trial): they run first and count
@@ -528,6 +615,7 @@ class Tuner:
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
         for i in range(len(runs), repeats):
+            self._check_lease()
             out = self._measure(cfg, self.study_dir / "baseline" / str(i), f"baseline-{i}",
                                 f"baseline {i + 1}/{repeats}")
             if out.status != "ok" or out.value is None:
@@ -737,6 +825,7 @@ class Tuner:
         deadline = self._t0 + self.timeout_s if self.timeout_s else None  # wall clock of this process
         waiting_note = False
         while True:
+            self._check_lease()
             self._recover_stale()
             counted, running, waiting = self._counts()
             if self.progress is not None:
@@ -850,6 +939,7 @@ class Tuner:
                 res = results[t.number]
                 if t.number in settled:
                     continue
+                self._check_lease()
                 prefix = f"validating #{t.number} round {r + 1}/{rounds}"
                 a = self._measure(base_cfg, vdir / f"baseline-{t.number}-{r}", f"baseline-{t.number}-{r}",
                                   prefix + " (baseline)")
@@ -954,6 +1044,8 @@ class Tuner:
             self.progress.set(phase="done")
         finally:
             self.progress.close()
+            with _interrupts_held():
+                self._release_lease()  # the same command may resume at once
         self._print_result(validation, path)
         return validation
 

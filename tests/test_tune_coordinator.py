@@ -1,0 +1,87 @@
+"""One coordinator per study, through a lease in the study's storage: a second coordinator started mid-search
+or at the same moment refuses with one line naming the first (its pid and host), and never measures into the
+first one's folders; a stale lease (its process gone, or its heartbeat too old) is taken over."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+
+import optuna
+import pandas as pd
+import pytest
+
+import workbench.tune as tune
+from workbench.study import load_study_spec
+from workbench.tune import LEASE_ATTR, TuneError, Tuner
+
+
+def _cmd(spec):
+    return [sys.executable, "-m", "workbench.tune", "--study", str(spec), "--out", "runs", "--no-progress",
+            "--no-report"]
+
+
+def _refusal(err: str) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+def test_a_second_coordinator_mid_search_is_refused(study_spec_file, tmp_path, subprocess_env):
+    spec = study_spec_file("one", trials=2, protocol={"baseline_repeats": 1, "top_k": 0})
+    run = dict(env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    first = subprocess.Popen(_cmd(spec), **run)
+    baseline = tmp_path / "runs" / "one" / "baseline" / "0" / "heartbeat"
+    end = time.monotonic() + 240
+    while not baseline.exists() and time.monotonic() < end:  # the first one is measuring its baseline
+        assert first.poll() is None, first.communicate()
+        time.sleep(0.2)
+    second = subprocess.run(_cmd(spec), timeout=120, **run)
+    assert second.returncode == 1
+    line = _refusal(second.stderr)
+    assert f"already has a coordinator: pid {first.pid} on {socket.gethostname()}" in line and "--worker" in line
+    _, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err
+    study = optuna.load_study(study_name="one", storage=f"sqlite:///{tmp_path / 'runs' / 'one' / 'study.db'}")
+    assert study.user_attrs[LEASE_ATTR] is None  # released at the end
+    assert len(study.user_attrs["baseline_runs"]) == 1 and len(study.get_trials()) == 2
+    steps = pd.read_csv(tmp_path / "runs" / "one" / "baseline" / "0" / "phases.csv")["step"].tolist()
+    assert steps == list(range(1, len(steps) + 1))  # one writer: no interleaved steps
+
+
+def test_two_coordinators_started_at_once_one_runs(study_spec_file, tmp_path, subprocess_env):
+    spec = study_spec_file("two", trials=1, protocol={"baseline_repeats": 1, "top_k": 0})
+    run = dict(env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(_cmd(spec), **run) for _ in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 1], outs
+    loser = next(o for p, o in zip(procs, outs) if p.returncode == 1)
+    assert "already has a coordinator: pid" in _refusal(loser[1])
+
+
+def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp_path, monkeypatch):
+    monkeypatch.setattr(tune, "LEASE_SETTLE_S", 0.05)
+    spec = load_study_spec(str(study_spec_file("stale", trials=1)))
+    first = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+    study = first.open()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for lease, live in (
+        ({"host": socket.gethostname(), "pid": dead.pid, "start": None, "heartbeat": time.time()}, False),
+        ({"host": "elsewhere", "pid": 4242, "start": None, "heartbeat": time.time() - 120}, False),
+        ({"host": "elsewhere", "pid": 4242, "start": None, "heartbeat": time.time()}, True),
+    ):
+        study.set_user_attr(LEASE_ATTR, {**lease, "token": "other"})
+        tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+        tuner._lease_token = "new"  # another process's token (the pid is this test's)
+        if live:
+            with pytest.raises(TuneError, match=r"already has a coordinator: pid 4242 on elsewhere \(heartbeat "
+                                                r"\d+ s ago\); start this one with --worker"):
+                tuner.open()
+        else:
+            tuner.open()
+            assert study.user_attrs[LEASE_ATTR]["token"] == "new"
+            tuner._release_lease()
