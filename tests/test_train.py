@@ -284,3 +284,17 @@ def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, sc
         trainer.close()
     golden = json.loads(GOLDEN.read_text())["losses"]
     assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)
+
+
+def test_an_unwritable_out_is_one_line_and_debug_adds_the_traceback(tmp_path, subprocess_env):
+    (tmp_path / "afile").write_text("x")
+    cmd = [sys.executable, "-m", "workbench.train", "--preset", "tiny", "--synthetic", "--steps", "2", "-q",
+           "--out", str(tmp_path / "afile" / "out")]
+    env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip() and not ln.startswith("loaders:")]
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0] == f"error (crash): NotADirectoryError: [Errno 20] Not a directory: '{tmp_path / 'afile' / 'out'}'"
+    assert lines[1].startswith("  (failure.json not written: Not a directory") and len(lines) == 2
+    r = subprocess.run([*cmd, "--debug"], env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 1 and "Traceback" in r.stderr

@@ -120,6 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="override a config key, e.g. --set data.micro_batch_size=8 (YAML value)")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
     p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of a crash")
     return p.parse_args(argv)
 
 
@@ -191,11 +192,16 @@ def main(argv: list[str] | None = None) -> int:
         name = "ConfigError" if isinstance(e, ConfigError) and type(e).__name__.startswith("_") else type(e).__name__
         msg = f"{name}: {e}"
         print(f"error ({kind}): {msg}", file=sys.stderr)
-        if kind == "crash":
+        # a crash is a bug to report: its traceback goes to the log; a file the run cannot read or write is not
+        if args.debug or (kind == "crash" and not isinstance(e, OSError)):
             traceback.print_exc()
         if out:
-            out.mkdir(parents=True, exist_ok=True)
-            (out / "failure.json").write_text(json.dumps({"kind": kind, "message": msg[:4000]}) + "\n")
+            try:
+                out.mkdir(parents=True, exist_ok=True)
+                (out / "failure.json").write_text(json.dumps({"kind": kind, "message": msg[:4000]}) + "\n")
+            except OSError as werr:  # the output directory itself may be what failed: the line above says it
+                print(f"  (failure.json not written: {werr.strerror or werr}: {werr.filename or out})",
+                      file=sys.stderr)
         return EXIT_CODES[kind]
     if args.summary:
         Path(args.summary).parent.mkdir(parents=True, exist_ok=True)

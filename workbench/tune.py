@@ -84,6 +84,7 @@ import statistics
 import sys
 import threading
 import time
+import traceback
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -91,6 +92,7 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+import sqlalchemy.exc
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError, config_hash, merge_overrides
@@ -724,9 +726,10 @@ class Tuner:
             self._log(f"trial {n}: {out.failure_reason}; running it once more before blaming its config")
         return out
 
-    def _mark_interrupted(self, trial: optuna.Trial) -> None:
-        """Tell a trial that Ctrl-C or SIGTERM stopped FAIL (status interrupted), once: more interrupts arriving
-        meanwhile are held off, and a trial already finished in the storage is left as it is."""
+    def _mark_interrupted(self, trial: optuna.Trial, reason: str | None = None) -> None:
+        """Tell a trial that Ctrl-C or SIGTERM (or an error of the tuner's own, ``reason``) stopped FAIL (status
+        interrupted: it is re-run on resume), once: more interrupts arriving meanwhile are held off, and a trial
+        already finished in the storage is left as it is."""
         study = self.study
         assert study is not None and self.storage is not None
         tdir = self.study_dir / "trials" / str(trial.number)
@@ -734,7 +737,7 @@ class Tuner:
             if self.storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
                 return
             trial.set_user_attr("status", "interrupted")
-            trial.set_user_attr("failure_reason", "interrupted (Ctrl-C or SIGTERM of the tuner)")
+            trial.set_user_attr("failure_reason", reason or "interrupted (Ctrl-C or SIGTERM of the tuner)")
             trial.set_user_attr("log_tail", read_log_tail(tdir))
             trial.set_user_attr("config_path", str(tdir / "config.yaml"))
             study.tell(trial, state=TrialState.FAIL)
@@ -859,8 +862,9 @@ class Tuner:
                                 return
                             continue
                     out = self.run_one(trial)
-            except KeyboardInterrupt:  # wherever it landed, the asked trial does not stay RUNNING
-                self._mark_interrupted(trial)
+            except BaseException as e:  # wherever it landed, the asked trial does not stay RUNNING
+                self._mark_interrupted(trial, None if isinstance(e, KeyboardInterrupt) else
+                                       f"the tuner stopped: {type(e).__name__}: {e}")
                 raise
             self._log(self._trial_line(trial, out))
 
@@ -1199,6 +1203,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--worker", action="store_true", help="only run search trials of an existing or shared study")
     p.add_argument("--no-report", action="store_true", help="do not build report.html")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per trial still)")
+    p.add_argument("--debug", action="store_true", help="on an error, print the traceback after its line")
     args = p.parse_args(argv)
     if args.trials is not None and args.trials < 1:
         p.error("--trials must be >= 1")
@@ -1302,6 +1307,29 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _environment_error(e: BaseException, args: argparse.Namespace) -> str:
+    """One line for a filesystem or storage fault: the path or database, what went wrong, what to do."""
+    if isinstance(e, OSError):
+        where = e.filename or args.out
+        return (f"{where}: {e.strerror or e}; the study's files go under --out {args.out!r}: give a writable "
+                f"directory (rerun with --debug for the traceback)")
+    orig = getattr(e, "orig", None) or getattr(e, "__cause__", None) or e
+    reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    if args.storage:
+        import sqlalchemy.engine
+
+        try:
+            where = sqlalchemy.engine.make_url(normalize_storage_url(args.storage)).render_as_string(
+                hide_password=True)
+        except Exception:  # noqa: BLE001 - the URL was accepted before; name it as given
+            where = "--storage"
+    else:
+        name = args.study_name or (Path(args.study).stem if args.study else DEFAULT_STUDY)
+        where = str(Path(args.out).resolve() / name / "study.db")
+    return (f"{where}: the study storage cannot be used ({reason}); if it is damaged, move it aside and start "
+            f"the study again, or give another --out / --storage (rerun with --debug for the traceback)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     prev = signal.getsignal(signal.SIGTERM)
@@ -1315,7 +1343,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cmd_tune(args)
     except (TuneError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
         return EXIT_USAGE if isinstance(e, ConfigError) else EXIT_ERROR
+    except (OSError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        print(f"error: {_environment_error(e, args)}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_USAGE
     finally:
         if threading.current_thread() is threading.main_thread() and \
                 signal.getsignal(signal.SIGTERM) is _raise_keyboard_interrupt:
