@@ -323,7 +323,7 @@ class StudyData:
 
 def _runs_under(root: Path, prefix: str) -> list[RunData]:
     try:
-        dirs = [p for p in root.iterdir() if p.is_dir()]
+        dirs = [p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")]  # .<name>.<id>: unfinished
     except OSError:
         return []
 

@@ -85,3 +85,22 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
             tuner.open()
             assert study.user_attrs[LEASE_ATTR]["token"] == "new"
             tuner._release_lease()
+
+
+def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path, monkeypatch):
+    """A coordinator measures into its own .<name>.<attempt> folder and moves it into place only while it holds
+    the study: one whose lease was taken over keeps nothing, and the next holder removes what it left."""
+    monkeypatch.setattr(tune, "LEASE_SETTLE_S", 0.05)
+    spec = load_study_spec(str(study_spec_file("att", trials=1, protocol={"baseline_repeats": 1, "top_k": 0})))
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+    tuner.open()
+    base = tmp_path / "runs" / "att" / "baseline"
+    tuner._lease_lost = "pid 4242 on elsewhere (heartbeat 0 s ago)"
+    with pytest.raises(TuneError, match="another coordinator took the lease over"):
+        tuner._measure(spec.measured_base_config(), base / "0", "baseline-0", "baseline")
+    assert not (base / "0").exists() and [p.name for p in base.iterdir()] == [f".0.{tuner._attempt_id}"]
+    tuner._release_lease()
+    nxt = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+    nxt.run()
+    assert [p.name for p in base.iterdir()] == ["0"]  # the dead attempt removed, the finished run in place
+    assert (base / "0" / "summary.json").exists()

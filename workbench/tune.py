@@ -308,7 +308,8 @@ class Tuner:
         self._base_values: dict[str, Any] | None = None
         self._t0 = time.monotonic()
         self.hardware: dict[str, Any] = {}
-        self._lease_token = f"{self.me['host']}:{self.me['pid']}:{os.urandom(6).hex()}"
+        self._attempt_id = os.urandom(4).hex()  # names this process's measurement folders
+        self._lease_token = f"{self.me['host']}:{self.me['pid']}:{self._attempt_id}"
         self._lease_stop: threading.Event | None = None
         self._lease_study: optuna.Study | None = None
         self._lease_lost: str | None = None
@@ -599,11 +600,30 @@ class Tuner:
         return on_phase
 
     def _measure(self, cfg: Any, run_dir: Path, label: str, prefix: str) -> TrialOutcome:
+        """A coordinator's measurement (baseline, validation, numerics twin): run into this process's own attempt
+        folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still holds the study, move it
+        into place; so no two processes ever write one folder, and a folder in place is a finished run."""
         spec = self.spec
         assert spec is not None
-        return run_trial(cfg, run_dir, timeout_s=spec.protocol.trial_timeout_s,
-                         heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
-                         label=label, env=self._child_env())
+        attempt = run_dir.with_name(f".{run_dir.name}.{self._attempt_id}")
+        out = run_trial(cfg, attempt, timeout_s=spec.protocol.trial_timeout_s,
+                        heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
+                        label=label, env=self._child_env())
+        self._check_lease()  # a coordinator whose study was taken over keeps nothing
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        attempt.rename(run_dir)
+        out.trial_dir = run_dir
+        out.config_path = run_dir / "config.yaml" if out.config_path is not None else None
+        return out
+
+    def _remove_stale_attempts(self) -> None:
+        """Attempt folders that a dead coordinator left (it held the lease; this one holds it now)."""
+        for root in (self.study_dir / "baseline", self.study_dir / "validation"):
+            with contextlib.suppress(OSError):
+                for p in root.iterdir():
+                    if p.is_dir() and p.name.startswith(".") and not p.name.endswith(f".{self._attempt_id}"):
+                        shutil.rmtree(p, ignore_errors=True)
 
     def run_baseline(self) -> list[float]:
         """Measure the base config ``baseline_repeats`` times (resumable); returns the throughputs."""
@@ -1028,6 +1048,7 @@ class Tuner:
         self.progress = _Progress(self.budget, self.study_name, self.progress_enabled)
         try:
             if not self.worker:
+                self._remove_stale_attempts()
                 self._write_tune_json(started, None)
                 self.run_baseline()
                 self._write_tune_json(started, None)
