@@ -84,3 +84,28 @@ def test_trials_folder_lost_mid_study(tmp_path, subprocess_env, study_spec_file)
     failed = [t for t in study.get_trials() if t.state == TrialState.FAIL]
     assert all(t.user_attrs["status"] == "interrupted" and "the tuner stopped" in t.user_attrs["failure_reason"]
                for t in failed)
+
+
+def test_a_read_only_out_is_one_line(tmp_path, monkeypatch, capsys, study_spec_file):
+    """A read-only --out (EACCES; root ignores mode bits, so the denial is injected where the study folder is
+    made): one line naming the path, exit 2."""
+    import errno
+    import os
+    from pathlib import Path
+
+    from workbench import tune
+
+    spec = study_spec_file("ro", trials=1)
+    ro = tmp_path / "ro"
+    real_mkdir = Path.mkdir
+
+    def mkdir(self, *a, **kw):
+        if str(self).startswith(str(ro)):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(self))
+        return real_mkdir(self, *a, **kw)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir)
+    assert tune.main(["--study", str(spec), "--out", str(ro), "--no-progress", "--no-report"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {ro / 'ro'}: Permission denied; the study's files go under --out {str(ro)!r}: give a "
+                   "writable directory (rerun with --debug for the traceback)"]
