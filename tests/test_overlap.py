@@ -10,6 +10,7 @@ on that. Spawning costs ~5 s on 2 cores, so it is done once.
 from __future__ import annotations
 
 import datetime
+import importlib.util
 import json
 import math
 import os
@@ -269,22 +270,27 @@ def _trainer_runs(rank: int, data_dir: str, out: Path) -> dict:
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     res = {}
-    for mode in ("scheduler", "ddp"):
+    fp8 = {"loongforge.compute_domain.fp8": "rowwise", "loongforge.compute_domain.fp8_modules.size_filter": False}
+    runs = [("scheduler", {}), ("ddp", {})]
+    if importlib.util.find_spec("torchao") is not None:  # FP8 (torchao's CPU emulation) under both sync modes
+        runs += [("scheduler+fp8", fp8), ("ddp+fp8", fp8)]
+    for name, extra in runs:
+        mode = name.split("+")[0]
         cfg = merge_overrides(preset_config("tiny"), {
             "hardware.device": "cpu", "hardware.gpus": WORLD, "data.seq_len": 256, "data.micro_batch_size": 2,
             "data.bucket_width": 64, "data.num_workers": 0, "training.dtype": "fp32", "training.global_batch_size": 8,
             "training.max_steps": 4, "training.log_every": 3, "training.warmup_measure_steps": 1,
             "loongforge.io_domain.io_backend": "threadpool", "loongforge.overlap.mode": mode,
-            "loongforge.overlap.bucket_size_mb": 0.5, "loongforge.overlap.overlap_ratio": 0.5})
-        run_dir = out / f"{mode}-{rank}"
+            "loongforge.overlap.bucket_size_mb": 0.5, "loongforge.overlap.overlap_ratio": 0.5, **extra})
+        run_dir = out / f"{name}-{rank}"
         trainer = Trainer(cfg, data_dir=data_dir, out_dir=run_dir if rank == 0 else None)
         try:
             summary = trainer.run()
-            torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{mode}-{rank}.pt")
+            torch.save([p.detach() for p in trainer.model.parameters()], out / f"params-{name}-{rank}.pt")
         finally:
             trainer.close()
-        res[mode] = {k: v for k, v in summary.items() if k.startswith("comm/") or k in ("grad_accum_steps",
-                                                                                         "phase_s_per_step")}
+        res[name] = {k: v for k, v in summary.items() if k.startswith(("comm/", "fp8/")) or k in (
+            "grad_accum_steps", "phase_s_per_step", "last_loss")}
     return res
 
 
@@ -386,8 +392,18 @@ def test_training_loop_syncs_with_the_scheduler_and_with_ddp(dist_results):
     ps = torch.load(root / "params-scheduler-0.pt")
     pd_ = torch.load(root / "params-ddp-0.pt")
     assert all(torch.equal(a, b) for a, b in zip(ps, pd_))
+    if (root / "params-scheduler+fp8-0.pt").exists():  # FP8: the ranks agree, in both sync modes
+        for name in ("scheduler+fp8", "ddp+fp8"):
+            p0, p1 = (torch.load(root / f"params-{name}-{r}.pt") for r in (0, 1))
+            assert all(torch.equal(a, b) for a, b in zip(p0, p1)), f"{name}: ranks diverged"
+        for rank in results:
+            for name in ("scheduler+fp8", "ddp+fp8"):
+                s = rank["trainer"][name]
+                assert s["fp8/converted_linears"] == 4 * 7 and math.isfinite(s["last_loss"])
+                assert s["last_loss"] == pytest.approx(rank["trainer"][name.split("+")[0]]["last_loss"], rel=0.05)
     for rank in results:
-        for mode, s in rank["trainer"].items():
+        for name, s in rank["trainer"].items():
+            mode = name.split("+")[0]
             assert s["grad_accum_steps"] == 2 and s["comm/mode"] == mode
             assert s["comm/total_s"] > 0 and 0 <= s["comm/exposed_s"]
             assert 0 <= s["comm/overlap_pct"] <= 100
