@@ -929,22 +929,21 @@ class ShardSet:
 
     def _check_structure(self) -> None:
         """The index's structure (the rules of loaders.verify's check 1); the first bad item is named."""
-        s = self
         max_len = int(self.manifest.get("max_len", int(np.max(self.bucket_length)) if self.n_buckets else 0))
-        idx = s.root / INDEX_NAME
-        nb, nf, nr = s.n_buckets, s.n_frames, s.n_records
+        idx = self.root / INDEX_NAME
+        nb, nf, nr = self.n_buckets, self.n_frames, self.n_records
 
         def bad(what: str) -> ShardFormatError:
             return ShardFormatError(f"{idx}: {what}")
 
         if nb == 0 or nf == 0 or nr == 0:
             raise bad(f"empty ({nb} buckets, {nf} frames, {nr} records)")
-        lengths = np.asarray(s.bucket_length, np.int64)
+        lengths = np.asarray(self.bucket_length, np.int64)
         if np.any(np.diff(lengths) <= 0):
             b = int(np.flatnonzero(np.diff(lengths) <= 0)[0]) + 1
             raise bad(f"bucket {b}: bucket.length {lengths[b]} not above the previous one ({lengths[b - 1]})")
-        f0 = np.asarray(s.bucket_first_frame, np.int64)
-        nfr = np.asarray(s.bucket_n_frames, np.int64)
+        f0 = np.asarray(self.bucket_first_frame, np.int64)
+        nfr = np.asarray(self.bucket_n_frames, np.int64)
         want_f0 = np.concatenate([[0], np.cumsum(nfr)[:-1]])
         for b in range(nb):
             if nfr[b] < 1 or f0[b] != want_f0[b]:
@@ -952,21 +951,21 @@ class ShardSet:
                           f"starting at {want_f0[b]}")
         if int(nfr.sum()) != nf:
             raise bad(f"bucket.nframes add up to {int(nfr.sum())}, the header says {nf} frames")
-        per_tok = s.tok_dtype.itemsize + s.pos_dtype.itemsize + 1
+        per_tok = self.tok_dtype.itemsize + self.pos_dtype.itemsize + 1
 
         for b in range(nb):  # frames of a bucket are back to back and fill its data file exactly
             a, z = int(f0[b]), int(f0[b] + nfr[b])
-            fb = np.asarray(s.frame_bucket[a:z], np.int64)
+            fb = np.asarray(self.frame_bucket[a:z], np.int64)
             if np.any(fb != b):
                 f = a + int(np.flatnonzero(fb != b)[0])
                 raise bad(f"frame {f}: frame.bucket {fb[f - a]}, expected {b}")
-            off = np.asarray(s.frame_offset[a:z], np.int64)
-            clen = np.asarray(s.frame_clen[a:z], np.int64)
+            off = np.asarray(self.frame_offset[a:z], np.int64)
+            clen = np.asarray(self.frame_clen[a:z], np.int64)
             want = np.concatenate([[0], np.cumsum(clen)[:-1]])
             if np.any(off != want):
                 f = a + int(np.flatnonzero(off != want)[0])
                 raise bad(f"frame {f}: frame.offset {off[f - a]}, expected {want[f - a]} (frames are back to back)")
-            path = s.data_path_for_length(int(lengths[b]))
+            path = self.data_path_for_length(int(lengths[b]))
             size, end = path.stat().st_size, int(clen.sum())
             if size < end:  # trailing bytes are harmless to a reader; loaders.verify names them
                 raise ShardFormatError(f"{path}: {size} bytes, its {z - a} frames add up to {end} (truncated)")
@@ -974,8 +973,8 @@ class ShardSet:
         next_rec = 0
         for fa in range(0, nf, _CHECK_FRAME_BLOCK):  # records: numbering, offsets, lengths, buckets
             fz = min(nf, fa + _CHECK_FRAME_BLOCK)
-            first = np.asarray(s.frame_first_rec[fa:fz], np.int64)
-            nrec = np.asarray(s.frame_n_rec[fa:fz], np.int64)
+            first = np.asarray(self.frame_first_rec[fa:fz], np.int64)
+            nrec = np.asarray(self.frame_n_rec[fa:fz], np.int64)
             want = next_rec + np.concatenate([[0], np.cumsum(nrec)[:-1]])
             if np.any(nrec < 1) or np.any(first != want):
                 i = int(np.flatnonzero((nrec < 1) | (first != want))[0])
@@ -985,8 +984,8 @@ class ShardSet:
             if rz > nr:
                 raise bad(f"frame {fz - 1}: records up to {rz}, the header says {nr} records")
             next_rec = rz
-            rlen = np.asarray(s.rec_length[ra:rz], np.int64)
-            roff = np.asarray(s.rec_offset[ra:rz], np.int64)
+            rlen = np.asarray(self.rec_length[ra:rz], np.int64)
+            roff = np.asarray(self.rec_offset[ra:rz], np.int64)
             rec_frame = np.repeat(np.arange(fa, fz), nrec)
             start = np.cumsum(rlen) - rlen
             want_off = start - np.repeat(start[first - ra], nrec)
@@ -994,14 +993,14 @@ class ShardSet:
                 i = int(np.flatnonzero(roff != want_off)[0])
                 raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.offset {roff[i]}, expected {want_off[i]} "
                           f"(records are back to back)")
-            blen = lengths[np.asarray(s.frame_bucket[fa:fz], np.int64)][rec_frame - fa]
-            want_blen = np.minimum(max_len, -(-rlen // s.bucket_width) * s.bucket_width)
+            blen = lengths[np.asarray(self.frame_bucket[fa:fz], np.int64)][rec_frame - fa]
+            want_blen = np.minimum(max_len, -(-rlen // self.bucket_width) * self.bucket_width)
             if np.any(rlen < 1) or np.any(blen != want_blen):
                 i = int(np.flatnonzero((rlen < 1) | (blen != want_blen))[0])
                 raise bad(f"record {ra + i} (frame {rec_frame[i]}): rec.length {rlen[i]} does not belong in bucket "
-                          f"{blen[i]} (expected bucket {bucket_length(max(int(rlen[i]), 1), s.bucket_width, max_len)})")
+                          f"{blen[i]} (expected bucket {bucket_length(max(int(rlen[i]), 1), self.bucket_width, max_len)})")
             toks = np.add.reduceat(rlen, first - ra)
-            dlen = np.asarray(s.frame_dlen[fa:fz], np.int64)
+            dlen = np.asarray(self.frame_dlen[fa:fz], np.int64)
             if np.any(dlen != toks * per_tok):
                 i = int(np.flatnonzero(dlen != toks * per_tok)[0])
                 raise bad(f"frame {fa + i}: frame.dlen {dlen[i]}, its records hold {toks[i]} tokens = "

@@ -25,10 +25,7 @@ from collections.abc import Callable
 
 from workbench.config import ComputeDomainConfig, ConfigError
 
-__all__ = ["RECIPES", "convert_to_fp8", "fp8_module_filter", "fp8_unsupported_reason"]
-
-RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-"""torchao.float8 recipe names the config accepts (besides none)."""
+__all__ = ["convert_to_fp8", "fp8_module_filter", "fp8_unsupported_reason"]
 
 MIN_CAPABILITY = (8, 9)
 """FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards."""
@@ -74,9 +71,9 @@ def fp8_module_filter(cd: ComputeDomainConfig) -> Callable[[object, str], bool]:
 
 
 def convert_to_fp8(model, cd: ComputeDomainConfig, device_type: str, device_index: int = 0) -> list[str]:
-    """Swap the selected Linears of ``model`` for torchao's ``Float8Linear`` in place (parameters are kept, so
-    call it before building the optimizer or not: the same tensors); returns the converted module names.
-    Raises ConfigError where FP8 cannot run or would convert nothing."""
+    """Swap the selected Linears of ``model`` for torchao's ``Float8Linear`` in place, keeping their parameter
+    tensors; returns the converted module names. Raises ConfigError where FP8 cannot run or would convert
+    nothing."""
     if cd.fp8 == "none":
         return []
     reason = fp8_unsupported_reason(device_type, device_index)

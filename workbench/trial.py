@@ -45,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,8 @@ __all__ = [
     "STATUSES",
     "TEST_FAULT_ENV",
     "TrialOutcome",
+    "ignore_interrupts",
+    "interrupts_held",
     "invalid_config_outcome",
     "launch_command",
     "read_log_tail",
@@ -339,6 +341,26 @@ HOST_MEMORY_SHARE_OOM = 0.9
 """A SIGKILLed trial whose last window's RSS reached this share of the host's memory counts as an OOM."""
 
 
+def ignore_interrupts() -> dict[int, Any]:
+    """Ignore SIGINT and SIGTERM from now on (the main thread only: elsewhere no handler can be set); returns the
+    handlers they had."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+
+@contextlib.contextmanager
+def interrupts_held() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored while the body runs, so that a burst of Ctrl-Cs cannot cut short the bookkeeping
+    of the first one."""
+    held = ignore_interrupts()
+    try:
+        yield
+    finally:
+        for sig, handler in held.items():
+            signal.signal(sig, handler)
+
+
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -438,15 +460,8 @@ def run_trial(
                 break
             time.sleep(poll_s)
     except BaseException:
-        # the child's group is ended whatever else arrives meanwhile (a burst of Ctrl-Cs): signals are held
-        held = {}
-        if threading.current_thread() is threading.main_thread():
-            held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
+        with interrupts_held():  # the child's group is ended whatever else arrives meanwhile (a burst of Ctrl-Cs)
             _kill_group(proc)
-        finally:
-            for sig, handler in held.items():
-                signal.signal(sig, handler)
         raise
     rc = proc.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -103,7 +103,8 @@ from workbench.numerics import check_loss, data_key, window_loss
 from workbench.samplers import make_sampler
 from workbench.stats import noise_floor, pair_ratios, speedup_interval
 from workbench.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
-from workbench.trial import TrialOutcome, invalid_config_outcome, read_log_tail, run_trial
+from workbench.trial import (TrialOutcome, ignore_interrupts, interrupts_held, invalid_config_outcome,
+                             read_log_tail, run_trial)
 
 __all__ = ["Tuner", "TuneError", "build_report", "default_storage_url", "main", "make_storage", "normalize_storage_url"]
 
@@ -753,7 +754,7 @@ class Tuner:
         study = self.study
         assert study is not None and self.storage is not None
         tdir = self.study_dir / "trials" / str(trial.number)
-        with _interrupts_held(), contextlib.suppress(Exception):
+        with interrupts_held(), contextlib.suppress(Exception):
             if self.storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
                 return
             trial.set_user_attr("status", "interrupted")
@@ -1069,7 +1070,7 @@ class Tuner:
             self.progress.set(phase="done")
         finally:
             self.progress.close()
-            with _interrupts_held():
+            with interrupts_held():
                 self._release_lease()  # the same command may resume at once
         self._print_result(validation, path)
         return validation
@@ -1098,21 +1099,6 @@ class Tuner:
         if self.make_report:
             lines.append(f"report: {self.study_dir / 'report.html'}")
         print("\n".join(lines), flush=True)
-
-
-@contextlib.contextmanager
-def _interrupts_held() -> Iterator[None]:
-    """SIGINT and SIGTERM ignored while the body runs (the main thread only: elsewhere no handler can be set), so
-    that a burst of Ctrl-Cs cannot interrupt the bookkeeping of the first one."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held = {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
 
 
 def _as_dropped(items: Sequence[Mapping[str, str]]) -> list[Any]:
@@ -1319,9 +1305,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     try:
         tuner.run()
     except KeyboardInterrupt:
-        if threading.current_thread() is threading.main_thread():  # the rest of a burst of Ctrl-Cs changes nothing
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                signal.signal(sig, signal.SIG_IGN)
+        ignore_interrupts()  # the rest of a burst of Ctrl-Cs changes nothing
         print(f"\ninterrupted: the running trial was stopped and marked FAIL (status interrupted); finished "
               f"trials are kept in {tuner.storage_url}.\nResume with: {_resume_hint()}", file=sys.stderr)
         return EXIT_INTERRUPTED
