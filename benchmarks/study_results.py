@@ -6,7 +6,8 @@ validation runs) and metric, with the configuration, the study, the GPU and vers
 Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (every search trial, its status and
 summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
 Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
-step time, compile seconds, peak reserved memory and seconds per step of each phase; a failed trial gets ``status`` and ``failure_reason`` in
+step time, compile seconds and cache hits, peak reserved memory, seconds per step of each phase and the numerics
+guard's check; the baseline's last-window loss; a failed trial gets ``status`` and ``failure_reason`` in
 its row's ``note`` and objective 0, as the sampler was told.
 """
 
@@ -22,6 +23,8 @@ import pandas as pd
 
 SUMMARY_METRICS = ("throughput/real_tokens_per_s_per_gpu", "mfu_pct", "time/step_s", "time/compile_s",
                    "memory/max_reserved_gib")
+CACHE_METRICS = ("compile/fx_graph_cache_hit", "compile/fx_graph_cache_miss", "compile/aot_autograd_cache_hit",
+                 "compile/aot_autograd_cache_miss")
 
 
 def study_rows(d: Path) -> list[dict]:
@@ -47,12 +50,27 @@ def study_rows(d: Path) -> list[dict]:
         rows += [{**base, "metric": m, "value": summary[m]} for m in SUMMARY_METRICS if summary.get(m) is not None]
         rows += [{**base, "metric": f"time/{ph}_s_per_step", "value": v}
                  for ph, v in (summary.get("phase_s_per_step") or {}).items() if v is not None]
+        rows += [{**base, "metric": m, "value": summary[m]} for m in CACHE_METRICS if summary.get(m) is not None]
+        check = attrs.get("numerics") or {}  # the numerics guard's check of a trial that changed FP8
+        rows += [{**base, "metric": f"numerics/{k}", "value": check[k]} for k in ("loss", "reference_loss",
+                                                                                  "rel_diff", "tolerance")
+                 if isinstance(check.get(k), (int, float))]
+    if tune.get("started") and tune.get("finished"):  # the coordinator's wall time, baseline to report
+        import datetime as dt
+
+        wall = (dt.datetime.fromisoformat(tune["finished"]) - dt.datetime.fromisoformat(tune["started"])).total_seconds()
+        rows.append({**common, "phase": "study", "trial": "", "config": "", "note": "tune.json started..finished",
+                     "metric": "time/study_wall_s", "value": wall})
     val = d / "validation.json"
     if val.exists():
         v = json.loads(val.read_text())
+        losses = study.user_attrs.get("baseline_losses") or []
         for i, x in enumerate(v.get("baseline_runs", [])):
             rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
                          "metric": "objective/tokens_per_s_per_gpu", "value": x})
+            if i < len(losses) and losses[i] is not None:  # the last window's mean loss: the guard's reference
+                rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
+                             "metric": "loss/last_window_mean", "value": losses[i]})
         for c in v.get("candidates", []):
             config = " ".join(f"{k}={val_}" for k, val_ in c.get("params", {}).items())
             base = {**common, "phase": "validation", "trial": c.get("trial"), "config": config,

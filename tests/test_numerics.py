@@ -1,7 +1,6 @@
 """The numerics guard and seeded trials, through a real tiny study on the CPU: FP8 (torchao's CPU emulation, real
 FP8 numbers) is compared with the base config's loss on the same data; a candidate past the tolerance fails with
-kind ``numerics`` and is told as infeasible; seeded trials run first and count against the budget; the trials
-share one compile cache folder."""
+kind ``numerics`` and is told as infeasible; seeded trials run first and count against the budget."""
 
 from __future__ import annotations
 
