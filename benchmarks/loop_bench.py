@@ -25,10 +25,12 @@ Variants:
   wb_base                          --wb-base PATH as it is, plus --wb-config-set: a study's untuned base config
                                    (runs/<study>/baseline/0/config.yaml, what the tuner measures its gains against)
   wb_config                        --wb-config PATH (an exported config.yaml) as it is, plus --wb-config-set
+  wb_alt                           --wb-alt PATH as it is, plus --wb-config-set: a second config to compare
+                                   (e.g. the winner with FP8 off)
                                    overrides (e.g. model.config_path=null model.name=gr00t-n1.6 to re-validate a
                                    proxy study's winner at full depth)
 
-The ``wb_default``, ``wb_base`` and ``wb_config`` variants keep their config's data settings (micro-batch,
+The ``wb_default``, ``wb_base``, ``wb_config`` and ``wb_alt`` variants keep their config's data settings (micro-batch,
 bucket width, packing): they compare production configurations, with the same synthetic corpus
 and the same measurement (``--steps`` after ``--warmup``). The other variants pin micro-batch
 and full records to match the reference loop exactly. A variant that runs over ``--timeout`` is
@@ -60,7 +62,7 @@ WB_SETS = {
     "wb_compiled_triton": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.triton_fusion=true",
                            "loongforge.compute_domain.compile_shapes=static"],
 }
-AS_IS = ("wb_default", "wb_base", "wb_config")  # configurations run with their own data settings
+AS_IS = ("wb_default", "wb_base", "wb_config", "wb_alt")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss", "time/compile_s",
            "data/padding_ratio"]
@@ -82,8 +84,8 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
     elif name in AS_IS:
         sets = [f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
                 f"training.log_every={a.log_every}"]
-        if name in ("wb_config", "wb_base"):
-            path = a.wb_config if name == "wb_config" else a.wb_base
+        if name in ("wb_config", "wb_base", "wb_alt"):
+            path = {"wb_config": a.wb_config, "wb_base": a.wb_base, "wb_alt": a.wb_alt}[name]
             if not path:
                 raise SystemExit(f"loop_bench: variant {name} needs --{name.replace('_', '-')} PATH")
             src = ["--config", str(Path(path).resolve())]
@@ -127,8 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default="benchmarks/out")
     p.add_argument("--wb-config", help="config.yaml for the wb_config variant (an exported winner)")
     p.add_argument("--wb-config-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="override for the wb_config and wb_base variants (repeatable)")
+                   help="override for the wb_config, wb_base and wb_alt variants (repeatable)")
     p.add_argument("--wb-base", help="config.yaml for the wb_base variant (a study's base config)")
+    p.add_argument("--wb-alt", help="config.yaml for the wb_alt variant (a second config to compare)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step of the ref_* variants")
     p.add_argument("--reference", default="ref_compiled", help="variant the ratios table divides by")
     a = p.parse_args(argv)
