@@ -55,7 +55,12 @@ def study_rows(d: Path) -> list[dict]:
         rows += [{**base, "metric": f"numerics/{k}", "value": check[k]} for k in ("loss", "reference_loss",
                                                                                   "rel_diff", "tolerance")
                  if isinstance(check.get(k), (int, float))]
-    if tune.get("started") and tune.get("finished"):  # the coordinator's wall time, baseline to report
+    if tune.get("sessions"):  # the coordinator's wall time, baseline to report, summed over resumed calls
+        n = len(tune["sessions"])
+        rows.append({**common, "phase": "study", "trial": "", "config": "",
+                     "note": f"tune.json wall_s: {n} coordinator session(s)", "metric": "time/study_wall_s",
+                     "value": tune["wall_s"]})
+    elif tune.get("started") and tune.get("finished"):  # a tune.json from before sessions were recorded
         import datetime as dt
 
         wall = (dt.datetime.fromisoformat(tune["finished"]) - dt.datetime.fromisoformat(tune["started"])).total_seconds()

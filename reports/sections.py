@@ -1076,6 +1076,12 @@ def environment_section(data: StudyData) -> Environment:
     for key in ("started", "finished"):
         if data.tune.get(key):
             study.append((key, data.tune[key]))
+    sessions = data.tune.get("sessions")
+    if isinstance(sessions, list) and sessions:
+        unfinished = sum(1 for x in sessions if not (isinstance(x, dict) and x.get("finished")))
+        study.append(("coordinator sessions", f"{len(sessions)}" + (f" ({unfinished} unfinished, not counted)"
+                                                                      if unfinished else "")))
+        study.append(("wall time, all sessions", f"{num(data.tune.get('wall_s')):,.0f} s"))
     if data.trials:
         study.append(("trials", len(data.trials)))
     study_df = pd.DataFrame(study, columns=["key", "value"])

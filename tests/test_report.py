@@ -455,6 +455,14 @@ def _make_study(root: Path, *, name: str, n_trials: int, gpus: int, multi_object
             "hardware": {"gpu_name": "NVIDIA H200", "gpu_count": gpus, "gpu_memory_gib": 139.81,
                          "nvlink": gpus > 1, "cpu_count": 192, "host_memory_gib": 2015.6, "io_uring": True},
             "noise_floor": noise, "started": t0.isoformat(), "finished": None if running else clock.isoformat()}
+    # two coordinator calls: a first one that finished after 90 s, and a resume still running (or, for a
+    # finished study, a first call stopped without an end recorded and a resume that finished)
+    resumed = t0 + dt.timedelta(minutes=2)
+    tune["sessions"] = ([{"started": t0.isoformat(), "finished": (t0 + dt.timedelta(seconds=90)).isoformat()},
+                         {"started": resumed.isoformat(), "finished": None}] if running else
+                        [{"started": t0.isoformat(), "finished": None},
+                         {"started": resumed.isoformat(), "finished": clock.isoformat()}])
+    tune["wall_s"] = 90.0 if running else (clock - resumed).total_seconds()
     (d / "tune.json").write_text(json.dumps(tune, indent=1))
     return fx
 
@@ -634,6 +642,9 @@ def test_environment(rep, fx):
     assert e.noise.median == pytest.approx(statistics.median(fx.baseline_repeats))
     assert e.noise.runs == pytest.approx(fx.baseline_repeats)
     assert e.hardware.set_index("key").loc["gpu_count", "value"] == 8
+    study = e.study.set_index("key")["value"]
+    assert study["coordinator sessions"] == "2 (1 unfinished, not counted)"
+    assert study["wall time, all sessions"] == "90 s"
 
 
 # --------------------------------------------------------------------------- the HTML

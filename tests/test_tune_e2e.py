@@ -31,7 +31,8 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     # tune.json: the contract the report reads
     tune = json.loads((sdir / "tune.json").read_text())
     assert set(tune) >= {"study_name", "storage_url", "spec", "dropped_knobs", "hardware", "noise_floor",
-                         "started", "finished"}
+                         "started", "finished", "sessions", "wall_s"}
+    assert len(tune["sessions"]) == 1 and tune["sessions"][0]["finished"] == tune["finished"]
     assert tune["finished"] and tune["spec"]["name"] == "e2e" and tune["noise_floor"]["n"] == 2
     assert tune["noise_floor"]["runs"] == json.loads((sdir / "validation.json").read_text())["baseline_runs"]
     assert tune["storage_url"] == f"sqlite:///{(sdir / 'study.db').resolve()}"

@@ -3,6 +3,8 @@ and the baseline are kept, and re-running the same command completes the budget.
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import signal
 import subprocess
@@ -99,6 +101,14 @@ def test_ctrl_c_then_kill_9_then_resume(study_spec_file, tmp_path, subprocess_en
     assert study.user_attrs["baseline_runs"] == baseline
     assert len(list((out / "resume" / "baseline").iterdir())) == 1
     assert (out / "resume" / "config.yaml").exists()
+    # tune.json keeps every coordinator run: the two stopped ones have no end and add nothing to wall_s
+    tune = json.loads((out / "resume" / "tune.json").read_text())
+    sessions = tune["sessions"]
+    assert len(sessions) == 3 and [s["finished"] is None for s in sessions] == [True, True, False]
+    assert tune["started"] == sessions[0]["started"] < sessions[2]["started"]
+    last = sessions[2]
+    assert tune["wall_s"] == (datetime.datetime.fromisoformat(last["finished"])
+                              - datetime.datetime.fromisoformat(last["started"])).total_seconds() > 0
 
 
 def test_a_burst_of_ctrl_c_still_marks_the_running_trial(study_spec_file, tmp_path, subprocess_env):

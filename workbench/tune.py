@@ -61,7 +61,9 @@ again. Ctrl-C kills the running trial, marks it FAIL (``status=interrupted``) an
 exits 130; the same command resumes.
 
 Data written (read by ``reports.build_report``): ``tune.json`` {study_name,
-storage_url, spec, dropped_knobs, hardware, noise_floor, started, finished};
+storage_url, spec, dropped_knobs, hardware, noise_floor, started, finished,
+sessions, wall_s} (``sessions``: each coordinator run of the study, resumes included, as {started, finished};
+``started`` is the first one's; ``wall_s`` sums the finished ones, the study's cost across calls);
 each trial's user attrs ``status``, ``failure_reason``, ``log_tail``,
 ``config_path``, ``trial_dir``, ``summary``, ``constraint`` (list, > 0 =
 infeasible), ``windows``; ``validation.json`` (see ``Tuner.validate``).
@@ -138,6 +140,19 @@ class TuneError(RuntimeError):
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds of the sessions that finished (tune.json's ``sessions``); an interrupted one has no end and adds
+    nothing."""
+    total = 0.0
+    for s in sessions:
+        try:
+            total += (datetime.datetime.fromisoformat(s["finished"])
+                      - datetime.datetime.fromisoformat(s["started"])).total_seconds()
+        except (KeyError, TypeError, ValueError):
+            continue
+    return total
 
 
 def _finite_or_none(x: float | None) -> float | None:
@@ -308,6 +323,7 @@ class Tuner:
         self.progress: _Progress | None = None
         self._base_values: dict[str, Any] | None = None
         self._t0 = time.monotonic()
+        self._sessions: list[dict[str, Any]] | None = None  # tune.json's coordinator runs, this one last
         self.hardware: dict[str, Any] = {}
         self._attempt_id = os.urandom(4).hex()  # names this process's measurement folders
         self._lease_token = f"{self.me['host']}:{self.me['pid']}:{self._attempt_id}"
@@ -1018,13 +1034,34 @@ class Tuner:
         return data
 
     # ------------------------------------------------------------------ the whole run
+    def _earlier_sessions(self) -> list[dict[str, Any]]:
+        """The coordinator runs recorded by an earlier tune.json of this study directory (a resume); none when
+        there is no such file or it cannot be read (the report then counts this run alone)."""
+        try:
+            prev = json.loads((self.study_dir / "tune.json").read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(prev, dict) or prev.get("study_name") != self.study_name:
+            return []
+        sessions = prev.get("sessions")
+        if isinstance(sessions, list):
+            return [s for s in sessions if isinstance(s, dict) and isinstance(s.get("started"), str)]
+        # a tune.json written before sessions were recorded: its one run
+        return [{"started": prev["started"], "finished": prev.get("finished")}] \
+            if isinstance(prev.get("started"), str) else []
+
     def _write_tune_json(self, started: str, finished: str | None) -> None:
         assert self.spec is not None and self.study is not None
+        if self._sessions is None:
+            self._sessions = self._earlier_sessions()
+            self._sessions.append({"started": started, "finished": None})
+        self._sessions[-1] = {"started": started, "finished": finished}
         write_json(self.study_dir / "tune.json", {
             "study_name": self.study_name, "storage_url": self.storage_url, "spec": self.spec.to_dict(),
             "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
             "budget_trials": self.budget, "noise_floor": self.study.user_attrs.get("noise_floor"),
-            "started": started, "finished": finished,
+            "started": self._sessions[0]["started"], "finished": finished,
+            "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions),
         })
 
     def run(self) -> dict[str, Any] | None:
@@ -1035,6 +1072,7 @@ class Tuner:
         """
         started = _now()
         self._t0 = time.monotonic()
+        self._sessions = None  # read from an earlier tune.json at the first write
         self.study_dir.mkdir(parents=True, exist_ok=True)
         if self.study is None:
             self.open()
