@@ -22,7 +22,7 @@ import optuna
 import pandas as pd
 
 SUMMARY_METRICS = ("throughput/real_tokens_per_s_per_gpu", "mfu_pct", "time/step_s", "time/compile_s",
-                   "memory/max_reserved_gib")
+                   "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/predicted_peak_gib")
 CACHE_METRICS = ("compile/fx_graph_cache_hit", "compile/fx_graph_cache_miss", "compile/aot_autograd_cache_hit",
                  "compile/aot_autograd_cache_miss")
 
@@ -79,7 +79,8 @@ def study_rows(d: Path) -> list[dict]:
         for c in v.get("candidates", []):
             config = " ".join(f"{k}={val_}" for k, val_ in c.get("params", {}).items())
             base = {**common, "phase": "validation", "trial": c.get("trial"), "config": config,
-                    "note": f"{v.get('method')}, {v.get('confidence')} confidence, {v.get('ab_rounds')} A/B pairs"}
+                    "note": f"{v.get('method')}, {v.get('confidence')} confidence, {len(c.get('ratios') or [])} A/B "
+                            f"pairs (at most {v.get('ab_rounds')})"}
             for key in ("speedup_median", "ci_low", "ci_high"):
                 if c.get(key) is not None:
                     rows.append({**base, "metric": f"validation/{key}", "value": c[key]})

@@ -616,9 +616,12 @@ def _memory(s: Memory, figs: _Figures) -> str:
         out.append(_table(pk.reset_index(), cls="compact",
                           headers={"max_allocated_gib": "peak allocated GiB", "max_reserved_gib": "peak reserved GiB",
                                    "reserved_minus_allocated_gib": "reserved − allocated GiB",
-                                   "max_rss_gib": "host RSS GiB"}))
+                                   "max_rss_gib": "host RSS GiB",
+                                   "predicted_peak_gib": "predicted GiB (memory model)"}))
         out.append('<p class="note">Medians over the runs of each arm; reserved − allocated is what the '
-                   "caching allocator holds but does not use (fragmentation and cached blocks).</p>")
+                   "caching allocator holds but does not use (fragmentation and cached blocks). The "
+                   "prediction (workbench/memory_model.py) is of the peak allocated: state, saved "
+                   "activations, the torch loss's logits and one block's working set.</p>")
         out.append("</div></div>")
         bt = s.by_trial
         knobs = s.memory_knobs

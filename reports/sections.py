@@ -609,9 +609,10 @@ def _comm_table(arms: dict[str, list[RunData]]) -> tuple[pd.DataFrame, str | Non
 class Memory(NamedTuple):
     peaks: pd.DataFrame
     """Index run ('baseline', 'best'); max_allocated_gib, max_reserved_gib, reserved_minus_allocated_gib,
-    max_rss_gib (medians over the arm's runs)."""
+    max_rss_gib, predicted_peak_gib (the memory model's; medians over the arm's runs)."""
     by_trial: pd.DataFrame
-    """trial, value, max_allocated_gib, max_reserved_gib, reserved_minus_allocated_gib, then the memory knobs."""
+    """trial, value, max_allocated_gib, max_reserved_gib, reserved_minus_allocated_gib, predicted_peak_gib, then
+    the memory knobs."""
     memory_knobs: list[str]
     log_knobs: list[str]
     """Memory knobs searched on a log scale."""
@@ -630,7 +631,8 @@ class Memory(NamedTuple):
     """The allocator settings the analysis suggests changing ({option: value})."""
 
 
-_MEM_KEYS = ("memory/max_allocated_gib", "memory/max_reserved_gib", "memory/max_rss_gib")
+_MEM_KEYS = ("memory/max_allocated_gib", "memory/max_reserved_gib", "memory/max_rss_gib",
+             "memory/predicted_peak_gib")
 
 
 def memory_section(data: StudyData) -> Memory:
@@ -642,7 +644,8 @@ def memory_section(data: StudyData) -> Memory:
         vals["reserved_minus_allocated_gib"] = vals["max_reserved_gib"] - vals["max_allocated_gib"]
         if any(math.isfinite(v) for v in vals.values()):
             peaks[arm] = vals
-    cols = ["max_allocated_gib", "max_reserved_gib", "reserved_minus_allocated_gib", "max_rss_gib"]
+    cols = ["max_allocated_gib", "max_reserved_gib", "reserved_minus_allocated_gib", "max_rss_gib",
+            "predicted_peak_gib"]
     peaks_df = pd.DataFrame.from_dict(peaks, orient="index", columns=cols)
     peaks_df.index.name = "run"
 
@@ -657,9 +660,10 @@ def memory_section(data: StudyData) -> Memory:
         a, r = num(s.get("memory/max_allocated_gib")), num(s.get("memory/max_reserved_gib"))
         rows.append({"trial": t.number, "value": _objective(t), "max_allocated_gib": a,
                      "max_reserved_gib": r, "reserved_minus_allocated_gib": r - a,
+                     "predicted_peak_gib": num(s.get("memory/predicted_peak_gib")),
                      **{k: t.params.get(k) for k in mem_knobs}})
     by_trial = pd.DataFrame(rows, columns=["trial", "value", "max_allocated_gib", "max_reserved_gib",
-                                           "reserved_minus_allocated_gib", *mem_knobs])
+                                           "reserved_minus_allocated_gib", "predicted_peak_gib", *mem_knobs])
 
     histogram, suggestions, source, a_msg, doc = _memory_analysis(data, number)
     message = None

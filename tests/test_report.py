@@ -217,7 +217,7 @@ def _simulate(params: dict[str, Any], rng: np.random.Generator, *, gpus: int, st
         "phase_s_per_step": {ph: float(m[ph].mean()) for ph in PHASES},
         "time/step_s": wall / len(m),
         "memory/max_reserved_gib": round(reserved_base, 3), "memory/max_allocated_gib": round(allocated, 3),
-        "memory/max_rss_gib": 21.4, "memory/fragmentation_gib": round(frag * 0.8, 3),
+        "memory/predicted_peak_gib": round(allocated * 1.02, 3), "memory/max_rss_gib": 21.4, "memory/fragmentation_gib": round(frag * 0.8, 3),
         "first_loss": float(phases["loss"].iloc[0]), "last_loss": float(phases["loss"].iloc[-1]),
         "io/backend": "io_uring",
         "io/read_latency_ms_p50": statistics.median(w["io/read_latency_ms_p50"] for w in windows),
@@ -582,6 +582,10 @@ def test_time_breakdown_matches_phases_csv(rep, fx):
 def test_memory(rep, fx):
     m = rep.memory
     assert m.message is None
+    # the memory model's prediction sits beside the measured peak, per arm and per trial
+    assert m.peaks.loc["best", "predicted_peak_gib"] == pytest.approx(m.peaks.loc["best", "max_allocated_gib"] * 1.02,
+                                                                      abs=2e-3)
+    assert (m.by_trial["predicted_peak_gib"] / m.by_trial["max_allocated_gib"]).round(2).eq(1.02).all()
     assert m.analysis_message.startswith("Memory analysis not run")
     assert m.histogram is None
     best = fx.params[fx.best]

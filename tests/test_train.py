@@ -17,6 +17,7 @@ import pytest
 from workbench import ops
 from workbench.config import merge_overrides, preset_config
 from workbench.loop import Trainer
+from workbench.memory_model import predict_peak
 from workbench.timing import PHASES
 from workbench.train import synthetic_data_dir
 
@@ -64,6 +65,10 @@ def test_loss_decreases_and_phases_add_up(synth, tmp_path):
     assert (steps["real_tokens"] <= steps["padded_tokens"]).all()
     assert s["measured_steps"] == 34 and s["throughput/real_tokens_per_s_per_gpu"] > 0
     assert s["first_loss"] == pytest.approx(losses[0]) and s["last_loss"] == pytest.approx(losses[-1])
+    # the memory model's prediction for this run, fp32 on the CPU (no autocast)
+    predicted = predict_peak(_cfg(**{"training.max_steps": 36}), autocast=False)
+    assert s["memory/predicted_peak_gib"] == round(predicted.total / 2**30, 3) > 0
+    assert s["memory/predicted"]["activations"] == round(predicted.activations / 2**30, 3)
     windows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [w["step"] for w in windows] == [6, 10, 14, 18, 22, 26, 30, 34, 36]
     for w in windows:

@@ -10,7 +10,7 @@ import pytest
 
 from workbench.config import load_config
 from workbench.study import load_study_spec
-from workbench.trial import TEST_FAULT_ENV, invalid_config_outcome, run_trial
+from workbench.trial import TEST_FAULT_ENV, not_launched_outcome, run_trial
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_watchdog_and_signals(spec, tmp_path, monkeypatch, fault, status, words,
 
 
 def test_invalid_config_is_recorded_without_launch(tmp_path):
-    out = invalid_config_outcome(tmp_path / "i", "training.global_batch_size: got 8; must be a multiple of 3")
+    out = not_launched_outcome(tmp_path / "i", "training.global_batch_size: got 8; must be a multiple of 3")
     assert out.status == "invalid_config" and out.failed
     assert json.loads((tmp_path / "i" / "failure.json").read_text())["kind"] == "invalid_config"
     assert "multiple of 3" in out.log_tail and not (tmp_path / "i" / "metrics.jsonl").exists()

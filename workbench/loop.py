@@ -65,9 +65,10 @@ from workbench.config import Config, ConfigError, to_dict
 from workbench.flops import flops_per_token, peak_tflops
 from workbench.fp8 import convert_to_fp8
 from workbench.memory import apply_allocator_settings
+from workbench.memory_model import predict_peak, summary_fields
 from workbench.metrics import (MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
                                summarize_window)
-from workbench.model import Llama, ModelArgs, get_preset
+from workbench.model import Llama, ModelArgs, model_args
 from workbench.ops import resolve
 from workbench.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.timing import PHASES, PhaseTimer
@@ -91,9 +92,7 @@ def resolve_device(cfg: Config) -> torch.device:
 
 
 def build_model_args(cfg: Config) -> ModelArgs:
-    if cfg.model.config_path:
-        return ModelArgs.from_hf_config(cfg.model.config_path)
-    return get_preset(cfg.model.name)
+    return model_args(cfg.model.name, cfg.model.config_path)
 
 
 class LossModule(nn.Module):
@@ -560,6 +559,9 @@ class Trainer:
             "kernels/launch": sys.modules["kernels"].launch_record() if "kernels" in sys.modules else [],
         }
         s.update(memory_snapshot(self.device))
+        # the memory model's prediction beside the measured peak (on the CPU the tensors' share of the RSS)
+        s.update(summary_fields(predict_peak(self.cfg, self.args, autocast=self.amp_dtype is not None,
+                                             backends=self.model.ops.backends)))
         s.update(self.pipeline.metrics())
         s.update(summarize_comm(windows))
         if self.comm is not None:

@@ -242,6 +242,11 @@ PRESETS: dict[str, ModelArgs] = {"tiny": TINY, "gr00t-n1.6": GR00T_N1_6}
 """Preset name -> model args; use :func:`get_preset` for a private copy."""
 
 
+def model_args(name: str, config_path: str | None = None) -> ModelArgs:
+    """The args of a config's model section: its HF ``config.json`` when given, else the preset ``name``."""
+    return ModelArgs.from_hf_config(config_path) if config_path else get_preset(name)
+
+
 def get_preset(name: str) -> ModelArgs:
     """A copy of preset ``name``; the error lists the preset names."""
     if name not in PRESETS:

@@ -59,7 +59,7 @@ __all__ = [
     "TrialOutcome",
     "ignore_interrupts",
     "interrupts_held",
-    "invalid_config_outcome",
+    "not_launched_outcome",
     "launch_command",
     "read_log_tail",
     "run_trial",
@@ -186,13 +186,15 @@ def _fresh_dir(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def invalid_config_outcome(trial_dir: Path, reason: str) -> TrialOutcome:
-    """Record a trial whose config was rejected before launch (nothing is run)."""
+def not_launched_outcome(trial_dir: Path, reason: str, kind: str = "invalid_config") -> TrialOutcome:
+    """Record a trial whose config was rejected before launch (nothing is run): ``invalid_config``, or ``oom``
+    where the memory model says it cannot fit."""
+    assert kind in FAILURE_KINDS, kind
     trial_dir = Path(trial_dir)
     _fresh_dir(trial_dir)
-    (trial_dir / "failure.json").write_text(json.dumps({"kind": "invalid_config", "message": reason}) + "\n")
+    (trial_dir / "failure.json").write_text(json.dumps({"kind": kind, "message": reason}) + "\n")
     (trial_dir / "log.txt").write_text(f"config rejected before launch: {reason}\n")
-    return TrialOutcome("invalid_config", trial_dir, failure_reason=reason, log_tail=read_log_tail(trial_dir))
+    return TrialOutcome(kind, trial_dir, failure_reason=reason, log_tail=read_log_tail(trial_dir))
 
 
 def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]:

@@ -101,11 +101,12 @@ from workbench.config import ConfigError, config_hash, merge_overrides
 from workbench.export import export_config, write_json
 from workbench.knobs import (detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names,
                              numerics_knobs)
+from workbench.memory_model import predicted_oom
 from workbench.numerics import check_loss, data_key, window_loss
 from workbench.samplers import make_sampler
 from workbench.stats import noise_floor, pair_ratios, speedup_interval
 from workbench.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
-from workbench.trial import (TrialOutcome, ignore_interrupts, interrupts_held, invalid_config_outcome,
+from workbench.trial import (TrialOutcome, ignore_interrupts, interrupts_held, not_launched_outcome,
                              read_log_tail, run_trial)
 
 __all__ = ["Tuner", "TuneError", "build_report", "default_storage_url", "main", "make_storage", "normalize_storage_url"]
@@ -413,7 +414,8 @@ class Tuner:
         if "cuda" in caps:
             import torch
 
-            self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count())
+            self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+                                 gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
         # reload with the real sampler and pruner (create_study needed a sampler to exist)
         study = optuna.load_study(study_name=self.study_name, storage=self.storage, sampler=self._sampler(),
                                   pruner=self._pruner())
@@ -728,12 +730,17 @@ class Tuner:
             trial.report(v, step=i)
             return trial.should_prune()
 
+        out: TrialOutcome | None = None
         try:
             try:
                 cfg = spec.trial_config(params)
             except ConfigError as e:
-                out = invalid_config_outcome(tdir, str(e))
+                out = not_launched_outcome(tdir, str(e))
             else:
+                too_big = predicted_oom(cfg, self.hardware.get("gpu_memory_gib"))
+                if too_big:
+                    out = not_launched_outcome(tdir, too_big, kind="oom")
+            if out is None:
                 out = self._run_search_trial(trial, cfg, tdir, on_window)
                 if out.status == "ok":
                     self._guard_numerics(trial, params, cfg, out)
