@@ -21,7 +21,7 @@ from pathlib import Path
 from _run import ROOT, child_env, commit, run_logged
 
 sys.path.insert(0, str(ROOT))
-from workbench.fingerprint import versions  # noqa: E402
+from workbench.train.fingerprint import versions  # noqa: E402
 
 VARIANTS = {
     "bf16": [],

@@ -50,7 +50,7 @@ from pathlib import Path
 from _run import ROOT, child_env, commit, run_logged
 
 sys.path.insert(0, str(ROOT))
-from workbench.fingerprint import versions  # noqa: E402
+from workbench.train.fingerprint import versions  # noqa: E402
 
 WB_SETS = {
     "wb_eager": [],
@@ -190,8 +190,8 @@ def main(argv: list[str] | None = None) -> None:
 def ratio_table(df, reference: str) -> str:
     """Each variant's real tokens/s over the reference's, repeat by repeat (repeat i of a variant against repeat i
     of the reference, else the reference's median), with the median and, from two pairs on, the 95% t-interval of
-    the ratio (workbench.stats.speedup_interval)."""
-    from workbench.stats import speedup_interval
+    the ratio (workbench.tune.stats.speedup_interval)."""
+    from workbench.tune.stats import speedup_interval
 
     tok = df[df["metric"] == "throughput/real_tokens_per_s_per_gpu"]
     ref = tok[tok["variant"] == reference].sort_values("repeat")["value"].tolist()

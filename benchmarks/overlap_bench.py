@@ -8,7 +8,7 @@ its default buckets, in one ``torchrun`` run (written for two GPUs; any world si
 Model: the gr00t-n1.6 preset cut to ``--layers`` decoder blocks (default 8: 0.62 B parameters, 2.5 GB of fp32
 gradients per step; the full 28 blocks with 15 configurations do not fit the 8-minute budget), full records of
 ``--seq-len`` tokens (one shape: no bucket-length noise), micro-batch ``--micro-batch``, bf16 autocast, eager,
-no accumulation, a synthetic corpus. Every configuration builds a fresh ``workbench.loop.Trainer`` (model,
+no accumulation, a synthetic corpus. Every configuration builds a fresh ``workbench.train.trainer.Trainer`` (model,
 optimizer, pipeline) in the same process group, runs ``--warmup`` steps, then ``--steps`` measured ones.
 
 Configurations, in this order: ``ddp`` (DistributedDataParallel, its default 25 MiB buckets, all-reduces
@@ -28,7 +28,7 @@ it measured), ``DIR/overlap_bench.json``, and a table. Stops starting new config
 
 ``--compile default --compile-scope model|layer`` runs every configuration compiled: with ``model`` the
 backward is one node and nothing overlaps; with ``layer`` each block is its own unit and the all-reduces
-overlap again (workbench/overlap.py).
+overlap again (workbench/train/overlap.py).
 
 ``--cpu`` runs the same plumbing on the CPU with gloo and the tiny preset (a smoke test of the script, not a
 measurement): ``torchrun --standalone --nproc-per-node 2 benchmarks/overlap_bench.py --cpu --steps 2``.
@@ -55,8 +55,8 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from workbench.config import merge_overrides, preset_config  # noqa: E402
-from workbench.fingerprint import versions  # noqa: E402
-from workbench.model import get_preset  # noqa: E402
+from workbench.train.fingerprint import versions  # noqa: E402
+from workbench.train.model import get_preset  # noqa: E402
 
 
 def model_config(layers: int, path: Path) -> Path:
@@ -80,7 +80,7 @@ def configurations(a: argparse.Namespace) -> list[dict]:
 
 def run_one(conf: dict, a: argparse.Namespace, model_json: Path | None, data_dir: Path, out: Path,
             rank: int) -> dict:
-    from workbench.loop import Trainer
+    from workbench.train.trainer import Trainer
 
     model = {"model.name": "tiny"} if a.cpu else \
         {"model.name": f"gr00t-n1.6-L{a.layers}", "model.config_path": str(model_json)}

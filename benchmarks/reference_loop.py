@@ -3,7 +3,7 @@
 The yardstick for the workbench's loop: no loader threads, no phase timer, no
 buckets. Batches are random windows of a flat uint16 token file (nanoGPT's
 ``get_batch``: np.memmap, pinned, non-blocking copy), the model is
-``workbench.model.Llama`` with the torch ops, AdamW is fused, attention is SDPA,
+``workbench.train.model.Llama`` with the torch ops, AdamW is fused, attention is SDPA,
 bf16 autocast; optionally ``torch.compile`` of the model's loss. With ``--global-batch G`` an optimizer step
 accumulates G / micro-batch micro-batches, as the workbench's loop does for the same global batch, so both
 take the same optimizer steps per token.
@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loaders.synth import SynthSpec, generate_documents, write_bin  # noqa: E402
-from workbench.flops import flops_per_token, peak_tflops  # noqa: E402
-from workbench.model import Llama, get_preset  # noqa: E402
+from workbench.train.flops import flops_per_token, peak_tflops  # noqa: E402
+from workbench.train.model import Llama, get_preset  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> dict:

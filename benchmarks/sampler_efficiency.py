@@ -9,7 +9,7 @@ as the tuner tells them.
 
 Replay: each of ``--samplers`` (default: the sampler of ``--spec`` and random search; ``NAME:N`` sets its
 random startup trials, else the spec's ``n_startup_trials``), built exactly as ``workbench.tune`` builds it
-(TPE: multivariate, constant liar; GP: ``workbench.samplers.OrdinalGPSampler``), runs ``--seeds`` times against the measured values, asking as many trials as the grid has configurations; a trial's value is the grid's measurement
+(TPE: multivariate, constant liar; GP: ``workbench.tune.samplers.OrdinalGPSampler``), runs ``--seeds`` times against the measured values, asking as many trials as the grid has configurations; a trial's value is the grid's measurement
 of the configuration it asks for (constraints too), so a sampler that asks again for a configuration gets
 the same number, as a re-measurement would roughly give. Per sampler and seed: the first trial whose best
 so far is within ``--within`` of the grid's best.
@@ -39,8 +39,8 @@ import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
-from workbench.study import load_study_spec  # noqa: E402
-from workbench.samplers import make_sampler  # noqa: E402
+from workbench.tune.study import load_study_spec  # noqa: E402
+from workbench.tune.samplers import make_sampler  # noqa: E402
 
 SAMPLERS = ("tpe", "gp", "random")  # the replayable ones (single-objective)
 

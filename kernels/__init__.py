@@ -1,9 +1,9 @@
 """Triton kernels for the fused ops, with launch parameters passed in from config.
 
 Importing this package registers the ``triton`` backend of each op in
-``workbench.ops`` (``rmsnorm``, ``swiglu``, ``rope``, ``loss``, and ``rmsnorm_add``, the
+``workbench.train.ops`` (``rmsnorm``, ``swiglu``, ``rope``, ``loss``, and ``rmsnorm_add``, the
 fused residual add that follows the ``rmsnorm`` backend), so that
-``workbench.ops.resolve({"rmsnorm": "triton", ...})`` finds them.
+``workbench.train.ops.resolve({"rmsnorm": "triton", ...})`` finds them.
 
 Launch parameters (``num_warps``, ``num_stages``, block sizes, rows per chunk) are
 never chosen by ``@triton.autotune``: :func:`configure` takes
@@ -15,7 +15,7 @@ The kernels run on CUDA tensors; on a CPU they run only under
 ``TRITON_INTERPRET=1`` set before this package is imported (the tests), and the
 training loop uses the ``torch`` backends there.
 
-Benchmark: ``python -m kernels.bench`` (on a CUDA machine).
+Benchmark: ``python benchmarks/kernels_bench.py`` (on a CUDA machine).
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from kernels.registry import (
 from kernels.rmsnorm import rms_norm_add_triton, rms_norm_triton
 from kernels.rope import rope_triton
 from kernels.swiglu import swiglu_triton
-from workbench.ops import register
 
 __all__ = [
+    "TRITON_OPS",
     "KERNEL_OF_OP",
     "LAUNCH_SPACES",
     "LaunchConfigError",
@@ -62,8 +62,6 @@ __all__ = [
     "using",
 ]
 
-register("rmsnorm", "triton", rms_norm_triton)
-register("rmsnorm_add", "triton", rms_norm_add_triton)
-register("swiglu", "triton", swiglu_triton)
-register("rope", "triton", rope_triton)
-register("loss", "triton", linear_cross_entropy_triton)
+TRITON_OPS = {"rmsnorm": rms_norm_triton, "rmsnorm_add": rms_norm_add_triton, "swiglu": swiglu_triton,
+              "rope": rope_triton, "loss": linear_cross_entropy_triton}
+"""op name -> its Triton backend (workbench.train.ops registers them as ``"triton"``)."""

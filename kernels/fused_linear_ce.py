@@ -6,7 +6,7 @@ The vocabulary is padded to a multiple of 64 (Vp; W gets zero rows): with V = 50
 rows of an unpadded N x V bf16 logits buffer are not 16-byte aligned, and cuBLAS then
 falls back to kernels about 5x slower (measured on an H200: 1.98 ms for a 1,024-row
 logits matmul against 0.27 ms aligned,
-benchmarks/results/fused_ce_matmul_probe_h200_2026-11-29.csv). The padded columns never count: the softmax
+docs/kernel-notes.md). The padded columns never count: the softmax
 reads only the first V, and their gradient is written as 0.
 
 For each chunk of C rows:
@@ -27,7 +27,7 @@ the unfused loss. The backward only scales them by the incoming gradient (a devi
 tensor: no host sync). When no input needs a gradient (evaluation), the forward
 does one matmul per chunk and the loss only.
 
-Numerics follow ``workbench.ops.linear_cross_entropy_torch``: the logits are computed
+Numerics follow ``workbench.train.ops.linear_cross_entropy_torch``: the logits are computed
 in the compute dtype (autocast's when autocast is on, else h's), softmax and loss in
 fp32, gradients of the logits rounded to the compute dtype before the matmuls. dW is
 accumulated over chunks in fp32 (cuBLAS writes fp32 directly from bf16 operands on
@@ -47,11 +47,11 @@ import triton.language as tl
 
 from kernels._launch import check_tensor, empty, interpreted
 from kernels.registry import launch_params
-from workbench import ops
+from workbench.vocab import VOCAB_ALIGN, padded_vocab
 
 __all__ = ["linear_cross_entropy_triton"]
 
-_IGNORE_INDEX = -100  # as workbench.ops: a position whose label is -100 does not count either
+_IGNORE_INDEX = -100  # as workbench.train.ops: a position whose label is -100 does not count either
 _TORCH_MM_OUT_DTYPE = tuple(int(v) for v in re.findall(r"\d+", torch.__version__)[:2]) >= (2, 8)
 """mm/addmm with out_dtype=float32 from bf16/fp16 operands exists on CUDA from torch 2.8."""
 
@@ -175,8 +175,8 @@ def _fused_linear_ce_fwd(
     V = weight.shape[0]
     p = launch_params("fused_linear_ce", {"rows": N, "hidden": D, "vocab": V})
     C = p["chunk_size"]
-    Vp = ops.padded_vocab(V)  # the torch loss pads the same way
-    Va = V // ops.VOCAB_ALIGN * ops.VOCAB_ALIGN or V  # the rows of dW updated as one aligned block
+    Vp = padded_vocab(V)  # the torch loss pads the same way
+    Va = V // VOCAB_ALIGN * VOCAB_ALIGN or V  # the rows of dW updated as one aligned block
     h_c = h.to(compute_dtype).contiguous()
     if Vp == V:
         w_c = weight.to(compute_dtype).contiguous()
@@ -198,9 +198,9 @@ def _fused_linear_ce_fwd(
             _mm_into(dh[start:end], logits_CV, w_c, accumulate=False)
         if dw is not None:
             # dW has V rows (no padding); its rows are updated as an aligned block of Va rows (a multiple of
-            # ops.VOCAB_ALIGN) plus the few remaining ones: a matmul whose row count is odd (50,257) ran at 472
+            # VOCAB_ALIGN) plus the few remaining ones: a matmul whose row count is odd (50,257) ran at 472
             # TFLOP/s against 771 for the aligned logits matmul on an H200 (benchmarks/results/
-            # fused_ce_matmul_probe_h200_2026-11-29.csv)
+            # docs/kernel-notes.md)
             g_VC = logits_CV[:, :V].t()
             _mm_into(dw[:Va], g_VC[:Va], h_c[start:end], accumulate=True)
             if Va < V:
@@ -262,7 +262,7 @@ def linear_cross_entropy_triton(
     h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor, mask_N: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cross-entropy of ``h @ weight.T`` summed over counted positions, and their number: the ``triton``
-    backend of op ``loss`` (same signature and numerics as ``workbench.ops.linear_cross_entropy_torch``).
+    backend of op ``loss`` (same signature and numerics as ``workbench.train.ops.linear_cross_entropy_torch``).
 
     Returns ``(loss_sum, n_tokens)``: a 0-d float32 tensor and a 0-d int64 tensor, neither synced to the host.
     Labels of counted positions must be in [0, V).

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.config import ConfigError
+from workbench.errors import ConfigError
 
 __all__ = [
     "KERNEL_OF_OP",
@@ -62,7 +62,7 @@ spills to local memory and is never the fastest choice, so such a combination is
 instead of costing a trial."""
 
 KERNEL_OF_OP: dict[str, str] = {"rmsnorm": "rmsnorm", "swiglu": "swiglu", "rope": "rope", "loss": "fused_linear_ce"}
-"""Op name (``workbench.ops.OP_NAMES``) -> the kernel that implements its ``triton`` backend."""
+"""Op name (``workbench.train.ops.OP_NAMES``) -> the kernel that implements its ``triton`` backend."""
 
 _CONFIG_KEY = "loongforge.compute_domain.kernels"
 
@@ -145,7 +145,7 @@ class LaunchSpace:
     kernel: str
     """Kernel name: the key under ``loongforge.compute_domain.kernels``."""
     op: str
-    """The ``workbench.ops`` op it implements."""
+    """The ``workbench.train.ops`` op it implements."""
     dims: tuple[str, ...]
     """Named dims of the shape it is launched at (e.g. rows, hidden)."""
     params: tuple[LaunchParam, ...]
@@ -275,7 +275,7 @@ _NUM_STAGES = dict(name="num_stages", check=_between(1, MAX_NUM_STAGES),
 
 
 def _rms_tile_warps(numel: int) -> int:
-    # Liger-Kernel's calculate_settings thresholds (by tile size), a starting point for kernels.bench.
+    # Liger-Kernel's calculate_settings thresholds (by tile size), a starting point for kernels_bench.
     return 32 if numel >= 32768 else 16 if numel >= 8192 else 8 if numel >= 2048 else 4
 
 
@@ -298,18 +298,10 @@ def _rms_default_warps(s: Shape) -> int:
     return _rms_tile_warps(_rms_default_rows(s) * _next_pow2(s["hidden"]))
 
 
-# The forward's defaults from a row of 2,048 up: one row per program, two passes over chunks of half the row (at
-# most 2,048 columns), 4 elements (one 16-byte fp32 access) a thread. On an H200, in the six cases of kernels.bench
-# at hidden 2,048 and 4,096 (fp32 out, bf16 out, fused add): the fastest launch measured in five, 0.7% behind it
-# in the sixth (fused add at 2,048, run AO); the former one-pass whole-row defaults were 1.2-4.5% slower than the
-# best (run AR, benchmarks/README.md). From a tile of 1,024 columns up to a row of 2,047: one pass, one row per
-# program, 4 warps: at hidden 1,024 and 1,536 in the same three cases, faster than the defaults before (several
-# rows a program, or two passes at 1,536) in all six, by 0.6-3.8% and in every round through the model's call
-# (run AU; run AT, launched directly: 0.6-3.0%). Below, several rows a program of 4 warps: 4 rows at a tile of 512
-# columns, 16 at 256 columns and below. At hidden 256 and 512 in the same three cases these were faster than the
-# defaults before (16 and 8 rows, 8 warps) by 0.5-5.2%, in 46 of 48 paired rounds, and the fastest of the six
-# launches timed in five of the six cases, 2.5% behind 8 rows in the sixth (fused add at 256; run AY; below 256
-# not measured).
+# The forward's defaults: from a row of 2,048 up, one row per program in two passes over chunks of half the row
+# (at most 2,048 columns), 4 elements (one 16-byte fp32 access) a thread; from a tile of 1,024 columns up to a row
+# of 2,047, one pass, one row per program, 4 warps; below, several rows a program of 4 warps (4 rows at a tile of
+# 512 columns, 16 at 256 and below). The measurements behind each: docs/kernel-notes.md, RMSNorm.
 def _rms_fwd_split(s: Shape) -> bool:
     return s["hidden"] >= 2048
 
@@ -351,8 +343,7 @@ RMSNORM = LaunchSpace(
         LaunchParam(name="fwd_block_size", doc="forward: columns per loop step; below the hidden size the "
                     "forward reads each row twice (the sum of squares, then from L2 to normalise), at or above it "
                     "one pass with the block_size tile", check=_pow2_between(1, MAX_TILE_NUMEL), phase="fwd",
-                    # inductor's fp32 forward at hidden 4,096 is two passes of 2,048 columns, 16 warps, a row per
-                    # program; the same launch here is level with it (run AE, benchmarks/README.md)
+                    # inductor's fp32 forward at hidden 4,096: two passes of 2,048 columns (docs/kernel-notes.md)
                     candidates=lambda s: tuple(sorted({v for v in (512, 1024, 2048) if v < s["hidden"]}
                                                       | {_next_pow2(s["hidden"])})),
                     default=_rms_fwd_default_block),
@@ -378,9 +369,8 @@ RMSNORM = LaunchSpace(
                     "loads the next tile before working on the current one (its loads then overlap the reduction "
                     "and the stores, for twice the input registers)", check=_int_in((1, 2)), phase="bwd",
                     candidates=lambda s: (1, 2),
-                    # on an H200 (runs V and X, benchmarks/README.md): 2 at hidden 2,048 (bf16 out 78.7 -> 82.9%
-                    # of copy, fused add 85.4 -> 85.8% under the default tile), 1 at 4,096 (fp32 92.4% against
-                    # 87.9%, fused add 91.8 against 84.6%: the second tile's registers cost more than it hides)
+                    # 2 up to a row of 2,048, 1 above it, where the second tile's registers cost more than its
+                    # loads hide (docs/kernel-notes.md, RMSNorm)
                     default=lambda s: 2 if _next_pow2(s["hidden"]) <= 2048 else 1),
     ),
     joint=_rms_joint,
@@ -451,10 +441,8 @@ ROPE = LaunchSpace(
 
 def _ce_default_chunk(s: Shape) -> int:
     # The largest power of two of rows whose bf16 logits fit in 512 MiB (4,096 rows at vocab 50,257), at most
-    # the rows there are. Fewer, larger chunks cost less per chunk: the full loss took 20.1 ms at 1,024 rows,
-    # 18.3 at 4,096 and 18.1 at 8,192 on an H200 (benchmarks/results/kernels_h200_2026-11-29.csv), while the
-    # memory saved by smaller chunks is small next to the unfused loss's N x V logits. Liger-Kernel's
-    # heuristic (logits chunk ~ as large as the hidden states) gives 1,024 rows here.
+    # the rows there are: fewer, larger chunks cost less per chunk, and the memory smaller chunks save is small
+    # next to the unfused loss's N x V logits (docs/kernel-notes.md, fused linear + cross-entropy).
     rows_fit = max(1, (512 << 20) // (2 * max(1, s["vocab"])))
     cap = 1 << (rows_fit.bit_length() - 1)
     return max(256, min(8192, cap, _next_pow2(s["rows"])))
@@ -472,9 +460,7 @@ FUSED_LINEAR_CE = LaunchSpace(
     kernel="fused_linear_ce", op="loss", dims=("rows", "hidden", "vocab"),
     doc="LM head + cross-entropy in chunks of rows (logits of one chunk at a time), with the gradients.",
     params=(
-        # 8 warps: the softmax kernel over 4,096 rows of 50,304 took 0.359 ms at 8 warps against 0.428 at 16 (the
-        # default before), and 0.359-0.796 ms over 4-32 warps and block_v 2,048-8,192, on an H200 in run AV
-        # (benchmarks/results/fused_ce_probe_h200_2026-11-30.csv)
+        # 8 warps: the fastest of 4-32 for the softmax kernel at the gr00t-n1.6 vocabulary (docs/kernel-notes.md)
         LaunchParam(**_NUM_WARPS, candidates=lambda s: (4, 8, 16, 32), default=lambda s: 8),
         LaunchParam(**_NUM_STAGES, candidates=lambda s: (1, 2, 3), default=lambda s: 2),
         LaunchParam(name="block_v", doc="vocab entries per loop step of the softmax kernel",

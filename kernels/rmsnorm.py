@@ -72,11 +72,9 @@ def _rmsnorm_fwd_kernel(
     D: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr,
     TWO_PASS: tl.constexpr, EVEN: tl.constexpr,
 ):
-    # D a constexpr, as inductor's literal row length: run AN ran the kernel at inductor's launch with D an
-    # argument, 0.92x torch.compile; run AO, a constexpr, 0.995x (and 0.1-0.6% faster at the launches found best).
-    # EVEN: no access needs a mask (M % BLOCK_ROWS == 0 and D % BLOCK_D == 0), as in inductor's kernels for static
-    # shapes. Run AJ (paired against the masked kernel): without the residual 0.3-3.1% faster at 8 of 12 launches,
-    # level within 0.2% at the other 4; with it 0.2-0.5% slower at 4 of 4, so the launcher sets it only without.
+    # D is a constexpr, as inductor's literal row length. EVEN: no access needs a mask (M % BLOCK_ROWS == 0 and
+    # D % BLOCK_D == 0); the launcher sets it only without the residual, where it is faster
+    # (docs/kernel-notes.md, RMSNorm).
     pid = tl.program_id(0)
     rows = pid.to(tl.int64) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
     row_ok = rows < M
@@ -294,12 +292,9 @@ def _sum_rows(partial: torch.Tensor, dtype: torch.dtype, block_p: int = 0, block
               num_warps: int = 4) -> torch.Tensor:
     """``partial.sum(0)`` ([P, D] fp32 -> [D] in ``dtype``) in one Triton kernel: the backward's dw partials.
 
-    torch's column reduction of a few hundred rows took about 10 microseconds per call on an H200 (run R's
-    profile: 57 calls, 0.62 ms per step), a tenth of the backward kernel's time at hidden 2,048. Here each
-    program sums ``block_c`` columns of every row, ``block_p`` rows per loop step (default: every row, up to
-    256), and writes ``dtype`` directly. Run Y (benchmarks/probes/rms_dw_sum_probe.py, GPU time, 264 x 2,048
-    partials): torch 15.1 us, this kernel 8.1 us with 16 columns per program (8.7 with 32, 10.0 with 64); 16
-    was the fastest at every shape probed (132-528 rows, hidden 2,048 and 4,096)."""
+    Each program sums ``block_c`` columns of every row, ``block_p`` rows per loop step (default: every row, up to
+    256), and writes ``dtype`` directly; 16 columns a program was the fastest at every shape probed, about half
+    of torch's column reduction (docs/kernel-notes.md, RMSNorm)."""
     P, D = partial.shape
     out = empty((D,), dtype, partial.device)
     block_p = block_p or min(256, triton.next_power_of_2(max(P, 1)))
@@ -408,7 +403,7 @@ def rms_norm_triton(
     x_BTD: torch.Tensor, weight_D: torch.Tensor, eps: float, out_dtype: torch.dtype | None = None
 ) -> torch.Tensor:
     """RMSNorm over the last dim, fp32 inside, in ``out_dtype`` (default ``x``'s dtype): the ``triton`` backend
-    of op ``rmsnorm`` (same signature and numerics as ``workbench.ops.rms_norm_torch``)."""
+    of op ``rmsnorm`` (same signature and numerics as ``workbench.train.ops.rms_norm_torch``)."""
     return _RMSNorm.apply(x_BTD, weight_D, eps, out_dtype or x_BTD.dtype)
 
 

@@ -226,5 +226,5 @@ def rope_triton(
     q_BHTd: torch.Tensor, k_BKTd: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotary embedding of q and k, fp32 inside, each in its own dtype: the ``triton`` backend of op ``rope``
-    (same signature and numerics as ``workbench.ops.rope_torch``; no gradient to cos/sin)."""
+    (same signature and numerics as ``workbench.train.ops.rope_torch``; no gradient to cos/sin)."""
     return _RoPE.apply(q_BHTd, k_BKTd, cos_BTd, sin_BTd)

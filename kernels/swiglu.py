@@ -146,5 +146,5 @@ class _SwiGLU(torch.autograd.Function):
 
 def swiglu_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` in the inputs' dtype (fp32 inside, one rounding): the ``triton`` backend of op
-    ``swiglu`` (same signature as ``workbench.ops.swiglu_torch``; gate and up must have the same shape)."""
+    ``swiglu`` (same signature as ``workbench.train.ops.swiglu_torch``; gate and up must have the same shape)."""
     return _SwiGLU.apply(gate, up)

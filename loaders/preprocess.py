@@ -83,6 +83,7 @@ from loaders.format import (
     remove_stale_partials,
 )
 from loaders.inputs import BIN_DTYPES, InputFile, open_input
+from loaders.verify import format_summary
 
 __all__ = ["PreprocessConfig", "preprocess", "main", "SHORT_POLICIES"]
 
@@ -472,8 +473,6 @@ def _main(args: argparse.Namespace) -> int:
         print(f"error: {_one_line(e)}", file=sys.stderr)
         return 1
     if not args.quiet:
-        from loaders.verify import format_summary
-
         print(format_summary(manifest, args.output))
     return 0
 

@@ -39,7 +39,7 @@ Buffer lifetime (``read_ordered(..., hold=0, copy=False)``)
     that bytearray up instead of overwriting it: a caller that breaks the
     contract keeps correct bytes, it just costs an allocation.
     ``copy=True`` hands out ``bytes`` instead (one extra memcpy per read; no
-    lifetime rule). ``python -m loaders.bench`` measures both: over the frames
+    lifetime rule). ``python benchmarks/loaders_bench.py`` measures both: over the frames
     of a 20M-token corpus in the page cache, io_uring at depth 32, memoryviews
     ran at 4.4 GB/s and bytes at 3.9 GB/s on a 2-core VM (5.8 vs 5.2 on a
     smaller corpus; 4.4 vs 3.8 on a 16-core H200 host), so views are the

@@ -20,6 +20,9 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from workbench.tune.knobs import get_knob
+from workbench.vocab import FAILED_STATUSES, PHASES
+
 __all__ = [
     "PHASES",
     "RunData",
@@ -32,11 +35,8 @@ __all__ = [
     "num",
 ]
 
-PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other")
-"""Step phases in step order; kept equal to ``workbench.timing.PHASES`` (not imported: that pulls in torch)."""
-
 OK = "ok"
-FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config", "interrupted")
+FAILURE_KINDS = FAILED_STATUSES  # the report shows every run that did not finish, interrupted ones too
 
 
 def num(value: Any) -> float:
@@ -82,10 +82,6 @@ def _read_yaml(path: Path, problems: list[str] | None = None) -> tuple[Any, str 
 
 
 def _knob(name: str) -> Any:
-    try:  # the tuner's registry: short knob name -> config key and doc (optional: reports runs without it)
-        from workbench.knobs import get_knob
-    except ImportError:
-        return None
     try:
         return get_knob(name)
     except (KeyError, ValueError):

@@ -620,7 +620,7 @@ def _memory(s: Memory, figs: _Figures) -> str:
                                    "predicted_peak_gib": "predicted GiB (memory model)"}))
         out.append('<p class="note">Medians over the runs of each arm; reserved − allocated is what the '
                    "caching allocator holds but does not use (fragmentation and cached blocks). The "
-                   "prediction (workbench/memory_model.py) is of the peak allocated: state, saved "
+                   "prediction (workbench/train/memory_model.py) is of the peak allocated: state, saved "
                    "activations, the torch loss's logits and one block's working set.</p>")
         out.append("</div></div>")
         bt = s.by_trial

@@ -581,7 +581,7 @@ _COMM_COLS = ["comm_total_s", "comm_exposed_s", "overlap_pct", "mode", "buckets"
 
 
 def _comm_table(arms: dict[str, list[RunData]]) -> tuple[pd.DataFrame, str | None]:
-    """Exposed communication and overlap achieved per arm (run summaries' ``comm/*``; workbench/metrics.py)."""
+    """Exposed communication and overlap achieved per arm (run summaries' ``comm/*``; workbench/train/metrics.py)."""
     rows = {}
     for arm, runs in arms.items():
         with_comm = [r for r in runs if math.isfinite(r.metric("comm/total_s"))]
@@ -624,7 +624,7 @@ class Memory(NamedTuple):
     message: str | None
     analysis_summary: pd.DataFrame | None = None
     """metric, value: peak allocated / reserved GiB, unused reserved at peak allocation (GiB, %), max reserved -
-    allocated GiB, allocator retries, from memory_analysis.json (workbench/memory.py)."""
+    allocated GiB, allocator retries, from memory_analysis.json (workbench/memory/analysis.py)."""
     fragmentation: pd.DataFrame | None = None
     """event, time_us, allocated_gib, reserved_gib, fragmentation_gib: the recorded steps' timeline."""
     suggested_allocator: dict | None = None
@@ -682,7 +682,7 @@ def memory_section(data: StudyData) -> Memory:
 
 
 def _analysis_tables(doc: dict | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict | None]:
-    """Peaks, fragmentation and retries; the timeline; the suggested settings (schema: workbench/memory.py)."""
+    """Peaks, fragmentation and retries; the timeline; the suggested settings (schema: workbench/memory/analysis.py)."""
     if not doc:
         return None, None, None
     gib = 1024 ** 3
@@ -851,7 +851,7 @@ def sweep_by_config(s: Kernels) -> pd.DataFrame | None:
     if time_col is None:
         return None
     sw = s.sweep.copy()
-    if "mode" in sw.columns and (sw["mode"] == "full").any():  # kernels.bench rows: forward + backward
+    if "mode" in sw.columns and (sw["mode"] == "full").any():  # kernels_bench rows: forward + backward
         sw = sw[sw["mode"] == "full"]
     ignore = {"kernel", "shape", "mode", "provider", "sweep", "launch", "dtype", "note", "error", "gpu", "torch",
               "triton", "cuda", "timestamp", "size"}

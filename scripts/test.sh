@@ -12,4 +12,6 @@ if [ "${SKIP_SERVICES:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/
 fi
 # reports rendered by the browser tests (screenshots included) are kept here as artifacts
 export REPORT_ARTIFACT_DIR=${REPORT_ARTIFACT_DIR:-$PWD/runs/ci-artifacts}
+# the one-way import ladder (pyproject.toml, docs/architecture.md)
+.venv/bin/lint-imports --no-cache
 exec .venv/bin/python -m pytest -q "$@"

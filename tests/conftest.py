@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 # Before torch is imported anywhere in the test process: OpenMP threads that spin
-# collapse on 2 shared cores (see workbench/train.py, which sets the same default).
+# collapse on 2 shared cores (see workbench/train/__main__.py, which sets the same default).
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest

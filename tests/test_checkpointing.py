@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workbench.model import Llama, get_preset
-from workbench.ops import resolve
+from workbench.train.model import Llama, get_preset
+from workbench.train.ops import resolve
 
 B, T = 2, 64
 TOL = {"rtol": 1e-6, "atol": 1e-6}

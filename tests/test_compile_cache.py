@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from workbench.study import load_study_spec
+from workbench.tune.study import load_study_spec
 from workbench.tune import Tuner
 
 

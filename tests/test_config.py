@@ -13,7 +13,6 @@ from workbench import config as C
 from workbench.config import (
     AllocatorConfig,
     ComputeDomainConfig,
-    apply_allocator_env,
     Config,
     ConfigError,
     DataConfig,
@@ -33,6 +32,7 @@ from workbench.config import (
     to_dict,
     validate,
 )
+from workbench.train.allocator import apply_allocator_env
 
 SEED = Path(__file__).resolve().parents[1] / "docs" / "seed-config.yaml"
 

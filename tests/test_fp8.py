@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from workbench.config import ConfigError, merge_overrides, preset_config
-from workbench.model import Llama, get_preset
+from workbench.train.model import Llama, get_preset
 
 torchao_missing = importlib.util.find_spec("torchao") is None
 needs_torchao = pytest.mark.skipif(torchao_missing, reason="torchao (the [fp8] extra) is not installed")
@@ -41,7 +41,7 @@ def _gr00t_on_meta():
 
 @needs_torchao
 def test_module_filter_follows_torchao_thresholds_per_recipe():
-    from workbench.fp8 import fp8_module_filter
+    from workbench.train.fp8 import fp8_module_filter
 
     model = _gr00t_on_meta()
     linears = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
@@ -69,7 +69,7 @@ def test_module_filter_follows_torchao_thresholds_per_recipe():
 
 @needs_torchao
 def test_refusals_name_the_key_and_the_reason(monkeypatch):
-    import workbench.fp8 as fp8
+    import workbench.train.fp8 as fp8
 
     model = Llama(get_preset("tiny"))
     cd = _cd(**{FP8: "tensorwise"})
@@ -93,7 +93,7 @@ def test_refusals_name_the_key_and_the_reason(monkeypatch):
 
 @needs_torchao
 def test_lm_head_is_refused_with_the_vocab_rule():
-    from workbench.fp8 import convert_to_fp8
+    from workbench.train.fp8 import convert_to_fp8
 
     with torch.device("meta"):
         model = Llama(get_preset("gr00t-n1.6"))  # untied head, vocab 50,257
@@ -114,7 +114,7 @@ def test_trainer_trains_with_fp8_on_the_cpu(tmp_path):
     from torchao.float8.float8_linear import Float8Linear
 
     from tests.test_train import _cfg, _losses  # the tiny loop's config and its per-step losses
-    from workbench.loop import Trainer
+    from workbench.train.trainer import Trainer
     from workbench.train import synthetic_data_dir
 
     cfg = _cfg(**{FP8: "rowwise", "loongforge.compute_domain.fp8_modules.size_filter": False,

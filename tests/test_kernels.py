@@ -28,7 +28,7 @@ Tolerances (``torch.testing.assert_close``: |actual - ref| <= atol + rtol * |ref
   truncates fp32 -> bf16 instead (triton/runtime/interpreter.py: cast_impl passes
   no rounding mode), which is off by up to one ulp, 2^-7: that is the rtol when
   interpreted. Where the reference itself computes in bf16 (the logits of the
-  loss, as ``workbench.ops`` does under bf16), the float64 reference starts from
+  loss, as ``workbench.train.ops`` does under bf16), the float64 reference starts from
   those bf16 logits, and the gradients' bound adds the rounding of the logits'
   gradient to bf16 before the matmuls: rtol x (|dlogits| @ |W|) for dh,
   rtol x (|dlogits|^T @ |h|) for dW.
@@ -42,10 +42,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import inspect
 import math
 import os
+import sys
 import zlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -56,7 +59,9 @@ if not torch.cuda.is_available():
 import kernels  # noqa: E402
 from kernels import registry  # noqa: E402
 from kernels._launch import interpreted  # noqa: E402
-from workbench import ops  # noqa: E402
+from workbench.train import ops  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 if DEVICE.type == "cpu" and not interpreted(kernels.rmsnorm._rmsnorm_fwd_kernel):
@@ -69,21 +74,6 @@ BF16_RTOL = 2.0**-7 if INTERPRETED else 2.0**-8  # see the module docstring
 FP32_TOL = dict(rtol=1e-5, atol=1e-5)
 BF16_TOL = dict(rtol=BF16_RTOL, atol=1e-5)
 DTYPES = [torch.float32, torch.bfloat16]
-
-
-# `import kernels` registers the triton backends in workbench.ops for the whole process; other test modules
-# assert the torch-only registry (tests/test_model.py), so the backends are registered only while this
-# module's tests run.
-_TRITON_BACKENDS = {op: ops.OPS[op].pop("triton") for op in ops.OP_NAMES if "triton" in ops.OPS[op]}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _triton_backends_registered():
-    for op, fn in _TRITON_BACKENDS.items():
-        ops.register(op, "triton", fn)
-    yield
-    for op in _TRITON_BACKENDS:
-        ops.OPS[op].pop("triton", None)
 
 
 @pytest.fixture(autouse=True)
@@ -352,7 +342,7 @@ def test_rope_forward_and_grads(gen, B, H, K, T, d, transposed, params, dtype):
 
 def test_rope_broadcast_table_and_the_models_tables(gen):
     B, H, K, T, d = 2, 2, 2, 6, 8
-    from workbench.model import rope_cos_sin
+    from workbench.train.model import rope_cos_sin
 
     cos_Td, sin_Td = rope_cos_sin(d, T, 10000.0, device=DEVICE)
     q, k = randn(gen, B, H, T, d), randn(gen, B, K, T, d)
@@ -471,11 +461,13 @@ def test_triton_backends_are_registered_with_the_torch_signatures():
     refs = {"rmsnorm": ops.rms_norm_torch, "swiglu": ops.swiglu_torch, "rope": ops.rope_torch,
             "loss": ops.linear_cross_entropy_torch}
     for op, ref in refs.items():
-        fn = ops.OPS[op]["triton"]
+        fn = kernels.TRITON_OPS[op]
         assert list(inspect.signature(fn).parameters) == list(inspect.signature(ref).parameters), op
         assert registry.get_space(registry.KERNEL_OF_OP[op]).op == op
+    # the ops switch finds them through kernels.TRITON_OPS when first asked
     opset = ops.resolve({op: "triton" for op in ops.OP_NAMES})
     assert opset.rmsnorm is kernels.rms_norm_triton and opset.loss is kernels.linear_cross_entropy_triton
+    assert ops.OPS["rmsnorm_add"]["triton"] is kernels.rms_norm_add_triton
 
 
 def test_a_cpu_tensor_without_the_interpreter_is_refused(monkeypatch):
@@ -492,7 +484,7 @@ def test_the_tiny_model_trains_the_same_with_triton_ops(gen):
     agree to ~1e-6 relative, so rtol 1e-4 is ~100x margin and still far below the
     ~1e-2 change of the loss per step (a wrong gradient shows up there).
     """
-    from workbench.model import Llama, get_preset
+    from workbench.train.model import Llama, get_preset
 
     args = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
     B, T = 2, 12
@@ -627,7 +619,7 @@ def test_launch_params_fill_defaults_and_are_recorded():
 
 def test_kernel_knobs_mirror_the_launch_spaces():
     from workbench.config import Config, merge_overrides
-    from workbench.knobs import KNOBS, drop_unsupported, get_knob
+    from workbench.tune.knobs import KNOBS, drop_unsupported, get_knob
 
     declared = {k.key for k in KNOBS if ".kernels." in k.key}
     expected = {f"loongforge.compute_domain.kernels.{kernel}.{p}"
@@ -699,7 +691,7 @@ def test_fullgraph_dynamic_torch_compile_runs_the_real_kernels(gen):
     parameters resolved from each call's concrete shape, and loss and gradients match eager torch ops."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from workbench.model import Llama, get_preset
+    from workbench.train.model import Llama, get_preset
 
     torch._dynamo.reset()
     args = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
@@ -762,7 +754,7 @@ def _op_calls(dev):
     w = torch.ones(256, device=dev, requires_grad=True)
     q = torch.randn(4, 64, 8, 32, device=dev, generator=g).transpose(1, 2).requires_grad_()
     k = torch.randn(4, 2, 64, 32, device=dev, generator=g, requires_grad=True)
-    from workbench.model import rope_cos_sin
+    from workbench.train.model import rope_cos_sin
 
     cos, sin = (t[None].expand(4, 64, 32) for t in rope_cos_sin(32, 64, 10000.0, device=dev))
     h = torch.randn(4 * 64, 256, device=dev, generator=g, requires_grad=True)
@@ -818,11 +810,22 @@ def test_under_cuda_graph_capture():
         torch.testing.assert_close(a, b)
 
 
+
+def _kernels_bench():
+    """benchmarks/kernels_bench.py, imported once as the module ``kernels_bench`` (it is a script, not a package
+    module)."""
+    if "kernels_bench" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("kernels_bench", ROOT / "benchmarks" / "kernels_bench.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["kernels_bench"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["kernels_bench"]
+
 # --------------------------------------------------------------------------- the benchmark's plumbing (CPU)
 
 
 def test_bench_needs_cuda_and_says_so(capsys):
-    from kernels import bench
+    bench = _kernels_bench()
 
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the benchmark would run")
@@ -833,7 +836,7 @@ def test_bench_needs_cuda_and_says_so(capsys):
 def test_the_compiled_references_backward_expects_gradients_laid_out_like_its_outputs():
     import torch._functorch.config as aot_config
 
-    from kernels import bench
+    bench = _kernels_bench()
 
     before = aot_config.guess_tangent_strides_as_outputs
     aot_config.guess_tangent_strides_as_outputs = False  # torch 2.11's default: contiguous gradients
@@ -851,7 +854,7 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
 
     import pandas as pd
 
-    from kernels import bench
+    bench = _kernels_bench()
 
     def fake_do_bench(fn, quick):
         fn()
@@ -910,7 +913,7 @@ def test_bench_e2e_keeps_the_variants_measured_before_one_fails(tmp_path, monkey
     measured before it keep their numbers, the ones after it are marked not run, and the summary says FAIL."""
     import pandas as pd
 
-    from kernels import bench
+    bench = _kernels_bench()
 
     def broken_compile(fn, **kw):
         def run(*a, **k):
@@ -942,7 +945,7 @@ def test_bench_e2e_pairs_interleaved_rounds_with_the_torch_ops(tmp_path, monkeyp
     and every timed step with its round in e2e_steps.csv."""
     import pandas as pd
 
-    from kernels import bench
+    bench = _kernels_bench()
 
     monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
     monkeypatch.setattr(bench, "BATCH", 1)
@@ -968,11 +971,11 @@ def test_bench_e2e_pairs_interleaved_rounds_with_the_torch_ops(tmp_path, monkeyp
 
 
 def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
-    """--e2e-isolation process: each variant runs in a worker process of its own (python -m kernels.bench
+    """--e2e-isolation process: each variant runs in a worker process of its own (python benchmarks/kernels_bench.py
     --e2e-worker) whose rows come back to the parent; losses agree across the isolated processes (same seed)."""
     import pandas as pd
 
-    from kernels import bench
+    bench = _kernels_bench()
 
     monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
     monkeypatch.setattr(bench, "BATCH", 1)
@@ -994,7 +997,7 @@ def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
 def test_bench_e2e_variants_include_the_fused_residual_add_on_request():
     import argparse
 
-    from kernels import bench
+    bench = _kernels_bench()
 
     assert bench._variants(argparse.Namespace(e2e_variants=None)) == bench.E2E_VARIANTS  # not by default
     got = bench._variants(argparse.Namespace(e2e_variants="triton:compile,triton_fused:compile"))
@@ -1007,9 +1010,8 @@ def test_bench_e2e_variants_include_the_fused_residual_add_on_request():
 def test_bench_e2e_mixes_run_triton_for_the_named_ops_only():
     import argparse
 
-    import kernels  # noqa: F401 - registers the triton backends
-    from kernels import bench
-    from workbench.ops import OP_NAMES, resolve
+    bench = _kernels_bench()
+    from workbench.train.ops import OP_NAMES, resolve
 
     got = bench._variants(argparse.Namespace(e2e_variants="rmsnorm+loss:compile,rmsnorm+fused+rope:eager"))
     assert got == [("rmsnorm+loss", "compile"), ("rmsnorm+fused+rope", "eager")]

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from kernels.registry import LAUNCH_SPACES
-from workbench import knobs
+from workbench.tune import knobs
 from workbench.config import Config, ConfigError, merge_overrides, to_dict
-from workbench.knobs import KNOBS, Knob, detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
+from workbench.tune.knobs import KNOBS, Knob, detect_capabilities, drop_unsupported, format_dropped, get_knob, knob_names
 
 
 def _get(data: dict, dotted: str):
@@ -144,7 +144,7 @@ def test_detect_capabilities_here(monkeypatch):
     assert "io_uring" not in detect_capabilities(1)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
-    import workbench.fp8 as fp8
+    import workbench.train.fp8 as fp8
 
     monkeypatch.setattr(fp8, "fp8_unsupported_reason", lambda *a: "no FP8 here")
     assert detect_capabilities(8) == {"cuda", "multi_gpu"}

@@ -13,10 +13,11 @@ import sys
 import pytest
 import torch
 
-from workbench import memory as M
 from workbench.config import AllocatorConfig, ConfigError, merge_overrides, preset_config
-from workbench.memory import (FRAG_HIGH_PCT, GC_THRESHOLD, ROUND_WASTE_MAX, analyze_snapshot,
-                              apply_allocator_settings, check_allocator_settings, format_table, round_block_size)
+from workbench.memory import FRAG_HIGH_PCT, GC_THRESHOLD, ROUND_WASTE_MAX, analyze_snapshot, format_table, round_block_size
+from workbench.memory.__main__ import main as memory_main
+from workbench.train import allocator
+from workbench.train.allocator import apply_allocator_settings, check_allocator_settings
 
 MiB, GiB = 2 ** 20, 2 ** 30
 
@@ -240,14 +241,14 @@ def test_apply_allocator_settings_writes_the_environment_and_checks_before_the_l
     assert apply_allocator_settings(preset_config("tiny")) == ""  # nothing set: nothing written or checked
     assert "PYTORCH_CUDA_ALLOC_CONF" not in os.environ
     seen = []
-    monkeypatch.setattr(M, "_allocator_setter", lambda: seen.append)
+    monkeypatch.setattr(allocator, "_allocator_setter", lambda: seen.append)
     assert apply_allocator_settings(cfg) == "expandable_segments:True,max_split_size_mb:128"
     assert seen == ["expandable_segments:True,max_split_size_mb:128"]
     assert os.environ["PYTORCH_CUDA_ALLOC_CONF"] == seen[0]
     # the loop applies and checks them first thing: a rejected option is an invalid config, before any work
-    from workbench.loop import Trainer
+    from workbench.train.trainer import Trainer
 
-    monkeypatch.setattr(M, "_allocator_setter",
+    monkeypatch.setattr(allocator, "_allocator_setter",
                         lambda: _raiser("Unrecognized key 'expandable_segments' in Accelerator allocator config."))
     with pytest.raises(ConfigError, match=r"^loongforge\.memory_domain\.allocator\.expandable_segments"):
         Trainer(cfg, data_dir=tmp_path)
@@ -258,7 +259,7 @@ def test_apply_allocator_settings_writes_the_environment_and_checks_before_the_l
 
 def test_analyze_says_it_needs_cuda(capsys):
     assert not torch.cuda.is_available()
-    assert M.main(["analyze", "--preset", "tiny", "--steps", "2"]) == 2
+    assert memory_main(["analyze", "--preset", "tiny", "--steps", "2"]) == 2
     assert "workbench.memory analyze needs CUDA" in capsys.readouterr().err
 
 
@@ -311,7 +312,7 @@ def test_staging_blocks_follow_the_seed_formula_and_are_allocated_once(synth):
 
 def test_the_loop_feeds_pinned_block_kb_from_the_config(synth):
     from loaders.pipeline import default_block_bytes
-    from workbench.loop import Trainer
+    from workbench.train.trainer import Trainer
 
     base = {"hardware.device": "cpu", "data.seq_len": 256, "data.micro_batch_size": 4, "data.num_workers": 0,
             "training.dtype": "fp32"}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import merge_overrides, preset_config
-from workbench.memory_model import MODEL_ERROR, predict_peak, predicted_oom
-from workbench.model import get_preset, num_params
+from workbench.train.memory_model import MODEL_ERROR, predict_peak, predicted_oom
+from workbench.train.model import get_preset, num_params
 
 GIB = 2**30
 FUSED = {"loongforge.compute_domain.ops.loss": "triton", "loongforge.compute_domain.ops.swiglu": "triton",
@@ -21,8 +21,8 @@ def _gr00t(**overrides):
 
 
 # Peak allocated GiB on one H200, gr00t-n1.6 at 2,048 tokens a row: memory/max_allocated_gib of
-# benchmarks/results/study_gr00t-n1.6_static_h200_2026-12-01.csv (trials 0-3) and
-# loop_gr00t-n1.6_shapes_graphs_h200_2026-12-01.csv (B16).
+# benchmarks/results/study.csv (source study_gr00t-n1.6_static_h200_2026-12-01.csv, trials 0-3) and
+# benchmarks/results/loop.csv (source loop_gr00t-n1.6_shapes_graphs_h200_2026-12-01.csv, variant B16).
 MEASURED = [
     ("bf16, micro-batch 8, torch ops and loss", {"data.micro_batch_size": 8}, 59.6114),
     ("FP8, micro-batch 16, fused loss", {"data.micro_batch_size": 16, **FUSED, **FP8}, 75.2366),

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import urllib.request
 
-from workbench.metrics import PrometheusExporter, StepRecord, summarize_window
-from workbench.timing import PHASES
+from workbench.train.metrics import PrometheusExporter, StepRecord, summarize_window
+from workbench.train.timing import PHASES
 
 
 def _free_port() -> int:

@@ -17,10 +17,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from workbench import model as model_mod
-from workbench import ops as ops_mod
-from workbench.flops import PEAK_TFLOPS, flops_per_token, mfu, peak_tflops
-from workbench.model import (
+from workbench.train import model as model_mod
+from workbench.train import ops as ops_mod
+from workbench.train.flops import PEAK_TFLOPS, flops_per_token, mfu, peak_tflops
+from workbench.train.model import (
     GR00T_N1_6,
     Llama,
     ModelArgs,
@@ -28,7 +28,7 @@ from workbench.model import (
     num_params,
     rope_cos_sin,
 )
-from workbench.ops import linear_cross_entropy_torch, register, resolve, rms_norm_torch, rope_torch
+from workbench.train.ops import linear_cross_entropy_torch, register, resolve, rms_norm_torch, rope_torch
 
 ASSETS = Path(__file__).parent / "assets"
 GQA_CONFIG = ASSETS / "gqa_config.json"

@@ -12,8 +12,8 @@ import pytest
 from optuna.trial import TrialState
 
 from workbench.config import load_config, merge_overrides, preset_config
-from workbench.numerics import check_loss, data_key
-from workbench.study import load_study_spec
+from workbench.tune.numerics import check_loss, data_key
+from workbench.tune.study import load_study_spec
 from workbench.tune import Tuner
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
@@ -50,7 +50,7 @@ def _tuner(study_spec_file, tmp_path, monkeypatch, name, *, space, seeds, trials
     text = path.read_text() + "seed_trials:\n" + "".join(f"  - {json.dumps(s)}\n" for s in seeds)
     path.write_text(text)
     spec = load_study_spec(str(path))
-    import workbench.tune as tune
+    import workbench.tune.tuner as tune
 
     real = tune.detect_capabilities
     # FP8 is an FP8-GPU knob; on the CPU torchao emulates it, which is what this test runs

@@ -23,9 +23,9 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 from workbench.config import ConfigError, merge_overrides, preset_config
-from workbench.knobs import get_knob
-from workbench.model import Llama, ModelArgs, get_preset
-from workbench.overlap import _union_s, layer_units, overlap_count, plan_buckets
+from workbench.tune.knobs import get_knob
+from workbench.train.model import Llama, ModelArgs, get_preset
+from workbench.train.overlap import _union_s, layer_units, overlap_count, plan_buckets
 
 WORLD = 2
 # untied, 3 blocks: 6 layers (embed, 3 blocks, norm, lm_head); a block is 9,280 fp32 parameters = 37,120 bytes
@@ -102,7 +102,7 @@ def _model() -> Llama:
 
 def _loss(model: nn.Module, ids, pos, mask, accum: int) -> torch.Tensor:
     loss_sum, n = model(ids, pos, mask) if not isinstance(model, Llama) else model.loss(ids, pos, mask)
-    return loss_sum / n / accum  # as workbench/loop.py scales it
+    return loss_sum / n / accum  # as workbench/train/trainer.py scales it
 
 
 def _grads(model: Llama) -> list[torch.Tensor]:
@@ -130,7 +130,7 @@ def _reference(accum: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor]]
 
 
 def _run_scheduler(rank: int, accum: int, bucket_mb: float, ratio: float):
-    from workbench.overlap import OverlapScheduler
+    from workbench.train.overlap import OverlapScheduler
 
     model = _model()
     sched = OverlapScheduler(layer_units(model), bucket_size_mb=bucket_mb, overlap_ratio=ratio)
@@ -157,7 +157,7 @@ def _run_scheduler_block_compiled(rank: int):
     """compile_scope: layer, as the loop does it (each block compiled in place; aot_eager: the backend does not
     matter here, only that each block becomes a compiled unit with its own backward node), one layer per
     bucket, ratio 1. Records the order of bucket launches and of the input gradients of the blocks."""
-    from workbench.overlap import OverlapScheduler
+    from workbench.train.overlap import OverlapScheduler
 
     torch._dynamo.reset()
     model = _model()
@@ -266,7 +266,7 @@ def _equivalence_cases(rank: int) -> list[dict]:
 
 def _trainer_runs(rank: int, data_dir: str, out: Path) -> dict:
     """The training loop itself, two processes, in both sync modes (tiny preset, accumulation 2)."""
-    from workbench.loop import Trainer
+    from workbench.train.trainer import Trainer
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(WORLD), LOCAL_RANK=str(rank))
     res = {}
@@ -449,7 +449,7 @@ def test_overlap_ratio_knob_is_off_under_graph_capture():
 
 
 def test_single_process_runs_report_no_communication():
-    from workbench.metrics import StepRecord, summarize_comm, summarize_window
+    from workbench.train.metrics import StepRecord, summarize_comm, summarize_window
 
     recs = [StepRecord(i, 10, 12, 64, 1.0, phases={"step": 1.0, "grad_sync": 0.0}) for i in range(3)]
     m = summarize_window(recs)

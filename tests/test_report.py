@@ -42,7 +42,7 @@ SECTION_IDS = ("summary", "search", "time", "compile", "numerics", "memory", "ke
 
 # --------------------------------------------------------------------------- the fixture generator
 
-# Optuna parameter names are the tuner's short knob names (workbench.knobs); KEYS maps them to config keys.
+# Optuna parameter names are the tuner's short knob names (workbench.tune.knobs); KEYS maps them to config keys.
 # The kernel launch knob has no short name in the registry yet: it is named by its config key.
 KEYS = {
     "bucket_width": "data.bucket_width",
@@ -855,7 +855,7 @@ def test_validation_dirs_by_name_without_run_dirs(tmp_path):
 
 
 def test_kernels_section_from_a_real_h200_sweep(fx, tmp_path):
-    """The kernel_sweep.csv that ``python -m kernels.bench --kernel-sweep`` wrote on an H200 (full-mode Triton rows
+    """The kernel_sweep.csv that ``python benchmarks/kernels_bench.py --kernel-sweep`` wrote on an H200 (full-mode Triton rows
     at the gr00t-n1.6 shapes): the chosen configuration's time, the fastest of the sweep, and the drawn sweep."""
     from reports.sections import sweep_by_config
 

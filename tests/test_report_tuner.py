@@ -19,9 +19,6 @@ from test_report import SECTION_IDS, _parse
 
 REPO = Path(__file__).resolve().parents[1]
 
-if not (REPO / "workbench" / "tune.py").exists():
-    pytest.skip("workbench/tune.py not there yet", allow_module_level=True)
-
 
 def _fast_spec(out: Path) -> Path:
     """studies/tiny-cpu.yaml with a 3-trial budget and the shortest protocol that still has a noise floor

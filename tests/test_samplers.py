@@ -1,4 +1,4 @@
-"""workbench.samplers: the GP sampler that models numeric choices as ordered."""
+"""workbench.tune.samplers: the GP sampler that models numeric choices as ordered."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from optuna.distributions import CategoricalDistribution as Cat
 from optuna.trial import TrialState
 
-from workbench.samplers import gp_sampler, ordinal_choices
+from workbench.tune.samplers import gp_sampler, ordinal_choices
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -89,7 +89,7 @@ def test_constraints_of_mixed_key_sets_and_running_trials_are_accepted():
 
 
 def test_a_study_file_may_name_the_gp_sampler():
-    from workbench.study import spec_from_dict
+    from workbench.tune.study import spec_from_dict
 
     spec = spec_from_dict({"name": "s", "space": {"micro_batch_size": {"choices": [2, 4]}},
                            "sampler": {"name": "gp", "n_startup_trials": 2}})

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from workbench.stats import bootstrap_interval, noise_floor, pair_ratios, speedup_interval, t_ppf
+from workbench.tune.stats import bootstrap_interval, noise_floor, pair_ratios, speedup_interval, t_ppf
 
 
 def test_noise_floor_known_numbers():

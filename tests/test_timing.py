@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from workbench.timing import PHASES, PhaseTimer
+from workbench.train.timing import PHASES, PhaseTimer
 
 
 def _busy(seconds: float) -> None:

@@ -14,11 +14,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench import ops
+from workbench.train import ops
 from workbench.config import merge_overrides, preset_config
-from workbench.loop import Trainer
-from workbench.memory_model import predict_peak
-from workbench.timing import PHASES
+from workbench.train.trainer import Trainer
+from workbench.train.memory_model import predict_peak
+from workbench.train.timing import PHASES
 from workbench.train import synthetic_data_dir
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,13 +6,15 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import optuna
 import pytest
 from optuna.trial import TrialState
 
-from workbench import tune
-from workbench.study import load_study_spec
+import workbench.tune.tuner as tune
+from workbench.tune import storage
+from workbench.tune.study import load_study_spec
 from workbench.tune import TuneError, Tuner, normalize_storage_url
 
 pytestmark = pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
@@ -70,16 +72,16 @@ def test_storage_urls():
     if importlib.util.find_spec("psycopg") is None and importlib.util.find_spec("psycopg2") is not None:
         assert normalize_storage_url(url) == "postgresql+psycopg2://u:p@h:5432/db"
     assert normalize_storage_url("sqlite:///x.db") == "sqlite:///x.db"
-    assert tune.default_storage_url(tune.Path("runs/s")).endswith("/runs/s/study.db")
+    assert storage.default_storage_url(Path("runs/s")).endswith("/runs/s/study.db")
 
 
 def test_bad_storage_urls_are_clear_errors(monkeypatch):
     from workbench.config import ConfigError
 
     with pytest.raises(ConfigError, match=r"^--storage: 'not a url' is not a database URL"):
-        tune.make_storage("not a url")
+        storage.make_storage("not a url")
     with pytest.raises(ConfigError, match=r"^--storage: bogus://x: no database driver for this URL"):
-        tune.make_storage("bogus://x")
+        storage.make_storage("bogus://x")
     # a server that refuses: retried (the schema race), then one line naming the URL without its password
     import importlib.util
     import socket
@@ -90,9 +92,9 @@ def test_bad_storage_urls_are_clear_errors(monkeypatch):
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]  # closed once the block ends: connections are refused
     sleeps = []
-    monkeypatch.setattr(tune.time, "sleep", sleeps.append)
+    monkeypatch.setattr(storage.time, "sleep", sleeps.append)
     with pytest.raises(TuneError) as e:
-        tune.make_storage(f"postgresql://u:secret@127.0.0.1:{port}/db")
+        storage.make_storage(f"postgresql://u:secret@127.0.0.1:{port}/db")
     assert str(e.value).startswith(f"cannot open the study storage postgresql+psycopg2://u:***@127.0.0.1:{port}/db "
                                    "after 5 attempts: ")
     assert "secret" not in str(e.value) and len(sleeps) == 4
@@ -107,22 +109,20 @@ def test_cli_errors_are_clear(tmp_path, subprocess_env):
     assert p.returncode == 1 and "no study at" in p.stderr
 
 
-def test_fallback_report_when_reports_is_missing_or_broken(study_spec_file, tmp_path, monkeypatch):
+def test_a_failing_report_is_one_line_and_loses_nothing(study_spec_file, tmp_path, capsys):
     spec = load_study_spec(str(study_spec_file("rep")))
-    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False)
-    study = tuner.open()
-    t = study.ask()
-    tuner.sample(t)
-    t.set_user_attr("status", "crash")
-    t.set_user_attr("failure_reason", "boom <b>")
-    study.tell(t, [0.0])
-    import reports
 
     def broken(*args, **kwargs):
         raise RuntimeError("not today")
 
-    monkeypatch.setattr(reports, "build_report", broken)
-    path = tune.build_report(tuner.study_dir, tuner.storage_url, "rep")
-    text = path.read_text()
-    assert path.name == "report.html" and "<table>" in text and "boom &lt;b&gt;" in text
-    assert optuna.load_study(study_name="rep", storage=tuner.storage_url).trials[0].number == 0
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=broken)
+    study = tuner.open()
+    t = study.ask()
+    tuner.sample(t)
+    study.tell(t, [1.0])
+    assert tuner._build_report() is None
+    err = capsys.readouterr().err
+    assert "report.html not built (RuntimeError: not today)" in err
+    assert f"python -m workbench.tune report --study-name rep --out {tmp_path / 'runs'}" in err
+    assert not (tuner.study_dir / "report.html").exists()
+    assert optuna.load_study(study_name="rep", storage=tuner.storage_url).trials[0].values == [1.0]

@@ -13,8 +13,8 @@ import optuna
 import pandas as pd
 import pytest
 
-import workbench.tune as tune
-from workbench.study import load_study_spec
+import workbench.tune.lease as lease_mod
+from workbench.tune.study import load_study_spec
 from workbench.tune import LEASE_ATTR, TuneError, Tuner
 
 
@@ -63,7 +63,7 @@ def test_two_coordinators_started_at_once_one_runs(study_spec_file, tmp_path, su
 
 
 def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(tune, "LEASE_SETTLE_S", 0.05)
+    monkeypatch.setattr(lease_mod, "LEASE_SETTLE_S", 0.05)
     spec = load_study_spec(str(study_spec_file("stale", trials=1)))
     first = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
     study = first.open()
@@ -90,7 +90,7 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
 def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path, monkeypatch):
     """A coordinator measures into its own .<name>.<attempt> folder and moves it into place only while it holds
     the study: one whose lease was taken over keeps nothing, and the next holder removes what it left."""
-    monkeypatch.setattr(tune, "LEASE_SETTLE_S", 0.05)
+    monkeypatch.setattr(lease_mod, "LEASE_SETTLE_S", 0.05)
     spec = load_study_spec(str(study_spec_file("att", trials=1, protocol={"baseline_repeats": 1, "top_k": 0})))
     tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
     tuner.open()

@@ -12,11 +12,11 @@ import optuna
 import pytest
 
 from workbench.config import load_config
-from workbench.trial import STATUSES
+from workbench.tune.trial import STATUSES
 
 
 def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
-    # the GP sampler after one random trial: trials 1 and 2 are proposed by workbench.samplers.OrdinalGPSampler
+    # the GP sampler after one random trial: trials 1 and 2 are proposed by workbench.tune.samplers.OrdinalGPSampler
     # from the study's SQLite storage (its ordered view of micro-batch, the constraints every trial carries)
     spec_path = study_spec_file("e2e", trials=3, sampler={"name": "gp", "seed": 0, "n_startup_trials": 1})
     out = tmp_path / "runs"

@@ -6,8 +6,8 @@ from __future__ import annotations
 from optuna.trial import TrialState
 
 from workbench.config import load_config
-from workbench.study import load_study_spec
-from workbench.trial import TEST_FAULT_ENV
+from workbench.tune.study import load_study_spec
+from workbench.tune.trial import TEST_FAULT_ENV
 from workbench.tune import Tuner
 
 

@@ -93,7 +93,7 @@ def test_a_read_only_out_is_one_line(tmp_path, monkeypatch, capsys, study_spec_f
     import os
     from pathlib import Path
 
-    from workbench import tune
+    from workbench.tune.__main__ import main as tune_main
 
     spec = study_spec_file("ro", trials=1)
     ro = tmp_path / "ro"
@@ -105,7 +105,7 @@ def test_a_read_only_out_is_one_line(tmp_path, monkeypatch, capsys, study_spec_f
         return real_mkdir(self, *a, **kw)
 
     monkeypatch.setattr(Path, "mkdir", mkdir)
-    assert tune.main(["--study", str(spec), "--out", str(ro), "--no-progress", "--no-report"]) == 2
+    assert tune_main(["--study", str(spec), "--out", str(ro), "--no-progress", "--no-report"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {ro / 'ro'}: Permission denied; the study's files go under --out {str(ro)!r}: give a "
                    "writable directory (rerun with --debug for the traceback)"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import ConfigError, load_config
-from workbench.study import builtin_studies, load_study_spec, loads_study_spec
+from workbench.tune.study import builtin_studies, load_study_spec, loads_study_spec
 
 GOOD = """
 name: t
@@ -106,7 +106,7 @@ def test_unknown_study_name_lists_the_builtins():
 
 
 def test_spec_round_trips_through_plain_data():
-    from workbench.study import spec_from_dict
+    from workbench.tune.study import spec_from_dict
 
     spec = load_study_spec("gr00t-n1.6")
     again = spec_from_dict(spec.to_dict(), source="<storage>")
@@ -138,7 +138,7 @@ def test_gpu_studies_search_the_memory_domain_and_the_multi_gpu_ones_the_overlap
     assert cfg.hardware.gpus == 2 and cfg.loongforge.overlap.bucket_size_mb == 37.5
     assert cfg.loongforge.overlap.overlap_ratio == 0.25 and cfg.loongforge.overlap.mode == "scheduler"
     proxy = load_study_spec("gr00t-n1.6-proxy").base_config()
-    from workbench.model import ModelArgs, get_preset
+    from workbench.train.model import ModelArgs, get_preset
     import dataclasses
     cut = ModelArgs.from_hf_config(proxy.model.config_path)
     assert cut.num_hidden_layers == 4  # the proxy differs from the preset in depth only
@@ -148,7 +148,7 @@ def test_gpu_studies_search_the_memory_domain_and_the_multi_gpu_ones_the_overlap
 def test_export_pins_the_winners_resolved_launch_parameters(tmp_path):
     """The winner's kernels/launch record is pinned in the exported config (searched values kept); a kernel
     resolved differently at two shapes is not pinned; a baseline export pins nothing."""
-    from workbench.export import export_config, pinned_launch_params
+    from workbench.tune.export import export_config, pinned_launch_params
 
     spec = load_study_spec("gr00t-n1.6")
     record = [
@@ -181,15 +181,15 @@ def test_export_pins_the_winners_resolved_launch_parameters(tmp_path):
 def test_the_winner_launch_record_comes_from_its_search_trial():
     import optuna
 
-    from workbench.tune import _winner_launch_record
+    from workbench.tune import winner_launch_record
 
     study = optuna.create_study(direction="maximize")
     for i in range(3):
         t = study.ask()
         t.set_user_attr("summary", {"kernels/launch": [{"kernel": "rope", "num_warps": 2 ** i}]})
         study.tell(t, float(i))
-    assert _winner_launch_record(study, {"winner": {"trial": 1, "significant": True}}) == \
+    assert winner_launch_record(study, {"winner": {"trial": 1, "significant": True}}) == \
         [{"kernel": "rope", "num_warps": 2}]
-    assert _winner_launch_record(study, {"winner": {"trial": 1, "significant": False}}) is None
-    assert _winner_launch_record(study, {"winner": {"trial": 7, "significant": True}}) is None
-    assert _winner_launch_record(study, {}) is None
+    assert winner_launch_record(study, {"winner": {"trial": 1, "significant": False}}) is None
+    assert winner_launch_record(study, {"winner": {"trial": 7, "significant": True}}) is None
+    assert winner_launch_record(study, {}) is None

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from workbench.config import load_config
-from workbench.study import load_study_spec
-from workbench.trial import TEST_FAULT_ENV, not_launched_outcome, run_trial
+from workbench.tune.study import load_study_spec
+from workbench.tune.trial import TEST_FAULT_ENV, not_launched_outcome, run_trial
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_invalid_config_is_recorded_without_launch(tmp_path):
 def test_a_sigkill_is_an_oom_only_with_evidence(spec, tmp_path, monkeypatch):
     """SIGKILL with the memory cgroup's oom_kill count rising is an oom; without any sign of one it is a crash
     marked as killed from outside (the tuner runs such a trial again)."""
-    import workbench.trial as trial_mod
+    import workbench.tune.trial as trial_mod
 
     monkeypatch.setenv(TEST_FAULT_ENV, "x:sigkill")
     counts = iter([3, 4])

@@ -1,6 +1,6 @@
 """Benchmark of the Triton kernels against torch eager and torch.compile of the references (CUDA only).
 
-    python -m kernels.bench [--out DIR] [--quick] [--e2e] [--kernels rmsnorm,swiglu,rope,fused_linear_ce]
+    python benchmarks/kernels_bench.py [--out DIR] [--quick] [--e2e] [--kernels rmsnorm,swiglu,rope,fused_linear_ce]
                             [--shapes 'fused add,bf16 out'] [--providers triton,torch,torch_compile]
                             [--full-sweep] [--kernel-sweep PATH] [--e2e-isolation none --e2e-rounds N]
 
@@ -16,7 +16,7 @@ before each run; the host's launch overhead excluded and reported apart as ``hos
   (at the larger shape only num_warps and the main block size), then the best
   value of each parameter combined; ``--full-sweep`` runs every valid combination
   (long);
-- ``torch``: the reference of ``workbench.ops``, eager;
+- ``torch``: the reference of ``workbench.train.ops``, eager;
 - ``torch_compile``: ``torch.compile`` of that reference.
 
 Bandwidth is the bytes the op must move (inputs read once, outputs written once,
@@ -77,18 +77,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.fingerprint import versions
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
+from workbench.train.fingerprint import versions  # noqa: E402
 
 __all__ = ["main"]
 
-# gr00t-n1.6 (workbench.model.GR00T_N1_6) at micro-batch 8 x 2,048, and a larger hidden size.
+# gr00t-n1.6 (workbench.train.model.GR00T_N1_6) at micro-batch 8 x 2,048, and a larger hidden size.
 BATCH, SEQ = 8, 2048
 MODELS = {
     "gr00t-n1.6": dict(hidden=2048, ffn=5632, heads=32, kv_heads=32, vocab=50257),
     "hidden-4096": dict(hidden=4096, ffn=11008, heads=32, kv_heads=8, vocab=50257),
 }
 MAIN_MODEL = "gr00t-n1.6"
-E2E_PRESET = "gr00t-n1.6"  # workbench.model preset of the end-to-end step
+E2E_PRESET = "gr00t-n1.6"  # workbench.train.model preset of the end-to-end step
 COPY_BYTES = 1 << 30  # 1 GiB per side: far above the H200's 60 MiB L2
 PROVIDERS = ("triton", "torch", "torch_compile")
 MODES = ("fwd", "bwd", "full")
@@ -249,8 +250,8 @@ def _cases(models: list[str], dev) -> list[Case]:
     import torch
 
     import kernels
-    from workbench import ops
-    from workbench.model import rope_cos_sin
+    from workbench.train import ops
+    from workbench.train.model import rope_cos_sin
 
     _B, _T = BATCH, SEQ  # noqa: N806 (read at call time: the tests' smoke run shrinks them)
     out: list[Case] = []
@@ -310,7 +311,7 @@ def _cases(models: list[str], dev) -> list[Case]:
             cos_Pd, sin_Pd = rope_cos_sin(d, _T, 10000.0, device=dev)
             pos = torch.arange(_T, device=dev).expand(_B, _T)
             # the gradients as the model's flash SDPA backward hands them over: (B, T, heads, d) in memory, like
-            # q (benchmarks/probes/rope_tile_probe.py, run AB)
+            # q (docs/kernel-notes.md, RoPE)
             up = (torch.randn(_B, _T, H, d, device=dev, dtype=torch.bfloat16).transpose(1, 2),
                   torch.randn(_B, _T, K, d, device=dev, dtype=torch.bfloat16).transpose(1, 2))
             return (q, k, cos_Pd[pos], sin_Pd[pos]), [q, k], up
@@ -538,7 +539,7 @@ def _bench_e2e_isolated(best: dict[str, dict[str, int]], args: argparse.Namespac
 
     rows: list[dict[str, Any]] = []
     for ops_name, mode in _variants(args):
-        cmd = [sys.executable, "-m", "kernels.bench", "--e2e-worker", f"{ops_name}:{mode}",
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--e2e-worker", f"{ops_name}:{mode}",
                "--e2e-shape", f"{E2E_PRESET}:{BATCH}:{SEQ}", "--launch-json", json.dumps(best)]
         if args.quick:
             cmd.append("--quick")
@@ -575,7 +576,7 @@ def _e2e_ops(ops_name: str) -> tuple[dict[str, str], bool]:
     ``torch``, ``triton`` (every op), ``triton_fused`` (every op, residual add fused into the norm), or a mix:
     op names joined by ``+`` run on Triton, the others on torch; ``fused`` among them fuses the residual add
     (``rmsnorm+loss``, ``rmsnorm+fused+rope``)."""
-    from workbench.ops import OP_NAMES
+    from workbench.train.ops import OP_NAMES
 
     named = {"torch": ((), False), "triton": (OP_NAMES, False), "triton_fused": (OP_NAMES, True)}
     if ops_name in named:
@@ -633,10 +634,10 @@ def _variants(args: argparse.Namespace) -> list[tuple[str, str]]:
         try:
             _e2e_ops(ops_name)
         except ValueError as e:
-            raise SystemExit(f"kernels.bench: --e2e-variants: {v!r}: ops {e}") from None
+            raise SystemExit(f"kernels_bench: --e2e-variants: {v!r}: ops {e}") from None
         if mode not in E2E_MODES:
             examples = ", ".join(f"{o}:{m}" for o, m in E2E_VARIANTS + E2E_EXTRA)
-            raise SystemExit(f"kernels.bench: --e2e-variants: {v!r}: mode {mode!r} is not one of "
+            raise SystemExit(f"kernels_bench: --e2e-variants: {v!r}: mode {mode!r} is not one of "
                              f"{', '.join(E2E_MODES)} (e.g. {examples})")
         out.append((ops_name, mode))
     return out
@@ -649,8 +650,8 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     import torch
 
     import kernels
-    from workbench.model import Llama, get_preset
-    from workbench.ops import resolve
+    from workbench.train.model import Llama, get_preset
+    from workbench.train.ops import resolve
 
     _B, _T, dev = BATCH, SEQ, device.dev  # noqa: N806
     margs = get_preset(E2E_PRESET)
@@ -870,7 +871,7 @@ def _summary(df, ceiling: float) -> tuple[str, list[str]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m kernels.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/kernels_bench.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default="benchmarks/out", help="output folder (default: benchmarks/out)")
     p.add_argument("--quick", action="store_true", help="gr00t shapes only, a smaller sweep, shorter timing")
     p.add_argument("--full-sweep", action="store_true", help="every valid launch configuration (long)")
@@ -910,7 +911,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.e2e_worker:
         return _e2e_worker(args, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if not torch.cuda.is_available():
-        print("kernels.bench needs a CUDA GPU (torch.cuda.is_available() is False here). The kernels' "
+        print("kernels_bench needs a CUDA GPU (torch.cuda.is_available() is False here). The kernels' "
               "correctness tests run on the CPU: pytest tests/test_kernels.py (under TRITON_INTERPRET=1).",
               file=sys.stderr)
         return 2

@@ -37,9 +37,10 @@ try:  # NVTX is optional: without it the ranges are no-ops and timing still work
 except ImportError:  # pragma: no cover - exercised only where nvtx is missing
     _nvtx = None
 
+from workbench.vocab import PHASES
+
 __all__ = ["PHASES", "PhaseTimer"]
 
-PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other")
 _INDEX = {p: i for i, p in enumerate(PHASES)}
 _OTHER = _INDEX["other"]
 

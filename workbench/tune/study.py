@@ -11,7 +11,7 @@ knobs, empty ranges and values of the wrong type are rejected with a
     gpus: 1
     base:                            # config overrides (config.yaml sections), fixed for every trial
       training: {global_batch_size: 8}
-    space:                           # knob -> range or choices (knob names: workbench/knobs.py)
+    space:                           # knob -> range or choices (knob names: workbench/tune/knobs.py)
       bucket_width: {choices: [32, 64, 128, 256]}
       num_workers: {low: 0, high: 2}
     budget: {trials: 10, timeout_s: null}
@@ -46,7 +46,7 @@ from workbench.config import (
     MODEL_PRESETS, Config, ConfigError, check_yaml_text, from_dict, merge_overrides, preset_config, read_yaml_text,
     to_dict,
 )
-from workbench.knobs import get_knob, knob_names
+from workbench.tune.knobs import get_knob, knob_names
 
 __all__ = [
     "Budget",
@@ -180,7 +180,7 @@ class SamplerSpec:
     """Optuna sampler."""
 
     name: Literal["tpe", "gp", "random", "nsga2", "grid"] = "tpe"
-    """tpe, gp (Gaussian process that treats numeric choices as ordered: workbench.samplers), random, nsga2
+    """tpe, gp (Gaussian process that treats numeric choices as ordered: workbench.tune.samplers), random, nsga2
     (multi-objective) or grid (choices and stepped ranges only)."""
     seed: int | None = 0
     """Sampler seed; null = random."""

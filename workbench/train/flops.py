@@ -20,7 +20,7 @@ spent on padding are waste, not model FLOPs.
 
 from __future__ import annotations
 
-from workbench.model import ModelArgs, num_params
+from workbench.train.model import ModelArgs, num_params
 
 __all__ = ["PEAK_TFLOPS", "flops_per_token", "mfu", "peak_tflops"]
 

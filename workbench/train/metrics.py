@@ -11,11 +11,11 @@ under the orchestrator's names (``loongforge_throughput_tokens_per_sec``,
 MFU = achieved model FLOP/s / peak FLOP/s, where achieved = sum over steps of
 real tokens x ``flops_per_token(model, bucket length)`` (6 x parameters + 12 x
 layers x hidden x sequence length; padding tokens are not counted) divided by
-wall time, and the peak is dense bf16 from ``workbench.flops.PEAK_TFLOPS``
+wall time, and the peak is dense bf16 from ``workbench.train.flops.PEAK_TFLOPS``
 keyed by GPU name, or ``hardware.peak_tflops`` from the config. On the CPU
 there is no peak and MFU is reported as null.
 
-Gradient communication (several processes; ``workbench/overlap.py``):
+Gradient communication (several processes; ``workbench/train/overlap.py``):
 ``comm/total_s`` communication time per step (the union of the all-reduce
 intervals), ``comm/exposed_s`` the part not hidden under compute per step (the
 ``grad_sync`` phase with the overlap scheduler; with DDP the tail between the
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from workbench.timing import PHASES
+from workbench.train.timing import PHASES
 
 __all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
            "PrometheusExporter"]

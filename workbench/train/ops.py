@@ -5,10 +5,11 @@ The model never calls a fused op directly; it calls the callables of an
 ``{"rmsnorm": "triton", "loss": "torch"}``. Ops left out of the mapping use the
 ``"torch"`` reference backend defined here.
 
-This module registers only the ``"torch"`` backends. Importing ``kernels``
-registers the ``"triton"`` backends (each kernel file calls :func:`register` on
-import), so a caller that wants them does ``import kernels`` before
-:func:`resolve`.
+This module defines the ``"torch"`` backends. The ``"triton"`` ones live in
+``kernels`` (``kernels.TRITON_OPS``), which knows nothing of this module:
+:func:`resolve` imports it and registers them the first time a ``"triton"``
+backend is asked for (on the CPU the kernels run only under TRITON_INTERPRET=1
+set before that import).
 
 Calling conventions every backend of an op must follow (shape legend: B batch,
 T tokens, D model dim, H heads, K kv heads, d head dim, N flattened positions,
@@ -36,11 +37,14 @@ V vocab):
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from workbench.vocab import VOCAB_ALIGN, padded_vocab
 
 __all__ = [
     "OPS",
@@ -119,15 +123,6 @@ def rope_torch(
 _IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
-VOCAB_ALIGN = 64
-"""The LM head's rows are padded to a multiple of this many (the torch and Triton losses both)."""
-
-
-def padded_vocab(V: int) -> int:
-    """``V`` rounded up to a multiple of :data:`VOCAB_ALIGN`."""
-    return -(-V // VOCAB_ALIGN) * VOCAB_ALIGN
-
-
 def linear_cross_entropy_torch(
     h_ND: torch.Tensor,
     weight_VD: torch.Tensor,
@@ -148,7 +143,7 @@ def linear_cross_entropy_torch(
     Vp = padded_vocab(V)
     if Vp != V:
         # zero rows up to a multiple of 64: the logits' rows are then 16-byte aligned, which cuBLAS needs for its
-        # fast kernels (5-7x on an H200 at V = 50,257: benchmarks/results/fused_ce_matmul_probe_h200_2026-11-29.csv);
+        # fast kernels (5-7x on an H200 at V = 50,257: docs/kernel-notes.md);
         # the padded columns are sliced off before the softmax, so the loss and gradients are unchanged
         logits_NV = F.linear(h_ND, F.pad(weight_VD, (0, 0, 0, Vp - V)))[:, :V]
     else:
@@ -172,6 +167,15 @@ OPS: dict[str, dict[str, Callable]] = {
     "loss": {"torch": linear_cross_entropy_torch},
 }
 """op name -> backend name -> callable. Extend it with :func:`register`."""
+
+
+def _register_triton() -> None:
+    """Register ``kernels.TRITON_OPS`` as the ``"triton"`` backends, once (importing ``kernels`` imports Triton)."""
+    if all("triton" in OPS[op] for op in (*OP_NAMES, "rmsnorm_add")):
+        return
+    kernels = importlib.import_module("kernels")
+    for op, fn in kernels.TRITON_OPS.items():
+        OPS[op].setdefault("triton", fn)
 
 
 def register(op: str, backend: str, fn: Callable) -> None:
@@ -212,7 +216,7 @@ def resolve(ops: Mapping[str, str] | None = None, *, fused_residual_norm: bool =
     and a norm; with the torch backend the same add and norm as unfused.
 
     Raises ``ValueError`` naming the op and its registered backends when a
-    backend is not registered (e.g. ``"triton"`` before ``import kernels``), or
+    backend is not registered, or
     naming the known ops when an op is unknown.
     """
     ops = dict(ops or {})
@@ -220,14 +224,13 @@ def resolve(ops: Mapping[str, str] | None = None, *, fused_residual_norm: bool =
     if unknown:
         raise ValueError(f"unknown op(s) {unknown}; ops: {list(OP_NAMES)}")
     chosen = {op: ops.get(op, "torch") for op in OP_NAMES}
+    if "triton" in chosen.values() or (fused_residual_norm and chosen["rmsnorm"] == "triton"):
+        _register_triton()
     fns = {}
     for op, backend in chosen.items():
         available = OPS[op]
         if backend not in available:
-            hint = " (import kernels to register the triton backends)" if backend == "triton" else ""
-            raise ValueError(
-                f"op {op!r} has no backend {backend!r}; available: {sorted(available)}{hint}"
-            )
+            raise ValueError(f"op {op!r} has no backend {backend!r}; available: {sorted(available)}")
         fns[op] = available[backend]
     add = None
     if fused_residual_norm:

@@ -14,7 +14,7 @@ Shape legend (suffixes on tensor names, as in ``x_BTD``):
     N  flattened positions (B * (T - 1) in the loss)
 
 The fused ops (RMSNorm, SwiGLU, RoPE, LM-head + cross-entropy) go through an
-:class:`~workbench.ops.OpSet`, so a Triton backend replaces one op at a time.
+:class:`~workbench.train.ops.OpSet`, so a Triton backend replaces one op at a time.
 
 Packed records: a row may hold several documents whose ``position_ids`` restart
 at 0 at each document start. Positions drive RoPE only; attention stays plainly
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from workbench.ops import OpSet, resolve
+from workbench.train.ops import OpSet, resolve
 
 __all__ = [
     "CHECKPOINT_MODES",

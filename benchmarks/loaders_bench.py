@@ -1,6 +1,6 @@
 """End-to-end loader benchmark: io_uring at several ring depths vs a thread pool vs a plain memmap.
 
-    python -m loaders.bench [--json] [--tokens N] [--micro-batch 8] [--seq-len 2048]
+    python benchmarks/loaders_bench.py [--json] [--tokens N] [--micro-batch 8] [--seq-len 2048]
                             [--depths 8,32,128] [--out DIR] [--repeats 3] [--cold]
 
 1. Corpus: ~``--tokens`` real tokens of ``loaders.synth`` documents, through
@@ -52,9 +52,10 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .format import MANIFEST_NAME, ShardSet, ShardWriter
-from .pipeline import BatchPipeline, EpochPlan, StagingRing, _fill_row, default_block_bytes
-from .reader import make_reader, probe_io_uring
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
+from loaders.format import MANIFEST_NAME, ShardSet, ShardWriter  # noqa: E402
+from loaders.pipeline import BatchPipeline, EpochPlan, StagingRing, _fill_row, default_block_bytes  # noqa: E402
+from loaders.reader import make_reader, probe_io_uring  # noqa: E402
 
 __all__ = ["BenchConfig", "build_corpus", "build_reference", "run_bench", "main"]
 
@@ -427,7 +428,7 @@ def _write_out(res: dict[str, Any], out: Path) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m loaders.bench", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="python benchmarks/loaders_bench.py", description=__doc__.split("\n")[0])
     ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     ap.add_argument("--tokens", type=int, default=BenchConfig.tokens, help="real tokens in the corpus")
     ap.add_argument("--micro-batch", type=int, default=BenchConfig.micro_batch)

@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import Config
-from workbench.model import ModelArgs, model_args, num_params
+from workbench.train.model import ModelArgs, model_args, num_params
 
 __all__ = ["MODEL_ERROR", "MemoryPrediction", "predict_peak", "predicted_oom", "summary_fields"]
 

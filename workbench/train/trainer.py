@@ -22,14 +22,14 @@ Options, each a config switch:
   backward (they are one replay) and backward reads 0. Graphs are dropped and
   re-captured after a checkpoint load (the optimizer state tensors change).
 * ``loongforge.compute_domain.fp8``: the decoder Linears become torchao ``Float8Linear``
-  (``workbench.fp8``) before anything compiles or wraps them.
+  (``workbench.train.fp8``) before anything compiles or wraps them.
 * ``training.activation_checkpointing``: decoder blocks recomputed in backward
   (``Llama.set_activation_checkpointing``; a block compiled in place runs inside its checkpoint).
 * checkpoints of model, optimizer, step and data-loader state
   (``training.checkpoint_dir``), written atomically; Ctrl-C saves one.
 
 With WORLD_SIZE > 1 (``torchrun``), gradients are synchronised by the overlap
-scheduler (``workbench/overlap.py``; ``loongforge.overlap.mode: scheduler``):
+scheduler (``workbench/train/overlap.py``; ``loongforge.overlap.mode: scheduler``):
 buckets of ``bucket_size_mb`` from whole layers, the first ``overlap_ratio``
 share all-reduced during backward, the rest in the grad_sync phase, which is
 therefore the exposed communication. ``mode: ddp`` wraps the loss module in
@@ -40,7 +40,7 @@ communication time (``comm_s``) and its exposed part; each window reports
 
 Allocator settings (``loongforge.memory_domain.allocator``) are put into the
 environment and checked against the installed torch before CUDA initialises
-(``workbench.memory.apply_allocator_settings``).
+(``workbench.train.allocator.apply_allocator_settings``).
 """
 
 from __future__ import annotations
@@ -61,17 +61,19 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from loaders.format import ShardSet
+from loaders.pipeline import BatchPipeline
 from workbench.config import Config, ConfigError, to_dict
-from workbench.flops import flops_per_token, peak_tflops
-from workbench.fp8 import convert_to_fp8
-from workbench.memory import apply_allocator_settings
-from workbench.memory_model import predict_peak, summary_fields
-from workbench.metrics import (MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
+from workbench.train.flops import flops_per_token, peak_tflops
+from workbench.train.fp8 import convert_to_fp8
+from workbench.train.allocator import apply_allocator_settings
+from workbench.train.memory_model import predict_peak, summary_fields
+from workbench.train.metrics import (MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
                                summarize_window)
-from workbench.model import Llama, ModelArgs, model_args
-from workbench.ops import resolve
-from workbench.overlap import DDPCommTimer, OverlapScheduler, layer_units
-from workbench.timing import PHASES, PhaseTimer
+from workbench.train.model import Llama, ModelArgs, model_args
+from workbench.train.ops import resolve
+from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
+from workbench.train.timing import PHASES, PhaseTimer
 
 log = logging.getLogger("workbench")
 
@@ -142,7 +144,7 @@ class Trainer:
         backends = cfg.loongforge.compute_domain.effective_ops()
         if "triton" in backends.values():
             if self.device.type == "cuda":
-                import kernels  # registers the triton backends of workbench.ops
+                import kernels  # here, not at the top: only a Triton op on CUDA needs Triton imported
 
                 kernels.configure(cfg.loongforge.compute_domain.kernels)  # LaunchConfigError: invalid_config
             else:  # Triton kernels run on CUDA (tests run them on the CPU under TRITON_INTERPRET=1)
@@ -174,7 +176,7 @@ class Trainer:
                 ratio = 0.0 if self.graphs_on else ov.overlap_ratio  # graphs: all-reduce after the replay
                 if ratio != ov.overlap_ratio:
                     log.warning("loongforge.overlap.overlap_ratio=%s has no effect under graph capture: the gradient "
-                                "all-reduces run after the graph replay (workbench/overlap.py)", ov.overlap_ratio)
+                                "all-reduces run after the graph replay (workbench/train/overlap.py)", ov.overlap_ratio)
                 self.comm = OverlapScheduler(layer_units(self.model), bucket_size_mb=ov.bucket_size_mb,
                                              overlap_ratio=ratio)
         self.compute = self.loss_module
@@ -243,9 +245,6 @@ class Trainer:
                          "`python -m loaders.preprocess`, or run with --synthetic")
 
     def _pipeline(self):
-        from loaders.format import ShardSet
-        from loaders.pipeline import BatchPipeline
-
         d, io, mem = self.cfg.data, self.cfg.loongforge.io_domain, self.cfg.loongforge.memory_domain
         self.shards = ShardSet(self.data_dir)
         if self.shards.vocab_size > self.args.vocab_size:
@@ -300,7 +299,7 @@ class Trainer:
                 batch.ready()  # the current stream waits on the side-stream copy; no host sync
                 ids, pos, mask = batch.input_ids, batch.position_ids, batch.loss_mask
             # no gradient communication on accumulation micro-steps; under CUDA graphs the scheduler
-            # all-reduces every bucket after the replay (workbench/overlap.py says why)
+            # all-reduces every bucket after the replay (workbench/train/overlap.py says why)
             quiet = self.comm is not None and (micro < self.grad_accum - 1 or self.graphs_on)
             with self.comm.no_sync() if quiet else nullcontext():
                 if self.graphs_on:

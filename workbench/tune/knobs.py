@@ -16,7 +16,7 @@ Capabilities (``detect_capabilities``):
 * ``io_uring``: the kernel lets this process set up an io_uring ring
   (``loaders.reader.probe_io_uring`` where the loader provides it, else liburing);
 * ``fp8``: a CUDA device of compute capability 8.9 or newer and torchao installed
-  (``workbench.fp8.fp8_unsupported_reason``).
+  (``workbench.train.fp8.fp8_unsupported_reason``).
 
 A knob that changes the numbers the loop computes, not only how fast
 (``numerics=True``: FP8), must also pass the tuner's numerics guard: its loss is
@@ -33,6 +33,8 @@ import importlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+from workbench.train import fp8
 
 __all__ = [
     "CAPABILITIES",
@@ -75,7 +77,7 @@ class Knob:
     """What the knob acts on (shown in the report and in error messages)."""
     numerics: bool = False
     """Changes the loop's numbers (not only its speed): a trial that sets it off its base value passes the
-    numerics guard (workbench.numerics) before it can win."""
+    numerics guard (workbench.tune.numerics) before it can win."""
 
     def __post_init__(self) -> None:
         unknown = set(self.requires) - CAPABILITIES
@@ -105,7 +107,7 @@ def _graph_capture_allowed(values: Mapping[str, Any]) -> bool:
 
 
 def _overlap_can_act(values: Mapping[str, Any]) -> bool:
-    # under CUDA graphs the gradient all-reduces run after the replay (workbench/overlap.py)
+    # under CUDA graphs the gradient all-reduces run after the replay (workbench/train/overlap.py)
     return not values.get("graph_capture", False)
 
 
@@ -292,9 +294,7 @@ def detect_capabilities(gpus: int = 1) -> frozenset[str]:
     if _probe_io_uring():
         caps.add("io_uring")
     if "cuda" in caps:
-        from workbench.fp8 import fp8_unsupported_reason
-
-        if fp8_unsupported_reason("cuda") is None:
+        if fp8.fp8_unsupported_reason("cuda") is None:
             caps.add("fp8")
     return frozenset(caps)
 

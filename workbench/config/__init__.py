@@ -43,13 +43,14 @@ import re
 import sys
 import tempfile
 import types
-import warnings
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 import yaml
+
+from workbench.errors import ConfigError, _join
 
 __all__ = [
     "CONFIG_VERSION",
@@ -70,7 +71,6 @@ __all__ = [
     "OverlapConfig",
     "Provenance",
     "TrainingConfig",
-    "apply_allocator_env",
     "config_hash",
     "dump_config",
     "dumps_config",
@@ -100,54 +100,8 @@ T = TypeVar("T")
 # --------------------------------------------------------------------------- errors
 
 
-class ConfigError(ValueError):
-    """A config value, key or file was rejected.
-
-    ``key`` is the dotted path of the offending key (``loongforge.io_domain.io_uring_entries``),
-    ``source`` the file it came from, ``line`` the 1-based line where known.
-    """
-
-    def __init__(
-        self, message: str, *, key: str = "", source: str | None = None, line: int | None = None
-    ) -> None:
-        self.message = message
-        self.key = key
-        self.source = source
-        self.line = line
-        super().__init__(message)
-
-    def __str__(self) -> str:
-        where = self.source or ""
-        if where and self.line is not None:
-            where = f"{where}:{self.line}"
-        return ": ".join(part for part in (where, self.key, self.message) if part)
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_error, (self.message, self.key, self.source, self.line))
-
-    def with_prefix(self, prefix: str) -> ConfigError:
-        """The same error with ``prefix`` prepended to its key path."""
-        return type(self)(self.message, key=_join(prefix, self.key), source=self.source, line=self.line)
-
-    def with_source(self, source: str) -> ConfigError:
-        """The same error attributed to the file ``source``."""
-        return type(self)(self.message, key=self.key, source=source, line=self.line)
-
-
-def _rebuild_error(message: str, key: str, source: str | None, line: int | None) -> ConfigError:
-    return ConfigError(message, key=key, source=source, line=line)
-
-
 class _Mismatch(ConfigError):
     """A value of the wrong type at exactly ``key`` (lets a union re-describe what it allows)."""
-
-
-def _join(prefix: str, key: str) -> str:
-    if not prefix:
-        return key
-    if not key:
-        return prefix
-    return f"{prefix}{key}" if key.startswith("[") else f"{prefix}.{key}"
 
 
 def _show(value: Any) -> str:
@@ -433,7 +387,7 @@ class ComputeDomainConfig:
     fused_residual_norm: bool = False
     """Every residual add runs inside the RMSNorm that follows it (one Triton kernel with the rmsnorm op on
     Triton; the same add and norm with torch). On an H200: 1.02x eager, 1.01x compiled over Triton ops without
-    it (benchmarks/README.md, runs Q and R)."""
+    it (docs/kernel-notes.md, RMSNorm)."""
     ops: OpsConfig = field(default_factory=OpsConfig)
     """Per-op backend choice, used when triton_fusion is false."""
     kernels: dict[str, dict[str, int]] = field(default_factory=dict, metadata={"ge": 1})
@@ -657,7 +611,7 @@ def validate(cfg: Config) -> None:
                 key="training.grad_accum_steps",
             )
     if cfg.loongforge.compute_domain.graph_capture and hardware.gpus > 1 and cfg.loongforge.overlap.mode == "ddp":
-        # workbench/overlap.py: the scheduler composes with capture (all-reduces after the replay); DDP does not
+        # workbench/train/overlap.py: the scheduler composes with capture (all-reduces after the replay); DDP does not
         raise ConfigError(
             f"'ddp' cannot be combined with loongforge.compute_domain.graph_capture on hardware.gpus="
             f"{hardware.gpus}: DDP's gradient hooks would be captured into the graph; "
@@ -1038,41 +992,6 @@ def preset_config(name: str) -> Config:
     return merge_overrides(Config(), {"model.name": name, "model.config_path": None})
 
 
-_ALLOC_ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # CUDA-specific name, newer generic name
-
-
-def apply_allocator_env(cfg: Config, environ: MutableMapping[str, str] | None = None) -> str:
-    """Put the config's allocator settings into PYTORCH_CUDA_ALLOC_CONF and PYTORCH_ALLOC_CONF.
-
-    Settings already in the environment are kept unless the config sets the same option.
-    Returns the value written ("" and nothing written when the config sets no option).
-    Torch reads these variables when CUDA initialises, so call this before that.
-    """
-    environ = os.environ if environ is None else environ
-    ours = cfg.loongforge.memory_domain.allocator.to_env()
-    if not ours:
-        return ""
-    merged: dict[str, str] = {}
-    for var in _ALLOC_ENV_VARS:
-        for item in filter(None, environ.get(var, "").split(",")):
-            option, _, value = item.partition(":")
-            merged.setdefault(option.strip(), value.strip())
-    for item in ours.split(","):
-        option, _, value = item.partition(":")
-        merged[option] = value
-    text = ",".join(f"{option}:{value}" for option, value in merged.items())
-    for var in _ALLOC_ENV_VARS:
-        environ[var] = text
-    torch = sys.modules.get("torch")
-    if environ is os.environ and torch is not None and torch.cuda.is_initialized():
-        warnings.warn(
-            "apply_allocator_env: CUDA is already initialised in this process; the allocator "
-            "settings take effect only in processes started after this call",
-            stacklevel=2,
-        )
-    return text
-
-
 # --------------------------------------------------------------------------- YAML
 
 
@@ -1165,7 +1084,7 @@ def dumps_config(cfg: Config, *, comments: bool = True) -> str:
     """YAML text of ``cfg``: sections in schema order, each key preceded by its documentation when ``comments``."""
     lines = [
         f"# LoongForge workbench config, schema version {cfg.version}; config_hash {config_hash(cfg)}.",
-        "# Keys and allowed values: workbench/config.py. Unknown keys are rejected on load.",
+        "# Keys and allowed values: workbench/config/__init__.py. Unknown keys are rejected on load.",
     ]
     _emit(to_dict(cfg), Config, 0, lines, comments)
     return "\n".join(lines) + "\n"

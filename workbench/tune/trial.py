@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUSES
 from workbench.config import Config, dump_config
 
 __all__ = [
@@ -65,17 +66,10 @@ __all__ = [
     "run_trial",
 ]
 
-STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config",
-            "interrupted")
-"""Every status a trial can end with (user attr ``status``)."""
-
-FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config")
-"""Statuses told to Optuna as infeasible (COMPLETE, objective 0, constraint 1.0)."""
-
 TEST_FAULT_ENV = "WORKBENCH_TEST_TRIAL_FAULT"
 """Test hook (see the module docstring); never set it outside tests."""
 
-THROUGHPUT_KEY = "throughput/real_tokens_per_s_per_gpu"
+THROUGHPUT_KEY = REAL_TOKENS_PER_S
 LOG_TAIL_LINES = 30
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the train CLI needs no cleanup when it is killed
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory")
@@ -85,11 +79,6 @@ _ROOT = Path(__file__).resolve().parent.parent  # the checkout holding workbench
 
 
 def _exit_code_kinds() -> dict[int, str]:
-    try:
-        from workbench.train import EXIT_CODES
-    except Exception:  # noqa: BLE001 - keep the runner usable while train.py is broken
-        EXIT_CODES = {"ok": 0, "crash": 1, "invalid_config": 2, "oom": 3, "nan_loss": 4, "compile_error": 5,
-                      "interrupted": 130}
     return {code: kind for kind, code in EXIT_CODES.items()}
 
 

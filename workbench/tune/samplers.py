@@ -28,6 +28,8 @@ from optuna.distributions import BaseDistribution, CategoricalDistribution, IntD
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
+from workbench.errors import ConfigError
+
 __all__ = ["OrdinalGPSampler", "SAMPLERS", "gp_sampler", "make_sampler", "ordinal_choices", "tpe_sampler"]
 
 SAMPLERS = ("tpe", "gp", "random", "nsga2")
@@ -116,8 +118,6 @@ def gp_sampler(seed: int | None, n_startup_trials: int,
     try:
         import scipy  # noqa: F401  (Optuna's GP sampler needs it and fails only at its first model fit)
     except ImportError as e:
-        from workbench.config import ConfigError
-
         raise ConfigError("'gp' needs scipy (pip install scipy, a dependency of this project); or use "
                           "sampler.name: tpe", key="sampler.name") from e
     with warnings.catch_warnings():

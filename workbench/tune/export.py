@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Config, Provenance, dump_config, from_dict, load_config, to_dict
-from workbench.fingerprint import fingerprint as environment_fingerprint
-from workbench.study import StudySpec
+from workbench.train.fingerprint import fingerprint as environment_fingerprint
+from workbench.tune.study import StudySpec
 
 __all__ = ["export_config", "pinned_launch_params", "provenance_for", "write_json"]
 

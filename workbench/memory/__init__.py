@@ -1,0 +1,10 @@
+"""The memory tool: ``python -m workbench.memory analyze`` (``__main__``) and the analysis of an allocator
+snapshot (``analysis``)."""
+
+from __future__ import annotations
+
+from workbench.memory.analysis import (FRAG_HIGH_PCT, GC_THRESHOLD, ROUND_WASTE_MAX, SPLIT_BYTES_SHARE,
+                                       analyze_snapshot, format_table, round_block_size, suggest_allocator)
+
+__all__ = ["FRAG_HIGH_PCT", "GC_THRESHOLD", "ROUND_WASTE_MAX", "SPLIT_BYTES_SHARE", "analyze_snapshot",
+           "format_table", "round_block_size", "suggest_allocator"]

@@ -1,0 +1,112 @@
+"""``python -m workbench.memory analyze``: run the training loop, record the allocator's history over a few steps,
+and write ``memory_analysis.json`` (docs/memory.md).
+
+    python -m workbench.memory analyze --config config.yaml [--steps N] [--out DIR] [--synthetic]
+    python -m workbench.memory analyze --preset gr00t-n1.6 --synthetic --set data.micro_batch_size=8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+
+from workbench.config import config_hash, merge_overrides
+from workbench.errors import ConfigError
+from workbench.memory.analysis import analyze_snapshot, format_table
+from workbench.train.allocator import apply_allocator_settings
+from workbench.train.run import load_run_config, synthetic_data_dir
+from workbench.train.trainer import Trainer, build_model_args
+
+__all__ = ["main"]
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workbench.memory", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("analyze", help="record the allocator over N training steps and suggest settings")
+    src = a.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="config.yaml")
+    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6)")
+    a.add_argument("--steps", type=int, default=5, help="recorded steps (default 5)")
+    a.add_argument("--warmup", type=int, default=None,
+                   help="steps before recording (default training.warmup_measure_steps)")
+    a.add_argument("--out", default=".", help="directory for memory_analysis.json and the run's metrics")
+    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    a.add_argument("--synthetic", action="store_true", help="generate a synthetic corpus when data.loongbin_dir "
+                                                            "is not set")
+    a.add_argument("--max-entries", type=int, default=500_000, help="allocator history ring size")
+    a.add_argument("--snapshot", action="store_true",
+                   help="also write memory_snapshot.pickle (for https://pytorch.org/memory_viz)")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    if not torch.cuda.is_available():  # note: does not initialise the caching allocator
+        print("workbench.memory analyze needs CUDA: torch.cuda.is_available() is False on this machine",
+              file=sys.stderr)
+        return 2
+    try:
+        cfg = load_run_config(argparse.Namespace(config=args.config, preset=args.preset, set=args.set, steps=None))
+        warmup = cfg.training.warmup_measure_steps if args.warmup is None else args.warmup
+        cfg = merge_overrides(cfg, {"training.max_steps": warmup + args.steps, "training.warmup_measure_steps": warmup,
+                                    "training.log_every": args.steps, "hardware.device": "cuda"})
+        env = apply_allocator_settings(cfg)  # before CUDA initialises
+    except ConfigError as e:
+        print(f"error (invalid_config): {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = None
+    if not cfg.data.loongbin_dir:
+        if not args.synthetic:
+            print("data.loongbin_dir is not set: pass --synthetic", file=sys.stderr)
+            return 2
+        margs = build_model_args(cfg)
+        data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
+                                      min_len=cfg.data.min_len, seed=cfg.data.seed)
+    trainer = Trainer(cfg, out_dir=out / "run", data_dir=data_dir)
+    dev = trainer.device
+    try:
+        if warmup:
+            trainer.run(warmup)  # allocator settling, optimizer state, first bucket shapes
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+        # no stack traces: the sizes and actions are what the analysis needs, and they cost ~2 us per event
+        torch.cuda.memory._record_memory_history("all", context=None, max_entries=args.max_entries)
+        summary = trainer.run(warmup + args.steps)
+        torch.cuda.synchronize(dev)  # note: sync before reading the allocator state
+        snapshot = torch.cuda.memory._snapshot()
+        stats = torch.cuda.memory_stats(dev)
+        torch.cuda.memory._record_memory_history(None)
+    finally:
+        trainer.close()
+    if args.snapshot:
+        with open(out / "memory_snapshot.pickle", "wb") as f:
+            pickle.dump(snapshot, f)
+    doc = analyze_snapshot(snapshot, device=dev.index or 0, stats=stats,
+                           allocator=cfg.loongforge.memory_domain.allocator, steps=args.steps)
+    doc["run"] = {
+        "model": cfg.model.name, "micro_batch_size": cfg.data.micro_batch_size, "seq_len": cfg.data.seq_len,
+        "grad_accum_steps": summary.get("grad_accum_steps"), "warmup_steps": warmup, "config_hash": config_hash(cfg),
+        "allocator_env": env or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "throughput/real_tokens_per_s_per_gpu": summary.get("throughput/real_tokens_per_s_per_gpu"),
+        "time/step_s": summary.get("time/step_s"), "gpu": torch.cuda.get_device_name(dev),
+        "torch": torch.__version__, "cuda": torch.version.cuda,
+        "recording": "allocator history on during the measured steps (no stacks)",
+    }
+    tmp = out / "memory_analysis.json.tmp"
+    tmp.write_text(json.dumps(doc, indent=1) + "\n")
+    os.replace(tmp, out / "memory_analysis.json")
+    print(format_table(doc))
+    print(f"wrote {out / 'memory_analysis.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

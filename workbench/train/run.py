@@ -1,0 +1,126 @@
+"""What ``python -m workbench.train`` runs: the config with its overrides, the synthetic corpus when no shards are
+given, the Trainer, and the failure kind of an exception (the exit codes of workbench.vocab)."""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from loaders.format import ShardFormatError
+from loaders.preprocess import preprocess
+from loaders.synth import SynthSpec, generate_documents, write_npy
+from workbench.config import Config, load_config, merge_overrides, parse_overrides, preset_config
+from workbench.errors import ConfigError
+from workbench.train.allocator import apply_allocator_env
+from workbench.train.trainer import NanLossError, Trainer, build_model_args
+
+__all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir"]
+
+# A synthetic corpus is stored at a fine bucket width; the run's data.bucket_width
+# groups stored buckets, so tuning the width needs no re-preprocessing.
+SYNTH_STORED_WIDTH = 32
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("LOONGFORGE_CACHE", Path.home() / ".cache" / "loongforge-workbench"))
+
+
+def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, seed: int = 0,
+                       min_len: int = 64, short: str = "pack", zstd_level: int = 12,
+                       dict_size: int = 262144) -> Path:
+    """Generate and preprocess the synthetic corpus once per parameters; return its shard dir.
+
+    Concurrent callers (parallel trials) serialise on a lock file; the writer's
+    atomic rename means a reader never sees a half-written directory.
+    """
+    min_len = min(min_len, seq_len)
+    key = (f"synth-v{vocab_size}-L{seq_len}-m{min_len}-{short}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}"
+           f"-z{zstd_level}")
+    root = cache_root()
+    out = root / key
+    if (out / "manifest.json").exists():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one generator at a time; the others wait, then reuse
+        if (out / "manifest.json").exists():
+            return out
+        docs = generate_documents(SynthSpec(vocab_size=vocab_size, num_docs=num_docs, seed=seed))
+        src = root / f"{key}.npy"
+        eos = vocab_size - 1
+        write_npy(docs, src, eos)
+        preprocess([str(src)], str(out), bucket_width=SYNTH_STORED_WIDTH, min_len=min_len,
+                   max_len=seq_len, num_workers=2, zstd_level=zstd_level, vocab_size=vocab_size, eos_id=eos,
+                   dict_size=dict_size, short=short, compare=False, quiet=True)
+        src.unlink()
+    return out
+
+
+def classify_exception(e: BaseException) -> str:
+    """Map an exception to a DESIGN.md failure kind."""
+    if isinstance(e, (ConfigError, ShardFormatError)):  # the config's data.loongbin_dir is unusable as it is
+        return "invalid_config"
+    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
+        return "oom"
+    if isinstance(e, NanLossError):
+        return "nan_loss"
+    mod = type(e).__module__ or ""
+    if mod.startswith(("torch._dynamo", "torch._inductor")) or "BackendCompilerFailed" in type(e).__name__ \
+            or mod.startswith("triton"):
+        return "compile_error"
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted"
+    return "crash"
+
+
+def load_run_config(args: argparse.Namespace):
+    cfg = load_config(args.config) if args.config else preset_config(args.preset)
+    overrides: dict[str, Any] = parse_overrides(args.set)
+    if args.steps is not None:  # 0 or less: rejected by the config, not ignored
+        overrides["training.max_steps"] = args.steps
+    if overrides:
+        cfg = merge_overrides(cfg, overrides)
+    assert isinstance(cfg, Config)
+    return cfg
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    cfg = load_run_config(args)
+    apply_allocator_env(cfg)  # before CUDA initialises in this process
+    data_dir = None
+    if not cfg.data.loongbin_dir:
+        if not args.synthetic:
+            raise SystemExit("data.loongbin_dir is not set: pass --synthetic to generate a synthetic corpus, "
+                             "or point data.loongbin_dir at `python -m loaders.preprocess` output")
+        margs = build_model_args(cfg)
+        data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
+                                      min_len=cfg.data.min_len, short=args.synthetic_packing,
+                                      seed=cfg.data.seed)
+    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat)
+    try:
+        summary = trainer.run()
+    finally:
+        trainer.close()
+    return summary
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    def f(v, fmt):
+        return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+    print(f"summary: {s['steps']} steps ({s['measured_steps']} measured), "
+          f"{f(s['throughput/real_tokens_per_s_per_gpu'], ',.0f')} real tok/s/gpu, "
+          f"MFU {f(s['mfu_pct'], '.1f')}%, step {f(s['time/step_s'], '.4f')} s, "
+          f"loss {f(s['first_loss'], '.4f')} -> {f(s['last_loss'], '.4f')}")
+    ph = s["phase_s_per_step"]
+    print("  phases s/step: " + ", ".join(f"{k} {f(v, '.4f')}" for k, v in ph.items()))
+    mem = s.get("memory/max_reserved_gib")
+    print(f"  memory: peak reserved {f(mem, '.2f')} GiB, allocated {f(s.get('memory/max_allocated_gib'), '.2f')}"
+          f" GiB" if mem is not None else f"  memory: peak RSS {f(s.get('memory/max_rss_gib'), '.2f')} GiB")
+
+

@@ -1,0 +1,202 @@
+"""``python -m workbench.tune``: search the knobs of a study, validate the best, export the winner.
+
+The CLI of the ``Tuner`` (workbench.tune.tuner); it also builds the report (``reports``, the layer above the
+tuner). docs/tuner.md describes one run.
+
+    python -m workbench.tune [--study NAME|PATH] [--trials N] [--timeout S] [--storage URL]
+                             [--study-name NAME] [--gpus N] [--out runs/] [--worker] [--no-report]
+                             [--no-progress]
+    python -m workbench.tune export [same flags]   # re-export runs/<study>/config.yaml
+    python -m workbench.tune report [same flags]   # rebuild runs/<study>/report.html
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import signal
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy.engine
+import sqlalchemy.exc
+
+from reports import build_report
+from workbench.errors import ConfigError, TuneError
+from workbench.tune.export import export_config
+from workbench.tune.storage import default_storage_url, make_storage, normalize_storage_url
+from workbench.tune.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
+from workbench.tune.trial import ignore_interrupts
+from workbench.tune.tuner import Tuner, winner_launch_record
+from workbench.vocab import TUNE_EXIT
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = (TUNE_EXIT[k] for k in ("ok", "error", "usage", "interrupted"))
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m workbench.tune", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("command", nargs="?", choices=("tune", "export", "report"), default="tune",
+                   help="tune (default): run or resume the study; export / report: on an existing study")
+    p.add_argument("--study", help=f"built-in study name or spec file (default {DEFAULT_STUDY}; a worker "
+                   "without it reads the spec from the storage)")
+    p.add_argument("--trials", type=int, help="trial budget (overrides the spec)")
+    p.add_argument("--timeout", type=float, help="wall-clock limit of the search in this process, seconds")
+    p.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/<study>/study.db)")
+    p.add_argument("--study-name", help="Optuna study name and runs/ directory (default: the spec's name)")
+    p.add_argument("--gpus", type=int, help="GPUs per trial (overrides the spec)")
+    p.add_argument("--out", default="runs", help="directory of study outputs (default runs/)")
+    p.add_argument("--worker", action="store_true", help="only run search trials of an existing or shared study")
+    p.add_argument("--no-report", action="store_true", help="do not build report.html")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per trial still)")
+    p.add_argument("--debug", action="store_true", help="on an error, print the traceback after its line")
+    args = p.parse_args(argv)
+    if args.trials is not None and args.trials < 1:
+        p.error("--trials must be >= 1")
+    if args.gpus is not None and args.gpus < 1:
+        p.error("--gpus must be >= 1")
+    if args.timeout is not None and args.timeout <= 0:
+        p.error("--timeout must be > 0")
+    return args
+
+
+def _resolve_spec(args: argparse.Namespace) -> StudySpec | None:
+    if args.study is None and args.worker and args.study_name:
+        return None  # read from the storage
+    spec = load_study_spec(args.study or DEFAULT_STUDY)
+    if args.gpus is not None and args.gpus != spec.gpus:
+        spec = replace(spec, gpus=args.gpus)
+    return spec
+
+
+def _resume_hint() -> str:
+    return "python -m workbench.tune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
+    """Spec, study name, study dir and storage URL of an existing study (export/report)."""
+    spec = _resolve_spec(args)
+    name = args.study_name or (spec.name if spec else None)
+    if name is None:
+        raise TuneError("give --study or --study-name")
+    study_dir = Path(args.out).resolve() / name
+    url = normalize_storage_url(args.storage or default_storage_url(study_dir))
+    if args.storage is None and not (study_dir / "study.db").exists():
+        raise TuneError(f"no study at {study_dir / 'study.db'}; run `python -m workbench.tune` first")
+    storage = make_storage(url)
+    try:
+        study = optuna.load_study(study_name=name, storage=storage)
+    except KeyError:
+        raise TuneError(f"no study {name!r} in {url}") from None
+    stored = study.user_attrs.get("spec")
+    if stored:
+        spec = spec_from_dict(stored, source=f"{url} (study {name})")
+    if spec is None:
+        raise TuneError(f"study {name!r} has no stored spec; give --study")
+    return spec, name, study_dir, url
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    spec, name, study_dir, url = _existing(args)
+    study = optuna.load_study(study_name=name, storage=make_storage(url))
+    base = list(study.user_attrs.get("baseline_runs", []))
+    vpath = study_dir / "validation.json"
+    if vpath.exists():
+        validation = json.loads(vpath.read_text())
+    else:
+        print(f"{vpath} missing (the study was not validated): exporting the baseline config; finish the study "
+              f"with `python -m workbench.tune --study {args.study or name}` to validate candidates",
+              file=sys.stderr)
+        validation = {"baseline_runs": base, "candidates": [], "winner": {"trial": None, "significant": False}}
+    path = export_config(spec, study_dir, validation, study_name=name, baseline_runs=base,
+                         launch_record=winner_launch_record(study, validation))
+    print(path)
+    return EXIT_OK
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    _spec, name, study_dir, url = _existing(args)
+    print(build_report(study_dir, url, name))
+    return EXIT_OK
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    spec = _resolve_spec(args)
+    tuner = Tuner(spec, study_name=args.study_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
+                  timeout_s=args.timeout, worker=args.worker, report=None if args.no_report else build_report,
+                  progress=not args.no_progress)
+    try:
+        tuner.run()
+    except KeyboardInterrupt:
+        ignore_interrupts()  # the rest of a burst of Ctrl-Cs changes nothing
+        print(f"\ninterrupted: the running trial was stopped and marked FAIL (status interrupted); finished "
+              f"trials are kept in {tuner.storage_url}.\nResume with: {_resume_hint()}", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return EXIT_OK
+
+
+def _environment_error(e: BaseException, args: argparse.Namespace) -> str:
+    """One line for a filesystem or storage fault: the path or database, what went wrong, what to do."""
+    if isinstance(e, OSError):
+        where = e.filename or args.out
+        return (f"{where}: {e.strerror or e}; the study's files go under --out {args.out!r}: give a writable "
+                f"directory (rerun with --debug for the traceback)")
+    orig = getattr(e, "orig", None) or getattr(e, "__cause__", None) or e
+    reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    if args.storage:
+        try:
+            where = sqlalchemy.engine.make_url(normalize_storage_url(args.storage)).render_as_string(
+                hide_password=True)
+        except Exception:  # noqa: BLE001 - the URL was accepted before; name it as given
+            where = "--storage"
+    else:
+        name = args.study_name or (Path(args.study).stem if args.study else DEFAULT_STUDY)
+        where = str(Path(args.out).resolve() / name / "study.db")
+    return (f"{where}: the study storage cannot be used ({reason}); if it is damaged, move it aside and start "
+            f"the study again, or give another --out / --storage (rerun with --debug for the traceback)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    prev = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)  # `kill` stops as cleanly as Ctrl-C
+    try:
+        if args.command == "export":
+            return cmd_export(args)
+        if args.command == "report":
+            return cmd_report(args)
+        return cmd_tune(args)
+    except (TuneError, ConfigError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_USAGE if isinstance(e, ConfigError) else EXIT_ERROR
+    except (OSError, sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError) as e:
+        print(f"error: {_environment_error(e, args)}", file=sys.stderr)
+        if args.debug:
+            traceback.print_exc()
+        return EXIT_USAGE
+    finally:
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is _raise_keyboard_interrupt:
+            signal.signal(signal.SIGTERM, prev)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+

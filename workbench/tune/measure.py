@@ -1,0 +1,127 @@
+"""How the Tuner measures: a run of a config in its own process (the baseline repeats, validation runs and the
+numerics guard's twins), each in a fresh per-attempt folder, and the numerics guard of a search trial."""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from workbench.config import config_hash, merge_overrides
+from workbench.errors import TuneError
+from workbench.tune.knobs import get_knob, numerics_knobs
+from workbench.tune.numerics import check_loss, data_key, window_loss
+from workbench.tune.stats import noise_floor
+from workbench.tune.trial import TrialOutcome, run_trial
+
+__all__ = ["Measurement"]
+
+
+class Measurement:
+    """The Tuner's measurement methods (the Tuner provides the spec, study, study_dir, progress and logging)."""
+
+    def _phase(self, prefix: str) -> Any:
+        def on_phase(text: str) -> None:
+            if self.progress is not None:
+                self.progress.set(phase=f"{prefix}: {text}")
+        return on_phase
+
+    def _measure(self, cfg: Any, run_dir: Path, label: str, prefix: str) -> TrialOutcome:
+        """A coordinator's measurement (baseline, validation, numerics twin): run into this process's own attempt
+        folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still holds the study, move it
+        into place; so no two processes ever write one folder, and a folder in place is a finished run."""
+        spec = self.spec
+        assert spec is not None
+        attempt = run_dir.with_name(f".{run_dir.name}.{self._attempt_id}")
+        out = run_trial(cfg, attempt, timeout_s=spec.protocol.trial_timeout_s,
+                        heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
+                        label=label, env=self._child_env())
+        self._check_lease()  # a coordinator whose study was taken over keeps nothing
+        if run_dir.exists():
+            shutil.rmtree(run_dir)
+        attempt.rename(run_dir)
+        out.trial_dir = run_dir
+        out.config_path = run_dir / "config.yaml" if out.config_path is not None else None
+        return out
+
+    def _remove_stale_attempts(self) -> None:
+        """Attempt folders that a dead coordinator left (it held the lease; this one holds it now)."""
+        for root in (self.study_dir / "baseline", self.study_dir / "validation"):
+            with contextlib.suppress(OSError):
+                for p in root.iterdir():
+                    if p.is_dir() and p.name.startswith(".") and not p.name.endswith(f".{self._attempt_id}"):
+                        shutil.rmtree(p, ignore_errors=True)
+
+    def run_baseline(self) -> list[float]:
+        """Measure the base config ``baseline_repeats`` times (resumable); returns the throughputs."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        cfg = spec.measured_base_config()
+        h = config_hash(cfg)
+        stored_hash = study.user_attrs.get("baseline_config_hash")
+        runs = self.baseline_runs() if stored_hash in (None, h) else []
+        losses = list(study.user_attrs.get("baseline_losses", [])) if stored_hash in (None, h) else []
+        study.set_user_attr("baseline_config_hash", h)
+        repeats = spec.protocol.baseline_repeats
+        for i in range(len(runs), repeats):
+            self._check_lease()
+            out = self._measure(cfg, self.study_dir / "baseline" / str(i), f"baseline-{i}",
+                                f"baseline {i + 1}/{repeats}")
+            if out.status != "ok" or out.value is None:
+                raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
+                                f"config must run. Log: {out.trial_dir / 'log.txt'}\n{out.log_tail}")
+            runs.append(out.value)
+            losses.append(window_loss(out.last_window))
+            study.set_user_attr("baseline_runs", runs)
+            study.set_user_attr("baseline_losses", losses)  # the numerics guard's reference
+            study.set_user_attr("baseline_dirs", [str(self.study_dir / "baseline" / str(j))
+                                                  for j in range(len(runs))])
+            self._log(f"baseline {i + 1}/{repeats}: {out.value:,.0f} tok/s/gpu")
+        nf = noise_floor(runs)
+        study.set_user_attr("noise_floor", nf.to_dict())
+        self._log(f"noise floor: median {nf.median:,.0f} tok/s/gpu, spread {nf.rel_spread:.1%} "
+                  f"(min {nf.min:,.0f}, max {nf.max:,.0f}), cv {nf.cv:.1%} over {nf.n} runs")
+        return runs
+
+
+    def _guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
+        """The numerics guard (workbench.tune.numerics): a trial that sets a numerics knob off its base value keeps
+        status ok only if its last-window loss is within the protocol's tolerance of its twin's; else its status
+        becomes ``numerics``. The check is stored as the trial's ``numerics`` user attr."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        base = spec.base_knob_values()
+        changed = [k for k in numerics_knobs() if k in params and params[k] != base.get(k)]
+        if not changed:
+            return
+        twin_params = {k: v for k, v in params.items() if k not in changed}
+        twin_cfg = merge_overrides(cfg, {get_knob(k).key: base.get(k) for k in changed})
+        tol = spec.protocol.numerics_tolerance
+        base_losses = [x for x in study.user_attrs.get("baseline_losses", []) if x is not None]
+        if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):
+            check = check_loss(window_loss(out.last_window), base_losses, tol, source="baseline")
+        else:
+            twins = dict(study.user_attrs.get("numerics_twins", {}))
+            h = config_hash(twin_cfg)
+            if h not in twins:
+                self._log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same data")
+                tw = self._measure(twin_cfg, out.trial_dir / "numerics-twin", f"trial-{trial.number}-twin",
+                                   f"trial {trial.number} numerics twin")
+                if tw.status != "ok" or window_loss(tw.last_window) is None:
+                    # no reference: the candidate cannot be shown to train like the base, so it cannot win
+                    out.status, out.failure_reason = "numerics", (
+                        f"its twin ({', '.join(changed)} at base: {twin_params}) failed ({tw.status}: "
+                        f"{tw.failure_reason}), so its loss has no reference")
+                    trial.set_user_attr("numerics", {"passed": False, "reference": "twin", "twin_status": tw.status})
+                    return
+                twins[h] = window_loss(tw.last_window)
+                study.set_user_attr("numerics_twins", twins)
+            check = check_loss(window_loss(out.last_window), [twins[h]], tol, source="twin")
+        trial.set_user_attr("numerics", check.to_dict())
+        if not check.passed:
+            out.status, out.failure_reason = "numerics", f"{', '.join(f'{k}={params[k]}' for k in changed)}: " \
+                + check.reason()

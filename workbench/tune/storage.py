@@ -1,0 +1,104 @@
+"""A study's Optuna storage: its URL (SQLite by default, PostgreSQL to scale out), the RDB storage with heartbeats
+and lock timeouts, and the liveness of the processes (pid and start time) that write to it."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+import sqlalchemy.engine
+import sqlalchemy.exc
+
+from workbench.errors import ConfigError, TuneError
+
+__all__ = ["HEARTBEAT_GRACE_S", "HEARTBEAT_INTERVAL_S", "SQLITE_TIMEOUT_S", "alive", "default_storage_url",
+           "make_storage", "normalize_storage_url", "proc_start"]
+
+HEARTBEAT_INTERVAL_S = 10
+"""Storage heartbeat of a running trial (Optuna RDB heartbeat table)."""
+HEARTBEAT_GRACE_S = 60
+"""A RUNNING trial whose storage heartbeat is older than this is failed (its tuner is gone)."""
+SQLITE_TIMEOUT_S = 60  # concurrent writers (coordinator, workers, heartbeat threads) wait for the lock
+
+
+def default_storage_url(study_dir: Path) -> str:
+    """``sqlite:///<abs>/runs/<study>/study.db``."""
+    return f"sqlite:///{(Path(study_dir) / 'study.db').resolve()}"
+
+
+def normalize_storage_url(url: str) -> str:
+    """Make a PostgreSQL URL usable with the installed driver.
+
+    SQLAlchemy 2.1 maps ``postgresql://`` to psycopg 3; the project's ``postgres`` extra installs
+    psycopg2, so a plain URL becomes ``postgresql+psycopg2://`` when only psycopg2 is importable.
+    ``postgres://`` (Heroku style) is read as ``postgresql://``.
+    """
+    if url.startswith("postgres://"):
+        url = "postgresql://" + url[len("postgres://"):]
+    if url.startswith("postgresql://") and importlib.util.find_spec("psycopg") is None \
+            and importlib.util.find_spec("psycopg2") is not None:
+        url = "postgresql+psycopg2://" + url[len("postgresql://"):]
+    return url
+
+
+def make_storage(url: str) -> optuna.storages.RDBStorage:
+    """RDB storage with heartbeats (stale trials become FAIL) and a lock timeout for SQLite."""
+    url = normalize_storage_url(url)
+    engine_kwargs: dict[str, Any] = {}
+    if url.startswith("sqlite"):
+        engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        engine_kwargs["pool_pre_ping"] = True  # survive server-side connection drops during long trials
+    try:
+        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+    except sqlalchemy.exc.ArgumentError:
+        raise ConfigError(f"{url!r} is not a database URL; expected e.g. sqlite:///runs/study.db or "
+                          "postgresql://user:password@host/db", key="--storage") from None
+    for attempt in range(5):
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
+                                                  heartbeat_interval=HEARTBEAT_INTERVAL_S,
+                                                  grace_period=HEARTBEAT_GRACE_S)
+        except (sqlalchemy.exc.NoSuchModuleError, ModuleNotFoundError) as e:
+            raise ConfigError(f"{shown}: no database driver for this URL ({e}); expected sqlite:///... or "
+                              "postgresql://... (psycopg2)", key="--storage") from None
+        except (sqlalchemy.exc.IntegrityError, sqlalchemy.exc.OperationalError) as e:
+            # two processes creating the schema of a new database at once: one loses the race, then
+            # finds the tables there on the next attempt
+            if attempt == 4:
+                reason = str(getattr(e, "orig", None) or e).strip().splitlines()[0]
+                raise TuneError(f"cannot open the study storage {shown} after 5 attempts: {reason}") from e
+            time.sleep(0.5 + attempt)
+    raise AssertionError("unreachable")
+
+
+def proc_start(pid: int) -> str | None:
+    """Start time of ``pid`` (clock ticks since boot, from /proc) to tell a reused pid apart."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def alive(pid: int, start: str | None) -> bool:
+    if Path("/proc").is_dir() and Path("/proc/self/stat").exists():
+        now = proc_start(pid)
+        return now is not None and (start is None or now == start)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,674 @@
+"""The ``Tuner``: one run of a study, as coordinator (baseline, search, validation, export, report) or as a worker
+(search trials only), resumable from its Optuna storage. docs/tuner.md describes the run, the records it writes
+and how it resumes; ``python -m workbench.tune`` (``__main__``) is its CLI."""
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from workbench.config import ConfigError
+from workbench.tune.export import export_config, write_json
+from workbench.tune.knobs import (DroppedKnob, detect_capabilities, drop_unsupported, format_dropped, get_knob,
+                                  knob_names)
+from workbench.train.memory_model import predicted_oom
+from workbench.tune.samplers import make_sampler
+from workbench.tune.stats import noise_floor
+from workbench.tune.study import StudySpec, spec_from_dict
+from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
+from workbench.tune.lease import CoordinatorLease
+from workbench.tune.measure import Measurement
+from workbench.tune.progress import Progress
+from workbench.errors import TuneError
+from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, normalize_storage_url,
+                                    proc_start)
+from workbench.tune.validation import Validation, _feasible, _now
+
+__all__ = ["Tuner", "sessions_wall_s", "winner_launch_record"]
+
+
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+"""Trial states that use up the budget; FAIL (interrupted, stale, skipped) does not."""
+
+
+_STUDY_WAIT_S = 300  # a worker started before its coordinator waits this long for the study
+
+
+
+
+
+def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
+    """Seconds of the sessions that finished (tune.json's ``sessions``); an interrupted one has no end and adds
+    nothing."""
+    total = 0.0
+    for s in sessions:
+        try:
+            total += (datetime.datetime.fromisoformat(s["finished"])
+                      - datetime.datetime.fromisoformat(s["started"])).total_seconds()
+        except (KeyError, TypeError, ValueError):
+            continue
+    return total
+
+
+class _AskTellGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler, without its end-of-grid ``study.stop()``: that call only works inside
+    ``study.optimize`` and raises under ask/tell (after the last grid point was stored), which is how the
+    tuner drives trials. The study's trial budget ends the search instead (set it to the grid's size)."""
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
+        return None
+
+
+class Tuner(CoordinatorLease, Measurement, Validation):
+    """One tuner process (coordinator or worker) on one study; see the module docstring."""
+
+    def __init__(
+        self,
+        spec: StudySpec | None,
+        *,
+        study_name: str | None = None,
+        out_root: str | Path = "runs",
+        storage_url: str | None = None,
+        trials: int | None = None,
+        timeout_s: float | None = None,
+        worker: bool = False,
+        report: Callable[[Path, str, str], Path] | None = None,
+        progress: bool = True,
+    ) -> None:
+        if spec is None and study_name is None:
+            raise TuneError("a study spec or a study name is needed")
+        self.spec = spec
+        self.study_name = study_name or (spec.name if spec else "")
+        self.study_dir = Path(out_root).resolve() / self.study_name  # trial processes get absolute paths
+        self.storage_url = normalize_storage_url(storage_url or default_storage_url(self.study_dir))
+        self.trials_override = trials
+        self.timeout_override = timeout_s
+        self.worker = worker
+        self.report = report  # report.html's builder (the CLI passes reports.build_report); None builds none
+        self.progress_enabled = progress
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "start": proc_start(os.getpid()),
+                   "role": "worker" if worker else "coordinator"}
+        self.storage: optuna.storages.RDBStorage | None = None
+        self.study: optuna.Study | None = None
+        self.active: list[str] = []
+        self.dropped: list[dict[str, str]] = []
+        self.budget: int | None = None
+        self.progress: Progress | None = None
+        self._base_values: dict[str, Any] | None = None
+        self._t0 = time.monotonic()
+        self._sessions: list[dict[str, Any]] | None = None  # tune.json's coordinator runs, this one last
+        self.hardware: dict[str, Any] = {}
+        self._attempt_id = os.urandom(4).hex()  # names this process's measurement folders
+        self._lease_token = f"{self.me['host']}:{self.me['pid']}:{self._attempt_id}"
+        self._lease_stop: threading.Event | None = None
+        self._lease_study: optuna.Study | None = None
+        self._lease_lost: str | None = None
+
+    # ------------------------------------------------------------------ setup
+    def _log(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.write(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def _load_stored_spec(self) -> StudySpec:
+        """A worker without --study: wait for the coordinator's study and read its spec."""
+        assert self.storage is not None
+        deadline = time.monotonic() + _STUDY_WAIT_S
+        while True:
+            try:
+                summary = optuna.study.load_study(study_name=self.study_name, storage=self.storage)
+                data = summary.user_attrs.get("spec")
+                if data:
+                    return spec_from_dict(data, source=f"{self.storage_url} (study {self.study_name})")
+            except KeyError:
+                pass
+            if time.monotonic() > deadline:
+                raise TuneError(f"no study {self.study_name!r} with a spec in {self.storage_url} after "
+                                f"{_STUDY_WAIT_S} s; start the coordinator, or give --study")
+            time.sleep(2)
+
+    def open(self) -> optuna.Study:
+        """Open (or create) the Optuna study and settle the search space and budget."""
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.storage = make_storage(self.storage_url)
+        if self.spec is None:
+            self.spec = self._load_stored_spec()
+        spec = self.spec
+        directions = ["maximize", "minimize"] if spec.objective.multi_objective else ["maximize"]
+        caps = detect_capabilities(spec.gpus)
+        kept, dropped = drop_unsupported(list(spec.space), caps)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            warnings.simplefilter("ignore", FutureWarning)
+            study = optuna.create_study(storage=self.storage, study_name=self.study_name, directions=directions,
+                                        load_if_exists=True, sampler=optuna.samplers.RandomSampler(0))
+        if not self.worker:
+            self._acquire_lease(study)
+        attrs = study.user_attrs
+        stored_spec = attrs.get("spec")
+        mine = spec.to_dict()
+        if stored_spec is not None:
+            diff = _spec_diff(stored_spec, mine)
+            if diff:
+                raise TuneError(
+                    f"study {self.study_name!r} in {self.storage_url} was created from a different spec "
+                    f"(differs in: {', '.join(diff)}); use another --study-name, or delete {self.study_dir}")
+        if "active_knobs" in attrs:  # the space of an existing study does not change with the machine
+            self.active = list(attrs["active_knobs"])
+            self.dropped = list(attrs.get("dropped_knobs", []))
+            mine_lost = [d.knob for d in dropped if d.knob in self.active]
+            if mine_lost:
+                warnings.warn(f"this machine cannot act on {', '.join(mine_lost)}, which the study searches; "
+                              "its trials here measure them without effect", stacklevel=2)
+        else:
+            self.active = kept
+            self.dropped = [d.to_dict() for d in dropped]
+        if not self.worker or stored_spec is None:
+            study.set_user_attr("spec", mine)
+            study.set_user_attr("active_knobs", self.active)
+            study.set_user_attr("dropped_knobs", self.dropped)
+        if self.trials_override is not None:
+            self.budget = self.trials_override
+        elif self.worker and "budget_trials" in attrs:
+            self.budget = attrs["budget_trials"]
+        else:
+            self.budget = spec.budget.trials
+        if not self.worker:
+            study.set_user_attr("budget_trials", self.budget)
+            self._enqueue_seeds(study)
+        if self.budget is None and self.timeout_s is None:
+            raise TuneError("no budget: give --trials or --timeout, or set budget in the study spec")
+        if not self.active:
+            raise TuneError(f"nothing to search on this hardware: {format_dropped(dropped)}")
+        self.hardware = {"capabilities": sorted(caps), "gpus": spec.gpus, "cpu_count": os.cpu_count(),
+                         "host": socket.gethostname()}
+        if "cuda" in caps:
+            import torch
+
+            self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+                                 gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
+        # reload with the real sampler and pruner (create_study needed a sampler to exist)
+        study = optuna.load_study(study_name=self.study_name, storage=self.storage, sampler=self._sampler(),
+                                  pruner=self._pruner())
+        self.study = study
+        return study
+
+    # ------------------------------------------------------------------ the coordinator lease
+    def _enqueue_seeds(self, study: optuna.Study) -> None:
+        """The spec's seed trials, queued once per study (Optuna's enqueue_trial): they run first and count
+        against the budget. Values of knobs this machine dropped are left out."""
+        spec = self.spec
+        assert spec is not None
+        if study.user_attrs.get("seeded") or not spec.seed_trials:
+            return
+        for i in range(len(spec.seed_trials)):
+            params = {k: v for k, v in spec.seed_params(i).items() if k in self.active}
+            study.enqueue_trial(params, user_attrs={"seed_trial": i}, skip_if_exists=True)
+        study.set_user_attr("seeded", True)
+        self._log(f"queued {len(spec.seed_trials)} seed trial(s) to run first")
+
+    def _child_env(self) -> dict[str, str]:
+        """Environment of every trial process: one Inductor/AOTAutograd cache and one Triton cache per study, so
+        a trial recompiles only what no earlier trial of the study compiled."""
+        cache = self.study_dir / "compile-cache"
+        return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+    @property
+    def timeout_s(self) -> float | None:
+        if self.timeout_override is not None:
+            return self.timeout_override
+        return self.spec.budget.timeout_s if self.spec else None
+
+    def _sampler(self) -> optuna.samplers.BaseSampler:
+        spec = self.spec
+        assert spec is not None
+        s = spec.sampler
+        seed = s.seed
+        if seed is not None and self.worker:
+            seed = seed + 1 + os.getpid() % 100_000  # two workers must not replay the same random sequence
+        if s.name != "grid":
+            return make_sampler(s.name, seed, s.n_startup_trials)
+        grid = {name: spec.space[name].grid(get_knob(name).kind) for name in self.active}
+        return _AskTellGridSampler(grid, seed=seed)
+
+    def _pruner(self) -> optuna.pruners.BasePruner:
+        spec = self.spec
+        assert spec is not None
+        if spec.pruner.name == "none" or spec.objective.multi_objective:
+            return optuna.pruners.NopPruner()
+        return optuna.pruners.MedianPruner(n_startup_trials=spec.pruner.n_startup_trials,
+                                           n_warmup_steps=spec.pruner.n_warmup_steps, interval_steps=1)
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _trials(self, states: Sequence[TrialState] | None = None) -> list[FrozenTrial]:
+        assert self.study is not None
+        return self.study.get_trials(deepcopy=False, states=tuple(states) if states else None)
+
+    def _counts(self) -> tuple[int, int, int]:
+        """(counted, running, waiting) trials of the study."""
+        trials = self._trials()
+        counted = sum(t.state in COUNTED_STATES for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        waiting = sum(t.state == TrialState.WAITING for t in trials)
+        return counted, running, waiting
+
+    def _finished_count(self) -> int:
+        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in self._trials())
+
+    def baseline_runs(self) -> list[float]:
+        assert self.study is not None
+        return list(self.study.user_attrs.get("baseline_runs", []))
+
+    def _best_text(self) -> str:
+        ok = [t for t in self._trials((TrialState.COMPLETE,)) if _feasible(t)]
+        if not ok:
+            return ""
+        best = max(ok, key=lambda t: t.values[0])
+        base = self.baseline_runs()
+        sp = f" ({best.values[0] / statistics.median(base):.2f}x)" if base else ""
+        return f"best #{best.number} {best.values[0]:,.0f} tok/s{sp}"
+
+    def _recover_stale(self) -> None:
+        """Fail RUNNING trials whose tuner is gone: dead pid on this host now, elsewhere by heartbeat."""
+        assert self.study is not None and self.storage is not None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(self.study)
+        for t in self._trials((TrialState.RUNNING,)):
+            w = t.user_attrs.get("worker") or {}
+            if w.get("host") != self.me["host"] or not isinstance(w.get("pid"), int):
+                continue
+            if (w.get("pid"), w.get("start")) == (self.me["pid"], self.me["start"]):
+                continue
+            if alive(w["pid"], w.get("start")):
+                continue
+            pgid = t.user_attrs.get("pgid")
+            if isinstance(pgid, int):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)  # an orphaned trial of the dead tuner
+            with contextlib.suppress(Exception):
+                self.storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+                self.storage.set_trial_user_attr(
+                    t._trial_id, "failure_reason",
+                    f"tuner process {w['pid']} on {w['host']} died while the trial ran; re-run")
+                self.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                self._log(f"trial {t.number}: its tuner (pid {w['pid']}) is gone; marked FAIL, it will be re-run")
+
+    @contextlib.contextmanager
+    def _storage_heartbeat(self, trial_id: int) -> Iterator[None]:
+        """Record the trial's storage heartbeat every HEARTBEAT_INTERVAL_S while it runs (ask/tell has none)."""
+        assert self.storage is not None
+        storage = self.storage
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # a transient DB error must not kill the trial
+                    storage.record_heartbeat(trial_id)
+                if stop.wait(HEARTBEAT_INTERVAL_S):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+    # ------------------------------------------------------------------ phases
+    def sample(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Knob values for ``trial``: each active knob in registry order, conditional knobs when active."""
+        spec = self.spec
+        assert spec is not None
+        if self._base_values is None:
+            self._base_values = spec.base_knob_values()
+        values = dict(self._base_values)
+        params: dict[str, Any] = {}
+        for name in knob_names():
+            if name not in self.active:
+                continue
+            knob = get_knob(name)
+            if not knob.active(values):
+                continue
+            rng = spec.space[name]
+            if rng.choices is not None:
+                v = trial.suggest_categorical(name, rng.choices)
+            elif knob.kind == "int":
+                assert rng.low is not None and rng.high is not None
+                v = trial.suggest_int(name, int(rng.low), int(rng.high), step=int(rng.step or 1), log=rng.log)
+            else:
+                assert rng.low is not None and rng.high is not None
+                v = trial.suggest_float(name, float(rng.low), float(rng.high), step=rng.step, log=rng.log)
+            params[name] = v
+            values[name] = v
+        return params
+
+    def _constraints(self, out: TrialOutcome) -> dict[str, float]:
+        spec = self.spec
+        assert spec is not None
+        # the same keys for every trial: Optuna's GP sampler models each constraint across all trials
+        if out.failed:
+            return {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0}
+        peak, total = out.peak_memory_gib, out.device_total_gib
+        mem = peak / total - spec.objective.memory_share_limit if (peak is not None and total) else 0.0
+        loss = out.last_loss
+        return {"failed": 0.0, "memory": round(mem, 6),
+                "finite_loss": 0.0 if loss is None or math.isfinite(loss) else 1.0}
+
+    def run_one(self, trial: optuna.Trial) -> TrialOutcome:
+        """Run and tell one search trial."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        n = trial.number
+        tdir = self.study_dir / "trials" / str(n)
+        params = self.sample(trial)
+        trial.set_user_attr("trial_dir", str(tdir))
+        multi = spec.objective.multi_objective
+
+        def on_window(i: int, v: float) -> bool:
+            if multi:
+                return False
+            trial.report(v, step=i)
+            return trial.should_prune()
+
+        out: TrialOutcome | None = None
+        try:
+            try:
+                cfg = spec.trial_config(params)
+            except ConfigError as e:
+                out = not_launched_outcome(tdir, str(e))
+            else:
+                too_big = predicted_oom(cfg, self.hardware.get("gpu_memory_gib"))
+                if too_big:
+                    out = not_launched_outcome(tdir, too_big, kind="oom")
+            if out is None:
+                out = self._run_search_trial(trial, cfg, tdir, on_window)
+                if out.status == "ok":
+                    self._guard_numerics(trial, params, cfg, out)
+        except KeyboardInterrupt:
+            self._mark_interrupted(trial)
+            raise
+        self._tell(trial, out)
+        return out
+
+    def _run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
+        """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
+        config is called infeasible (the first attempt is kept as ``trials/<n>.killed``)."""
+        spec = self.spec
+        assert spec is not None
+        n = trial.number
+        for attempt in range(2):
+            out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
+                            heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
+                            on_phase=self._phase(f"trial {n}"), label=f"trial-{n}",
+                            on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env())
+            if not out.killed_from_outside or attempt:
+                return out
+            kept = tdir.with_name(f"{tdir.name}.killed")
+            shutil.rmtree(kept, ignore_errors=True)
+            tdir.rename(kept)
+            trial.set_user_attr("rerun", {"reason": out.failure_reason, "first_attempt_dir": str(kept)})
+            self._log(f"trial {n}: {out.failure_reason}; running it once more before blaming its config")
+        return out
+
+    def _mark_interrupted(self, trial: optuna.Trial, reason: str | None = None) -> None:
+        """Tell a trial that Ctrl-C or SIGTERM (or an error of the tuner's own, ``reason``) stopped FAIL (status
+        interrupted: it is re-run on resume), once: more interrupts arriving meanwhile are held off, and a trial
+        already finished in the storage is left as it is."""
+        study = self.study
+        assert study is not None and self.storage is not None
+        tdir = self.study_dir / "trials" / str(trial.number)
+        with interrupts_held(), contextlib.suppress(Exception):
+            if self.storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+                return
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("failure_reason", reason or "interrupted (Ctrl-C or SIGTERM of the tuner)")
+            trial.set_user_attr("log_tail", read_log_tail(tdir))
+            trial.set_user_attr("config_path", str(tdir / "config.yaml"))
+            study.tell(trial, state=TrialState.FAIL)
+
+    def _tell(self, trial: optuna.Trial, out: TrialOutcome) -> None:
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        cons = self._constraints(out)
+        attrs: dict[str, Any] = {
+            "status": out.status, "failure_reason": out.failure_reason, "log_tail": out.log_tail,
+            "config_path": str(out.config_path) if out.config_path else "", "trial_dir": str(out.trial_dir),
+            "summary": out.summary or {}, "constraint": list(cons.values()), "windows": out.windows,
+            "wall_s": round(out.wall_s, 3),
+        }
+        values: list[float] | None
+        state = TrialState.COMPLETE
+        mem = out.peak_memory_gib
+        if out.status == "ok":
+            assert out.value is not None
+            values = [out.value] + ([mem if mem is not None else 0.0] if spec.objective.multi_objective else [])
+        elif out.status == "pruned":
+            values, state = None, TrialState.PRUNED
+        elif out.failed:
+            values = [0.0] + ([math.inf] if spec.objective.multi_objective else [])
+        else:  # interrupted (the child got SIGINT from elsewhere): infrastructure, not the config's fault
+            values, state = None, TrialState.FAIL
+        try:
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
+            if state != TrialState.FAIL:
+                for k, v in cons.items():
+                    trial.set_constraint(k, v)
+            study.tell(trial, values, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as e:
+            # another process failed it as stale (our heartbeat stalled); it will be re-run
+            self._log(f"trial {trial.number}: could not record its result ({e}); it counts as failed")
+
+    def _trial_line(self, trial: optuna.Trial, out: TrialOutcome) -> str:
+        base = self.baseline_runs()
+        params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        if out.status == "ok" and out.value is not None:
+            sp = f" ({out.value / statistics.median(base):.2f}x)" if base else ""
+            return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]"
+        return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]"
+
+    def search(self) -> None:
+        """Run trials until the budget (exact across processes) or the wall-clock limit is reached."""
+        study = self.study
+        assert study is not None
+        deadline = self._t0 + self.timeout_s if self.timeout_s else None  # wall clock of this process
+        waiting_note = False
+        while True:
+            self._check_lease()
+            self._recover_stale()
+            counted, running, waiting = self._counts()
+            if self.progress is not None:
+                self.progress.set(done=self._finished_count(), best=self._best_text())
+            # enqueued (WAITING) trials are asked for like new ones; the exact check after ask() decides
+            budget_done = self.budget is not None and counted - waiting >= self.budget
+            time_done = deadline is not None and time.monotonic() >= deadline
+            if budget_done or time_done:
+                if self.worker or running == 0:
+                    return
+                if not waiting_note:
+                    self._log(f"waiting for {running} running trial(s) of other workers")
+                    waiting_note = True
+                if self.progress is not None:
+                    self.progress.set(phase=f"waiting for {running} running trial(s)")
+                time.sleep(2.0)
+                continue
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+                trial = study.ask()
+            try:
+                with self._storage_heartbeat(trial._trial_id):
+                    trial.set_user_attr("worker", self.me)
+                    if self.budget is not None:
+                        earlier = sum(t.state in COUNTED_STATES for t in self._trials() if t.number < trial.number)
+                        if earlier >= self.budget:
+                            trial.set_user_attr("status", "skipped_budget")
+                            trial.set_user_attr("failure_reason", f"budget of {self.budget} trials already taken")
+                            study.tell(trial, state=TrialState.FAIL)
+                            if self.worker:
+                                return
+                            continue
+                    out = self.run_one(trial)
+            except BaseException as e:  # wherever it landed, the asked trial does not stay RUNNING
+                self._mark_interrupted(trial, None if isinstance(e, KeyboardInterrupt) else
+                                       f"the tuner stopped: {type(e).__name__}: {e}")
+                raise
+            self._log(self._trial_line(trial, out))
+
+    # ------------------------------------------------------------------ validation
+    def _earlier_sessions(self) -> list[dict[str, Any]]:
+        """The coordinator runs recorded by an earlier tune.json of this study directory (a resume); none when
+        there is no such file or it cannot be read (the report then counts this run alone)."""
+        try:
+            prev = json.loads((self.study_dir / "tune.json").read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(prev, dict) or prev.get("study_name") != self.study_name:
+            return []
+        sessions = prev.get("sessions")
+        if isinstance(sessions, list):
+            return [s for s in sessions if isinstance(s, dict) and isinstance(s.get("started"), str)]
+        # a tune.json written before sessions were recorded: its one run
+        return [{"started": prev["started"], "finished": prev.get("finished")}] \
+            if isinstance(prev.get("started"), str) else []
+
+    def _write_tune_json(self, started: str, finished: str | None) -> None:
+        assert self.spec is not None and self.study is not None
+        if self._sessions is None:
+            self._sessions = self._earlier_sessions()
+            self._sessions.append({"started": started, "finished": None})
+        self._sessions[-1] = {"started": started, "finished": finished}
+        write_json(self.study_dir / "tune.json", {
+            "study_name": self.study_name, "storage_url": self.storage_url, "spec": self.spec.to_dict(),
+            "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
+            "budget_trials": self.budget, "noise_floor": self.study.user_attrs.get("noise_floor"),
+            "started": self._sessions[0]["started"], "finished": finished,
+            "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions),
+        })
+
+    def run(self) -> dict[str, Any] | None:
+        """Coordinator: baseline, search, validation, export, report. Worker: search only.
+
+        Returns validation.json's content (None for a worker). KeyboardInterrupt propagates after the
+        running trial is marked FAIL.
+        """
+        started = _now()
+        self._t0 = time.monotonic()
+        self._sessions = None  # read from an earlier tune.json at the first write
+        self.study_dir.mkdir(parents=True, exist_ok=True)
+        if self.study is None:
+            self.open()
+        assert self.spec is not None
+        if self.dropped:
+            print(format_dropped(_as_dropped(self.dropped)), file=sys.stderr, flush=True)
+        role = "worker" if self.worker else "coordinator"
+        print(f"study {self.study_name} ({role}): searching {', '.join(self.active)}; budget "
+              f"{self.budget if self.budget is not None else 'unlimited'} trials"
+              + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_url}",
+              file=sys.stderr, flush=True)
+        self.progress = Progress(self.budget, self.study_name, self.progress_enabled)
+        try:
+            if not self.worker:
+                self._remove_stale_attempts()
+                self._write_tune_json(started, None)
+                self.run_baseline()
+                self._write_tune_json(started, None)
+            self.search()
+            if self.worker:
+                self.progress.set(phase="done")
+                return None
+            self.progress.set(phase="validating")
+            validation = self.validate()
+            self.progress.set(phase="exporting")
+            path = export_config(self.spec, self.study_dir, validation, study_name=self.study_name,
+                                 baseline_runs=self.baseline_runs(),
+                                 launch_record=winner_launch_record(self.study, validation))
+            self._write_tune_json(started, _now())
+            if self.report is not None:
+                self.progress.set(phase="report")
+                self._build_report()
+            self.progress.set(phase="done")
+        finally:
+            self.progress.close()
+            with interrupts_held():
+                self._release_lease()  # the same command may resume at once
+        self._print_result(validation, path)
+        return validation
+
+    def _build_report(self) -> Path | None:
+        """report.html through the injected builder. The study's results are already stored and exported, so a
+        builder that fails is one line naming the command that rebuilds it, never a lost study."""
+        assert self.report is not None
+        try:
+            return Path(self.report(self.study_dir, self.storage_url, self.study_name))
+        except Exception as e:  # noqa: BLE001 - any failure of the report must leave the study's result intact
+            print(f"report.html not built ({type(e).__name__}: {e}); the study's results are in {self.study_dir}; "
+                  f"rebuild it with `python -m workbench.tune report --study-name {self.study_name} --out "
+                  f"{self.study_dir.parent}`", file=sys.stderr, flush=True)
+            return None
+
+    def _print_result(self, validation: Mapping[str, Any], path: Path) -> None:
+        base = self.baseline_runs()
+        nf = noise_floor(base) if base else None
+        w = validation["winner"]
+        lines = []
+        if nf:
+            lines.append(f"baseline: median {nf.median:,.0f} tok/s/gpu, noise spread {nf.rel_spread:.1%} (cv {nf.cv:.1%})")
+        if w["trial"] is not None:
+            cand = next(c for c in validation["candidates"] if c["trial"] == w["trial"])
+            lines.append(f"winner: trial #{w['trial']} {cand['params']}: speedup {w['speedup_median']:.3f}x, "
+                         f"95% interval [{w['ci_low']:.3f}, {w['ci_high']:.3f}]")
+        else:
+            best = max((c for c in validation["candidates"] if c.get("speedup_median")),
+                       key=lambda c: c["speedup_median"], default=None)
+            extra = ""
+            if best is not None:
+                lo, hi = best["ci_low"], best["ci_high"]
+                ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
+                extra = f" (best candidate #{best['trial']}: {best['speedup_median']:.3f}x, 95% interval {ci})"
+            lines.append(f"no significant gain{extra}: exported the baseline config")
+        lines.append(f"config: {path}")
+        if self.report is not None and (self.study_dir / "report.html").exists():
+            lines.append(f"report: {self.study_dir / 'report.html'}")
+        print("\n".join(lines), flush=True)
+
+
+def _as_dropped(items: Sequence[Mapping[str, str]]) -> list[Any]:
+    return [DroppedKnob(d["knob"], d["reason"]) for d in items]
+
+
+def _spec_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """Top-level spec keys that differ, ignoring the budget (it may be extended on resume)."""
+    keys = sorted(set(old) | set(new))
+    return [k for k in keys if k not in ("budget",) and json.dumps(old.get(k), sort_keys=True, default=str)
+            != json.dumps(new.get(k), sort_keys=True, default=str)]
+
+
+def winner_launch_record(study: optuna.Study, validation: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The Triton launch record of the validated winner's search trial (its summary's ``kernels/launch``)."""
+    winner = (validation or {}).get("winner") or {}
+    if winner.get("trial") is None or not winner.get("significant"):
+        return None
+    try:
+        trial = study.trials[int(winner["trial"])]
+    except (IndexError, ValueError, TypeError):
+        return None
+    return ((trial.user_attrs.get("summary") or {}).get("kernels/launch")) or None

@@ -1,0 +1,38 @@
+"""The words every layer shares, defined once: step phases, trial statuses and failure kinds, exit codes and
+metric keys. A leaf module: no import of the project's packages, no torch."""
+
+from __future__ import annotations
+
+__all__ = ["EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "PHASES", "REAL_TOKENS_PER_S", "STATUSES",
+           "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
+
+PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other")
+"""The phases of a training step, in order; they add up to the step time."""
+
+STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config",
+            "interrupted")
+"""Every status a trial can end with (user attr ``status``)."""
+
+FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config")
+"""Statuses told to Optuna as infeasible (COMPLETE, objective 0, constraint 1.0)."""
+
+FAILED_STATUSES = (*FAILURE_KINDS, "interrupted")
+"""Statuses of a run that did not finish: the failure kinds, and ``interrupted`` (FAIL, run again on resume)."""
+
+EXIT_CODES = {"ok": 0, "crash": 1, "invalid_config": 2, "oom": 3, "nan_loss": 4, "compile_error": 5,
+              "interrupted": 130}
+"""Exit code of ``python -m workbench.train`` per outcome; the trial runner maps them back to statuses."""
+
+TUNE_EXIT = {"ok": 0, "error": 1, "usage": 2, "interrupted": 130}
+"""Exit codes of ``python -m workbench.tune``."""
+
+REAL_TOKENS_PER_S = "throughput/real_tokens_per_s_per_gpu"
+"""The objective's metric key: real (non-padding) tokens per second per GPU."""
+
+VOCAB_ALIGN = 64
+"""The LM head's rows are padded to a multiple of this many (the torch and the Triton loss both)."""
+
+
+def padded_vocab(V: int) -> int:
+    """``V`` rounded up to a multiple of :data:`VOCAB_ALIGN`."""
+    return -(-V // VOCAB_ALIGN) * VOCAB_ALIGN
