@@ -21,7 +21,7 @@ import pandas as pd
 import yaml
 
 from workbench.tune.knobs import get_knob
-from workbench.vocab import FAILED_STATUSES, PHASES
+from workbench.vocab import FAILED_STATUSES, PHASES, REAL_TOKENS_PER_S
 
 __all__ = [
     "PHASES",
@@ -388,7 +388,7 @@ def _load_optuna(data: StudyData) -> None:
 
 
 def _default_metric_names(n: int) -> list[str]:
-    names = ["throughput/real_tokens_per_s_per_gpu"]
+    names = [REAL_TOKENS_PER_S]
     return (names + [f"objective {i}" for i in range(1, n)])[:n]
 
 

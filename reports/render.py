@@ -38,6 +38,7 @@ from reports.sections import (
 )
 from reports.sections import NOT_FAILED
 from reports.sections_numerics import CompileSection, NumericsSection
+from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["render_html"]
 
@@ -246,8 +247,8 @@ def _summary(s: Summary, figs: _Figures) -> str:
     out = []
     best = f"trial {s.best_trial}" if s.best_trial is not None else "—"
     tp = s.table.set_index("metric")
-    b, t = (tp.loc["throughput/real_tokens_per_s_per_gpu", ["baseline", "best"]]
-            if "throughput/real_tokens_per_s_per_gpu" in tp.index else (math.nan, math.nan))
+    b, t = (tp.loc[REAL_TOKENS_PER_S, ["baseline", "best"]]
+            if REAL_TOKENS_PER_S in tp.index else (math.nan, math.nan))
     if s.best_trial is None:
         head = [f"Baseline: <strong>{_esc(fmt(b))}</strong> real tokens/s/GPU; no trial has finished yet"]
     else:
@@ -265,7 +266,7 @@ def _summary(s: Summary, figs: _Figures) -> str:
     out.append('<p class="headline">' + "".join(head) + ".</p>")
     out.extend(f'<p class="note">{_esc(n)}</p>' for n in s.notes)
 
-    labels = {"throughput/real_tokens_per_s_per_gpu": "real tokens/s/GPU",
+    labels = {REAL_TOKENS_PER_S: "real tokens/s/GPU",
               "mfu_pct": "MFU (%)", "memory/max_reserved_gib": "peak reserved (GiB)",
               "memory/max_allocated_gib": "peak allocated (GiB)", "memory/max_rss_gib": "peak host RSS (GiB)",
               "data/padding_ratio": "padding ratio", "time/step_s": "step time (s)"}

@@ -25,6 +25,7 @@ import pandas as pd
 
 from reports._load import PHASES, RunData, StudyData, _flatten, knob_key, lookup_key, mask_url, num
 from reports.sections_numerics import CompileSection, NumericsSection, compile_section, numerics_section
+from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = [
     "SECTIONS",
@@ -54,7 +55,7 @@ __all__ = [
     "trials_section",
 ]
 
-TPUT = "throughput/real_tokens_per_s_per_gpu"
+TPUT = REAL_TOKENS_PER_S
 MIN_IMPORTANCE_TRIALS = 4
 """Finished trials needed before importances are computed: with fewer, any evaluator ranks noise."""
 TIMELINE_STEPS = 3

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from workbench import config as C
+from workbench.config import typecheck
 from workbench.config import (
     AllocatorConfig,
     ComputeDomainConfig,
@@ -41,7 +42,7 @@ def _sections(cls: type = Config) -> list[type]:
     """Every section dataclass reachable from ``cls``, ``cls`` included."""
     out = [cls]
     for f in dataclasses.fields(cls):
-        section = C._section_class(C._hints(cls)[f.name])
+        section = typecheck._section_class(typecheck._hints(cls)[f.name])
         if section is not None and section not in out:
             out.extend(s for s in _sections(section) if s not in out)
     return out
@@ -177,7 +178,7 @@ def test_dump_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     def failing_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
-    monkeypatch.setattr(C.os, "replace", failing_replace)
+    monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
         dump_config(_full_config(), path)
     assert path.read_text() == before  # the old file is untouched

@@ -22,6 +22,7 @@ from workbench.memory.analysis import analyze_snapshot, format_table
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.run import load_run_config, synthetic_data_dir
 from workbench.train.trainer import Trainer, build_model_args
+from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["main"]
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "model": cfg.model.name, "micro_batch_size": cfg.data.micro_batch_size, "seq_len": cfg.data.seq_len,
         "grad_accum_steps": summary.get("grad_accum_steps"), "warmup_steps": warmup, "config_hash": config_hash(cfg),
         "allocator_env": env or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
-        "throughput/real_tokens_per_s_per_gpu": summary.get("throughput/real_tokens_per_s_per_gpu"),
+        REAL_TOKENS_PER_S: summary.get(REAL_TOKENS_PER_S),
         "time/step_s": summary.get("time/step_s"), "gpu": torch.cuda.get_device_name(dev),
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "recording": "allocator history on during the measured steps (no stacks)",

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 
 from workbench.train.timing import PHASES
+from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
            "PrometheusExporter"]
@@ -96,7 +97,7 @@ def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
         "steps": len(steps),
         "time/step_s": wall / len(steps),
         "time/step_s_median": statistics.median(s.phases["step"] for s in steps),
-        "throughput/real_tokens_per_s_per_gpu": real / wall if wall else 0.0,
+        REAL_TOKENS_PER_S: real / wall if wall else 0.0,
         "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else 0.0,
         "data/padding_ratio": 1 - real / padded if padded else 0.0,
         "mfu_pct": (100 * flops / wall / (peak_tflops * 1e12)) if (peak_tflops and wall) else None,
@@ -203,7 +204,7 @@ class PrometheusExporter:
         self.server, self.thread = pc.start_http_server(port, registry=self.registry)
 
     def update(self, m: dict[str, Any]) -> None:
-        self.tput.set(m.get("throughput/real_tokens_per_s_per_gpu") or 0)
+        self.tput.set(m.get(REAL_TOKENS_PER_S) or 0)
         self.mfu.set(m.get("mfu_pct") or 0)
         for p in PHASES:
             self.phase.labels(p).set(m.get(f"time/{p}_s") or 0)

@@ -74,6 +74,7 @@ from workbench.train.model import Llama, ModelArgs, model_args
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.timing import PHASES, PhaseTimer
+from workbench.vocab import REAL_TOKENS_PER_S
 
 log = logging.getLogger("workbench")
 
@@ -233,10 +234,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup helpers
     def _grad_accum(self) -> int:
-        t, d = self.cfg.training, self.cfg.data
-        if t.global_batch_size:
-            return t.global_batch_size // (d.micro_batch_size * self.world)
-        return t.grad_accum_steps
+        return self.cfg.effective_grad_accum_steps(self.world)
 
     def _data_dir(self) -> Path:
         if self.cfg.data.loongbin_dir:
@@ -531,13 +529,13 @@ class Trainer:
     def _summary(self, windows, first_loss, last_loss, elapsed, interrupted) -> dict[str, Any]:
         steps = sum(w["steps"] for w in windows)
         wall = sum(w["time/step_s"] * w["steps"] for w in windows)
-        real = sum(w["throughput/real_tokens_per_s_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
+        real = sum(w[REAL_TOKENS_PER_S] * w["time/step_s"] * w["steps"] for w in windows)
         padded = sum(w["throughput/padded_tokens_per_s_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
         achieved = sum(w["flops/achieved_tflops_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
         s: dict[str, Any] = {
             "steps": self.step, "measured_steps": steps, "elapsed_s": elapsed, "interrupted": interrupted,
             "time/compile_s": self.compile_s,
-            "throughput/real_tokens_per_s_per_gpu": real / wall if wall else None,
+            REAL_TOKENS_PER_S: real / wall if wall else None,
             "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else None,
             "mfu_pct": (100 * achieved / wall / self.peak) if (wall and self.peak) else None,
             "peak_tflops": self.peak,

@@ -40,12 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 
-from workbench.config import (
-    MODEL_PRESETS, Config, ConfigError, check_yaml_text, from_dict, merge_overrides, preset_config, read_yaml_text,
-    to_dict,
-)
+from workbench.config import (MODEL_PRESETS, Config, ConfigError, from_dict, load_yaml, merge_overrides,
+                              preset_config, read_yaml_text, to_dict)
 from workbench.tune.knobs import get_knob, knob_names
 
 __all__ = [
@@ -450,33 +447,6 @@ class StudySpec:
 
 # --------------------------------------------------------------------------- loading
 
-_FLOAT_TAG = "tag:yaml.org,2002:float"
-_FLOAT_RE = re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[0-9][0-9_]*[eE][-+]?[0-9]+"
-                       r"|\.[0-9_]+(?:[eE][-+]?[0-9]+)?|\.(?:inf|Inf|INF))$|^\.(?:nan|NaN|NAN)$")
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader that reads 3e-4 as a float (YAML 1.1 wants a dot) and rejects duplicate keys."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode):
-                if key_node.value in seen:
-                    raise yaml.constructor.ConstructorError(
-                        "while constructing a mapping", node.start_mark,
-                        f"found duplicate key {key_node.value!r}", key_node.start_mark)
-                seen.add(key_node.value)
-        return super().construct_mapping(node, deep=deep)
-
-
-_Loader.yaml_implicit_resolvers = {
-    ch: [(tag, rx) for tag, rx in lst if tag != _FLOAT_TAG]
-    for ch, lst in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_RE, list("-+0123456789."))
-
-
 def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> StudySpec:
     """Build and validate a StudySpec from plain data; errors name ``source`` and the key path."""
     if not isinstance(data, Mapping):
@@ -498,13 +468,7 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Pa
 
 def loads_study_spec(text: str, source: str = "<string>", base_dir: Path | None = None) -> StudySpec:
     """Parse and validate a study spec from YAML text."""
-    check_yaml_text(text, source, "study spec")
-    try:
-        data = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        raise ConfigError(f"invalid YAML: {getattr(e, 'problem', None) or e}", source=source,
-                          line=mark.line + 1 if mark is not None else None) from None
+    data = load_yaml(text, source, "study spec")
     return spec_from_dict(data if data is not None else {}, source=source, base_dir=base_dir)
 
 

@@ -1,0 +1,605 @@
+"""The schema of ``config.yaml``: one ``@dataclass(kw_only=True)`` a section, the one-line string under each field its
+documentation (read by ``field_docs``), rules between sections in ``validate``, and the conversion from and to plain
+dicts (``from_dict``, ``to_dict``)."""
+
+from __future__ import annotations
+
+import ast
+import datetime
+import functools
+import hashlib
+import inspect
+import json
+import sys
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Literal, TypeVar
+
+
+from workbench.config.typecheck import _check_ranges, _choices, _show, _suggest, schema_root, to_dict
+from workbench.errors import ConfigError, _join
+
+
+CONFIG_VERSION = 1
+"""Schema version written by ``dump_config``; files with a newer version are rejected."""
+
+MODEL_PRESETS = ("tiny", "gr00t-n1.6")
+"""Model presets known by name; any other model needs ``model.config_path``."""
+
+DEFAULT_PROMETHEUS_PORT = 9091
+"""The documented port for ``metrics.prometheus_port`` (the exporter is off unless it is set)."""
+
+T = TypeVar("T")
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """Which model to build."""
+
+    name: str = "tiny"
+    """Preset name ('tiny' or 'gr00t-n1.6'); a free label such as 'custom' when config_path is set."""
+    config_path: str | None = None
+    """HF-format config.json describing the model; takes precedence over the preset name."""
+    checkpoint_path: str | None = None
+    """Weights to load before training; null starts from a random init."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        if self.config_path is None and self.name not in MODEL_PRESETS:
+            hint = _suggest(self.name, MODEL_PRESETS)
+            raise ConfigError(
+                f"got {self.name!r}; expected a preset, one of {_choices(MODEL_PRESETS)}"
+                + (f" (did you mean {hint!r}?)" if hint else "")
+                + ", or set config_path to an HF-format config.json for a custom model",
+                key="name",
+            )
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    """Shards, batching and the host-side loader pipeline."""
+
+    loongbin_dir: str | None = None
+    """Shard directory written by `python -m loaders.preprocess`; null with --synthetic."""
+    micro_batch_size: int = field(default=4, metadata={"ge": 1})
+    """Samples per GPU per forward/backward."""
+    seq_len: int = field(default=256, metadata={"ge": 16})
+    """Max tokens per sample; the largest bucket."""
+    bucket_width: int = field(default=64, metadata={"ge": 8})
+    """Step between sequence bucket lengths (padding waste vs number of distinct shapes); <= seq_len."""
+    min_len: int = field(default=32, metadata={"ge": 1})
+    """Shortest sample kept, in tokens; <= seq_len."""
+    num_workers: int = field(default=2, metadata={"ge": 0})
+    """Decode threads (0 decodes on the training thread)."""
+    prefetch_batches: int = field(default=4, metadata={"ge": 1})
+    """Batches decoded ahead of the training step."""
+    shuffle_window_frames: int = field(default=4, metadata={"ge": 1})
+    """Shard frames shuffled together."""
+    seed: int = field(default=0, metadata={"ge": 0})
+    """Seed of the data order."""
+    packing: Literal["bucket", "fill"] = "bucket"
+    """How stored records become rows at load time: bucket (each row one record, padded to its bucket's length)
+    or fill (records laid end to end and cut into full rows of seq_len, no padding: a plain loop's batches)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        if self.bucket_width > self.seq_len:
+            raise ConfigError(
+                f"got {self.bucket_width}; must be <= seq_len ({self.seq_len})", key="bucket_width"
+            )
+        if self.min_len > self.seq_len:
+            raise ConfigError(f"got {self.min_len}; must be <= seq_len ({self.seq_len})", key="min_len")
+
+
+# --------------------------------------------------------------------------- training
+
+
+@dataclass(kw_only=True)
+class TrainingConfig:
+    """Optimisation, schedule, checkpoints and the measurement protocol of the loop."""
+
+    max_steps: int = field(default=200, metadata={"ge": 1})
+    """Optimizer steps to run."""
+    global_batch_size: int | None = field(default=None, metadata={"ge": 1})
+    """Samples per optimizer step; a multiple of data.micro_batch_size x hardware.gpus (sets grad accumulation)."""
+    grad_accum_steps: int = field(default=1, metadata={"ge": 1})
+    """Micro-batches per optimizer step; with global_batch_size set it must be 1 (derived) or agree with it."""
+    learning_rate: float = field(default=3e-4, metadata={"gt": 0})
+    """Peak learning rate."""
+    min_lr_ratio: float = field(default=0.1, metadata={"ge": 0, "le": 1})
+    """Final learning rate of the cosine schedule, as a fraction of the peak."""
+    warmup_steps: int = field(default=10, metadata={"ge": 0})
+    """Linear learning-rate warm-up steps."""
+    weight_decay: float = field(default=0.1, metadata={"ge": 0})
+    """AdamW decoupled weight decay."""
+    beta1: float = field(default=0.9, metadata={"ge": 0, "lt": 1})
+    """AdamW first-moment decay."""
+    beta2: float = field(default=0.95, metadata={"ge": 0, "lt": 1})
+    """AdamW second-moment decay."""
+    grad_clip: float = field(default=1.0, metadata={"ge": 0})
+    """Max global gradient norm; 0 turns clipping off."""
+    optimizer: Literal["adamw"] = "adamw"
+    """Optimizer."""
+    scheduler: Literal["cosine", "constant"] = "cosine"
+    """Learning-rate schedule after warm-up."""
+    seed: int = field(default=0, metadata={"ge": 0})
+    """Seed of the model init."""
+    dtype: Literal["auto", "bf16", "fp32"] = "auto"
+    """Compute dtype; auto = bf16 autocast on GPU, fp32 on CPU."""
+    checkpoint_dir: str | None = None
+    """Where checkpoints are written; null writes none."""
+    checkpoint_every: int = field(default=0, metadata={"ge": 0})
+    """Steps between checkpoints; 0 = only at the end or on interrupt (when checkpoint_dir is set)."""
+    log_every: int = field(default=10, metadata={"ge": 1})
+    """Steps per measurement window (one log line and one intermediate value each)."""
+    warmup_measure_steps: int = field(default=3, metadata={"ge": 0})
+    """First steps excluded from measurement (compile, graph capture, allocator settling)."""
+    activation_checkpointing: Literal["none", "selective", "full"] = "none"
+    """Decoder blocks whose activations are recomputed in backward instead of kept: none, selective (every
+    activation_checkpointing_every-th block) or full (every block); trades compute for memory."""
+    activation_checkpointing_every: int = field(default=2, metadata={"ge": 1})
+    """N of selective checkpointing: every N-th decoder block is recomputed."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        if self.checkpoint_every > 0 and self.checkpoint_dir is None:
+            raise ConfigError(
+                f"got {self.checkpoint_every}, but checkpoint_dir is not set; "
+                "set checkpoint_dir or checkpoint_every: 0",
+                key="checkpoint_every",
+            )
+
+
+# --------------------------------------------------------------------------- loongforge domains
+
+
+@dataclass(kw_only=True)
+class IODomainConfig:
+    """IO domain: async shard reads and zstd decode."""
+
+    io_backend: Literal["auto", "io_uring", "threadpool"] = "auto"
+    """Read backend; auto = io_uring where available, else the thread pool."""
+    io_uring_entries: int = field(default=64, metadata={"power_of_two": True, "ge": 1, "le": 4096})
+    """io_uring submission ring depth (reads in flight)."""
+    zstd_dict_size: int = field(default=262144, metadata={"ge": 1024})
+    """Bytes of each bucket's zstd dictionary (used by preprocess)."""
+    zstd_level: int = field(default=12, metadata={"ge": 1, "le": 22})
+    """zstd compression level (used by preprocess)."""
+    read_threads: int = field(default=4, metadata={"ge": 1})
+    """Reader threads of the thread-pool backend."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
+class AllocatorConfig:
+    """PyTorch CUDA caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF); null leaves torch's default."""
+
+    expandable_segments: bool | None = None
+    """Grow segments in place instead of allocating new ones."""
+    roundup_power2_divisions: int | None = field(
+        default=None, metadata={"power_of_two": True, "ge": 1, "le": 256}
+    )
+    """Split each power-of-two size range into this many rounding steps."""
+    max_split_size_mb: int | None = field(default=None, metadata={"ge": 20})
+    """Blocks larger than this are never split (torch's minimum is 20)."""
+    garbage_collection_threshold: float | None = field(default=None, metadata={"gt": 0, "lt": 1})
+    """Reclaim cached blocks when usage exceeds this fraction of the allowed memory."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+    def to_env(self) -> str:
+        """The PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF value for the set fields; "" when none is set."""
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            parts.append(f"{f.name}:{value!s}")  # torch parses True/False and plain numbers
+        return ",".join(parts)
+
+
+@dataclass(kw_only=True)
+class MemoryDomainConfig:
+    """Memory domain: pinned host staging and the device allocator."""
+
+    pinned_block_kb: int | None = field(default=None, metadata={"ge": 4, "multiple_of": 4})
+    """Pinned staging block in KiB (whole 4 KiB pages); null = ceil(bytes/sample x micro-batch / 4096) x 4096 bytes."""
+    num_staging_blocks: int = field(default=4, metadata={"ge": 2})
+    """Pinned staging blocks in rotation (2 = double buffering)."""
+    allocator: AllocatorConfig = field(default_factory=AllocatorConfig)
+    """CUDA caching-allocator settings, applied through the environment of the trial process."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
+class OpsConfig:
+    """Backend of each fused op."""
+
+    rmsnorm: Literal["torch", "triton"] = "torch"
+    """RMSNorm backend."""
+    swiglu: Literal["torch", "triton"] = "torch"
+    """SwiGLU MLP activation backend."""
+    rope: Literal["torch", "triton"] = "torch"
+    """Rotary position embedding backend."""
+    loss: Literal["torch", "triton"] = "torch"
+    """Cross-entropy loss backend."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+_GRAPH_CAPTURING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+
+
+@dataclass(kw_only=True)
+class Fp8ModulesConfig:
+    """Which Linears FP8 training converts (module names as in HF checkpoints: ``layers.0.mlp.up_proj``)."""
+
+    include: list[str] = field(default_factory=lambda: ["layers.*"])
+    """Glob patterns (fnmatch) of the Linears to convert; the default is every decoder-block Linear."""
+    exclude: list[str] = field(default_factory=list)
+    """Glob patterns of Linears kept in high precision even where include matches."""
+    size_filter: bool = True
+    """Also apply torchao's size thresholds for the recipe (small matmuls are slower in FP8; dims must be
+    multiples of 16)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        for key in ("include", "exclude"):
+            for i, pattern in enumerate(getattr(self, key)):
+                if not pattern.strip():
+                    raise ConfigError("empty pattern; expected a glob such as 'layers.*.mlp.*'", key=f"{key}[{i}]")
+
+
+def _check_kernel_launch(kernels_cfg: Mapping[str, Mapping[str, int]]) -> None:
+    """The checks of ``kernels`` that hold at every shape (a known kernel and parameter, a value some shape allows,
+    constraints between parameters), at load: a typo fails here, not only on a GPU that runs the kernel. The checks
+    that depend on the shape run at launch."""
+    if not kernels_cfg:
+        return
+    try:  # imported here: kernels.registry imports this module (and the kernels package, torch and triton)
+        from kernels.registry import LAUNCH_SPACES
+    except ImportError:  # no Triton on this machine: its kernels cannot run here, and are checked where they can
+        return
+    for kernel, params in kernels_cfg.items():
+        space = LAUNCH_SPACES.get(kernel)
+        if space is None:
+            raise ConfigError(f"unknown kernel; kernels: {', '.join(LAUNCH_SPACES)}", key=f"kernels.{kernel}")
+        for e in space.problems(params)[:1]:
+            known = e.param in space.param_names()
+            raise ConfigError(f"got {e.value!r}; {e.constraint}" if known else e.constraint,
+                              key=f"kernels.{kernel}.{e.param}")
+
+
+@dataclass(kw_only=True)
+class ComputeDomainConfig:
+    """Compute domain: compilation, CUDA graphs and Triton kernels."""
+
+    compile: Literal["none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = "none"
+    """torch.compile mode of the model; none runs eagerly."""
+    compile_scope: Literal["model", "layer"] = "layer"
+    """What one compiled graph covers: the whole loss (model), or each decoder block plus the final norm and loss
+    (layer: one compile reused by every block, far shorter compile times, and per-block backward nodes, so the
+    overlap scheduler's all-reduces start during the backward as they do eagerly)."""
+    compile_shapes: Literal["dynamic", "static"] = "dynamic"
+    """How compiled graphs treat the bucket length: dynamic (a symbolic sequence length: one compile serves every
+    bucket) or static (one compile per bucket shape, each specialised; compile time grows with the number of
+    buckets). Either way every shape is compiled before the first step, so no measured step compiles."""
+    graph_capture: bool = False
+    """Capture the training step in CUDA graphs (one per bucket shape, all captured before the first step)."""
+    triton_fusion: bool = False
+    """Every op uses its Triton kernel, whatever `ops` says (the orchestrator's switch)."""
+    fused_residual_norm: bool = False
+    """Every residual add runs inside the RMSNorm that follows it (one Triton kernel with the rmsnorm op on
+    Triton; the same add and norm with torch). On an H200: 1.02x eager, 1.01x compiled over Triton ops without
+    it (docs/kernel-notes.md, RMSNorm)."""
+    ops: OpsConfig = field(default_factory=OpsConfig)
+    """Per-op backend choice, used when triton_fusion is false."""
+    kernels: dict[str, dict[str, int]] = field(default_factory=dict, metadata={"ge": 1})
+    """Launch parameters per kernel, e.g. {rmsnorm: {num_warps: 8, num_stages: 2, block_size: 1024}}."""
+    fp8: Literal["none", "tensorwise", "rowwise", "rowwise_with_gw_hp"] = "none"
+    """FP8 training of the Linears in fp8_modules through torchao.float8 (the recipe's name); none keeps them in
+    the compute dtype. Needs torchao (the [fp8] extra) and, on CUDA, compute capability 8.9 or newer; changes
+    numerics, so the tuner checks its loss against the base config's."""
+    fp8_modules: Fp8ModulesConfig = field(default_factory=Fp8ModulesConfig)
+    """Which Linears FP8 converts."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        _check_kernel_launch(self.kernels)
+        if self.graph_capture and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
+            raise ConfigError(
+                f"true cannot be combined with compile: {self.compile!r}, "
+                "which captures CUDA graphs itself; set graph_capture: false or "
+                "compile: 'max-autotune-no-cudagraphs'",
+                key="graph_capture",
+            )
+
+    def effective_ops(self) -> dict[str, str]:
+        """Backend of each op ('torch' or 'triton') once triton_fusion is applied."""
+        return {
+            f.name: "triton" if self.triton_fusion else getattr(self.ops, f.name) for f in fields(self.ops)
+        }
+
+
+@dataclass(kw_only=True)
+class OverlapConfig:
+    """Gradient communication: bucketing and overlap with backward."""
+
+    bucket_size_mb: float = field(default=25.0, metadata={"gt": 0})
+    """Gradient all-reduce bucket size in MiB."""
+    overlap_ratio: float = field(default=1.0, metadata={"ge": 0, "le": 1})
+    """Share of gradient buckets all-reduced during backward; the rest after it (0 in effect under graph_capture)."""
+    mode: Literal["scheduler", "ddp"] = "scheduler"
+    """Gradient sync with several GPUs: the workbench's overlap scheduler, or DistributedDataParallel (a baseline)."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
+class LoongforgeConfig:
+    """The orchestrator's three domains plus communication overlap."""
+
+    io_domain: IODomainConfig = field(default_factory=IODomainConfig)
+    """Async shard reads and decode."""
+    memory_domain: MemoryDomainConfig = field(default_factory=MemoryDomainConfig)
+    """Pinned staging buffers and the allocator."""
+    compute_domain: ComputeDomainConfig = field(default_factory=ComputeDomainConfig)
+    """Compilation, CUDA graphs and kernels."""
+    overlap: OverlapConfig = field(default_factory=OverlapConfig)
+    """Gradient bucketing and communication/compute overlap."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+# --------------------------------------------------------------------------- hardware, metrics, provenance
+
+
+@dataclass(kw_only=True)
+class HardwareConfig:
+    """Where the trial runs."""
+
+    gpus: int = field(default=1, metadata={"ge": 1})
+    """Processes (one per GPU) of the trial; more than one launches torchrun."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Device; auto = cuda when available, else cpu."""
+    peak_tflops: float | None = field(default=None, metadata={"gt": 0})
+    """Peak dense TFLOP/s per GPU for MFU; null looks the GPU up in the peak table."""
+    memory_fraction_limit: float = field(default=0.95, metadata={"gt": 0, "le": 1})
+    """Share of device memory the process may use."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
+class MetricsConfig:
+    """What the trial measures and where it writes it."""
+
+    prometheus_port: int | None = field(default=None, metadata={"ge": 1, "le": 65535})
+    """Port of the Prometheus exporter; null = off (9091 is the documented port)."""
+    phase_timing: bool = True
+    """Time each step phase (data_wait, h2d, forward, backward, grad_sync, optimizer)."""
+    out_dir: str | None = None
+    """Directory for the metrics JSON and the per-step phase table; null writes none."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
+class Provenance:
+    """Where an exported config came from and what it measured."""
+
+    study: str
+    """Study that produced this config."""
+    trial: int | None = field(default=None, metadata={"ge": 0})
+    """Trial number within the study; null for the baseline or a hand-written config."""
+    tokens_per_s_per_gpu: float | None = field(default=None, metadata={"ge": 0})
+    """Measured real (non-padding) tokens per second per GPU."""
+    speedup: float | None = field(default=None, metadata={"gt": 0})
+    """Median speedup over the baseline from the interleaved re-measurement."""
+    speedup_ci: list[float] | None = field(default=None, metadata={"gt": 0})
+    """95% interval of the speedup, [low, high]."""
+    significant: bool | None = None
+    """Whether the speedup exceeds the baseline's noise."""
+    baseline_tokens_per_s_per_gpu: float | None = field(default=None, metadata={"ge": 0})
+    """Measured baseline tokens per second per GPU."""
+    numerics: dict[str, Any] | None = None
+    """The numerics guard's check of the winner when it changes numerics (FP8): its last-window loss against the
+    reference's on the same data, the relative difference and the tolerance; null when no knob changes numerics."""
+    fingerprint: dict[str, str] = field(default_factory=dict)
+    """Environment: GPU, driver, CUDA, torch, Triton, NCCL versions."""
+    created: str | None = None
+    """ISO 8601 time of the export."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+        if self.speedup_ci is not None:
+            if len(self.speedup_ci) != 2:
+                raise ConfigError(
+                    f"got {_show(self.speedup_ci)}; expected two numbers [low, high]", key="speedup_ci"
+                )
+            low, high = self.speedup_ci
+            if low > high:
+                raise ConfigError(f"got {_show(self.speedup_ci)}; low must be <= high", key="speedup_ci")
+        if self.created is not None:
+            try:
+                datetime.datetime.fromisoformat(self.created)
+            except ValueError:
+                raise ConfigError(
+                    f"got {self.created!r}; expected an ISO 8601 time such as '2025-01-31T12:00:00+00:00'",
+                    key="created",
+                ) from None
+
+
+# --------------------------------------------------------------------------- top level
+
+
+@schema_root
+@dataclass(kw_only=True)
+class Config:
+    """A complete, validated workbench config (the schema of config.yaml)."""
+
+    version: int = field(default=CONFIG_VERSION, metadata={"ge": 1})
+    """Schema version of this file."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Which model to build."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """Shards, batching and the loader pipeline."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """Optimisation, schedule, checkpoints and measurement."""
+    loongforge: LoongforgeConfig = field(default_factory=LoongforgeConfig)
+    """IO, memory and compute domains, and communication overlap."""
+    hardware: HardwareConfig = field(default_factory=HardwareConfig)
+    """Where the trial runs."""
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Measurement outputs."""
+    provenance: Provenance | None = None
+    """Set on exported configs: study, trial, measured speedup and environment."""
+
+    def __post_init__(self) -> None:
+        validate(self)
+
+    @staticmethod
+    def check_data(data: Mapping[str, Any]) -> None:
+        """The raw data's checks before its fields are read: a config version newer than this workbench's."""
+        _check_version(data.get("version"))
+
+    def effective_grad_accum_steps(self, world_size: int | None = None) -> int:
+        """Micro-batches per optimizer step (derived from global_batch_size when it is set) with ``world_size``
+        processes (default hardware.gpus): the one rule the trainer and the config share."""
+        gbs = self.training.global_batch_size
+        if not gbs:
+            return self.training.grad_accum_steps
+        return gbs // (self.data.micro_batch_size * (world_size or self.hardware.gpus))
+
+    def effective_global_batch_size(self) -> int:
+        """Samples per optimizer step across all GPUs."""
+        return self.data.micro_batch_size * self.hardware.gpus * self.effective_grad_accum_steps()
+
+
+def _check_version(version: Any) -> None:
+    if isinstance(version, int) and not isinstance(version, bool) and version > CONFIG_VERSION:
+        raise ConfigError(
+            f"config version {version} is newer than this workbench supports (version {CONFIG_VERSION}); "
+            "update the workbench, or re-export the config with this one",
+            key="version",
+        )
+
+
+def validate(cfg: Config) -> None:
+    """Check the rules between sections; raises ConfigError naming the keys involved.
+
+    Called by ``Config.__post_init__``. After editing a Config in place, call it again:
+    it first re-checks every section (types, ranges and per-section rules).
+    """
+    _check_version(cfg.version)
+    _check_ranges(cfg)
+    for path, section in _iter_sections(cfg):
+        try:
+            section.__post_init__()
+        except ConfigError as e:
+            raise e.with_prefix(path) from None
+
+    data, training, hardware = cfg.data, cfg.training, cfg.hardware
+    per_step = data.micro_batch_size * hardware.gpus
+    if training.global_batch_size is not None:
+        gbs = training.global_batch_size
+        if gbs % per_step:
+            raise ConfigError(
+                f"got {gbs}; must be a multiple of data.micro_batch_size x hardware.gpus "
+                f"= {data.micro_batch_size} x {hardware.gpus} = {per_step}",
+                key="training.global_batch_size",
+            )
+        derived = gbs // per_step
+        if training.grad_accum_steps not in (1, derived):
+            raise ConfigError(
+                f"got {training.grad_accum_steps}, but training.global_batch_size={gbs} with "
+                f"data.micro_batch_size={data.micro_batch_size} and hardware.gpus={hardware.gpus} "
+                f"means {derived}; leave grad_accum_steps at 1 (derived) or set it to {derived}",
+                key="training.grad_accum_steps",
+            )
+    if cfg.loongforge.compute_domain.graph_capture and hardware.gpus > 1 and cfg.loongforge.overlap.mode == "ddp":
+        # workbench/train/overlap.py: the scheduler composes with capture (all-reduces after the replay); DDP does not
+        raise ConfigError(
+            f"'ddp' cannot be combined with loongforge.compute_domain.graph_capture on hardware.gpus="
+            f"{hardware.gpus}: DDP's gradient hooks would be captured into the graph; "
+            "set mode: 'scheduler' or graph_capture: false",
+            key="loongforge.overlap.mode",
+        )
+    if cfg.loongforge.compute_domain.graph_capture and hardware.device == "cpu":
+        raise ConfigError(
+            "true needs a CUDA device, but hardware.device is 'cpu'; "
+            "set graph_capture: false or hardware.device: 'auto'",
+            key="loongforge.compute_domain.graph_capture",
+        )
+
+
+def _iter_sections(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Nested section instances of ``obj``, deepest first, with their dotted paths."""
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        children = value.items() if isinstance(value, dict) else [(None, value)]
+        for key, child in children:
+            if is_dataclass(child) and not isinstance(child, type):
+                child_path = _join(path, f.name if key is None else f"{f.name}.{key}")
+                yield from _iter_sections(child, child_path)
+                yield child_path, child
+
+
+# --------------------------------------------------------------------------- dict conversion
+
+
+def config_hash(cfg: Config, length: int = 12) -> str:
+    """Short stable hash of the config's content, excluding provenance."""
+    data = to_dict(cfg)
+    data.pop("provenance", None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+# --------------------------------------------------------------------------- field documentation
+
+
+@functools.cache
+def _module_field_docs() -> dict[str, dict[str, str]]:
+    try:
+        tree = ast.parse(inspect.getsource(sys.modules[__name__]))
+    except (OSError, TypeError):
+        return {}  # no source (frozen app): dumps carry no comments
+    out: dict[str, dict[str, str]] = {}
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        docs: dict[str, str] = {}
+        body = node.body
+        for stmt, nxt in zip(body, body[1:]):
+            if (
+                isinstance(stmt, ast.AnnAssign)
+                and isinstance(stmt.target, ast.Name)
+                and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant)
+                and isinstance(nxt.value.value, str)
+            ):
+                docs[stmt.target.id] = " ".join(nxt.value.value.split())
+        out[node.name] = docs
+    return out
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The one-line docstring of each field of a config section, by field name."""
+    return dict(_module_field_docs().get(cls.__name__, {}))
