@@ -43,6 +43,7 @@ from typing import Any
 
 from workbench.config import Config
 from workbench.train.model import ModelArgs, model_args, num_params
+from workbench.vocab import padded_vocab
 
 __all__ = ["MODEL_ERROR", "MemoryPrediction", "predict_peak", "predicted_oom", "summary_fields"]
 
@@ -50,7 +51,6 @@ MODEL_ERROR = 0.05
 """Largest relative error of the prediction against the measured peak allocated memory (module doc)."""
 
 _LOSS_BYTES_PER_LOGIT = 6  # bf16 logits kept for the backward, their fp32 gradient in it
-_VOCAB_PAD = 64  # the torch loss op pads the vocabulary to this multiple
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,8 @@ def predict_peak(cfg: Config, args: ModelArgs | None = None, *, autocast: bool =
     activations = (L - checkpointed) * block + checkpointed * kept_input
     loss = 0
     if ops.get("loss") != "triton":
-        vocab = -(-args.vocab_size // _VOCAB_PAD) * _VOCAB_PAD
-        loss = cfg.data.micro_batch_size * (cfg.data.seq_len - 1) * vocab * _LOSS_BYTES_PER_LOGIT
+        rows = cfg.data.micro_batch_size * (cfg.data.seq_len - 1)
+        loss = rows * padded_vocab(args.vocab_size) * _LOSS_BYTES_PER_LOGIT
     return MemoryPrediction(state=16 * num_params(args), activations=activations, loss=loss, working_set=block)
 
 

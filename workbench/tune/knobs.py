@@ -293,9 +293,8 @@ def detect_capabilities(gpus: int = 1) -> frozenset[str]:
         pass
     if _probe_io_uring():
         caps.add("io_uring")
-    if "cuda" in caps:
-        if fp8.fp8_unsupported_reason("cuda") is None:
-            caps.add("fp8")
+    if "cuda" in caps and fp8.fp8_unsupported_reason("cuda") is None:
+        caps.add("fp8")
     return frozenset(caps)
 
 

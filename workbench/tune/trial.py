@@ -50,8 +50,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUSES
 from workbench.config import Config, dump_config
+from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUSES
 
 __all__ = [
     "FAILURE_KINDS",
@@ -69,7 +69,6 @@ __all__ = [
 TEST_FAULT_ENV = "WORKBENCH_TEST_TRIAL_FAULT"
 """Test hook (see the module docstring); never set it outside tests."""
 
-THROUGHPUT_KEY = REAL_TOKENS_PER_S
 LOG_TAIL_LINES = 30
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the train CLI needs no cleanup when it is killed
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory")
@@ -420,7 +419,7 @@ def run_trial(
         while True:
             rc = proc.poll()
             for rec in metrics.read():
-                v = rec.get(THROUGHPUT_KEY)
+                v = rec.get(REAL_TOKENS_PER_S)
                 if not isinstance(v, (int, float)) or not isinstance(rec.get("step"), int) or rec["step"] <= warm:
                     continue  # only measured windows after the warm-up count
                 windows.append(float(v))
@@ -460,7 +459,7 @@ def run_trial(
     wall = time.monotonic() - t0
     if not pruned:
         for rec in metrics.read():  # windows written between the last poll and the exit
-            v = rec.get(THROUGHPUT_KEY)
+            v = rec.get(REAL_TOKENS_PER_S)
             if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > warm:
                 windows.append(float(v))
                 last_window = rec

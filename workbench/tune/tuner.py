@@ -24,20 +24,20 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError
+from workbench.errors import TuneError
+from workbench.train.memory_model import predicted_oom
 from workbench.tune.export import export_config, write_json
 from workbench.tune.knobs import (DroppedKnob, detect_capabilities, drop_unsupported, format_dropped, get_knob,
                                   knob_names)
-from workbench.train.memory_model import predicted_oom
-from workbench.tune.samplers import make_sampler
-from workbench.tune.stats import noise_floor
-from workbench.tune.study import StudySpec, spec_from_dict
-from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
 from workbench.tune.lease import CoordinatorLease
 from workbench.tune.measure import Measurement
 from workbench.tune.progress import Progress
-from workbench.errors import TuneError
-from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, normalize_storage_url,
-                                    proc_start)
+from workbench.tune.samplers import make_sampler
+from workbench.tune.stats import noise_floor
+from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
+                                    normalize_storage_url, proc_start)
+from workbench.tune.study import StudySpec, spec_from_dict
+from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
 from workbench.tune.validation import Validation, _feasible, _now
 
 __all__ = ["Tuner", "sessions_wall_s", "winner_launch_record"]

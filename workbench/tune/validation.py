@@ -6,12 +6,12 @@ excludes 1.0."""
 from __future__ import annotations
 
 import contextlib
+import datetime
 import json
+import math
 import statistics
 from typing import Any
 
-import datetime
-import math
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError, config_hash
