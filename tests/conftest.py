@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 # Before torch is imported anywhere in the test process: OpenMP threads that spin
@@ -59,5 +60,37 @@ def subprocess_env():
     """Environment for running the CLIs in a subprocess from any working directory."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
-    env.pop("WORKBENCH_TEST_TRIAL_FAULT", None)
     return env
+
+
+# Stand-ins for a trial's process, each testing one watchdog or classification path.
+FAULT_SCRIPTS = {
+    # one heartbeat, then silence: the heartbeat watchdog must fire
+    "hang": "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(3600)",
+    # never a step: the per-trial time limit must fire
+    "hang-start": "import time; time.sleep(3600)",
+    "crash": "raise RuntimeError('deliberate crash (a test fault)')",
+    "sigkill": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
+}
+
+
+@pytest.fixture
+def fault_launch():
+    """``fault_launch({"1": "crash", "*": "hang"})`` -> a launcher for ``run_trial``/``Tuner`` that replaces the
+    process of a trial whose folder has that name (``*``: every trial) by the ``FAULT_SCRIPTS`` stand-in; other
+    trials run as usual."""
+    from workbench.tune.trial import launch_command
+
+    def make(faults: dict[str, str]):
+        unknown = set(faults.values()) - set(FAULT_SCRIPTS)
+        assert not unknown, f"unknown faults {unknown}; known: {sorted(FAULT_SCRIPTS)}"
+
+        def launch(cfg, config_path: Path, trial_dir: Path) -> list[str]:
+            fault = faults.get(Path(trial_dir).name, faults.get("*"))
+            if fault is None:
+                return launch_command(cfg, config_path, trial_dir)
+            return [sys.executable, "-c", FAULT_SCRIPTS[fault], str(Path(trial_dir) / "heartbeat")]
+
+        return launch
+
+    return make

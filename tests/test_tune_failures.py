@@ -7,17 +7,16 @@ from optuna.trial import TrialState
 
 from workbench.config import load_config
 from workbench.tune.study import load_study_spec
-from workbench.tune.trial import TEST_FAULT_ENV
 from workbench.tune import Tuner
 
 
-def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, monkeypatch, capsys):
+def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, fault_launch, capsys):
     # micro_batch_size 2..8 with a global batch of 8: 3 is in the range but rejected by the config
     path = study_spec_file("fail", space={"micro_batch_size": {"low": 2, "high": 8}}, trials=4,
                            protocol={"baseline_repeats": 1, "top_k": 0, "heartbeat_timeout_s": 5})
     spec = load_study_spec(str(path))
-    monkeypatch.setenv(TEST_FAULT_ENV, "trial-1:crash,trial-2:hang")
-    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False,
+                  launch=fault_launch({"1": "crash", "2": "hang"}))
     study = tuner.open()
     for mbs in (3, 4, 4, 8):
         study.enqueue_trial({"micro_batch_size": mbs})

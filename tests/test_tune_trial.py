@@ -10,7 +10,7 @@ import pytest
 
 from workbench.config import load_config
 from workbench.tune.study import load_study_spec
-from workbench.tune.trial import TEST_FAULT_ENV, not_launched_outcome, run_trial
+from workbench.tune.trial import not_launched_outcome, run_trial
 
 
 @pytest.fixture
@@ -59,11 +59,10 @@ def test_a_real_crash_is_recorded_with_its_log_tail(spec, tmp_path):
     ("sigkill", "crash", "killed by SIGKILL", (60, 60)),
     ("crash", "crash", "exit code 1", (60, 60)),
 ])
-def test_watchdog_and_signals(spec, tmp_path, monkeypatch, fault, status, words, limits):
-    monkeypatch.setenv(TEST_FAULT_ENV, f"x:{fault}")
+def test_watchdog_and_signals(spec, tmp_path, fault_launch, fault, status, words, limits):
     t0 = time.monotonic()
     out = run_trial(spec.trial_config({}), tmp_path / fault, timeout_s=limits[0], heartbeat_timeout_s=limits[1],
-                    label="x")
+                    launch=fault_launch({"*": fault}))
     assert out.status == status, (out.failure_reason, out.log_tail)
     assert words in out.failure_reason
     assert time.monotonic() - t0 < 30  # killed promptly, not left to its 1 h sleep
@@ -76,16 +75,16 @@ def test_invalid_config_is_recorded_without_launch(tmp_path):
     assert "multiple of 3" in out.log_tail and not (tmp_path / "i" / "metrics.jsonl").exists()
 
 
-def test_a_sigkill_is_an_oom_only_with_evidence(spec, tmp_path, monkeypatch):
+def test_a_sigkill_is_an_oom_only_with_evidence(spec, tmp_path, monkeypatch, fault_launch):
     """SIGKILL with the memory cgroup's oom_kill count rising is an oom; without any sign of one it is a crash
     marked as killed from outside (the tuner runs such a trial again)."""
     import workbench.tune.trial as trial_mod
 
-    monkeypatch.setenv(TEST_FAULT_ENV, "x:sigkill")
+    sigkill = fault_launch({"*": "sigkill"})
     counts = iter([3, 4])
     monkeypatch.setattr(trial_mod, "_oom_kills", lambda: next(counts))
-    out = run_trial(spec.trial_config({}), tmp_path / "oom", timeout_s=60, heartbeat_timeout_s=60, label="x")
+    out = run_trial(spec.trial_config({}), tmp_path / "oom", timeout_s=60, heartbeat_timeout_s=60, launch=sigkill)
     assert out.status == "oom" and "oom_kill count rose" in out.failure_reason and not out.killed_from_outside
     monkeypatch.setattr(trial_mod, "_oom_kills", lambda: 3)
-    out = run_trial(spec.trial_config({}), tmp_path / "ext", timeout_s=60, heartbeat_timeout_s=60, label="x")
+    out = run_trial(spec.trial_config({}), tmp_path / "ext", timeout_s=60, heartbeat_timeout_s=60, launch=sigkill)
     assert out.status == "crash" and out.killed_from_outside and "from outside" in out.failure_reason

@@ -30,7 +30,7 @@ class Measurement:
                 self.progress.set(phase=f"{prefix}: {text}")
         return on_phase
 
-    def _measure(self, cfg: Any, run_dir: Path, label: str, prefix: str) -> TrialOutcome:
+    def _measure(self, cfg: Any, run_dir: Path, prefix: str) -> TrialOutcome:
         """A coordinator's measurement (baseline, validation, numerics twin): run into this process's own attempt
         folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still holds the study, move it
         into place; so no two processes ever write one folder, and a folder in place is a finished run."""
@@ -39,7 +39,7 @@ class Measurement:
         attempt = run_dir.with_name(f".{run_dir.name}.{self._attempt_id}")
         out = run_trial(cfg, attempt, timeout_s=spec.protocol.trial_timeout_s,
                         heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
-                        label=label, env=self._child_env())
+                        launch=self.launch, env=self._child_env())
         self._check_lease()  # a coordinator whose study was taken over keeps nothing
         if run_dir.exists():
             shutil.rmtree(run_dir)
@@ -69,7 +69,7 @@ class Measurement:
         repeats = spec.protocol.baseline_repeats
         for i in range(len(runs), repeats):
             self._check_lease()
-            out = self._measure(cfg, self.study_dir / "baseline" / str(i), f"baseline-{i}",
+            out = self._measure(cfg, self.study_dir / "baseline" / str(i),
                                 f"baseline {i + 1}/{repeats}")
             if out.status != "ok" or out.value is None:
                 raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
@@ -109,7 +109,7 @@ class Measurement:
             h = config_hash(twin_cfg)
             if h not in twins:
                 self._log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same data")
-                tw = self._measure(twin_cfg, out.trial_dir / "numerics-twin", f"trial-{trial.number}-twin",
+                tw = self._measure(twin_cfg, out.trial_dir / "numerics-twin",
                                    f"trial {trial.number} numerics twin")
                 if tw.status != "ok" or window_loss(tw.last_window) is None:
                     # no reference: the candidate cannot be shown to train like the base, so it cannot win

@@ -25,10 +25,8 @@ The objective of an ``ok`` trial is the median of its window throughputs.
 On Linux the child gets ``PR_SET_PDEATHSIG(SIGKILL)``, so a tuner killed with
 ``kill -9`` does not leave its trial running.
 
-For tests only: ``WORKBENCH_TEST_TRIAL_FAULT="trial-3:hang,trial-5:crash"`` replaces
-the child of the trial with that label by a stand-in that hangs after one
-heartbeat (``hang``), hangs before any step (``hang-start``), exits 1 with a
-traceback (``crash``) or kills itself with SIGKILL (``sigkill``).
+``launch(cfg, config_path, trial_dir)`` builds the command line; it defaults to
+``launch_command`` (the tests pass stand-ins that hang or crash).
 """
 
 from __future__ import annotations
@@ -56,7 +54,7 @@ from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUS
 __all__ = [
     "FAILURE_KINDS",
     "STATUSES",
-    "TEST_FAULT_ENV",
+    "Launcher",
     "TrialOutcome",
     "ignore_interrupts",
     "interrupts_held",
@@ -65,9 +63,6 @@ __all__ = [
     "read_log_tail",
     "run_trial",
 ]
-
-TEST_FAULT_ENV = "WORKBENCH_TEST_TRIAL_FAULT"
-"""Test hook (see the module docstring); never set it outside tests."""
 
 LOG_TAIL_LINES = 30
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the train CLI needs no cleanup when it is killed
@@ -185,6 +180,10 @@ def not_launched_outcome(trial_dir: Path, reason: str, kind: str = "invalid_conf
     return TrialOutcome(kind, trial_dir, failure_reason=reason, log_tail=read_log_tail(trial_dir))
 
 
+Launcher = Callable[[Config, Path, Path], list[str]]
+"""``(cfg, config_path, trial_dir) -> argv`` of one trial's process."""
+
+
 def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]:
     """The command line of one trial (torchrun when the config asks for several GPUs)."""
     args = ["--config", str(config_path), "--out", str(trial_dir), "--summary", str(trial_dir / "summary.json"),
@@ -195,29 +194,6 @@ def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(cfg.hardware.gpus), "-m", "workbench.train", *args]
     return [sys.executable, "-m", "workbench.train", *args]
-
-
-_FAULT_SCRIPTS = {
-    # one heartbeat, then silence: the heartbeat watchdog must fire
-    "hang": "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(3600)",
-    # never a step: the per-trial time limit must fire
-    "hang-start": "import time; time.sleep(3600)",
-    "crash": "raise RuntimeError('deliberate crash (WORKBENCH_TEST_TRIAL_FAULT)')",
-    "sigkill": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
-}
-
-
-def _test_fault(label: str | None) -> str | None:
-    spec = os.environ.get(TEST_FAULT_ENV, "")
-    if not spec or label is None:
-        return None
-    for item in spec.split(","):
-        name, _, kind = item.strip().partition(":")
-        if name == label:
-            if kind not in _FAULT_SCRIPTS:
-                raise ValueError(f"{TEST_FAULT_ENV}: unknown fault {kind!r}; known: {', '.join(_FAULT_SCRIPTS)}")
-            return kind
-    return None
 
 
 def _pdeathsig() -> Callable[[], None] | None:
@@ -370,7 +346,7 @@ def run_trial(
     on_window: Callable[[int, float], bool] | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_launch: Callable[[int], None] | None = None,
-    label: str | None = None,
+    launch: Launcher = launch_command,
     env: dict[str, str] | None = None,
     poll_s: float = 0.2,
 ) -> TrialOutcome:
@@ -378,8 +354,8 @@ def run_trial(
 
     ``on_window(i, tokens_per_s)`` is called for each measured window; returning True prunes the
     trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
-    ``on_launch(pgid)`` is called once the child runs. ``env``: variables set in the child's
-    environment (the study's shared compile caches). A KeyboardInterrupt kills the child's
+    ``on_launch(pgid)`` is called once the child runs. ``launch`` builds the child's command line.
+    ``env``: variables set in the child's environment (the study's shared compile caches). A KeyboardInterrupt kills the child's
     group and propagates.
     """
     trial_dir = Path(trial_dir).resolve()
@@ -387,14 +363,10 @@ def run_trial(
     config_path = dump_config(cfg, trial_dir / "config.yaml")
     phase = on_phase or (lambda _text: None)
     phase("launching")
-    cmd = launch_command(cfg, config_path, trial_dir)
-    fault = _test_fault(label)
-    if fault is not None:
-        cmd = [sys.executable, "-c", _FAULT_SCRIPTS[fault], str(trial_dir / "heartbeat")]
+    cmd = launch(cfg, config_path, trial_dir)
     env = {**os.environ, **(env or {})}
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-    env.pop(TEST_FAULT_ENV, None)
     warm = cfg.training.warmup_measure_steps
     n_windows = max(1, (cfg.training.max_steps - warm) // cfg.training.log_every)
     metrics = _MetricsTail(trial_dir / "metrics.jsonl")

@@ -37,7 +37,8 @@ from workbench.tune.stats import noise_floor
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
                                     normalize_storage_url, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
-from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
+from workbench.tune.trial import (Launcher, TrialOutcome, interrupts_held, launch_command, not_launched_outcome,
+                                  read_log_tail, run_trial)
 from workbench.tune.validation import Validation, _feasible, _now
 
 __all__ = ["Tuner", "sessions_wall_s", "winner_launch_record"]
@@ -90,6 +91,7 @@ class Tuner(CoordinatorLease, Measurement, Validation):
         worker: bool = False,
         report: Callable[[Path, str, str], Path] | None = None,
         progress: bool = True,
+        launch: Launcher = launch_command,
     ) -> None:
         if spec is None and study_name is None:
             raise TuneError("a study spec or a study name is needed")
@@ -102,6 +104,7 @@ class Tuner(CoordinatorLease, Measurement, Validation):
         self.worker = worker
         self.report = report  # report.html's builder (the CLI passes reports.build_report); None builds none
         self.progress_enabled = progress
+        self.launch = launch  # builds each trial's command line (workbench.tune.trial.launch_command)
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "start": proc_start(os.getpid()),
                    "role": "worker" if worker else "coordinator"}
         self.storage: optuna.storages.RDBStorage | None = None
@@ -418,7 +421,7 @@ class Tuner(CoordinatorLease, Measurement, Validation):
         for attempt in range(2):
             out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
                             heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
-                            on_phase=self._phase(f"trial {n}"), label=f"trial-{n}",
+                            on_phase=self._phase(f"trial {n}"), launch=self.launch,
                             on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env())
             if not out.killed_from_outside or attempt:
                 return out

@@ -113,10 +113,9 @@ class Validation:
                     continue
                 self._check_lease()
                 prefix = f"validating #{t.number} round {r + 1}/{rounds}"
-                a = self._measure(base_cfg, vdir / f"baseline-{t.number}-{r}", f"baseline-{t.number}-{r}",
+                a = self._measure(base_cfg, vdir / f"baseline-{t.number}-{r}",
                                   prefix + " (baseline)")
-                b = self._measure(spec.trial_config(t.params), vdir / f"trial-{t.number}-{r}",
-                                  f"trial-{t.number}-{r}", prefix)
+                b = self._measure(spec.trial_config(t.params), vdir / f"trial-{t.number}-{r}", prefix)
                 if a.status == "ok" and b.status == "ok" and a.value and b.value:
                     res["runs"].append(b.value)
                     res["baseline_runs"].append(a.value)
