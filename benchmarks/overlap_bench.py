@@ -57,6 +57,7 @@ import torch.distributed as dist  # noqa: E402
 from workbench.config import merge_overrides, preset_config  # noqa: E402
 from workbench.train.fingerprint import versions  # noqa: E402
 from workbench.train.model import get_preset  # noqa: E402
+from workbench.vocab import REAL_TOKENS_PER_S  # noqa: E402
 
 
 def model_config(layers: int, path: Path) -> Path:
@@ -120,7 +121,7 @@ def rows_of(res: dict, ver: dict, stamp: str, config: str, compute_only_step: fl
     st = {k: np.asarray(v, dtype=float) for k, v in res.get("steps", {}).items()}
     if not len(st.get("step_s", [])):
         return []
-    per_step = {"throughput/real_tokens_per_s_per_gpu": st["real_tokens"] / st["step_s"], "time/step_s": st["step_s"],
+    per_step = {REAL_TOKENS_PER_S: st["real_tokens"] / st["step_s"], "time/step_s": st["step_s"],
                 "time/grad_sync_s": st["grad_sync"]}
     if res["provider"] != "compute_only":
         per_step["comm/total_s"] = st["comm_s"]
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         if rank != 0:
             continue
         s = res["summary"]
-        print(f"[{conf['name']}] {s['throughput/real_tokens_per_s_per_gpu'] or 0:,.0f} tok/s/gpu, step "
+        print(f"[{conf['name']}] {s[REAL_TOKENS_PER_S] or 0:,.0f} tok/s/gpu, step "
               f"{1000 * (s['time/step_s'] or 0):.1f} ms, comm {1000 * (s.get('comm/total_s') or 0):.1f} ms, exposed "
               f"{1000 * (s.get('comm/exposed_s') or 0):.1f} ms, overlap {s.get('comm/overlap_pct') or 0:.0f}% "
               f"({res['wall_s']:.0f} s)", flush=True)
@@ -207,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
             [{k: v for k, v in r.items() if k != "steps"} for r in results], indent=1, default=str))
         df = pd.read_csv(out / "overlap_bench.csv")
         wide = df.pivot_table(index="config_name", columns="metric", values="value", aggfunc="first", sort=False)
-        cols = [c for c in ("throughput/real_tokens_per_s_per_gpu", "time/step_s", "comm/total_s", "comm/exposed_s",
+        cols = [c for c in (REAL_TOKENS_PER_S, "time/step_s", "comm/total_s", "comm/exposed_s",
                             "comm/overlap_pct", "exposed_vs_compute_only_s") if c in wide.columns]
         print(f"\n{ver}\n{config}")
         with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format",

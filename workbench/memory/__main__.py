@@ -19,7 +19,6 @@ import torch
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError
 from workbench.memory.analysis import analyze_snapshot, format_table
-from workbench.train.allocator import apply_allocator_settings
 from workbench.train.run import load_run_config, synthetic_data_dir
 from workbench.train.trainer import Trainer, build_model_args
 from workbench.vocab import REAL_TOKENS_PER_S
@@ -57,7 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         warmup = cfg.training.warmup_measure_steps if args.warmup is None else args.warmup
         cfg = merge_overrides(cfg, {"training.max_steps": warmup + args.steps, "training.warmup_measure_steps": warmup,
                                     "training.log_every": args.steps, "hardware.device": "cuda"})
-        env = apply_allocator_settings(cfg)  # before CUDA initialises
     except ConfigError as e:
         print(f"error (invalid_config): {e}", file=sys.stderr)
         return 2
@@ -71,7 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         margs = build_model_args(cfg)
         data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
                                       min_len=cfg.data.min_len, seed=cfg.data.seed)
-    trainer = Trainer(cfg, out_dir=out / "run", data_dir=data_dir)
+    try:
+        trainer = Trainer(cfg, out_dir=out / "run", data_dir=data_dir)  # applies the allocator settings
+    except ConfigError as e:
+        print(f"error (invalid_config): {e}", file=sys.stderr)
+        return 2
     dev = trainer.device
     try:
         if warmup:
@@ -95,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     doc["run"] = {
         "model": cfg.model.name, "micro_batch_size": cfg.data.micro_batch_size, "seq_len": cfg.data.seq_len,
         "grad_accum_steps": summary.get("grad_accum_steps"), "warmup_steps": warmup, "config_hash": config_hash(cfg),
-        "allocator_env": env or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+        "allocator_env": trainer.allocator_env or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         REAL_TOKENS_PER_S: summary.get(REAL_TOKENS_PER_S),
         "time/step_s": summary.get("time/step_s"), "gpu": torch.cuda.get_device_name(dev),
         "torch": torch.__version__, "cuda": torch.version.cuda,

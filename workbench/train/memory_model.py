@@ -1,38 +1,8 @@
 """Peak device memory of a training config, predicted before it runs.
 
-The peak of a step is the persistent state plus what the forward saves for the backward, plus the largest
-transient on top of it:
-
-* **State**, 16 bytes a parameter: fp32 weights, fp32 gradients and AdamW's two fp32 moments (autocast keeps
-  the weights in fp32; FP8 casts them per step and stores nothing extra).
-* **Saved activations**, per token and decoder block, under bf16 autocast (D hidden, F intermediate, K the
-  key/value width):
-
-  - the fp32 residual stream into each of the two norms: 2 x 4D;
-  - the two norm outputs, bf16: 2 x 2D;
-  - RoPE'd q and k, and v, bf16, for the attention backward: 2 x (D + 2K);
-  - the attention output, bf16: 2D;
-  - the gate and up projections, bf16, for the SwiGLU backward, and its output: 3 x 2F.
-
-  That is 16D + 4K + 6F bytes. FP8 saves 4D + 3F/2 bytes fewer, a measured figure (16.6 KB a token and block
-  on gr00t-n1.6, bf16 against FP8 tensorwise at micro-batch 16): the FP8 copies of the four Linear inputs (both
-  norm outputs, the attention output, the SwiGLU output) replace their bf16 ones, 3D + F of it, and Inductor
-  recomputes the rest from what it keeps. The Triton RMSNorm also keeps its bf16 output for its own backward:
-  2 x 2D bytes more. Without autocast (fp32 on the CPU) every saved value takes twice the bytes.
-* **Checkpointed blocks** keep only their fp32 input (4D a token) and recompute the rest in the backward, so one
-  block's activations come back at a time.
-* **The loss**: the torch loss op materialises the logits of a micro-batch, bf16, kept for the backward, and
-  their fp32 gradient in it (6 bytes a logit, over the vocabulary padded to a multiple of 64); the fused LM head
-  + cross-entropy (the ``triton`` loss) works in row chunks and keeps none of it: the fused loss's saving.
-* **Working set**: the backward of one block holds its activation gradients while the block's saved tensors are
-  still alive: one more block's activations.
-
-It ignores the allocator's rounding and fragmentation (the gap between allocated and reserved), NCCL buffers and
-cuBLAS/cuDNN workspaces. Measured on one H200 (gr00t-n1.6, 2,048-token rows, five configs of the 2026-12-01 study
-and benchmarks; tests/test_memory_model.py holds them), it is within 5% of the peak allocated memory. That
-holds for bf16 and FP8 tensorwise; rowwise FP8 keeps more (a micro-batch-32 rowwise trial ran out of memory at
-136 GiB allocated, where the model says 127), so the tuner only rejects what is out of reach even with the
-error taken off (:func:`predicted_oom`).
+State (16 bytes a parameter), the activations each block saves, the loss's logits and one block's working set;
+within 5% of the measured peak on the H200 configs in tests/test_memory_model.py. docs/memory.md gives the
+byte counts and where the model does not hold.
 """
 
 from __future__ import annotations

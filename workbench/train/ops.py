@@ -1,38 +1,9 @@
 """The one switch point for fused ops: op name -> backend name -> callable.
 
-The model never calls a fused op directly; it calls the callables of an
-:class:`OpSet` built by :func:`resolve` from a mapping such as
-``{"rmsnorm": "triton", "loss": "torch"}``. Ops left out of the mapping use the
-``"torch"`` reference backend defined here.
-
-This module defines the ``"torch"`` backends. The ``"triton"`` ones live in
-``kernels`` (``kernels.TRITON_OPS``), which knows nothing of this module:
-:func:`resolve` imports it and registers them the first time a ``"triton"``
-backend is asked for (on the CPU the kernels run only under TRITON_INTERPRET=1
-set before that import).
-
-Calling conventions every backend of an op must follow (shape legend: B batch,
-T tokens, D model dim, H heads, K kv heads, d head dim, N flattened positions,
-V vocab):
-
-- ``rmsnorm(x_BTD, weight_D, eps, out_dtype=None) -> y_BTD``: computed in
-  float32, returned in ``out_dtype`` (``None``: the dtype of ``x``). The model
-  passes autocast's dtype under autocast: every consumer of a norm's output is
-  a matmul that would cast it to that dtype first, so the norm writes it so
-  (half the bytes, and its backward reads a half-width gradient).
-- ``rmsnorm_add(x_BTD, residual_BTD, weight_D, eps, out_dtype=None) ->
-  (y_BTD, s_BTD)``: the residual add fused with the norm, ``s = x + residual;
-  y = rmsnorm(s)`` (``s`` in the promoted dtype of ``x`` and ``residual``); not
-  an op of its own: it follows the ``rmsnorm`` backend, and the model uses it
-  only when asked (``resolve(..., fused_residual_norm=True)``).
-- ``swiglu(gate, up) -> silu(gate) * up`` (any shape, same dtype).
-- ``rope(q_BHTd, k_BKTd, cos_BTd, sin_BTd) -> (q_BHTd, k_BKTd)``: rotate-half
-  convention of HF Llama; ``cos``/``sin`` are already gathered by position id.
-- ``loss(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``:
-  cross-entropy of ``h @ weight.T`` summed over positions where ``mask`` is
-  true (0-d float32 tensor) and the number of those positions (0-d int64
-  tensor). Returning the sum and the count lets the caller average over real
-  tokens across micro-batches; neither is synced to the host here.
+The model calls the callables of an :class:`OpSet` built by :func:`resolve` from a mapping such as
+``{"rmsnorm": "triton", "loss": "torch"}``; ops left out use the ``"torch"`` backends defined here. The
+``"triton"`` ones live in ``kernels`` (``kernels.TRITON_OPS``), registered the first time one is asked for.
+docs/training.md lists the calling conventions every backend of an op follows.
 """
 
 from __future__ import annotations

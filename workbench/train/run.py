@@ -16,8 +16,8 @@ from loaders.preprocess import preprocess
 from loaders.synth import SynthSpec, generate_documents, write_npy
 from workbench.config import Config, load_config, merge_overrides, parse_overrides, preset_config
 from workbench.errors import ConfigError
-from workbench.train.allocator import apply_allocator_env
 from workbench.train.trainer import NanLossError, Trainer, build_model_args
+from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir"]
 
@@ -91,7 +91,6 @@ def load_run_config(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = load_run_config(args)
-    apply_allocator_env(cfg)  # before CUDA initialises in this process
     data_dir = None
     if not cfg.data.loongbin_dir:
         if not args.synthetic:
@@ -114,7 +113,7 @@ def print_summary(s: dict[str, Any]) -> None:
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
 
     print(f"summary: {s['steps']} steps ({s['measured_steps']} measured), "
-          f"{f(s['throughput/real_tokens_per_s_per_gpu'], ',.0f')} real tok/s/gpu, "
+          f"{f(s[REAL_TOKENS_PER_S], ',.0f')} real tok/s/gpu, "
           f"MFU {f(s['mfu_pct'], '.1f')}%, step {f(s['time/step_s'], '.4f')} s, "
           f"loss {f(s['first_loss'], '.4f')} -> {f(s['last_loss'], '.4f')}")
     ph = s["phase_s_per_step"]

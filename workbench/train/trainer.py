@@ -1,46 +1,9 @@
-"""The training loop: one ``Trainer`` that builds model, data, optimizer from a
-``Config`` and runs measured steps.
+"""The training loop: one ``Trainer`` that builds model, data and optimizer from a ``Config`` and runs measured
+steps.
 
-The step (``Trainer.train_step``) reads top to bottom: data_wait, h2d,
-forward, backward per micro-batch, then grad_sync, optimizer. Every phase is an
-NVTX range timed by ``PhaseTimer`` without a host sync inside the step; the
-loss is accumulated on the device and read back at the end of each window.
-
-Options, each a config switch:
-* ``loongforge.compute_domain.compile``: ``torch.compile`` of the loss module, or
-  with ``compile_scope: layer`` of each decoder block and of the head (norm + loss);
-  ``compile_shapes: dynamic`` (one graph with a symbolic length for every bucket)
-  or ``static`` (one graph per bucket shape).
-* Before the first step (``Trainer.precompile``) every bucket shape is compiled
-  and, under graph capture, captured, with gradients discarded and no
-  communication: a measured step never compiles (the seconds it took are the
-  summary's ``time/compile_s``).
-* ``loongforge.compute_domain.graph_capture``: one CUDA graph per bucket shape
-  for forward+backward (static input buffers; warm-up on a side stream before
-  capture) and one for clip + optimizer (AdamW ``capturable=True``, learning
-  rate as a device tensor). Under capture the forward phase covers forward and
-  backward (they are one replay) and backward reads 0. Graphs are dropped and
-  re-captured after a checkpoint load (the optimizer state tensors change).
-* ``loongforge.compute_domain.fp8``: the decoder Linears become torchao ``Float8Linear``
-  (``workbench.train.fp8``) before anything compiles or wraps them.
-* ``training.activation_checkpointing``: decoder blocks recomputed in backward
-  (``Llama.set_activation_checkpointing``; a block compiled in place runs inside its checkpoint).
-* checkpoints of model, optimizer, step and data-loader state
-  (``training.checkpoint_dir``), written atomically; Ctrl-C saves one.
-
-With WORLD_SIZE > 1 (``torchrun``), gradients are synchronised by the overlap
-scheduler (``workbench/train/overlap.py``; ``loongforge.overlap.mode: scheduler``):
-buckets of ``bucket_size_mb`` from whole layers, the first ``overlap_ratio``
-share all-reduced during backward, the rest in the grad_sync phase, which is
-therefore the exposed communication. ``mode: ddp`` wraps the loss module in
-DistributedDataParallel instead (a baseline), with its all-reduces timed.
-Accumulation micro-steps do not communicate. Per step the loop records the
-communication time (``comm_s``) and its exposed part; each window reports
-``comm/total_s``, ``comm/exposed_s`` and ``comm/overlap_pct``.
-
-Allocator settings (``loongforge.memory_domain.allocator``) are put into the
-environment and checked against the installed torch before CUDA initialises
-(``workbench.train.allocator.apply_allocator_settings``).
+The step (``Trainer.train_step``) reads top to bottom: data_wait, h2d, forward, backward per micro-batch, then
+grad_sync, optimizer; each phase is an NVTX range timed without a host sync inside the step. docs/training.md
+describes its options (compile, CUDA graphs, FP8, checkpointing, data parallelism).
 """
 
 from __future__ import annotations
@@ -123,7 +86,9 @@ class Trainer:
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  heartbeat: str | Path | None = None) -> None:
         self.cfg = cfg
-        apply_allocator_settings(cfg)  # before CUDA initialises; an option torch does not know is a ConfigError
+        # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
+        # ConfigError
+        self.allocator_env = apply_allocator_settings(cfg)
         self.rank, self.world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         self.device = resolve_device(cfg)
         if self.device.type == "cuda":
@@ -632,5 +597,5 @@ def progress_line(m: dict[str, Any], total: int) -> str:
     loss = m.get("loss")
     comm = f" | comm {1000 * m['comm/total_s']:.1f} ms, {m['comm/overlap_pct']:.0f}% hidden" \
         if m.get("comm/total_s") and m.get("comm/overlap_pct") is not None else ""
-    return (f"step {m['step']}/{total} | {m['throughput/real_tokens_per_s_per_gpu']:,.0f} tok/s/gpu | {mfu} | "
+    return (f"step {m['step']}/{total} | {m[REAL_TOKENS_PER_S]:,.0f} tok/s/gpu | {mfu} | "
             f"{phases}{comm} | {mem_s} | loss {loss:.4f}")

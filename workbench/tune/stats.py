@@ -1,35 +1,7 @@
 """Measurement statistics of the tuner: the baseline's noise floor and A/B speedup intervals.
 
-Two questions, answered from repeated whole-trial throughputs (real tokens/s/GPU):
-
-* How noisy is one measurement here? ``noise_floor`` over the baseline repeats:
-  median, min, max, relative spread ``(max - min) / median`` and coefficient of
-  variation ``stdev / mean``.
-* Is a candidate faster than the baseline? ``speedup_interval`` over the
-  per-pair ratios ``candidate / baseline`` of an interleaved A/B/A/B run: the
-  median ratio and a 95% interval; the gain is significant when the interval's
-  low end is above 1.0.
-
-Choice of interval (``speedup_interval``): a Student-t interval on the log
-ratios, exponentiated. Reasons:
-
-* The A/B protocol yields few pairs (3 to 5: each pair costs two whole trials).
-  The percentile bootstrap is known to under-cover at such sizes: with 3 pairs
-  the bootstrap distribution of the median has only 3 distinct support points and
-  its "95%" interval is [min, max], which holds the true median with probability
-  1 - 2 x 0.5^3 = 75%. The t-interval keeps its nominal coverage for small n when
-  the log ratios are roughly normal, and it widens honestly as n shrinks
-  (t(0.975, 2 df) = 4.30).
-* Throughput ratios are multiplicative (a 2x gain and a 2x loss are symmetric in
-  log space), and pairing cancels slow drift of the machine (thermal, other
-  tenants), so the log ratios of pairs are close to symmetric and i.i.d.
-* It is deterministic: no resampling seed to choose.
-
-The interval is for the geometric-mean speedup; the headline number is the
-median of the ratios (robust to one disturbed pair). With fewer than 2 pairs no
-interval exists and nothing is significant. ``bootstrap_interval`` (percentile,
-fixed seed, 2000 resamples) is provided for comparison in reports, not used for
-decisions.
+``noise_floor`` summarises the baseline repeats; ``speedup_interval`` is a Student-t interval on the log ratios
+of interleaved A/B pairs, significant when its low end is above 1.0. docs/tuner.md says why that interval.
 """
 
 from __future__ import annotations
