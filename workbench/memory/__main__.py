@@ -35,11 +35,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     a.add_argument("--steps", type=int, default=5, help="recorded steps (default 5)")
     a.add_argument("--warmup", type=int, default=None,
                    help="steps before recording (default training.warmup_measure_steps)")
-    a.add_argument("--out", default=".", help="directory for memory_analysis.json and the run's metrics")
+    a.add_argument("--out", default=".", help="directory for memory_analysis.json and the run's metrics (default: the working directory)")
     a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     a.add_argument("--synthetic", action="store_true", help="generate a synthetic corpus when data.loongbin_dir "
                                                             "is not set")
-    a.add_argument("--max-entries", type=int, default=500_000, help="allocator history ring size")
+    a.add_argument("--max-entries", type=int, default=500_000, help="allocator history ring size (default 500000)")
     a.add_argument("--snapshot", action="store_true",
                    help="also write memory_snapshot.pickle (for https://pytorch.org/memory_viz)")
     return p.parse_args(argv)

@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="config.yaml (as exported by the tuner)")
     src.add_argument("--preset", help="run a model preset's default config (tiny, gr00t-n1.6)")
-    p.add_argument("--steps", type=int, help="override training.max_steps")
+    p.add_argument("--steps", type=int, help="override training.max_steps (default: the config's)")
     p.add_argument("--synthetic", action="store_true",
                    help="generate + preprocess a synthetic corpus when data.loongbin_dir is not set")
     p.add_argument("--synthetic-packing", choices=("pack", "fill"), default="pack",
@@ -54,7 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set data.micro_batch_size=8 (YAML value)")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
-    p.add_argument("-q", "--quiet", action="store_true")
+    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only, not each window")
     p.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of a crash")
     return p.parse_args(argv)
 

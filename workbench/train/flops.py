@@ -1,6 +1,6 @@
 """FLOP accounting and model FLOPs utilisation (MFU).
 
-Formula (DESIGN.md, after the PaLM paper's appendix B)::
+Formula (the PaLM paper's appendix B)::
 
     flops_per_token = 6 * N + 12 * L * D * T
 

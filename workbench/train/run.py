@@ -62,7 +62,7 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
 
 
 def classify_exception(e: BaseException) -> str:
-    """Map an exception to a DESIGN.md failure kind."""
+    """Map an exception to a failure kind (``workbench.vocab.FAILURE_KINDS``)."""
     if isinstance(e, (ConfigError, ShardFormatError)):  # the config's data.loongbin_dir is unusable as it is
         return "invalid_config"
     if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():

@@ -18,7 +18,7 @@ i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
   ``heartbeat_timeout_s`` after the first step: status ``timeout``.
 
 The outcome's status is one of ``STATUSES``: ``ok``, ``pruned``, a failure kind
-of DESIGN.md (from ``failure.json``, else the exit code, else the signal; "CUDA
+of ``workbench.vocab.FAILURE_KINDS`` (from ``failure.json``, else the exit code, else the signal; "CUDA
 out of memory" in the log tail makes a crash an ``oom``), or ``interrupted``.
 The objective of an ``ok`` trial is the median of its window throughputs.
 
