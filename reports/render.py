@@ -37,7 +37,7 @@ from reports.sections import (
     sweep_by_config,
 )
 from reports.sections import NOT_FAILED
-from reports.sections_numerics import CompileSection, NumericsSection
+from reports.sections.numerics import CompileSection, NumericsSection
 from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["render_html"]
