@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 from collections.abc import Iterator
 from typing import Any, NamedTuple
@@ -123,7 +124,7 @@ def _importance_evaluator() -> tuple[Any, str]:
     from optuna.importance import FanovaImportanceEvaluator, PedAnovaImportanceEvaluator
 
     try:
-        import sklearn  # noqa: F401 - fANOVA's random forest
+        importlib.import_module("sklearn")  # fANOVA's random forest
     except ImportError:
         return PedAnovaImportanceEvaluator(), "PED-ANOVA"
     return FanovaImportanceEvaluator(seed=0), "fANOVA"
