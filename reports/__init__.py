@@ -1,5 +1,6 @@
 """Study reports: results into DataFrames first (``reports.sections``), then figures and one
-self-contained HTML file (``reports.render``).
+self-contained HTML file (``reports.render``). docs/report.md says how it is built and what each
+section shows.
 
     from reports import build_report
     build_report(Path("runs/llama-1b"), "sqlite:///runs/llama-1b/study.db", "llama-1b")

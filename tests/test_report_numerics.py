@@ -11,7 +11,7 @@ from optuna.distributions import CategoricalDistribution
 from reports._load import StudyData
 from reports.render import render_html
 from reports.sections import compute_report
-from reports.sections_numerics import compile_section, numerics_section
+from reports.sections.numerics import compile_section, numerics_section
 
 
 def _trial(number, *, compile_s, fx_hit, fx_miss, numerics=None, status="ok"):

@@ -1,0 +1,105 @@
+"""Draw the report: the sections' DataFrames become inline SVG figures, HTML tables and one HTML file.
+
+Nothing is computed here that a test would want to check (``reports.sections`` does that); this package only
+formats and draws. This module lays out the page; ``tables`` writes cells and tables, ``figures`` holds the
+matplotlib setup, and one module per group of sections draws them. The page fetches nothing: no external script,
+style sheet, font or image. docs/report.md says more.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable
+from typing import Any
+
+from reports.render.assets import _CSS, _JS
+from reports.render.data import _data
+from reports.render.environment import _environment
+from reports.render.figures import _Figures
+from reports.render.kernels import _kernels
+from reports.render.memory import _memory
+from reports.render.numerics import _compile, _numerics
+from reports.render.phases import _time
+from reports.render.search import _search, _trials
+from reports.render.summary import _summary
+from reports.render.tables import _esc, _missing
+from reports.sections import SECTIONS, ReportData, SectionFailed, Trials
+
+__all__ = ["render_html"]
+
+
+_RENDERERS: dict[str, Callable[[Any, _Figures], str]] = {
+    "summary": _summary, "search": _search, "time": _time, "compile": _compile, "numerics": _numerics,
+    "memory": _memory, "kernels": _kernels,
+    "data": _data, "trials": _trials, "environment": _environment,
+}
+
+
+def render_html(report: ReportData) -> str:
+    """The whole report as one self-contained HTML document."""
+    data = report.study
+    figs = _Figures()
+    name = data.study_name or data.study_dir.name
+    parts = []
+    for i, (key, heading, _) in enumerate(SECTIONS, start=1):
+        section = getattr(report, key)
+        body: str
+        if isinstance(section, SectionFailed):
+            body = f'<p class="missing error section-error">This section could not be built: {_esc(section.error)}</p>'
+        else:
+            try:
+                body = ""
+                if section.message and key not in ("memory", "kernels"):  # those two place their own
+                    body = _missing(section.message)
+                    if section_is_empty(key, section):
+                        parts.append(_section(key, i, heading, body))
+                        continue
+                body += _RENDERERS[key](section, figs)
+            except Exception as e:  # noqa: BLE001 - a drawing bug must not lose the other sections
+                import logging
+                import traceback
+
+                logging.getLogger(__name__).warning("rendering section %s failed:\n%s", key, traceback.format_exc())
+                body = (f'<p class="missing error section-error">This section could not be drawn: '
+                        f"{_esc(type(e).__name__)}: {_esc(e)}</p>")
+        parts.append(_section(key, i, heading, body))
+
+    trials = report.trials
+    counts = ""
+    if isinstance(trials, Trials) and len(trials.status_counts):
+        counts = " — " + ", ".join(f"{_esc(k)} {int(v)}" for k, v in trials.status_counts.items())
+    n_trials = len(data.trials)
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    model = data.spec.get("model")
+    model = model.get("name") if isinstance(model, dict) else model
+    sub = [f"{n_trials} trials{counts}"]
+    if model:
+        sub.insert(0, f"model {_esc(model)}")
+    if data.spec.get("gpus"):
+        sub.insert(1 if model else 0, f"{_esc(data.spec['gpus'])} GPU(s)")
+    nav = "".join(f'<a href="#{key}">{i}. {_esc(h)}</a>' for i, (key, h, _) in enumerate(SECTIONS, start=1))
+    problems = ""
+    if data.problems:
+        problems = "<p>Unreadable files: " + "; ".join(_esc(p) for p in data.problems) + "</p>"
+    return (
+        "<!DOCTYPE html>\n"
+        '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
+        f"<title>Study report: {_esc(name)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+        f"<header><h1>Study report: {_esc(name)}</h1>"
+        f"<p>{' · '.join(sub)}</p>"
+        f"<p>Generated {now} from <code>{_esc(data.study_dir)}</code></p>{problems}</header>\n"
+        f"<nav>{nav}</nav>\n<main>\n" + "\n".join(parts) + "\n</main>\n"
+        f"<script>{_JS}</script>\n</body>\n</html>\n"
+    )
+
+
+def section_is_empty(key: str, section: Any) -> bool:
+    """Whether a section with a message has nothing else worth drawing."""
+    if key == "summary":  # its message may only say that no trial finished yet
+        return section.table[["baseline", "best"]].isna().all().all() and not section.config_text
+    return True  # the other sections set a message only when they have nothing else
+
+
+def _section(key: str, i: int, heading: str, body: str) -> str:
+    return f'<section id="{key}">\n<h2>{i}. {_esc(heading)}</h2>\n{body}\n</section>'

@@ -1,0 +1,94 @@
+"""Draws the Data section."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from reports.render.figures import ARM_COLORS, STATUS_OK, _figure, _Figures, _kfmt
+from reports.render.tables import _missing, _pct, _table
+from reports.sections.data import DataSection
+
+
+def _data(s: DataSection, figs: _Figures) -> str:
+    out = ['<div class="cols3">']
+    bt = s.by_trial
+    pad = bt.dropna(subset=["bucket_width", "padding_ratio"])
+    if len(pad):
+        def draw():
+            fig = _figure(4.2, 3.0)
+            ax = fig.add_subplot()
+            ax.scatter(pad["bucket_width"], pad["padding_ratio"] * 100, s=14, color="#4e79a7", alpha=0.7,
+                       zorder=3, label="trial")
+            ax.plot(s.padding["bucket_width"], s.padding["padding_ratio_median"] * 100, "o-", color="#f28e2b",
+                    label="median")
+            if len(s.padding) and s.padding["bucket_width"].min() > 0 and \
+                    s.padding["bucket_width"].max() / s.padding["bucket_width"].min() >= 4:
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(list(s.padding["bucket_width"]), [str(v) for v in s.padding["bucket_width"]])
+                ax.minorticks_off()
+            ax.set_xlabel("bucket width (tokens)")
+            ax.set_ylabel("padding (% of tokens)")
+            ax.set_title("Padding vs bucket width")
+            ax.legend(fontsize=8)
+            return fig
+
+        out.append(figs.svg(draw))
+    else:
+        out.append(_missing("No padding ratio per bucket width yet."))
+    io_df = s.io
+    q = ["read_latency_ms_p50", "read_latency_ms_p90", "read_latency_ms_p99"]
+    if len(io_df) and io_df[q].notna().any().any():
+        def draw():
+            fig = _figure(4.2, 3.0)
+            ax = fig.add_subplot()
+            x = np.arange(len(q))
+            w = 0.8 / len(io_df)
+            for i, (arm, row) in enumerate(io_df.iterrows()):
+                ax.bar(x + (i - (len(io_df) - 1) / 2) * w, [row[c] for c in q], width=w,
+                       color=ARM_COLORS.get(arm, STATUS_OK), label=f"{arm} ({row['io_backend'] or '?'})")
+            ax.set_xticks(x, ["p50", "p90", "p99"])
+            ax.set_ylabel("shard read latency (ms)")
+            ax.set_title("Read latency quantiles")
+            ax.legend(fontsize=8)
+            return fig
+
+        out.append(figs.svg(draw))
+    else:
+        out.append(_missing("No read latency recorded (io/read_latency_ms_*)."))
+    dec = bt.dropna(subset=["decode_tokens_per_s", "value"])
+    if len(dec):
+        def draw():
+            fig = _figure(4.2, 3.0)
+            ax = fig.add_subplot()
+            ax.scatter(dec["value"], dec["decode_tokens_per_s"], s=14, color="#4e79a7", zorder=3)
+            hi = max(dec["value"].max(), dec["decode_tokens_per_s"].max()) * 1.05
+            ax.plot([0, hi], [0, hi], color="#999999", lw=1, ls="--", label="loader = training")
+            ax.set_xlim(0, hi)
+            ax.set_ylim(0, hi)
+            ax.xaxis.set_major_formatter(_kfmt)
+            ax.yaxis.set_major_formatter(_kfmt)
+            ax.set_xlabel("training: real tokens/s/GPU")
+            ax.set_ylabel("loader: decode tokens/s")
+            ax.set_title("Loader throughput vs training")
+            ax.legend(fontsize=8, loc="lower right")
+            return fig
+
+        out.append(figs.svg(draw, "Above the diagonal the loader has headroom; on it, the step waits for data."))
+    else:
+        out.append(_missing("No loader throughput recorded (decode/tokens_per_s)."))
+    out.append("</div>")
+    if len(io_df):
+        out.append(_table(io_df.reset_index(), cls="compact",
+                          formats={"padding_ratio": _pct},
+                          headers={"io_backend": "io backend", "read_latency_ms_p50": "read p50 (ms)",
+                                   "read_latency_ms_p90": "read p90 (ms)", "read_latency_ms_p99": "read p99 (ms)",
+                                   "decode_tokens_per_s": "decode tokens/s",
+                                   "real_tokens_per_s_per_gpu": "real tokens/s/GPU", "padding_ratio": "padding"}))
+    if len(s.padding):
+        out.append(_table(s.padding, cls="compact",
+                          formats={c: _pct for c in ("padding_ratio_median", "padding_ratio_min",
+                                                     "padding_ratio_max")},
+                          headers={"bucket_width": "bucket width", "padding_ratio_median": "padding (median)",
+                                   "padding_ratio_min": "min", "padding_ratio_max": "max",
+                                   "tokens_per_s_median": "tokens/s/GPU (median)"}))
+    return "\n".join(out)

@@ -1,0 +1,119 @@
+"""Figures: drawn on a ``matplotlib.figure.Figure`` with an explicit Agg canvas and embedded as inline SVG.
+
+pyplot and the process-wide backend are left alone, so the tuner can build a report in-process. Text stays text in
+the SVG (no font files, searchable), and ids are prefixed per figure so that many figures share one page.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from reports.render.tables import _isnum, fmt
+
+__all__ = ["ARM_COLORS", "FULL_W", "HALF_W", "PHASE_COLORS", "STATUS_FAILED", "STATUS_OK", "STATUS_PRUNED"]
+
+PHASE_COLORS = {
+    "data_wait": "#e15759", "h2d": "#f28e2b", "forward": "#4e79a7", "backward": "#76b7b2",
+    "grad_sync": "#59a14f", "optimizer": "#edc948", "other": "#bab0ac",
+}
+ARM_COLORS = {"baseline": "#8c8c8c", "best": "#4e79a7"}
+STATUS_OK, STATUS_PRUNED, STATUS_FAILED = "#4e79a7", "#b0b0b0", "#e15759"
+FULL_W, HALF_W = 12.0, 6.0
+"""Figure widths in inches: full width of the page, half of it (two side by side at 1400 px)."""
+
+_RC = {
+    "svg.fonttype": "none",        # text stays text: no embedded glyphs, no font files
+    "svg.hashsalt": "report",      # stable ids, so that two builds of one study are byte-identical
+    "font.size": 9.5,
+    "font.family": "DejaVu Sans",  # bundled with matplotlib: text is measured with its metrics
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.color": "#e6e6e6",
+    "grid.linewidth": 0.8,
+    "axes.axisbelow": True,
+    "axes.titlesize": 10.5,
+    "axes.titleweight": "bold",
+    "legend.frameon": False,
+}
+
+
+def _figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    # No layout engine (constrained layout doubles the drawing time); savefig trims the margins.
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)  # an explicit Agg canvas: no pyplot, no global backend switch
+    return fig
+
+
+class _Figures:
+    """Draws under the report's rcParams and returns inline ``<svg>`` markup with ids unique per figure."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def svg(self, draw: Callable[[], Any], caption: str = "", cls: str = "") -> str:
+        import matplotlib
+
+        with matplotlib.rc_context(_RC):
+            fig = draw()
+            buf = io.StringIO()
+            fig.savefig(buf, format="svg", bbox_inches="tight", pad_inches=0.06,
+                        metadata={"Date": None, "Creator": None})
+        self.count += 1
+        text = _inline_svg(buf.getvalue(), prefix=f"f{self.count}-")
+        cap = f"<figcaption>{caption}</figcaption>" if caption else ""
+        return f'<figure class="{cls}">{text}{cap}</figure>' if cls else f"<figure>{text}{cap}</figure>"
+
+
+def _inline_svg(svg: str, prefix: str) -> str:
+    """matplotlib's SVG document as an element for inline HTML: no XML prolog, no RDF metadata, unique ids."""
+    svg = re.sub(r"<\?xml[^>]*\?>\s*", "", svg)
+    svg = re.sub(r"<!DOCTYPE[^>]*>\s*", "", svg)
+    svg = re.sub(r"<metadata>.*?</metadata>\s*", "", svg, flags=re.S)
+    svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', svg)
+    svg = re.sub(r'((?:xlink:)?href)="#([^"]+)"', lambda m: f'{m.group(1)}="#{prefix}{m.group(2)}"', svg)
+    svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m.group(1)})", svg)
+    # Scale with the page (drop the fixed size, keep the viewBox), but never above 1.15x the drawn size:
+    # a small figure blown up to the full width would have oversized text.
+    m = re.search(r'<svg[^>]*?\s+width="([\d.]+)pt"\s+height="[^"]*"', svg)
+    if m:
+        max_px = float(m.group(1)) * 4 / 3 * 1.15
+        svg = svg[:m.start()] + re.sub(r'\s+width="[^"]*"\s+height="[^"]*"', f' style="max-width:{max_px:.0f}px"',
+                                       m.group(0), count=1) + svg[m.end():]
+    return svg.strip()
+
+
+def _categorical_axis(ax, values: pd.Series, axis: str = "x") -> np.ndarray:
+    """Positions for a knob's values: numbers as they are, anything else (bools, strings) as ordered categories."""
+    vals = list(values)
+    if all(_isnum(v) for v in vals if v is not None):
+        return np.array([np.nan if v is None else float(v) for v in vals])
+    cats = sorted({repr(v) for v in vals if v is not None})
+    labels = {repr(v): fmt(v) for v in vals if v is not None}
+    pos = np.array([np.nan if v is None else cats.index(repr(v)) for v in vals], dtype=float)
+    ticks, names = list(range(len(cats))), [labels[c] for c in cats]
+    if axis == "x":
+        ax.set_xticks(ticks, names)
+        ax.set_xlim(-0.5, len(cats) - 0.5)
+    else:
+        ax.set_yticks(ticks, names)
+    return pos
+
+
+def _kfmt(v: float, _pos: Any = None) -> str:
+    return f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}"
+
+
+def _grid(n: int, cols: int) -> tuple[int, int]:
+    cols = max(1, min(cols, n))
+    return math.ceil(n / cols), cols

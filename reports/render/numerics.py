@@ -1,0 +1,63 @@
+"""Draws the Compile time and Numerics sections."""
+
+from __future__ import annotations
+
+from reports.render.figures import _figure, _Figures
+from reports.render.tables import _table, fmt
+from reports.sections.numerics import CompileSection, NumericsSection
+
+
+def _compile(s: CompileSection, figs: _Figures) -> str:
+    out = []
+    cold, warm = s.cold_median_s, s.warm_median_s
+    parts = []
+    if cold == cold:
+        parts.append(f"cold (something compiled from scratch): median {cold:.1f} s")
+    if warm == warm:
+        parts.append(f"warm (every graph from the study's shared cache): median {warm:.1f} s")
+    out.append("<p>Compile seconds per trial, outside the measured windows. The trials of a study share one "
+               "Inductor/AOTAutograd cache and one Triton cache (<code>compile-cache/</code> in the study "
+               "directory)" + (": " + "; ".join(parts) if parts else "") + ".</p>")
+    out.append(_table(s.table, cls="compact", headers={"compile_s": "compile (s)", "fx_hits": "FX graph hits",
+                                                        "fx_misses": "FX graph misses", "aot_hits": "AOT hits",
+                                                        "aot_misses": "AOT misses"},
+                      formats={c: (lambda v: fmt(v, 0) if v == v else "—") for c in
+                               ("fx_hits", "fx_misses", "aot_hits", "aot_misses")}))
+    return "\n".join(out)
+
+
+def _numerics(s: NumericsSection, figs: _Figures) -> str:
+    out = []
+    if len(s.baseline_losses) > 1:
+        lo, hi = min(s.baseline_losses), max(s.baseline_losses)
+        out.append(f"<p>Run-to-run spread of the base config's last-window loss over {len(s.baseline_losses)} "
+                   f"baseline repeats (same seed and data): {(hi - lo) / lo:.3%}.</p>")
+    if len(s.checks):
+        out.append("<p>A trial that sets a numerics knob (FP8) off its base value keeps its result only if its mean "
+                   "loss over the last measured window is within the tolerance of the reference's on the same "
+                   "data: the baseline repeats, or the trial's twin (the same config with the numerics knobs at "
+                   "their base values).</p>")
+        out.append(_table(s.checks, cls="compact", headers={"reference_loss": "reference loss",
+                                                             "rel_diff": "difference", "tolerance": "tolerance"},
+                          formats={"rel_diff": lambda v: f"{v:.2%}", "tolerance": lambda v: f"{v:.2%}",
+                                   "loss": lambda v: fmt(v, 5), "reference_loss": lambda v: fmt(v, 5)}))
+    if s.curves is not None and len(s.curves):
+        curves = s.curves
+
+        def draw():
+            fig = _figure(7.5, 2.8)
+            ax = fig.add_subplot(1, 1, 1)
+            for name, g in curves.groupby("variant", sort=False):
+                ax.plot(g["step"], g["loss"], lw=1.0, label=str(name))
+            ax.set_xlabel("optimizer step")
+            ax.set_ylabel("training loss")
+            ax.legend(loc="upper right", fontsize=8, frameon=False)
+            return fig
+
+        out.append(figs.svg(draw, caption="Convergence check: the same model, seed and data with and without the "
+                                          "numerics knob (convergence.csv in the study directory)."))
+        if s.curve_tail is not None:
+            out.append(_table(s.curve_tail, cls="compact", headers={"mean_loss": "mean loss, last 50 steps",
+                                                                      "rel_diff": "vs the first"},
+                              formats={"rel_diff": lambda v: f"{v:+.3%}", "mean_loss": lambda v: fmt(v, 5)}))
+    return "\n".join(out)

@@ -1,0 +1,157 @@
+"""Draws the Search and Trials sections."""
+
+from __future__ import annotations
+
+import math
+
+from reports._load import knob_doc, knob_key
+from reports.render.figures import (
+    ARM_COLORS,
+    FULL_W,
+    HALF_W,
+    STATUS_FAILED,
+    STATUS_OK,
+    STATUS_PRUNED,
+    _categorical_axis,
+    _figure,
+    _Figures,
+    _grid,
+    _kfmt,
+)
+from reports.render.tables import _esc, _missing, _short_names, _table, fmt
+from reports.sections.search import NOT_FAILED, Search, Trials
+
+
+def _search(s: Search, figs: _Figures) -> str:
+    out = []
+    h = s.history
+    if len(h):
+        def draw():
+            fig = _figure(FULL_W, 3.4)
+            ax = fig.add_subplot()
+            if s.baseline_band:
+                med, lo, hi = s.baseline_band
+                ax.axhspan(lo, hi, color=ARM_COLORS["baseline"], alpha=0.18, lw=0,
+                           label="baseline noise (min–max of repeats)")
+                ax.axhline(med, color=ARM_COLORS["baseline"], lw=1, ls="--")
+            ok = h[h["status"] == "ok"]
+            pruned = h[h["status"] == "pruned"]
+            failed = h[~h["status"].isin(["ok", "pruned"])]
+            ax.scatter(ok["trial"], ok["value"], s=20, color=STATUS_OK, label="finished", zorder=3)
+            ax.scatter(pruned["trial"], pruned["value"], s=20, facecolors="none", edgecolors=STATUS_PRUNED,
+                       label="pruned (last window)", zorder=3)
+            ax.scatter(failed["trial"], failed["value"], s=26, marker="x", color=STATUS_FAILED,
+                       label="failed (objective 0)", zorder=3)
+            ax.step(h["trial"], h["best_so_far"], where="post", color="#f28e2b", lw=1.8, label="best so far")
+            ax.yaxis.set_major_formatter(_kfmt)
+            ax.set_xlabel("trial")
+            ax.set_ylabel("real tokens/s/GPU" if "tokens" in s.objective_name else s.objective_name)
+            ax.set_title(f"Optimization history ({s.direction})")
+            ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8.5)
+            return fig
+
+        out.append(figs.svg(draw))
+    short = _short_names(s.knob_names)
+    out.append('<div class="cols"><div>')
+    if s.importances is not None and len(s.importances):
+        imp = s.importances
+
+        def draw():
+            fig = _figure(HALF_W * 0.9, 0.32 * len(imp) + 1.0)
+            ax = fig.add_subplot()
+            ax.barh([short.get(k, k) for k in imp["knob"]], imp["importance"], color=STATUS_OK)
+            ax.invert_yaxis()
+            ax.set_xlabel(f"importance ({imp.attrs.get('method', 'Optuna')}, sums to 1)")
+            ax.set_title("Parameter importances for throughput")
+            ax.grid(axis="y", visible=False)
+            return fig
+
+        out.append(figs.svg(draw, "Computed over the trials that ran to the end; failures are in the "
+                                  "trials table."))
+    else:
+        out.append("<h3>Parameter importances</h3>")
+        out.append(_missing(s.importances_message or "No importances."))
+    out.append("</div><div>")
+    if s.pareto is not None:
+        p = s.pareto
+        n0, n1 = p.columns[1], p.columns[2]
+
+        def draw():
+            fig = _figure(HALF_W, 3.6)
+            ax = fig.add_subplot()
+            off, on = p[~p["on_front"]], p[p["on_front"]].sort_values(n0)
+            ax.scatter(off[n0], off[n1], s=18, color=STATUS_PRUNED, label="dominated")
+            ax.plot(on[n0], on[n1], "o-", color="#f28e2b", ms=5, label="Pareto front")
+            for _, r in on.iterrows():
+                ax.annotate(f"{int(r['trial'])}", (r[n0], r[n1]), textcoords="offset points", xytext=(4, 4),
+                            fontsize=7.5)
+            ax.set_xlabel(n0)
+            ax.set_ylabel(n1)
+            ax.xaxis.set_major_formatter(_kfmt)
+            ax.set_title("Pareto front (labels: trial)")
+            ax.legend(fontsize=8)
+            return fig
+
+        out.append(figs.svg(draw))
+    elif s.pareto_message:
+        out.append("<h3>Pareto front</h3>")
+        out.append(_missing(s.pareto_message))
+    out.append("</div></div>")
+
+    kn = s.knobs
+    if len(kn) and s.knob_names:
+        names = s.knob_names
+
+        def draw():
+            rows, cols = _grid(len(names), 5)
+            fig = _figure(FULL_W, 2.1 * rows + 0.4)
+            best = kn["value"].max()
+            axes = fig.subplots(rows, cols, squeeze=False, sharey=True,
+                                gridspec_kw={"hspace": 0.45, "wspace": 0.08, "top": 1 - 0.45 / (2.1 * rows + 0.4)})
+            for i, ax in enumerate(axes.flat):
+                if i >= len(names):
+                    ax.set_visible(False)
+                    continue
+                x = _categorical_axis(ax, kn[names[i]])
+                if names[i] in s.log_knobs:
+                    ax.set_xscale("log")
+                ax.scatter(x, kn["value"], s=14, c=kn["trial"], cmap="viridis", zorder=3)
+                top = kn["value"] == best
+                ax.scatter(x[top.to_numpy()], kn["value"][top], s=60, facecolors="none",
+                           edgecolors="#e15759", lw=1.4, zorder=4)
+                ax.set_title(short.get(names[i], names[i]), fontsize=9, fontweight="normal")
+                ax.yaxis.set_major_formatter(_kfmt)
+                if i % cols == 0:
+                    ax.set_ylabel("tokens/s/GPU")
+            fig.suptitle("Knobs vs throughput (slice view; colour = trial number, red ring = best)",
+                         fontsize=10.5, fontweight="bold")
+            return fig
+
+        out.append(figs.svg(draw))
+    elif not s.message:
+        out.append(_missing("No finished trial yet: no knob view."))
+    return "\n".join(out)
+
+
+def _trials(s: Trials, figs: _Figures) -> str:
+    out = []
+    counts = ", ".join(f"{_esc(k)}: {int(v)}" for k, v in s.status_counts.items())
+    out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort.</p>")
+    short = _short_names(s.knob_names)
+    headers = {k: short[k] for k in s.knob_names} | {
+        "max_reserved_gib": "reserved GiB", "duration_s": "duration (s)", "failure_kind": "failure",
+        "failure_reason": "reason", "mfu_pct": "MFU %", "value": "tokens/s/GPU"}
+    titles = {k: f"{knob_key(k)}: {knob_doc(k)}" if knob_doc(k) else knob_key(k) for k in s.knob_names}
+    formats = {"duration_s": lambda v: fmt(v, 3) if not (isinstance(v, float) and math.isnan(v)) else "—"}
+    out.append('<div class="scroll">')
+    out.append(_table(s.table, sortable=True, headers=headers, titles=titles, formats=formats,
+                      table_id="trials-table", cls="trials", col_classes={"failure_reason": "reason"},
+                      row_class=lambda r: "" if r["status"] in ("ok", "running") else
+                      ("pruned" if r["status"] in NOT_FAILED else "failed")))
+    out.append("</div>")
+    if len(s.log_tails):
+        out.append("<h3>Log tails of failed trials</h3>")
+        for _, r in s.log_tails.iterrows():
+            out.append(f"<details><summary>trial {int(r['trial'])}: {_esc(r['status'])}</summary>"
+                       f"<pre>{_esc(r['log_tail'])}</pre></details>")
+    return "\n".join(out)

@@ -1,0 +1,105 @@
+"""Cells and tables: how a value is written (``fmt``), and DataFrames as HTML tables that sort in the browser."""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+__all__ = ["fmt"]
+
+
+def _esc(x: Any) -> str:
+    return html.escape(str(x), quote=True)
+
+
+def _isnum(v: Any) -> bool:
+    return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """A value for a table cell: thousands separators, 3 significant digits, '—' for missing."""
+    if v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA:
+        return "—"
+    if isinstance(v, (bool, np.bool_)):
+        return "true" if v else "false"
+    if isinstance(v, (int, np.integer)):
+        return f"{int(v):,}"
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        if math.isinf(v):
+            return "∞" if v > 0 else "−∞"
+        if v.is_integer() and abs(v) >= 1:
+            return f"{int(v):,}"
+        if abs(v) >= 1000:
+            return f"{v:,.0f}"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _pct(v: float) -> str:
+    return "—" if not _isnum(v) or math.isnan(v) else f"{100 * v:.1f}%"
+
+
+def _ms(v: float) -> str:
+    return "—" if not _isnum(v) or math.isnan(v) else f"{1000 * v:,.1f} ms"
+
+
+def _missing(text: str) -> str:
+    return f'<p class="missing">{_esc(text)}</p>'
+
+
+def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None = None,
+           headers: dict[str, str] | None = None, titles: dict[str, str] | None = None,
+           sortable: bool = False, index: bool = False, cls: str = "", row_class: Callable | None = None,
+           table_id: str | None = None, row_titles: list[str] | None = None,
+           col_classes: dict[str, str] | None = None) -> str:
+    """An HTML table; numeric cells carry their raw value in ``data-v`` for sorting."""
+    formats, headers, titles, col_classes = formats or {}, headers or {}, titles or {}, col_classes or {}
+    if index:
+        df = df.reset_index()
+    classes = " ".join(c for c in ("sortable" if sortable else "", cls) if c)
+    out = [f'<table{f" id={chr(34)}{_esc(table_id)}{chr(34)}" if table_id else ""}'
+           f'{f" class={chr(34)}{classes}{chr(34)}" if classes else ""}><thead><tr>']
+    for c in df.columns:
+        title = titles.get(c, c if headers.get(c, c) != c else "")
+        out.append(f'<th{f" title={chr(34)}{_esc(title)}{chr(34)}" if title else ""}>'
+                   f"{_esc(headers.get(c, c))}</th>")
+    out.append("</tr></thead><tbody>")
+    for i, (_, row) in enumerate(df.iterrows()):
+        rc = row_class(row) if row_class else ""
+        title = f' title="{_esc(row_titles[i])}"' if row_titles else ""
+        out.append(f'<tr class="{_esc(rc)}"{title}>' if rc else f"<tr{title}>")
+        for c in df.columns:
+            v = row[c]
+            text = formats[c](v) if c in formats else fmt(v)
+            extra = f" {col_classes[c]}" if c in col_classes else ""
+            if _isnum(v):
+                raw = "" if math.isnan(float(v)) else repr(float(v))
+                out.append(f'<td class="num{extra}" data-v="{raw}">{_esc(text)}</td>')
+            else:
+                out.append(f'<td class="{extra.strip()}">{_esc(text)}</td>' if extra else f"<td>{_esc(text)}</td>")
+        out.append("</tr>")
+    out.append("</tbody></table>")
+    return "".join(out)
+
+
+def _short_names(names: list[str]) -> dict[str, str]:
+    """Shortest unique dotted suffix of each knob name (``data.bucket_width`` -> ``bucket_width``)."""
+    out = {}
+    for n in names:
+        parts = n.split(".")
+        for k in range(1, len(parts) + 1):
+            cand = ".".join(parts[-k:])
+            if sum(1 for m in names if m == cand or m.endswith("." + cand)) == 1:
+                out[n] = cand
+                break
+        else:
+            out[n] = n
+    return out

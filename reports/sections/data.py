@@ -1,0 +1,104 @@
+"""The Data section: padding per bucket width, shard read latency and the loader's decode rate against training."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from reports._load import RunData, StudyData, knob_key, lookup_key, num
+from reports.sections._common import (
+    TPUT,
+    _median,
+    _objective,
+    baseline_runs,
+    best_runs,
+    best_trial_number,
+    knob_names,
+    ok_trials,
+)
+
+__all__ = ["DataSection", "data_section"]
+
+
+class DataSection(NamedTuple):
+    padding: pd.DataFrame
+    """bucket_width, trials, padding_ratio_median, padding_ratio_min, padding_ratio_max, tokens_per_s_median."""
+    io: pd.DataFrame
+    """Index run ('baseline', 'best'); io_backend, read_latency_ms_p50/p90/p99, decode_tokens_per_s,
+    real_tokens_per_s_per_gpu, padding_ratio."""
+    by_trial: pd.DataFrame
+    """trial, value, bucket_width, padding_ratio, io_backend, read_latency_ms_p50/p90/p99, decode_tokens_per_s."""
+    message: str | None
+
+
+_IO_KEYS = ("io/read_latency_ms_p50", "io/read_latency_ms_p90", "io/read_latency_ms_p99", "decode/tokens_per_s")
+
+
+def _run_summary(data: StudyData, t: Any) -> dict:
+    s = t.user_attrs.get("summary")
+    if isinstance(s, dict) and s:
+        return s
+    run = data.trial_run(t.number)
+    return run.summary if run else {}
+
+
+def _run_metric(summary: dict, run: RunData | None, key: str) -> float:
+    """A summary number, else the median over the run's metrics.jsonl windows."""
+    v = num(summary.get(key))
+    if math.isfinite(v) or run is None or run.metrics is None or key not in run.metrics:
+        return v
+    return _median(pd.to_numeric(run.metrics[key], errors="coerce"))
+
+
+def data_section(data: StudyData) -> DataSection:
+    names = knob_names(data)
+    bw_knob = next((k for k in names if knob_key(k).endswith("bucket_width")), None)
+    rows = []
+    for t in ok_trials(data):
+        s = _run_summary(data, t)
+        run = data.trial_run(t.number)
+        if bw_knob and bw_knob in t.params:
+            bw = t.params[bw_knob]
+        else:
+            found, bw = lookup_key((run.config if run else None) or {}, "data.bucket_width")
+            bw = bw if found else None
+        row = {"trial": t.number, "value": _objective(t), "bucket_width": num(bw),
+               "padding_ratio": _run_metric(s, run, "data/padding_ratio"),
+               "io_backend": s.get("io/backend")}
+        for k in _IO_KEYS:
+            row[k.split("/")[1].replace("tokens_per_s", "decode_tokens_per_s") if k.startswith("decode")
+                else k.split("/")[1]] = _run_metric(s, run, k)
+        rows.append(row)
+    cols = ["trial", "value", "bucket_width", "padding_ratio", "io_backend", "read_latency_ms_p50",
+            "read_latency_ms_p90", "read_latency_ms_p99", "decode_tokens_per_s"]
+    by_trial = pd.DataFrame(rows, columns=cols)
+
+    g = by_trial.dropna(subset=["bucket_width", "padding_ratio"]).groupby("bucket_width")
+    padding = pd.DataFrame({
+        "trials": g.size(), "padding_ratio_median": g["padding_ratio"].median(),
+        "padding_ratio_min": g["padding_ratio"].min(), "padding_ratio_max": g["padding_ratio"].max(),
+        "tokens_per_s_median": g["value"].median()}).reset_index()
+    padding["bucket_width"] = padding["bucket_width"].astype(int) if len(padding) else padding["bucket_width"]
+
+    number, _ = best_trial_number(data)
+    io = {}
+    for arm, runs in (("baseline", baseline_runs(data)), ("best", best_runs(data, number))):
+        if not runs:
+            continue
+        backends = [r.summary.get("io/backend") for r in runs if r.summary.get("io/backend")]
+        vals: dict[str, Any] = {"io_backend": backends[0] if backends else None}
+        for k in (*_IO_KEYS, TPUT, "data/padding_ratio"):
+            col = {"decode/tokens_per_s": "decode_tokens_per_s", TPUT: "real_tokens_per_s_per_gpu"}.get(
+                k, k.split("/")[1])
+            vals[col] = _median(_run_metric(r.summary, r, k) for r in runs)
+        io[arm] = vals
+    io_df = pd.DataFrame.from_dict(io, orient="index", columns=[
+        "io_backend", "read_latency_ms_p50", "read_latency_ms_p90", "read_latency_ms_p99",
+        "decode_tokens_per_s", "real_tokens_per_s_per_gpu", "padding_ratio"])
+    io_df.index.name = "run"
+    message = None
+    if by_trial.empty and (io_df.empty or io_df.drop(columns="io_backend").isna().all().all()):
+        message = "No loader metrics yet: no finished run recorded io/* or decode/* figures."
+    return DataSection(padding=padding, io=io_df, by_trial=by_trial, message=message)

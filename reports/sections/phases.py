@@ -1,0 +1,139 @@
+"""The "Where the time goes" section: phase breakdown, per-step timeline and step-time noise, communication."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from reports._load import PHASES, RunData, StudyData, num
+from reports.sections._common import _median, baseline_runs, best_runs, best_trial_number
+
+__all__ = ["TimeSection", "time_section"]
+
+TIMELINE_STEPS = 3
+"""Steps of each run drawn in the phase timeline: enough to see the repeat, few enough to read."""
+
+
+class TimeSection(NamedTuple):
+    breakdown: pd.DataFrame
+    """Index run ('baseline', 'best'); columns: the phases (mean s/step), step_s, steps, source."""
+    timeline: pd.DataFrame
+    """run, step, phase, start_s, duration_s: contiguous phases of the first measured steps."""
+    step_times: pd.DataFrame
+    """run, source, step, seq_len, step_s: every measured step of every run of each arm."""
+    step_stats: pd.DataFrame
+    """Index run; steps, median_s, p10_s, p90_s, cv_pct (all steps), noise_cv_pct (median over bucket lengths
+    with >= 3 steps of the step-time CV at that length: the noise, without the bucket-length spread)."""
+    message: str | None
+    comm: pd.DataFrame = pd.DataFrame()
+    """Index run ('baseline', 'best'); comm_total_s, comm_exposed_s (per step), overlap_pct, mode, buckets,
+    bucket_size_mb, overlap_ratio (the knobs), source: gradient communication, medians over the arm's runs."""
+    comm_message: str | None = None
+    """Why there is no communication table (single-process runs), else None."""
+
+
+def _measured(runs: list[RunData]) -> list[tuple[RunData, pd.DataFrame]]:
+    return [(r, r.measured_phases) for r in runs if r.measured_phases is not None]
+
+
+def _phase_means(runs: list[RunData]) -> dict[str, Any]:
+    """Mean seconds per step per phase over every measured step of the runs (summary fallback)."""
+    tables = _measured(runs)
+    if tables:
+        df = pd.concat([t for _, t in tables], ignore_index=True)
+        out: dict[str, Any] = {p: float(pd.to_numeric(df[p], errors="coerce").mean()) if p in df else 0.0
+                               for p in PHASES}
+        out["step_s"] = float(pd.to_numeric(df["step_s"], errors="coerce").mean())
+        out["steps"] = len(df)
+        names = [r.name for r, _ in tables]
+        out["source"] = "phases.csv of " + (", ".join(names) if len(names) <= 3 else
+                                            f"{names[0]}, {names[1]}, … {names[-1]} ({len(names)} runs)")
+        return out
+    for r in runs:
+        ph = r.summary.get("phase_s_per_step")
+        if isinstance(ph, dict) and ph:
+            out = {p: num(ph.get(p)) if math.isfinite(num(ph.get(p))) else 0.0 for p in PHASES}
+            out["step_s"] = sum(out[p] for p in PHASES)
+            out["steps"] = 0
+            out["source"] = f"summary of {r.name}"
+            return out
+    return {}
+
+
+def time_section(data: StudyData) -> TimeSection:
+    number, _ = best_trial_number(data)
+    arms = {"baseline": baseline_runs(data), "best": best_runs(data, number)}
+    rows = {}
+    for arm, runs in arms.items():
+        m = _phase_means(runs)
+        if m:
+            rows[arm] = m
+    breakdown = pd.DataFrame.from_dict(rows, orient="index",
+                                       columns=[*PHASES, "step_s", "steps", "source"])
+    breakdown.index.name = "run"
+
+    tl, st = [], []
+    for arm, runs in arms.items():
+        tables = _measured(runs)
+        for r, df in tables:
+            seq = pd.to_numeric(df["seq_len"], errors="coerce") if "seq_len" in df else [math.nan] * len(df)
+            for step, n, s in zip(df["step"], seq, pd.to_numeric(df["step_s"], errors="coerce")):
+                st.append((arm, r.name, int(step), float(n), float(s)))
+        if tables:
+            r, df = tables[0]
+            t0 = 0.0
+            for _, row in df.head(TIMELINE_STEPS).iterrows():
+                start = t0
+                for p in PHASES:
+                    d = float(num(row.get(p))) if math.isfinite(num(row.get(p))) else 0.0
+                    tl.append((arm, int(row["step"]), p, start, d))
+                    start += d
+                t0 += float(row["step_s"])
+    timeline = pd.DataFrame(tl, columns=["run", "step", "phase", "start_s", "duration_s"])
+    step_times = pd.DataFrame(st, columns=["run", "source", "step", "seq_len", "step_s"])
+    stats = {}
+    for arm, g in step_times.groupby("run", sort=False):
+        s = g["step_s"]
+        by_len = g.groupby("seq_len")["step_s"]
+        cvs = (100 * by_len.std(ddof=1) / by_len.mean())[by_len.size() >= 3]
+        stats[arm] = {"steps": len(s), "median_s": s.median(), "p10_s": s.quantile(0.1),
+                      "p90_s": s.quantile(0.9), "cv_pct": 100 * s.std(ddof=1) / s.mean() if len(s) > 1 else 0.0,
+                      "noise_cv_pct": float(cvs.median()) if len(cvs) else math.nan}
+    step_stats = pd.DataFrame.from_dict(stats, orient="index",
+                                        columns=["steps", "median_s", "p10_s", "p90_s", "cv_pct", "noise_cv_pct"])
+    step_stats.index.name = "run"
+    message = None
+    if breakdown.empty:
+        message = "No phase timings yet: no run wrote phases.csv or a phase summary."
+    comm, comm_message = _comm_table(arms)
+    return TimeSection(breakdown=breakdown, timeline=timeline, step_times=step_times,
+                       step_stats=step_stats, message=message, comm=comm, comm_message=comm_message)
+
+
+_COMM_COLS = ["comm_total_s", "comm_exposed_s", "overlap_pct", "mode", "buckets", "bucket_size_mb", "overlap_ratio",
+              "source"]
+
+
+def _comm_table(arms: dict[str, list[RunData]]) -> tuple[pd.DataFrame, str | None]:
+    """Exposed communication and overlap achieved per arm (run summaries' ``comm/*``; workbench/train/metrics.py)."""
+    rows = {}
+    for arm, runs in arms.items():
+        with_comm = [r for r in runs if math.isfinite(r.metric("comm/total_s"))]
+        if not with_comm:
+            continue
+        total = _median(r.metric("comm/total_s") for r in with_comm)
+        exposed = _median(r.metric("comm/exposed_s") for r in with_comm)
+        first = with_comm[0].summary
+        rows[arm] = {"comm_total_s": total, "comm_exposed_s": exposed,
+                     "overlap_pct": _median(r.metric("comm/overlap_pct") for r in with_comm),
+                     "mode": first.get("comm/mode"), "buckets": num(first.get("comm/buckets")),
+                     "bucket_size_mb": num(first.get("comm/bucket_size_mb")),
+                     "overlap_ratio": num(first.get("comm/overlap_ratio")),
+                     "source": f"summary of {len(with_comm)} run(s)"}
+    df = pd.DataFrame.from_dict(rows, orient="index", columns=_COMM_COLS)
+    df.index.name = "run"
+    message = None if rows else ("No gradient communication: single-process runs (bucket size and overlap ratio "
+                                 "act with several GPUs).")
+    return df, message
