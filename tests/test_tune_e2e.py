@@ -3,6 +3,7 @@ the exported config runs with the train CLI and reproduces the measured throughp
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import optuna
 import pytest
 
 from workbench.config import load_config
+from workbench.tune.result import result_headline
 from workbench.tune.trial import STATUSES
 
 
@@ -84,6 +86,27 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     assert cfg.training.max_steps == 16  # the base's run length, not the protocol's
     assert (sdir / "report.html").stat().st_size > 0
 
+    # one result, told the same everywhere: the terminal, tune.json, the exported provenance and the report
+    result = tune["result"]
+    best, headline = result["best"], result_headline(result)
+    page = (sdir / "report.html").read_text()
+    assert headline in proc.stdout and html.escape(headline) in page
+    base_tps = f"{result['baseline']['tokens_per_s']:,.0f}"
+    assert f"vs baseline {base_tps} real tok/s/gpu" in proc.stdout and base_tps in page
+    assert prov.baseline_tokens_per_s_per_gpu == result["baseline"]["tokens_per_s"]
+    assert prov.verdict == result["verdict"] and prov.searched_knobs == result["searched"] == tune["active_knobs"]
+    assert prov.commit == result["commit"] and prov.data == result["data"] == {"source": "synthetic"}
+    assert prov.budget == result["budget"] and result["budget"]["trials_run"] == 3
+    assert "data: synthetic corpus" in proc.stderr  # the first lines say where the data comes from
+    if result["verdict"] == "winner":
+        assert (prov.trial, prov.speedup, prov.speedup_ci, prov.ab_pairs, prov.tokens_per_s_per_gpu) == (
+            best["trial"], best["speedup"], [best["ci_low"], best["ci_high"]], best["pairs"], best["tokens_per_s"])
+        assert prov.changed_knobs == best["changed"] and f"{best['speedup']:.3f}x" in page
+    else:
+        assert prov.trial is None and prov.speedup == 1.0 and prov.changed_knobs == {}
+        assert best is None or (prov.best_candidate["trial"] == best["trial"]
+                                and prov.best_candidate["why_lost"] == best["why_lost"])
+
     # The exported config runs as is and reproduces the throughput it was exported with, within the noise
     # floor. On 2 CPU cores shared with other machines' work, the spread of two baseline runs is itself a
     # noisy estimate, so the bound is max(spread, 25%): the spread of the tiny study's baseline repeats was
@@ -109,7 +132,30 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         p = subprocess.run([sys.executable, "-m", "workbench.tune", sub, "--study", str(spec_path), "--out",
                             str(out)], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=300)
         assert p.returncode == 0, p.stdout + p.stderr
-    assert load_config(sdir / "config.yaml").provenance.trial == w["trial"]
+    again = load_config(sdir / "config.yaml").provenance
+    assert (again.trial, again.speedup, again.tokens_per_s_per_gpu) == (prov.trial, prov.speedup,
+                                                                      prov.tokens_per_s_per_gpu)
+
+    # the finished study is not run again: the same command says so and how to re-measure or extend it
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(spec_path), "--out", str(out),
+                        "--no-progress"], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path,
+                       timeout=300)
+    assert p.returncode == 0 and "is finished (3 trials)" in p.stdout and "workbench.tune verify" in p.stdout
+    assert headline in p.stdout and len(list((sdir / "baseline").iterdir())) == 2  # nothing re-measured
+
+    # verify re-measures the exported config interleaved with the baseline (2 pairs here)
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "verify", "--study", str(spec_path), "--out",
+                        str(out), "--pairs", "2"], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path,
+                       timeout=300)
+    if result["verdict"] == "winner":
+        assert p.returncode in (0, 1) and f"verify trial #{best['trial']}:" in p.stdout, p.stdout + p.stderr
+        record = json.loads((sdir / "verify.json").read_text())[-1]
+        assert record["pairs"] == 2 and len(list((sdir / "verify").glob("*/trial-*"))) == 2
+        assert record["holds"] == (record["validated"]["ci_low"] <= record["speedup_median"]
+                                   <= record["validated"]["ci_high"])
+        assert p.returncode == (0 if record["holds"] else 1)
+    else:
+        assert p.returncode == 0 and "nothing to verify" in p.stdout, p.stdout + p.stderr
 
     # the study as a results CSV (benchmarks/study_results.py): every counted trial's objective as the sampler
     # was told it, the baseline runs, and the winner's validation interval

@@ -166,16 +166,26 @@ def test_export_pins_the_winners_resolved_launch_parameters(tmp_path):
     validation = {"winner": {"trial": 3, "significant": True},
                   "candidates": [{"trial": 3, "params": {"triton_fusion": True, "rmsnorm_num_warps": 16},
                                   "runs": [100.0, 102.0], "baseline_runs": [80.0, 81.0], "speedup_median": 1.25,
-                                  "ci_low": 1.1, "ci_high": 1.4}]}
-    cfg = load_config(export_config(spec, tmp_path, validation, fingerprint={"gpu": "test"}, launch_record=record))
+                                  "ci_low": 1.1, "ci_high": 1.4, "significant": True}]}
+    cfg = load_config(export_config(spec, tmp_path, _result(spec, validation), fingerprint={"gpu": "test"},
+                                    launch_record=record))
     k = cfg.loongforge.compute_domain.kernels
     assert k["rmsnorm"] == {"num_warps": 16, "num_stages": 2, "block_rows": 2, "block_size": 2048,
                             "programs_per_sm": 2}
     assert k["rope"] == pinned["rope"] and "swiglu" not in k
     assert cfg.provenance.trial == 3 and cfg.loongforge.compute_domain.triton_fusion is True
     base = {"winner": {"trial": None, "significant": False}, "candidates": [], "baseline_runs": [80.0]}
-    cfg = load_config(export_config(spec, tmp_path / "b", base, fingerprint={"gpu": "test"}, launch_record=record))
+    cfg = load_config(export_config(spec, tmp_path / "b", _result(spec, base), fingerprint={"gpu": "test"},
+                                    launch_record=record))
     assert cfg.loongforge.compute_domain.kernels == {}
+    assert cfg.provenance.trial is None and cfg.provenance.verdict == "no_candidate"
+
+
+def _result(spec, validation):
+    from workbench.tune.result import build_result
+
+    return build_result(validation, study=spec.name, base_values=spec.base_knob_values(), baseline_repeats=[80.0],
+                        searched=list(spec.space), budget={"trials": 1}, data={"source": "synthetic"}, commit=None)
 
 
 def test_the_winner_launch_record_comes_from_its_search_trial():
@@ -188,8 +198,7 @@ def test_the_winner_launch_record_comes_from_its_search_trial():
         t = study.ask()
         t.set_user_attr("summary", {"kernels/launch": [{"kernel": "rope", "num_warps": 2 ** i}]})
         study.tell(t, float(i))
-    assert winner_launch_record(study, {"winner": {"trial": 1, "significant": True}}) == \
-        [{"kernel": "rope", "num_warps": 2}]
-    assert winner_launch_record(study, {"winner": {"trial": 1, "significant": False}}) is None
-    assert winner_launch_record(study, {"winner": {"trial": 7, "significant": True}}) is None
+    assert winner_launch_record(study, {"exported": {"trial": 1}}) == [{"kernel": "rope", "num_warps": 2}]
+    assert winner_launch_record(study, {"exported": {"trial": None}}) is None  # the base config was exported
+    assert winner_launch_record(study, {"exported": {"trial": 7}}) is None
     assert winner_launch_record(study, {}) is None

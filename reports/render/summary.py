@@ -18,12 +18,14 @@ def _summary(s: Summary, figs: _Figures) -> str:
     tp = s.table.set_index("metric")
     b, t = (tp.loc[REAL_TOKENS_PER_S, ["baseline", "best"]]
             if REAL_TOKENS_PER_S in tp.index else (math.nan, math.nan))
-    if s.best_trial is None:
+    if s.headline is not None:
+        head = [f"<strong>Result:</strong> <span class=\"result\">{_esc(s.headline)}</span>"]
+    elif s.best_trial is None:
         head = [f"Baseline: <strong>{_esc(fmt(b))}</strong> real tokens/s/GPU; no trial has finished yet"]
     else:
         head = [f"<strong>Best: {_esc(best)}</strong> ({_esc(s.best_how)}): "
                 f"<strong>{_esc(fmt(t))}</strong> real tokens/s/GPU vs baseline {_esc(fmt(b))}"]
-    if s.speedup is not None:
+    if s.speedup is not None and s.headline is None:
         sp = s.speedup
         ci = (f" (95% interval {sp.ci_low:.3f}–{sp.ci_high:.3f})"
               if _isnum(sp.ci_low) and not math.isnan(sp.ci_low) else " (no interval: not re-measured)")
@@ -47,7 +49,7 @@ def _summary(s: Summary, figs: _Figures) -> str:
                       formats={"ratio": lambda v: "—" if math.isnan(v) else f"{v:.3f}×"}, cls="compact",
                       row_titles=list(table["metric"])))
     sources = dict(zip(table["metric"], table["source"]))
-    notes = [f"Throughput — {sources.get('throughput/real_tokens_per_s_per_gpu', '?')}."]
+    notes = [f"Throughput — {sources.get(REAL_TOKENS_PER_S, '?')}."]
     notes.append("Other rows: median over the runs' summaries (baseline repeats and the best config's runs); "
                  "step time: mean over the measured steps of phases.csv.")
     out.append('<p class="note">' + " ".join(_esc(n) for n in notes) + "</p>")
@@ -101,8 +103,8 @@ def _summary(s: Summary, figs: _Figures) -> str:
         out.append(_table(s.candidates, cls="compact",
                           formats={"speedup_median": lambda v: f"{v:.3f}×", "ci_low": lambda v: f"{v:.3f}",
                                    "ci_high": lambda v: f"{v:.3f}"},
-                          headers={"speedup_median": "speedup (median)", "ci_low": "95% low",
-                                   "ci_high": "95% high"}))
+                          headers={"speedup_median": "speedup (median)", "rounds": "A/B pairs",
+                                   "ci_low": "interval low", "ci_high": "interval high"}))
         out.append("</div></div>")
 
     out.append("<h3>Exported config.yaml</h3>")

@@ -81,8 +81,18 @@ def _better(direction: str) -> Callable[[float, float], bool]:
     return (lambda a, b: a > b) if direction != "minimize" else (lambda a, b: a < b)
 
 
+def study_result(data: StudyData) -> dict | None:
+    """tune.json's ``result`` (workbench.tune.result) of a finished study; None before the study finished."""
+    result = data.tune.get("result")
+    return result if isinstance(result, dict) and "verdict" in result else None
+
+
 def best_trial_number(data: StudyData) -> tuple[int | None, str]:
-    """The trial shown as "best" and how it was chosen."""
+    """The trial shown as "best" and how it was chosen: the study's result (tune.json) first."""
+    best = (study_result(data) or {}).get("best")
+    if isinstance(best, dict) and isinstance(best.get("trial"), int):
+        return best["trial"], ("validated winner" if best.get("significant")
+                               else "best validated candidate, not significant")
     winner = data.validation.get("winner")
     if isinstance(winner, dict) and isinstance(winner.get("trial"), int):
         return winner["trial"], "validated winner"

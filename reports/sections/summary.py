@@ -20,7 +20,9 @@ from reports.sections._common import (
     best_runs,
     best_trial_number,
     knob_names,
+    study_result,
 )
+from workbench.tune.result import describe_data, result_headline
 from reports.sections.phases import _phase_means
 
 __all__ = ["Speedup", "Summary", "summary_section"]
@@ -54,6 +56,8 @@ class Summary(NamedTuple):
     config_text: str | None
     notes: list[str]
     message: str | None
+    headline: str | None = None
+    """The study's result in one sentence (the terminal's, from tune.json); None before it finished."""
 
 
 def summary_section(data: StudyData) -> Summary:
@@ -63,6 +67,9 @@ def summary_section(data: StudyData) -> Summary:
     best = best_runs(data, number)
     cand = _candidate(data, number)
 
+    result = study_result(data)
+    if result is not None:
+        return _from_result(data, result, number, how)
     # Throughput: interleaved A/B runs where they exist (same conditions for both arms).
     rows = []
     b_runs = _numbers((cand or {}).get("baseline_runs")) or _numbers(data.validation.get("baseline_runs"))
@@ -142,6 +149,48 @@ def summary_section(data: StudyData) -> Summary:
     return Summary(table=table, speedup=speedup, knobs=knobs, candidates=candidates, ab_runs=ab_runs,
                    best_trial=number, best_how=how, config_text=data.exported_config_text, notes=notes,
                    message=message)
+
+
+def _from_result(data: StudyData, result: dict, number: int | None, how: str) -> Summary:
+    """The summary of a finished study: every figure about the winner from tune.json's result, as the terminal
+    printed it."""
+    best = result.get("best") or {}
+    base_tput = num(result["baseline"].get("tokens_per_s"))
+    best_tput = num(best.get("tokens_per_s"))
+    rows = [(TPUT, base_tput, best_tput,
+             f"baseline: median of {result['baseline'].get('runs')} runs ({result['baseline'].get('source')}); "
+             f"best: median of its {best.get('pairs', 0)} A/B runs; its search run measured "
+             f"{num(best.get('search_tokens_per_s')):,.0f} (one run, not the figure that decides)")]
+    base, runs = baseline_runs(data), best_runs(data, number)
+    step_b, step_t = _phase_means(base), _phase_means(runs)
+    for key in ("mfu_pct", "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/max_rss_gib",
+                "data/padding_ratio"):
+        bv, tv = _median(r.metric(key) for r in base), _median(r.metric(key) for r in runs)
+        if math.isfinite(bv) or math.isfinite(tv):
+            rows.append((key, bv, tv, "median over runs' summaries"))
+    rows.append(("time/step_s", step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
+                 "mean over measured steps of phases.csv"))
+    table = pd.DataFrame(rows, columns=["metric", "baseline", "best", "source"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table.insert(3, "ratio", table["best"] / table["baseline"])
+    speedup = Speedup(num(best["speedup"]), num(best.get("ci_low")), num(best.get("ci_high")),
+                      bool(best.get("significant")), int(best.get("pairs") or 0), "tune.json result") \
+        if best.get("speedup") is not None else None
+    cands = result.get("candidates") or []
+    candidates = pd.DataFrame(
+        [(c["trial"], c.get("pairs", 0), num(c.get("speedup")), num(c.get("ci_low")), num(c.get("ci_high")),
+          c.get("significant")) for c in cands],
+        columns=["trial", "rounds", "speedup_median", "ci_low", "ci_high", "significant"])
+    ab = [(c.get("trial"), arm, i, v) for c in data.validation.get("candidates") or [] if isinstance(c, dict)
+          for arm, key in (("baseline", "baseline_runs"), ("candidate", "runs"))
+          for i, v in enumerate(_numbers(c.get(key)))]
+    notes = [f"Data: {describe_data(result.get('data') or {})}."]
+    if result["verdict"] != "winner":
+        notes.append("The exported config is the base config: no candidate's interval lay above 1.0.")
+    return Summary(table=table, speedup=speedup, knobs=_changed_knobs(data, number), candidates=candidates,
+                   ab_runs=pd.DataFrame(ab, columns=["candidate", "arm", "round", "tokens_per_s"]),
+                   best_trial=number, best_how=how, config_text=data.exported_config_text, notes=notes,
+                   message=None, headline=result_headline(result))
 
 
 def _speedup(data: StudyData, number: int | None, b: float, t: float) -> Speedup | None:

@@ -421,6 +421,23 @@ class Provenance:
     numerics: dict[str, Any] | None = None
     """The numerics guard's check of the winner when it changes numerics (FP8): its last-window loss against the
     reference's on the same data, the relative difference and the tolerance; null when no knob changes numerics."""
+    ab_pairs: int | None = field(default=None, metadata={"ge": 0})
+    """Interleaved A/B pairs behind ``speedup`` and ``speedup_ci``; null when the base config is exported."""
+    verdict: str | None = None
+    """``winner``, ``no_significant_gain`` or ``no_candidate`` (the study's result in tune.json)."""
+    best_candidate: dict[str, Any] | None = None
+    """When the base config is exported: the best validated candidate (trial, params, speedup, interval, pairs)
+    and why it lost."""
+    searched_knobs: list[str] = field(default_factory=list)
+    """The knobs the study searched."""
+    changed_knobs: dict[str, Any] = field(default_factory=dict)
+    """Knob -> {base, value} where the exported config differs from the study's base config."""
+    budget: dict[str, Any] = field(default_factory=dict)
+    """The study's budget and what it used: trials, trials_run, timeout_s, wall_s."""
+    commit: str | None = None
+    """Source revision of the workbench that ran the study (git), with ``-dirty`` for uncommitted changes."""
+    data: dict[str, Any] = field(default_factory=dict)
+    """Where the training data came from: ``source`` synthetic or shards, with the shards' path and tokenizer."""
     fingerprint: dict[str, str] = field(default_factory=dict)
     """Environment: GPU, driver, CUDA, torch, Triton, NCCL versions."""
     created: str | None = None

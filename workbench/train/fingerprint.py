@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 
-__all__ = ["fingerprint", "versions"]
+__all__ = ["fingerprint", "source_commit", "versions"]
 
 
 def _cpu_model() -> str | None:
@@ -44,6 +44,25 @@ def _nvidia_driver() -> str | None:
     return lines[0] if lines else None
 
 
+_SOURCE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def source_commit(root: str = _SOURCE_ROOT) -> str | None:
+    """The git revision of the workbench's source tree (short hash, ``-dirty`` with uncommitted changes to
+    tracked files); None outside a git checkout or without git."""
+    exe = shutil.which("git")
+    if exe is None:
+        return None
+    try:
+        rev = subprocess.run([exe, "-C", root, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                             timeout=20, check=True).stdout.strip()
+        dirty = subprocess.run([exe, "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=20, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}-dirty" if dirty else rev or None
+
+
 def fingerprint() -> dict[str, str]:
     """The environment of this process, as strings (see the module docstring)."""
     fp: dict[str, str] = {
@@ -58,6 +77,9 @@ def fingerprint() -> dict[str, str]:
     cpu = _cpu_model()
     if cpu:
         fp["cpu_model"] = cpu
+    commit = source_commit()
+    if commit:
+        fp["workbench_commit"] = commit
     try:
         import torch
     except ImportError:

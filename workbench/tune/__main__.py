@@ -6,8 +6,9 @@ tuner). docs/tuner.md describes one run.
     python -m workbench.tune [--study NAME|PATH] [--trials N] [--timeout S] [--storage URL]
                              [--study-name NAME] [--gpus N] [--out runs/] [--worker] [--no-report]
                              [--no-progress]
-    python -m workbench.tune export [same flags]   # re-export runs/<study>/config.yaml
+    python -m workbench.tune export [same flags]   # re-export runs/<study>/config.yaml from its result
     python -m workbench.tune report [same flags]   # rebuild runs/<study>/report.html
+    python -m workbench.tune verify [same flags] [--pairs N]   # re-measure the export against the baseline
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from workbench.tune.storage import default_storage_url, make_storage, normalize_
 from workbench.tune.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
 from workbench.tune.trial import ignore_interrupts
 from workbench.tune.tuner import Tuner, winner_launch_record
+from workbench.tune.verify import verify_lines
 from workbench.vocab import TUNE_EXIT
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = (TUNE_EXIT[k] for k in ("ok", "error", "usage", "interrupted"))
@@ -46,21 +48,28 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = (TUNE_EXIT[k] for k in ("ok"
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workbench.tune", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("command", nargs="?", choices=("tune", "export", "report"), default="tune",
-                   help="tune (default): run or resume the study; export / report: on an existing study")
+    p.add_argument("command", nargs="?", choices=("tune", "export", "report", "verify"), default="tune",
+                   help="tune: run or resume the study; on an existing study: export writes config.yaml again "
+                   "from its stored result, report rebuilds report.html, verify re-measures the exported config "
+                   "interleaved with the baseline (exit 1 when the speedup does not hold) (default: %(default)s)")
     p.add_argument("--study", help=f"built-in study name or spec file (default {DEFAULT_STUDY}; a worker "
                    "without it reads the spec from the storage)")
-    p.add_argument("--trials", type=int, help="trial budget (overrides the spec)")
-    p.add_argument("--timeout", type=float, help="wall-clock limit of the search in this process, seconds")
+    p.add_argument("--trials", type=int, help="trial budget (default: the spec's budget.trials)")
+    p.add_argument("--timeout", type=float, help="wall-clock limit of the search in this process, seconds (default: the spec's budget.timeout_s)")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/<study>/study.db)")
     p.add_argument("--study-name", help="Optuna study name and runs/ directory (default: the spec's name)")
-    p.add_argument("--gpus", type=int, help="GPUs per trial (overrides the spec)")
+    p.add_argument("--gpus", type=int, help="GPUs per trial (default: the spec's gpus); more than 1 needs that many CUDA GPUs "
+                   "(trials run under torchrun)")
     p.add_argument("--out", default="runs", help="directory of study outputs (default runs/)")
     p.add_argument("--worker", action="store_true", help="only run search trials of an existing or shared study")
     p.add_argument("--no-report", action="store_true", help="do not build report.html")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per trial still)")
+    p.add_argument("--pairs", type=int, help="verify: A/B pairs to run (default: as many as the validation took, "
+                   "at least 3)")
     p.add_argument("--debug", action="store_true", help="on an error, print the traceback after its line")
     args = p.parse_args(argv)
+    if args.pairs is not None and args.pairs < 2:
+        p.error("--pairs must be >= 2")
     if args.trials is not None and args.trials < 1:
         p.error("--trials must be >= 1")
     if args.gpus is not None and args.gpus < 1:
@@ -75,7 +84,12 @@ def _resolve_spec(args: argparse.Namespace) -> StudySpec | None:
         return None  # read from the storage
     spec = load_study_spec(args.study or DEFAULT_STUDY)
     if args.gpus is not None and args.gpus != spec.gpus:
-        spec = replace(spec, gpus=args.gpus)
+        try:
+            spec = replace(spec, gpus=args.gpus)
+        except ConfigError as e:
+            raise ConfigError(f"--gpus {args.gpus}: study {spec.name!r} does not fit {args.gpus} processes per trial "
+                              f"({e}); its global batch must split over them, or use a study made for several "
+                              f"GPUs (gr00t-n1.6-2gpu, gr00t-n1.6-8gpu)") from None
     return spec
 
 
@@ -113,17 +127,19 @@ def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
 def cmd_export(args: argparse.Namespace) -> int:
     spec, name, study_dir, url = _existing(args)
     study = optuna.load_study(study_name=name, storage=make_storage(url))
-    base = list(study.user_attrs.get("baseline_runs", []))
+    tuner = Tuner(spec, study_name=name, out_root=study_dir.parent, storage_url=url, progress=False)
+    result = tuner.stored_result()
     vpath = study_dir / "validation.json"
-    if vpath.exists():
-        validation = json.loads(vpath.read_text())
-    else:
-        print(f"{vpath} missing (the study was not validated): exporting the baseline config; finish the study "
-              f"with `python -m workbench.tune --study {args.study or name}` to validate candidates",
-              file=sys.stderr)
-        validation = {"baseline_runs": base, "candidates": [], "winner": {"trial": None, "significant": False}}
-    path = export_config(spec, study_dir, validation, study_name=name, baseline_runs=base,
-                         launch_record=winner_launch_record(study, validation))
+    if result is None:
+        print(f"{study_dir / 'tune.json'} holds no finished result: exporting from "
+              f"{vpath if vpath.exists() else 'the baseline alone'}; finish the study with "
+              f"`python -m workbench.tune --study {args.study or name}` to validate candidates", file=sys.stderr)
+        validation = json.loads(vpath.read_text()) if vpath.exists() else \
+            {"candidates": [], "winner": {"trial": None, "significant": False}}
+        tuner.study, tuner.budget = study, study.user_attrs.get("budget_trials")
+        tuner.active = list(study.user_attrs.get("active_knobs", []))
+        result = tuner._result(validation, None)
+    path = export_config(spec, study_dir, result, launch_record=winner_launch_record(study, result))
     print(path)
     return EXIT_OK
 
@@ -132,6 +148,14 @@ def cmd_report(args: argparse.Namespace) -> int:
     _spec, name, study_dir, url = _existing(args)
     print(build_report(study_dir, url, name))
     return EXIT_OK
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    spec, name, study_dir, url = _existing(args)
+    tuner = Tuner(spec, study_name=name, out_root=study_dir.parent, storage_url=url, progress=False)
+    record = tuner.verify(pairs=args.pairs)
+    print("\n".join(verify_lines(record)), flush=True)
+    return EXIT_OK if record["holds"] is not False else EXIT_ERROR
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -180,6 +204,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_export(args)
         if args.command == "report":
             return cmd_report(args)
+        if args.command == "verify":
+            return cmd_verify(args)
         return cmd_tune(args)
     except (TuneError, ConfigError) as e:
         print(f"error: {e}", file=sys.stderr)

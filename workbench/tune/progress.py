@@ -16,7 +16,7 @@ class Progress:
         # disable=None: no bar when stderr is not a terminal (logs get one line per trial instead)
         self.bar = tqdm(total=total, desc=desc, unit="trial", dynamic_ncols=True, disable=None if enabled else True,
                         file=sys.stderr, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                        "[{elapsed}]{postfix}")
+                        "[{elapsed}<{remaining}]{postfix}")
         self.best = ""
         self.phase = ""
 

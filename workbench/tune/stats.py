@@ -19,6 +19,7 @@ __all__ = [
     "bootstrap_interval",
     "noise_floor",
     "pair_ratios",
+    "sequential_confidence",
     "speedup_interval",
     "t_ppf",
 ]
@@ -182,6 +183,16 @@ def speedup_interval(ratios: Sequence[float], confidence: float = 0.95) -> Speed
     se = statistics.stdev(logs) / math.sqrt(n)
     half = t_ppf(0.5 + confidence / 2.0, n - 1) * se
     return SpeedupInterval(n, med, math.exp(mean - half), math.exp(mean + half), confidence, "t-log")
+
+
+def sequential_confidence(min_pairs: int, max_pairs: int, overall: float = 0.95) -> tuple[float, int]:
+    """(per-look confidence, looks) of a sequential A/B that looks at its interval after each pair from
+    ``min_pairs`` to ``max_pairs`` and stops at the first that excludes 1.0: Bonferroni over the looks, so the
+    chance that any look excludes 1.0 for a config no faster than the base stays at most ``1 - overall``."""
+    if not 1 <= min_pairs <= max_pairs:
+        raise ValueError(f"need 1 <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
+    looks = max_pairs - min_pairs + 1
+    return 1.0 - (1.0 - overall) / looks, looks
 
 
 def bootstrap_interval(

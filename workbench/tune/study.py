@@ -221,10 +221,10 @@ class Protocol:
     top_k: int = 2
     """Best distinct feasible trials re-measured against the baseline."""
     ab_rounds: int = 3
-    """Interleaved baseline/candidate pairs per candidate."""
+    """Most interleaved baseline/candidate pairs per candidate (the sequential A/B's cap)."""
     ab_min_rounds: int | None = None
-    """Pairs after which a candidate's validation stops as soon as its interval excludes 1.0 (sequential A/B;
-    ab_rounds is then the cap); null = always ab_rounds pairs."""
+    """Pairs before the first look: from then on a candidate's A/B stops at the first pair after which its
+    interval excludes 1.0 (the interval's confidence corrected for the looks); null = ab_rounds, one look."""
     trial_timeout_s: float = 600.0
     """Wall-clock limit of one trial process."""
     heartbeat_timeout_s: float = 120.0

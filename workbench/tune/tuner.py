@@ -25,6 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError
 from workbench.errors import TuneError
+from workbench.train.fingerprint import source_commit
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.export import export_config, write_json
 from workbench.tune.knobs import (DroppedKnob, detect_capabilities, drop_unsupported, format_dropped, get_knob,
@@ -32,14 +33,15 @@ from workbench.tune.knobs import (DroppedKnob, detect_capabilities, drop_unsuppo
 from workbench.tune.lease import CoordinatorLease
 from workbench.tune.measure import Measurement
 from workbench.tune.progress import Progress
+from workbench.tune.result import build_result, data_source, describe_data, result_headline, result_lines
 from workbench.tune.samplers import make_sampler
-from workbench.tune.stats import noise_floor
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
                                     normalize_storage_url, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
 from workbench.tune.trial import (Launcher, TrialOutcome, interrupts_held, launch_command, not_launched_outcome,
                                   read_log_tail, run_trial)
 from workbench.tune.validation import Validation, _feasible, _now
+from workbench.tune.verify import Verification
 
 __all__ = ["Tuner", "sessions_wall_s", "winner_launch_record"]
 
@@ -76,7 +78,7 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-class Tuner(CoordinatorLease, Measurement, Validation):
+class Tuner(CoordinatorLease, Measurement, Validation, Verification):
     """One tuner process (coordinator or worker) on one study; see the module docstring."""
 
     def __init__(
@@ -286,7 +288,7 @@ class Tuner(CoordinatorLease, Measurement, Validation):
         best = max(ok, key=lambda t: t.values[0])
         base = self.baseline_runs()
         sp = f" ({best.values[0] / statistics.median(base):.2f}x)" if base else ""
-        return f"best #{best.number} {best.values[0]:,.0f} tok/s{sp}"
+        return f"search best #{best.number} {best.values[0]:,.0f} tok/s{sp}, one run, not yet validated"
 
     def _recover_stale(self) -> None:
         """Fail RUNNING trials whose tuner is gone: dead pid on this host now, elsewhere by heartbeat."""
@@ -484,10 +486,12 @@ class Tuner(CoordinatorLease, Measurement, Validation):
     def _trial_line(self, trial: optuna.Trial, out: TrialOutcome) -> str:
         base = self.baseline_runs()
         params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        elapsed = time.monotonic() - self._t0
+        tail = f" | {elapsed // 60:.0f}m{elapsed % 60:02.0f}s" + (f" | {b}" if (b := self._best_text()) else "")
         if out.status == "ok" and out.value is not None:
-            sp = f" ({out.value / statistics.median(base):.2f}x)" if base else ""
-            return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]"
-        return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]"
+            sp = f", {out.value / statistics.median(base):.2f}x the baseline median (one search run)" if base else ""
+            return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]{tail}"
+        return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]{tail}"
 
     def search(self) -> None:
         """Run trials until the budget (exact across processes) or the wall-clock limit is reached."""
@@ -553,19 +557,32 @@ class Tuner(CoordinatorLease, Measurement, Validation):
         return [{"started": prev["started"], "finished": prev.get("finished")}] \
             if isinstance(prev.get("started"), str) else []
 
-    def _write_tune_json(self, started: str, finished: str | None) -> None:
-        assert self.spec is not None and self.study is not None
+    def _session(self, started: str, finished: str | None) -> None:
         if self._sessions is None:
             self._sessions = self._earlier_sessions()
             self._sessions.append({"started": started, "finished": None})
         self._sessions[-1] = {"started": started, "finished": finished}
+
+    def _write_tune_json(self, started: str, finished: str | None, result: Mapping[str, Any] | None = None) -> None:
+        """tune.json: the study's facts, its coordinator sessions and, once finished, its ``result``."""
+        assert self.spec is not None and self.study is not None
+        self._session(started, finished)
         write_json(self.study_dir / "tune.json", {
             "study_name": self.study_name, "storage_url": self.storage_url, "spec": self.spec.to_dict(),
             "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
             "budget_trials": self.budget, "noise_floor": self.study.user_attrs.get("noise_floor"),
             "started": self._sessions[0]["started"], "finished": finished,
-            "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions),
+            "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions), "result": result,
         })
+
+    def _result(self, validation: Mapping[str, Any], wall_s: float | None) -> dict[str, Any]:
+        """The study's one result (workbench.tune.result) from its validation and the study's facts."""
+        assert self.spec is not None
+        budget = {"trials": self.budget, "trials_run": self._finished_count(), "timeout_s": self.timeout_s,
+                  "wall_s": wall_s}
+        return build_result(validation, study=self.study_name, base_values=self.spec.base_knob_values(),
+                            baseline_repeats=self.baseline_runs(), searched=self.active, budget=budget,
+                            data=data_source(self.spec.base_config()), commit=source_commit())
 
     def run(self) -> dict[str, Any] | None:
         """Coordinator: baseline, search, validation, export, report. Worker: search only.
@@ -580,13 +597,15 @@ class Tuner(CoordinatorLease, Measurement, Validation):
         if self.study is None:
             self.open()
         assert self.spec is not None
+        if not self.worker and self._finished() is not None:
+            return None
         if self.dropped:
             print(format_dropped(_as_dropped(self.dropped)), file=sys.stderr, flush=True)
         role = "worker" if self.worker else "coordinator"
         print(f"study {self.study_name} ({role}): searching {', '.join(self.active)}; budget "
               f"{self.budget if self.budget is not None else 'unlimited'} trials"
-              + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_url}",
-              file=sys.stderr, flush=True)
+              + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_url}\n"
+              f"data: {describe_data(data_source(self.spec.base_config()))}", file=sys.stderr, flush=True)
         self.progress = Progress(self.budget, self.study_name, self.progress_enabled)
         try:
             if not self.worker:
@@ -598,23 +617,43 @@ class Tuner(CoordinatorLease, Measurement, Validation):
             if self.worker:
                 self.progress.set(phase="done")
                 return None
-            self.progress.set(phase="validating")
+            self.progress.set(phase="validating", best="")
             validation = self.validate()
             self.progress.set(phase="exporting")
-            path = export_config(self.spec, self.study_dir, validation, study_name=self.study_name,
-                                 baseline_runs=self.baseline_runs(),
-                                 launch_record=winner_launch_record(self.study, validation))
-            self._write_tune_json(started, _now())
+            finished = _now()
+            self._session(started, finished)
+            result = self._result(validation, sessions_wall_s(self._sessions or []))
+            path = export_config(self.spec, self.study_dir, result,
+                                 launch_record=winner_launch_record(self.study, result))
+            self._write_tune_json(started, finished, result)
             if self.report is not None:
                 self.progress.set(phase="report")
                 self._build_report()
-            self.progress.set(phase="done")
+            self.progress.set(phase="done", best=result_headline(result))
         finally:
             self.progress.close()
             with interrupts_held():
                 self._release_lease()  # the same command may resume at once
-        self._print_result(validation, path)
+        self._print_result(result, path)
         return validation
+
+    def _finished(self) -> dict[str, Any] | None:
+        """A study whose result is stored and whose budget is spent is not run again: say so, how to re-measure
+        its export and how to extend it, and give the lease back. None when there is work to do."""
+        result = self.stored_result()
+        spent = (self.budget is not None and self._finished_count() >= self.budget) or \
+            (self.budget is None and self.timeout_override is None)
+        if result is None or not spent:
+            return None
+        with interrupts_held():
+            self._release_lease()
+        print("\n".join([f"study {self.study_name} is finished ({self._finished_count()} trials):",
+                         *result_lines(result), f"config: {self.study_dir / 'config.yaml'}",
+                         f"re-measure the exported config: python -m workbench.tune verify --study-name "
+                         f"{self.study_name} --out {self.study_dir.parent}",
+                         f"extend the search: the same command with --trials N (N > {self._finished_count()})"]),
+              flush=True)
+        return result
 
     def _build_report(self) -> Path | None:
         """report.html through the injected builder. The study's results are already stored and exported, so a
@@ -628,27 +667,8 @@ class Tuner(CoordinatorLease, Measurement, Validation):
                   f"{self.study_dir.parent}`", file=sys.stderr, flush=True)
             return None
 
-    def _print_result(self, validation: Mapping[str, Any], path: Path) -> None:
-        base = self.baseline_runs()
-        nf = noise_floor(base) if base else None
-        w = validation["winner"]
-        lines = []
-        if nf:
-            lines.append(f"baseline: median {nf.median:,.0f} tok/s/gpu, noise spread {nf.rel_spread:.1%} (cv {nf.cv:.1%})")
-        if w["trial"] is not None:
-            cand = next(c for c in validation["candidates"] if c["trial"] == w["trial"])
-            lines.append(f"winner: trial #{w['trial']} {cand['params']}: speedup {w['speedup_median']:.3f}x, "
-                         f"95% interval [{w['ci_low']:.3f}, {w['ci_high']:.3f}]")
-        else:
-            best = max((c for c in validation["candidates"] if c.get("speedup_median")),
-                       key=lambda c: c["speedup_median"], default=None)
-            extra = ""
-            if best is not None:
-                lo, hi = best["ci_low"], best["ci_high"]
-                ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
-                extra = f" (best candidate #{best['trial']}: {best['speedup_median']:.3f}x, 95% interval {ci})"
-            lines.append(f"no significant gain{extra}: exported the baseline config")
-        lines.append(f"config: {path}")
+    def _print_result(self, result: Mapping[str, Any], path: Path) -> None:
+        lines = [*result_lines(result), f"config: {path}"]
         if self.report is not None and (self.study_dir / "report.html").exists():
             lines.append(f"report: {self.study_dir / 'report.html'}")
         print("\n".join(lines), flush=True)
@@ -665,13 +685,13 @@ def _spec_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
             != json.dumps(new.get(k), sort_keys=True, default=str)]
 
 
-def winner_launch_record(study: optuna.Study, validation: Mapping[str, Any]) -> list[dict[str, Any]] | None:
-    """The Triton launch record of the validated winner's search trial (its summary's ``kernels/launch``)."""
-    winner = (validation or {}).get("winner") or {}
-    if winner.get("trial") is None or not winner.get("significant"):
+def winner_launch_record(study: optuna.Study, result: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The Triton launch record of the exported winner's search trial (its summary's ``kernels/launch``)."""
+    trial = ((result or {}).get("exported") or {}).get("trial")
+    if trial is None:
         return None
     try:
-        trial = study.trials[int(winner["trial"])]
+        frozen = study.trials[int(trial)]
     except (IndexError, ValueError, TypeError):
         return None
-    return ((trial.user_attrs.get("summary") or {}).get("kernels/launch")) or None
+    return ((frozen.user_attrs.get("summary") or {}).get("kernels/launch")) or None

@@ -1,7 +1,8 @@
 """A/B validation of the best search trials against the baseline: the ``top_k`` best distinct feasible trials,
-re-measured interleaved with the base config (A/B/A/B), each pair's ratio, and the winner whose 95% interval lies
-above 1.0 (``runs/<study>/validation.json``). With ``protocol.ab_min_rounds`` a candidate stops once its interval
-excludes 1.0."""
+re-measured interleaved with the base config (A/B/A/B), each pair's ratio, and the winner whose interval lies
+above 1.0 (``runs/<study>/validation.json``). The A/B is sequential: from ``protocol.ab_min_rounds`` pairs on, a
+candidate stops once its interval excludes 1.0, at most ``ab_rounds`` pairs; the interval's confidence is
+Bonferroni-corrected over those looks, so the study's chance of a false winner stays at most 5%."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import datetime
 import json
 import math
 import statistics
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError, config_hash
 from workbench.tune.export import write_json
-from workbench.tune.stats import noise_floor, pair_ratios, speedup_interval
+from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
 
-__all__ = ["Validation"]
+__all__ = ["Validation", "interval_fields"]
 
 
 def _now() -> str:
@@ -74,48 +77,25 @@ class Validation:
             out.append(t)
         return out, skipped
 
-    def validate(self) -> dict[str, Any]:
-        """Interleaved A/B re-measurement of the candidates; writes and returns validation.json.
-
-        validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence,
-        candidates: [{trial, params, search_value, runs, baseline_runs, ratios, run_dirs,
-        baseline_dirs, failures, numerics, speedup_median, ci_low, ci_high, significant}], skipped,
-        winner: {trial or null, significant, speedup_median, ci_low, ci_high}, complete, finished}.
-        Runs: ``validation/baseline-<trial>-<round>/`` then ``validation/trial-<trial>-<round>/``
-        for each round, candidates interleaved within the round.
-        """
-        spec, study = self.spec, self.study
-        assert spec is not None and study is not None
-        cands, skipped = self.candidates()
-        path = self.study_dir / "validation.json"
-        rounds = spec.protocol.ab_rounds
-        with contextlib.suppress(OSError, json.JSONDecodeError):
-            old = json.loads(path.read_text())
-            if (old.get("complete") and [c["trial"] for c in old.get("candidates", [])] == [t.number for t in cands]
-                    and old.get("ab_rounds") == rounds and old.get("storage_url") == self.storage_url):
-                self._log("validation: reusing validation.json (same candidates)")
-                return old
-        base_cfg = spec.measured_base_config()
-        results = {t.number: {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], "runs": [],
-                              "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
-                              "numerics": t.user_attrs.get("numerics")}
-                   for t in cands}
-        vdir = self.study_dir / "validation"
-        if cands:
-            self._log(f"validating {len(cands)} candidate(s) against the baseline, {rounds} A/B pairs each: "
-                      + ", ".join(f"#{t.number}" for t in cands))
-        settled: set[int] = set()  # sequential A/B: candidates whose interval already excludes 1.0
-        min_rounds = spec.protocol.ab_min_rounds
-        for r in range(rounds):
-            for t in cands:
-                res = results[t.number]
-                if t.number in settled:
+    def ab_pairs(self, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *, max_pairs: int,
+                 min_pairs: int, confidence: float, what: str) -> dict[int, dict[str, Any]]:
+        """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
+        baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
+        ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
+        1.0; the rest stop at ``max_pairs``. Returns per arm: runs, baseline_runs, run_dirs, baseline_dirs,
+        failures and ``stopped`` ("interval excludes 1.0" or "cap")."""
+        results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
+                       "stopped": "cap"} for k in arms}
+        settled: set[int] = set()
+        for r in range(max_pairs):
+            for k, cfg in arms.items():
+                res = results[k]
+                if k in settled:
                     continue
                 self._check_lease()
-                prefix = f"validating #{t.number} round {r + 1}/{rounds}"
-                a = self._measure(base_cfg, vdir / f"baseline-{t.number}-{r}",
-                                  prefix + " (baseline)")
-                b = self._measure(spec.trial_config(t.params), vdir / f"trial-{t.number}-{r}", prefix)
+                prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
+                a = self._measure(base_cfg, vdir / f"baseline-{k}-{r}", prefix + ", baseline")
+                b = self._measure(cfg, vdir / f"trial-{k}-{r}", prefix + ", candidate")
                 if a.status == "ok" and b.status == "ok" and a.value and b.value:
                     res["runs"].append(b.value)
                     res["baseline_runs"].append(a.value)
@@ -124,27 +104,54 @@ class Validation:
                 else:
                     res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
                                             "reason": a.failure_reason or b.failure_reason})
-                if min_rounds is not None and len(res["runs"]) >= min_rounds:
-                    iv = speedup_interval(pair_ratios(res["runs"], res["baseline_runs"]))
-                    if iv.low > 1.0 or iv.high < 1.0:
-                        settled.add(t.number)
-                        self._log(f"candidate #{t.number}: interval [{iv.low:.3f}, {iv.high:.3f}] excludes 1.0 "
-                                  f"after {len(res['runs'])} pairs; its validation stops")
+                if len(res["runs"]) >= max(2, min_pairs):
+                    iv = speedup_interval(pair_ratios(res["runs"], res["baseline_runs"]), confidence)
+                    if (iv.low > 1.0 or iv.high < 1.0) and len(res["runs"]) < max_pairs:
+                        settled.add(k)
+                        res["stopped"] = "interval excludes 1.0"
+                        self._log(f"{what} #{k}: interval [{iv.low:.3f}, {iv.high:.3f}] excludes 1.0 after "
+                                  f"{len(res['runs'])} pairs; its A/B stops")
+        return results
+
+    def validate(self) -> dict[str, Any]:
+        """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
+
+        validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
+        overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
+        search_value, runs, baseline_runs, ratios, run_dirs, baseline_dirs, failures, stopped, numerics,
+        speedup_median, ci_low, ci_high, significant}], skipped, winner: {trial or null, significant,
+        speedup_median, ci_low, ci_high}, complete, finished}.
+        """
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        cands, skipped = self.candidates()
+        path = self.study_dir / "validation.json"
+        rounds = spec.protocol.ab_rounds
+        min_rounds = spec.protocol.ab_min_rounds or rounds
+        confidence, looks = sequential_confidence(min_rounds, rounds)
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            old = json.loads(path.read_text())
+            if (old.get("complete") and [c["trial"] for c in old.get("candidates", [])] == [t.number for t in cands]
+                    and old.get("ab_rounds") == rounds and old.get("ab_min_rounds") == min_rounds
+                    and old.get("storage_url") == self.storage_url):
+                self._log("validation: reusing validation.json (same candidates)")
+                return old
+        if cands:
+            self._log(f"validating {len(cands)} candidate(s) against the baseline, {min_rounds} to {rounds} A/B "
+                      f"pairs each: " + ", ".join(f"#{t.number}" for t in cands))
+        pairs = self.ab_pairs(spec.measured_base_config(), {t.number: spec.trial_config(t.params) for t in cands},
+                              self.study_dir / "validation", max_pairs=rounds, min_pairs=min_rounds,
+                              confidence=confidence, what="validating")
         candidates = []
         for t in cands:
-            res = results[t.number]
-            if res["runs"]:
-                ratios = pair_ratios(res["runs"], res["baseline_runs"])
-                iv = speedup_interval(ratios)
-                res.update(ratios=ratios, speedup_median=iv.median, ci_low=_finite_or_none(iv.low),
-                           ci_high=_finite_or_none(iv.high), significant=iv.significant)
-            else:
-                res.update(ratios=[], speedup_median=None, ci_low=None, ci_high=None, significant=False)
+            res = {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], **pairs[t.number],
+                   "numerics": t.user_attrs.get("numerics")}
+            res.update(interval_fields(res["runs"], res["baseline_runs"], confidence))
             candidates.append(res)
             ci = (f"[{res['ci_low']:.3f}, {res['ci_high']:.3f}]" if res["ci_low"] is not None
                   and res["ci_high"] is not None else "[n/a]")
             sp = f"{res['speedup_median']:.3f}x" if res["speedup_median"] is not None else "n/a"
-            self._log(f"candidate #{t.number}: speedup {sp}, 95% interval {ci} over {len(res['ratios'])} pairs"
+            self._log(f"candidate #{t.number}: speedup {sp}, interval {ci} over {len(res['ratios'])} pairs"
                       + (" (significant)" if res["significant"] else " (not significant)"))
         sig = [c for c in candidates if c["significant"]]
         if sig:
@@ -157,10 +164,19 @@ class Validation:
         data = {
             "study_name": self.study_name, "storage_url": self.storage_url, "baseline_runs": base,
             "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
-            "confidence": 0.95, "ab_rounds": rounds, "candidates": candidates, "skipped": skipped,
+            "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
+            "ab_min_rounds": min_rounds, "candidates": candidates, "skipped": skipped,
             "winner": winner, "complete": True, "finished": _now(),
         }
         write_json(path, data)
         return data
 
-    # ------------------------------------------------------------------ the whole run
+
+def interval_fields(runs: list[float], baseline_runs: list[float], confidence: float) -> dict[str, Any]:
+    """ratios, speedup_median, ci_low, ci_high and significant of paired runs (None and False without a pair)."""
+    if not runs:
+        return {"ratios": [], "speedup_median": None, "ci_low": None, "ci_high": None, "significant": False}
+    ratios = pair_ratios(runs, baseline_runs)
+    iv = speedup_interval(ratios, confidence)
+    return {"ratios": ratios, "speedup_median": iv.median, "ci_low": _finite_or_none(iv.low),
+            "ci_high": _finite_or_none(iv.high), "significant": iv.significant}

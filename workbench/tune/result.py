@@ -1,0 +1,216 @@
+"""The study's one result: the validated winner (or why there is none), what it was measured against, how sure.
+
+``build_result`` makes it from validation.json and the study's facts; the tuner writes it once, to tune.json's
+``result``. The terminal summary (``result_lines``), the progress bar's last line and the report's headline
+(``result_headline``) and the exported config's provenance (``provenance_fields``) are all read from it, so each
+figure about the winner is one number everywhere. Figures from the search (one run of a trial) are named
+``search_*``; every other throughput is a median of the A/B validation's interleaved runs.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from loaders.format import MANIFEST_NAME
+from workbench.config import Config
+from workbench.tune.stats import noise_floor
+
+__all__ = ["VERDICTS", "build_result", "data_source", "describe_data", "provenance_fields", "result_headline",
+           "result_lines"]
+
+VERDICTS = ("winner", "no_significant_gain", "no_candidate")
+"""``winner``: a candidate's interval lies above 1.0 and it is exported; ``no_significant_gain``: candidates were
+validated, none significantly faster, the base config is exported; ``no_candidate``: nothing to validate."""
+
+
+def _median(xs: Sequence[float] | None) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _changed(params: Mapping[str, Any], base_values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """Knobs whose value differs from the base config's: {knob: {"base": b, "value": v}}."""
+    return {k: {"base": base_values.get(k), "value": v} for k, v in params.items() if base_values.get(k) != v}
+
+
+def _candidate(c: Mapping[str, Any], base_values: Mapping[str, Any], validation: Mapping[str, Any]) -> dict[str, Any]:
+    pairs = len(c.get("ratios") or [])
+    cap = validation.get("ab_rounds")
+    lo, hi = c.get("ci_low"), c.get("ci_high")
+    if c.get("stopped"):
+        stopped = c["stopped"]
+    elif pairs and cap is not None and pairs >= cap:
+        stopped = "cap"
+    else:
+        stopped = "failed runs" if c.get("failures") else "cap"
+    out = {
+        "trial": c["trial"], "params": dict(c.get("params") or {}),
+        "changed": _changed(c.get("params") or {}, base_values),
+        "search_tokens_per_s": c.get("search_value"),
+        "tokens_per_s": _median(c.get("runs")), "baseline_tokens_per_s": _median(c.get("baseline_runs")),
+        "speedup": c.get("speedup_median"), "ci_low": lo, "ci_high": hi, "pairs": pairs,
+        "significant": bool(c.get("significant")), "stopped": stopped, "numerics": c.get("numerics"),
+        "failures": len(c.get("failures") or []),
+    }
+    if not out["significant"]:
+        if not pairs:
+            out["why_lost"] = "no A/B pair completed"
+        elif pairs < 2:
+            out["why_lost"] = "one A/B pair gives no interval"
+        elif hi is not None and hi < 1.0:
+            out["why_lost"] = f"slower than the base: its interval [{lo:.3f}, {hi:.3f}] lies below 1.0"
+        else:
+            ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
+            out["why_lost"] = f"its interval {ci} includes 1.0 after {pairs} pairs"
+    return out
+
+
+def build_result(
+    validation: Mapping[str, Any],
+    *,
+    study: str,
+    base_values: Mapping[str, Any],
+    baseline_repeats: Sequence[float],
+    searched: Sequence[str],
+    budget: Mapping[str, Any],
+    data: Mapping[str, Any],
+    commit: str | None,
+) -> dict[str, Any]:
+    """The result of a study from its validation.json and its facts.
+
+    ``base_values``: each knob's value in the base config (``StudySpec.base_knob_values``); ``baseline_repeats``:
+    the throughputs of the baseline runs before the search (the noise floor); ``budget``: trials, trials_run,
+    timeout_s, wall_s; ``data``: where the training data came from (``data_source``); ``commit``: the
+    workbench's source revision.
+    """
+    cands = [_candidate(c, base_values, validation) for c in validation.get("candidates") or []]
+    w = (validation.get("winner") or {}).get("trial")
+    winner = next((c for c in cands if c["trial"] == w and c["significant"]), None)
+    measured = [c for c in cands if c["speedup"] is not None]
+    best = winner or max(measured, key=lambda c: c["speedup"], default=None)
+    nf = noise_floor(baseline_repeats).to_dict() if baseline_repeats else None
+    if winner is not None:
+        verdict = "winner"
+    else:
+        verdict = "no_significant_gain" if cands else "no_candidate"
+    # the baseline's one figure: the runs the reported speedup was measured against, else the repeats
+    baseline = {"tokens_per_s": best["baseline_tokens_per_s"], "runs": best["pairs"],
+                "source": "the A/B pairs of the best candidate"} if best else \
+        {"tokens_per_s": (nf or {}).get("median"), "runs": (nf or {}).get("n", 0), "source": "the baseline repeats"}
+    return {
+        "study": study,
+        "verdict": verdict,
+        "exported": {"trial": winner["trial"] if winner else None, "params": dict(winner["params"]) if winner else {},
+                     "changed": dict(winner["changed"]) if winner else {},
+                     "tokens_per_s": winner["tokens_per_s"] if winner else baseline["tokens_per_s"]},
+        "best": best,
+        "candidates": cands,
+        "skipped": list(validation.get("skipped") or []),
+        "baseline": baseline,
+        "noise": nf,
+        "protocol": {"method": validation.get("method"), "confidence": validation.get("confidence"),
+                     "overall_confidence": validation.get("overall_confidence", validation.get("confidence")),
+                     "looks": validation.get("looks", 1), "min_pairs": validation.get("ab_min_rounds"),
+                     "max_pairs": validation.get("ab_rounds")},
+        "searched": list(searched),
+        "budget": dict(budget),
+        "data": dict(data),
+        "commit": commit,
+    }
+
+
+def _speed(c: Mapping[str, Any]) -> str:
+    lo, hi = c.get("ci_low"), c.get("ci_high")
+    ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
+    sp = f"{c['speedup']:.3f}x" if c.get("speedup") is not None else "n/a"
+    return f"{sp} {ci} over {c.get('pairs', 0)} A/B pairs"
+
+
+def _knobs(changed: Mapping[str, Mapping[str, Any]]) -> str:
+    return ", ".join(f"{k} {v['base']} -> {v['value']}" for k, v in changed.items()) or "no knob changed"
+
+
+def result_headline(result: Mapping[str, Any]) -> str:
+    """One line: the verdict, the winner's speedup with its interval, or the best candidate and why it lost."""
+    best = result.get("best")
+    if result["verdict"] == "winner":
+        return f"winner: trial #{best['trial']} at {_speed(best)} ({_knobs(best['changed'])})"
+    if best is not None:
+        return (f"no significant gain: the base config is exported; best candidate trial #{best['trial']} at "
+                f"{_speed(best)}: {best.get('why_lost', 'not significant')}")
+    return "no candidate beat the baseline in the search: the base config is exported"
+
+
+def _tps(x: float | None) -> str:
+    return f"{x:,.0f}" if isinstance(x, (int, float)) else "n/a"
+
+
+def result_lines(result: Mapping[str, Any]) -> list[str]:
+    """The terminal summary of a finished study."""
+    lines = [result_headline(result)]
+    best, base, nf = result.get("best"), result["baseline"], result.get("noise")
+    if best is not None:
+        lines.append(f"  validated: {_tps(best['tokens_per_s'])} vs baseline {_tps(base['tokens_per_s'])} real "
+                     f"tok/s/gpu (medians of the interleaved runs); search run {_tps(best['search_tokens_per_s'])}")
+    if nf:
+        lines.append(f"  noise floor: {nf['n']} baseline repeats, median {_tps(nf['median'])} tok/s/gpu, spread "
+                     f"{nf['rel_spread']:.1%} (cv {nf['cv']:.1%})")
+    b = result["budget"]
+    lines.append(f"  searched {', '.join(result['searched']) or 'nothing'}; {b.get('trials_run', 0)} of "
+                 f"{b.get('trials') if b.get('trials') is not None else 'unlimited'} trials; data: "
+                 f"{describe_data(result['data'])}")
+    return lines
+
+
+def data_source(cfg: Config) -> dict[str, Any]:
+    """Where a config's training data comes from: ``{"source": "synthetic"}`` without ``data.loongbin_dir``, else
+    the shard directory with the tokenizer and token count its manifest records (None where it records none)."""
+    if not cfg.data.loongbin_dir:
+        return {"source": "synthetic"}
+    path = Path(cfg.data.loongbin_dir).resolve()
+    try:
+        manifest = json.loads((path / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        manifest = {}
+    return {"source": "shards", "path": str(path), "tokenizer": manifest.get("tokenizer"),
+            "real_tokens": manifest.get("real_tokens")}
+
+
+def describe_data(data: Mapping[str, Any]) -> str:
+    """'synthetic corpus (...)' or the shard directory with its tokenizer."""
+    if data.get("source") == "synthetic":
+        return "synthetic corpus (no data.loongbin_dir set)"
+    tok = data.get("tokenizer")
+    return f"shards {data.get('path')}" + (f" (tokenizer {tok})" if tok else " (tokenizer not recorded)")
+
+
+def provenance_fields(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The exported config's provenance, from the result: the exported trial's validated figures, the verdict,
+    the best candidate when the base config is exported, and what the study searched, with what, on what."""
+    best = result.get("best")
+    won = result["verdict"] == "winner"
+    exported = result["exported"]
+    fields: dict[str, Any] = {
+        "study": result["study"],
+        "trial": exported["trial"],
+        "tokens_per_s_per_gpu": exported["tokens_per_s"],
+        "baseline_tokens_per_s_per_gpu": result["baseline"]["tokens_per_s"],
+        "speedup": best["speedup"] if won else 1.0,
+        "speedup_ci": [best["ci_low"], best["ci_high"]] if won else None,
+        "ab_pairs": best["pairs"] if won else None,
+        "significant": won,
+        "verdict": result["verdict"],
+        "numerics": best.get("numerics") if won else None,
+        "searched_knobs": list(result["searched"]),
+        "changed_knobs": dict(exported["changed"]),
+        "budget": dict(result["budget"]),
+        "commit": result.get("commit"),
+        "data": dict(result["data"]),
+    }
+    if not won and best is not None:
+        fields["best_candidate"] = {k: best[k] for k in ("trial", "params", "speedup", "ci_low", "ci_high", "pairs",
+                                                          "why_lost")}
+    return fields

@@ -1,0 +1,99 @@
+"""Re-measure a finished study's exported config against its baseline (``python -m workbench.tune verify``).
+
+The exported config and the base config run interleaved, a fixed number of A/B pairs (no early stop, so the
+estimate is not biased by stopping on a lucky pair), into ``runs/<study>/verify/<time>/``. The speedup holds
+when the new median lies inside the interval the validation reported. Each verification is appended to
+``runs/<study>/verify.json``; tune.json's result is not changed by it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from workbench.errors import TuneError
+from workbench.train.fingerprint import source_commit
+from workbench.tune.export import write_json
+from workbench.tune.validation import interval_fields
+
+__all__ = ["Verification", "finished_result"]
+
+
+def finished_result(tune_json: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The stored result of a finished study (tune.json's ``result`` once its last session ended), else None."""
+    if not isinstance(tune_json, Mapping) or not tune_json.get("finished"):
+        return None
+    result = tune_json.get("result")
+    return dict(result) if isinstance(result, Mapping) and "verdict" in result else None
+
+
+class Verification:
+    """The Tuner's verify method (the Tuner provides the study, spec, measurement, lease and logging)."""
+
+    def stored_result(self) -> dict[str, Any] | None:
+        try:
+            return finished_result(json.loads((self.study_dir / "tune.json").read_text()))
+        except (OSError, ValueError):
+            return None
+
+    def verify(self, pairs: int | None = None) -> dict[str, Any]:
+        """Re-measure the exported config against the baseline; returns the record appended to verify.json
+        (``holds`` None when the base config was exported: there is nothing to re-measure)."""
+        result = self.stored_result()
+        if result is None:
+            raise TuneError(f"study {self.study_name!r} has no finished result in {self.study_dir / 'tune.json'}; "
+                            f"finish it first with `python -m workbench.tune --study {self.study_name}`")
+        best = result.get("best") or {}
+        if result["verdict"] != "winner":
+            return {"holds": None, "verdict": result["verdict"],
+                    "message": "the base config was exported: nothing to verify against it"}
+        n = pairs if pairs is not None else max(3, int(best.get("pairs") or 0))
+        if n < 2:
+            raise TuneError(f"--pairs {n}: a speedup interval needs at least 2 A/B pairs")
+        if self.study is None:
+            self.open()  # takes the coordinator lease: no other coordinator measures while this runs
+        spec = self.spec
+        assert spec is not None
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        trial = int(result["exported"]["trial"])
+        try:
+            self._log(f"verifying trial #{trial} ({', '.join(result['exported']['changed']) or 'no knob changed'}) "
+                      f"against the baseline: {n} interleaved A/B pairs")
+            res = self.ab_pairs(spec.measured_base_config(), {trial: spec.trial_config(result["exported"]["params"])},
+                                self.study_dir / "verify" / stamp, max_pairs=n, min_pairs=n, confidence=0.95,
+                                what="verifying")[trial]
+        finally:
+            self._release_lease()
+        fields = interval_fields(res["runs"], res["baseline_runs"], 0.95)
+        lo, hi = best.get("ci_low"), best.get("ci_high")
+        median = fields["speedup_median"]
+        holds = median is not None and lo is not None and hi is not None and lo <= median <= hi
+        record = {
+            "time": stamp, "trial": trial, "pairs": len(fields["ratios"]), "failures": res["failures"],
+            **fields, "holds": holds, "commit": source_commit(),
+            "validated": {k: best.get(k) for k in ("speedup", "ci_low", "ci_high", "pairs")},
+            "runs": res["runs"], "baseline_runs": res["baseline_runs"],
+        }
+        path = self.study_dir / "verify.json"
+        try:
+            history = json.loads(path.read_text())
+        except (OSError, ValueError):
+            history = []
+        write_json(path, [*(history if isinstance(history, list) else []), record])
+        return record
+
+
+def verify_lines(record: Mapping[str, Any]) -> list[str]:
+    """The terminal lines of one verification."""
+    if record.get("holds") is None:
+        return [f"nothing to verify: {record['message']}"]
+    v = record["validated"]
+    got = "n/a" if record["speedup_median"] is None else f"{record['speedup_median']:.3f}x"
+    ci = ("[n/a]" if record["ci_low"] is None or record["ci_high"] is None
+          else f"[{record['ci_low']:.3f}, {record['ci_high']:.3f}]")
+    verdict = "holds" if record["holds"] else "does NOT hold"
+    return [f"verify trial #{record['trial']}: {got} {ci} over {record['pairs']} new A/B pairs; validated "
+            f"{v['speedup']:.3f}x [{v['ci_low']:.3f}, {v['ci_high']:.3f}] over {v['pairs']} pairs: the speedup "
+            f"{verdict} (the new median {'is' if record['holds'] else 'is not'} inside the validated interval)"]
