@@ -82,6 +82,7 @@ import numpy as np
 import torch
 
 from ._plans import PACKINGS, EpochPlan, FillPlan, plan_buckets, record_frames
+from ._settings import config_arguments, config_error, config_shards
 from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _batch_bytes, _fill_row, _fill_span,
                        bytes_per_sample, default_block_bytes)
 from .format import Frame, ShardSet
@@ -209,6 +210,31 @@ class BatchPipeline:
         self._dec_s = 0.0
         self._dec_bytes = 0
         self._dec_tokens = 0
+
+    @classmethod
+    def from_config(cls, data: Any, io: Any, memory: Any, *, seed: int, device: str | torch.device,
+                    shards: ShardSet | str | os.PathLike | None = None, **overrides: Any) -> "BatchPipeline":
+        """A pipeline whose settings are read from the workbench config's sections, by their own field names.
+
+        The sections are read duck-typed (loaders does not import workbench): ``data`` (``data``):
+        ``micro_batch_size``, ``num_workers``, ``prefetch_batches``, ``shuffle_window_frames``, ``bucket_width``,
+        ``packing``, ``seq_len``, and ``loongbin_dir`` when ``shards`` is None; ``io``
+        (``loongforge.io_domain``): ``io_backend``, ``io_uring_entries`` (the ring depth), ``read_threads``;
+        ``memory`` (``loongforge.memory_domain``): ``num_staging_blocks``, ``pinned_block_kb``. ``overrides`` are
+        further arguments of the constructor, or replace a value of the config. A bad value is a ``ValueError``
+        naming the config key it came from (``data.micro_batch_size=...``).
+        """
+        kwargs, keys = config_arguments(data, io, memory)
+        for name in overrides:
+            keys.pop(name, None)
+        try:
+            return cls(config_shards(data) if shards is None else shards, seed=seed, device=device,
+                       **{**kwargs, **overrides})
+        except ValueError as e:
+            renamed = config_error(e, keys)
+            if renamed is None:
+                raise
+            raise renamed from e
 
     def _setup(self, micro_batch: int, seed: int, num_workers: int, prefetch_batches: int,
                shuffle_window_frames: int, num_staging_blocks: int, pinned_block_kb: int | None,
