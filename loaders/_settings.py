@@ -1,13 +1,20 @@
-"""Where ``BatchPipeline``'s settings come from in the workbench config, and errors that name the config's keys.
+"""``BatchPipeline``'s settings: the bounds of its arguments, where each comes from in the workbench config, and
+errors that name the config's keys.
 
 loaders sits below workbench (import-linter's layers), so the config sections are read duck-typed, by their
-attribute names; the table below is the one place those names live. See docs/loaders.md ("From a config").
+attribute names; ``CONFIG_FIELDS`` is the one place those names live. See docs/loaders.md ("From a config").
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any
+
+from ._plans import PACKINGS
+from .reader import BACKENDS
+
+# Shortest fill row accepted (data.seq_len's lower bound too).
+_MIN_SEQ_LEN = 16
 
 # Where each section sits in the workbench config: the prefix of a key named in an error.
 SECTION_KEYS = {"data": "data", "io": "loongforge.io_domain", "memory": "loongforge.memory_domain"}
@@ -27,6 +34,33 @@ CONFIG_FIELDS = {
     "num_staging_blocks": ("memory", "num_staging_blocks"),
     "pinned_block_kb": ("memory", "pinned_block_kb"),
 }
+
+
+def check_arguments(*, micro_batch: int, seed: int, num_workers: int, ring_depth: int, read_threads: int,
+                    prefetch_batches: int, shuffle_window_frames: int, num_staging_blocks: int, start_epoch: int,
+                    epochs: int | None, bucket_width: int | None, packing: str, seq_len: int | None,
+                    io_backend: str) -> None:
+    """Refuse an argument of ``BatchPipeline`` outside its bounds, naming it (``micro_batch=0: ...``)."""
+    for name, value, lo in (("micro_batch", micro_batch, 1), ("num_workers", num_workers, 0),
+                            ("ring_depth", ring_depth, 1), ("read_threads", read_threads, 1),
+                            ("prefetch_batches", prefetch_batches, 1),
+                            ("shuffle_window_frames", shuffle_window_frames, 1),
+                            ("num_staging_blocks", num_staging_blocks, 1), ("seed", seed, 0),
+                            ("start_epoch", start_epoch, 0)):
+        if not isinstance(value, int) or value < lo:
+            raise ValueError(f"{name}={value!r}: expected an int >= {lo}")
+    if bucket_width is not None and (not isinstance(bucket_width, int) or bucket_width < 1):
+        raise ValueError(f"bucket_width={bucket_width!r}: expected None (the shards' buckets) or an int >= 1")
+    if packing not in PACKINGS:
+        raise ValueError(f"packing={packing!r}: expected one of {', '.join(map(repr, PACKINGS))}")
+    if packing == "fill" and seq_len is None:
+        raise ValueError(f"seq_len=None: packing='fill' needs seq_len, an int >= {_MIN_SEQ_LEN}")
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < _MIN_SEQ_LEN):
+        raise ValueError(f"seq_len={seq_len!r}: expected None (bucket packing) or an int >= {_MIN_SEQ_LEN}")
+    if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+        raise ValueError(f"epochs={epochs!r}: expected None (endless) or an int >= 1")
+    if io_backend not in BACKENDS:
+        raise ValueError(f"io_backend={io_backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
 def _key(section: str, attr: str) -> str:

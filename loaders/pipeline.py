@@ -82,11 +82,11 @@ import numpy as np
 import torch
 
 from ._plans import PACKINGS, EpochPlan, FillPlan, plan_buckets, record_frames
-from ._settings import config_arguments, config_error, config_shards
+from ._settings import check_arguments, config_arguments, config_error, config_shards
 from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _batch_bytes, _fill_row, _fill_span,
                        bytes_per_sample, default_block_bytes)
 from .format import Frame, ShardSet
-from .reader import BACKENDS, OrderedReader, make_reader
+from .reader import OrderedReader, make_reader
 
 # The pipeline's public names: the plans and the staging ring live in loaders._plans and loaders._staging.
 __all__ = [
@@ -103,8 +103,6 @@ __all__ = [
 ]
 
 _STATE_VERSION = 1
-# Shortest fill row accepted (data.seq_len's lower bound too).
-_MIN_SEQ_LEN = 16
 
 
 class _Stopped(Exception):
@@ -154,26 +152,11 @@ class BatchPipeline:
                  pinned_block_kb: int | None = None, device: str | torch.device = "cpu", start_epoch: int = 0,
                  epochs: int | None = None, bucket_width: int | None = None, packing: str = "bucket",
                  seq_len: int | None = None, guard: bool = True) -> None:
-        for name, value, lo in (("micro_batch", micro_batch, 1), ("num_workers", num_workers, 0),
-                                ("ring_depth", ring_depth, 1), ("read_threads", read_threads, 1),
-                                ("prefetch_batches", prefetch_batches, 1),
-                                ("shuffle_window_frames", shuffle_window_frames, 1),
-                                ("num_staging_blocks", num_staging_blocks, 1), ("seed", seed, 0),
-                                ("start_epoch", start_epoch, 0)):
-            if not isinstance(value, int) or value < lo:
-                raise ValueError(f"{name}={value!r}: expected an int >= {lo}")
-        if bucket_width is not None and (not isinstance(bucket_width, int) or bucket_width < 1):
-            raise ValueError(f"bucket_width={bucket_width!r}: expected None (the shards' buckets) or an int >= 1")
-        if packing not in PACKINGS:
-            raise ValueError(f"packing={packing!r}: expected one of {', '.join(map(repr, PACKINGS))}")
-        if packing == "fill" and seq_len is None:
-            raise ValueError(f"seq_len=None: packing='fill' needs seq_len, an int >= {_MIN_SEQ_LEN}")
-        if seq_len is not None and (not isinstance(seq_len, int) or seq_len < _MIN_SEQ_LEN):
-            raise ValueError(f"seq_len={seq_len!r}: expected None (bucket packing) or an int >= {_MIN_SEQ_LEN}")
-        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
-            raise ValueError(f"epochs={epochs!r}: expected None (endless) or an int >= 1")
-        if io_backend not in BACKENDS:
-            raise ValueError(f"io_backend={io_backend!r}: expected one of {', '.join(BACKENDS)}")
+        check_arguments(micro_batch=micro_batch, seed=seed, num_workers=num_workers, ring_depth=ring_depth,
+                        read_threads=read_threads, prefetch_batches=prefetch_batches,
+                        shuffle_window_frames=shuffle_window_frames, num_staging_blocks=num_staging_blocks,
+                        start_epoch=start_epoch, epochs=epochs, bucket_width=bucket_width, packing=packing,
+                        seq_len=seq_len, io_backend=io_backend)
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device={device!r}: expected a cpu or cuda device")
