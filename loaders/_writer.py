@@ -25,21 +25,12 @@ from ._layout import (FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, MAX_FRAME_BYTES
                       bucket_length, position_dtype_for, token_dtype_for, write_index)
 from ._publish import _PARTIAL, _close_synced, _fsync_dir, _move_into_place, _owner_tag, _write_json_atomic
 
-# 256 KiB decompressed per frame: large enough that zstd reaches ~whole-file
-# ratios and per-frame overhead (a read, a checksum, a context) is amortised
-# over ~25 records of 2,048 tokens; small enough for cheap random access.
+# The sizes and parameters below are measured choices; docs/loaders.md ("Why these sizes") has the figures.
+# A frame amortises its read, checksum and context over ~25 records of 2,048 tokens and stays cheap to seek.
 DEFAULT_FRAME_BYTES = 256 * 1024
-# 256 KiB dictionaries: on the loader benchmark's 20M-token synthetic corpus
-# (level 12, 256 KiB frames) per-bucket dictionaries of 110 KiB (zstd's usual
-# size) reached 93.5% of whole-file zstd's ratio (5.59x vs 5.98x), 256 KiB
-# reached 98.1% (5.87x), 512 KiB 106% (6.36x) but doubles training time per
-# bucket. 256 KiB keeps random access per frame within 2% of one stream.
+# A dictionary gets within 2% of whole-file zstd's ratio; larger ones double the training time per bucket.
 DEFAULT_DICT_SIZE = 256 * 1024
-
-# Dictionary training uses fixed COVER parameters instead of zstd's parameter
-# search (k=d=0). Measured on the synthetic corpus (vocab 32k, 110 KiB
-# dictionary, ~11 MB of samples, level 12, 256 KiB frames): the search took
-# 1.5 s per bucket, k=256/d=8 took 0.3 s and its frames came out 2.4% smaller.
+# Fixed COVER parameters, not zstd's search (k=d=0): 5x faster to train, and the frames come out smaller.
 _DICT_K, _DICT_D = 256, 8
 # zstd dictionary training wants ~100x the dictionary size in samples.
 _SAMPLES_PER_DICT_BYTE = 100

@@ -1,70 +1,9 @@
 """The batch pipeline: shards -> ordered async reads -> zstd decode -> staging blocks -> device.
 
-Shape legend: ``B`` micro-batch (rows per batch), ``T`` the batch's length: the
-bucket length under ``packing="bucket"`` (every record of a batch is padded to
-it), ``seq_len`` under ``packing="fill"``; ``N`` = B x T, a batch's tokens flat.
-
-Packing
-    ``"bucket"`` (``EpochPlan``): a batch is ``B`` records of one length bucket,
-    each padded to the bucket length. ``"fill"`` (``FillPlan``): the epoch's
-    records, in ``EpochPlan``'s seeded order at one record per batch, are laid
-    end to end as one stream and cut into rows of exactly ``seq_len`` tokens,
-    ``B`` rows a batch, no padding: a record that does not fit the rest of a
-    row ends it with its head and starts the next row (or batch) with its tail,
-    each slice keeping the record's own position ids and loss mask. The stream's
-    tail short of a whole batch is dropped for that epoch (``dropped_tokens``).
-
-Threads (all daemons, all joined by ``close()``)::
-
-    reader     plan.frame_order -> reader.read_ordered() -> decode pool (num_workers threads;
-               0 = decode on the reader thread) -> frame store {(epoch, frame): [future, refcount]}
-    assembler  plan batches in order -> staging block (waits for the block's completion
-               token / copy event) -> [B, T] columns (padded rows | packed rows) -> h2d copy
-               (CUDA: non_blocking on a side stream, event recorded) -> output queue
-    consumer   next(pipeline): the training thread; only waits on the queue
-
-* Reads are issued in the future order the plan already knows; decoded frames
-  are kept with a refcount of their record slices still to be assembled (a
-  record split across two batches under fill packing counts once per batch)
-  and dropped at 0, so every frame is read and decoded once per epoch. The
-  reader runs at most ``prefetch_batches`` batches ahead of the assembler (plus
-  ``ring_depth`` reads in flight).
-* An error in any background thread (a corrupt frame's ``ShardFormatError``, an
-  ``OSError`` from a read) is queued in batch order and re-raised by ``next()``;
-  the batches before it are delivered first. Nothing is swallowed, nothing hangs.
-
-Staging blocks and batch lifetime
-    ``StagingRing`` allocates ``num_staging_blocks`` uint8 blocks once (pinned
-    when the device is CUDA) and hands them out round-robin. A block is refilled
-    only once the previous use of it has completed:
-
-    * CUDA: the batch's tensors live on the device; the block's token is the
-      copy's CUDA event, and the assembler waits on that event (host-side, on
-      its own thread) before refilling the block. The batch's tensors may be
-      kept as long as you like; ``next()`` makes the current stream wait on the
-      copy (``batch.ready()`` does it for another stream).
-    * CPU: there is no copy; the batch's tensors *are views of the block*. The
-      block's token completes when the batch is released: explicitly with
-      ``batch.release()``, or automatically when ``next()`` is called again.
-      So **a CPU batch is valid until the following ``next()``** (or its
-      ``release()``); ``.clone()`` what you keep longer.
-
-Metrics (``metrics()``)
-    ``io/read_latency_ms_p50|p90|p99`` submit to completion (see loaders.reader);
-    ``io/read_mb_per_s`` compressed bytes over the span from the first submit to
-    the latest completion (a delivered rate: it follows the consumer's pace);
-    ``decode/mb_per_s`` and ``decode/tokens_per_s`` decompressed output per busy
-    decode-second summed over workers (a per-core capacity); ``data/padding_ratio``
-    padding over B x T of the batches consumed (0 under fill packing);
-    ``data/consumer_wait_s`` time the training thread spent blocked in ``next()``;
-    ``data/batches`` consumed; fill packing only: ``data/dropped_tokens_per_epoch``.
-
-Resuming
-    ``state_dict()`` records the position of the next batch to be consumed;
-    ``load_state_dict()`` on a pipeline built with the same seed, micro-batch,
-    shuffle window, packing (and seq_len or bucket width) and shards continues
-    with exactly that batch (the plan is a pure function of (seed, epoch) and
-    the index).
+``BatchPipeline`` and its reader and assembler threads. The plans (``EpochPlan``, ``FillPlan``) and the staging
+ring (``StagingRing``, ``Batch``) are defined in ``loaders._plans`` and ``loaders._staging`` and re-exported here.
+Packing, the threads, the staging-block rule, the metrics, resuming and ``from_config`` are described in
+docs/loaders.md ("The batch pipeline").
 """
 
 from __future__ import annotations
@@ -88,7 +27,6 @@ from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _ba
 from .format import Frame, ShardSet
 from .reader import OrderedReader, make_reader
 
-# The pipeline's public names: the plans and the staging ring live in loaders._plans and loaders._staging.
 __all__ = [
     "EpochPlan",
     "FillPlan",
@@ -115,7 +53,7 @@ _END = object()
 class BatchPipeline:
     """Fixed-shape batches from a shard directory, endless over epochs (or ``epochs`` of them).
 
-    See the module docstring for the threads, the staging-block rule and
+    See docs/loaders.md ("The batch pipeline") for the threads, the staging-block rule and
     resuming. Use as an iterator and close it (or use ``with``).
 
     Arguments:
