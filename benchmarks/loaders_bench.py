@@ -53,8 +53,9 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
+from loaders._staging import _fill_row  # noqa: E402
 from loaders.format import MANIFEST_NAME, ShardSet, ShardWriter  # noqa: E402
-from loaders.pipeline import BatchPipeline, EpochPlan, StagingRing, _fill_row, default_block_bytes  # noqa: E402
+from loaders.pipeline import BatchPipeline, EpochPlan, StagingRing, default_block_bytes  # noqa: E402
 from loaders.reader import make_reader, probe_io_uring  # noqa: E402
 
 __all__ = ["BenchConfig", "build_corpus", "build_reference", "run_bench", "main"]

@@ -1,36 +1,8 @@
 """Readers that turn tokenized input files into documents (1-D integer arrays).
 
-The format is chosen by the file's suffix:
-
-``.npz`` (HF-tokenizer style)
-    ``input_ids`` [N, L] and, optionally, ``attention_mask`` [N, L] (integer
-    or bool, values 0/1). Each row is a document; with a mask, only the
-    positions where it is 1 are kept, wherever they are (right padding, left
-    padding, holes). A mask whose shape differs from ``input_ids`` is an
-    error. Other keys are ignored. Members are read a block of rows at a time
-    straight from the zip (stored or deflated), never as a whole.
-``.npy``
-    1-D: a flat token stream, split into documents on ``eos_id`` (required).
-    2-D: one document per row. Memory-mapped.
-``.bin`` (nanoGPT / Megatron-style flat stream)
-    Raw little-endian ``uint16`` ids (``bin_dtype="uint32"`` for large
-    vocabularies), no header, split into documents on ``eos_id`` (required).
-    Memory-mapped and scanned for EOS in chunks of ``CHUNK_TOKENS``.
-
-Rules common to all formats:
-
-* the EOS token is dropped: documents never contain ``eos_id``;
-* when ``eos_id`` is given, rows of 2-D inputs are split on it as well (a row
-  may hold several documents, or one document followed by EOS padding: EOS at
-  the end of a row is padding, not empty documents);
-* empty documents (two EOS in a row, an all-zero mask row) are skipped and
-  counted in ``InputFile.empty_documents``;
-* documents are numbered per file by their place in it (empty ones
-  included), and every error names the file plus the document (and row);
-* negative token ids are an error; a file that yields no document is an error.
-
-Documents from flat streams are read-only views of the memory map; copy one
-if it must outlive the iteration.
+``open_input(path, eos_id=, bin_dtype=)`` picks the reader by the file's suffix (``.npz``, ``.npy``, ``.bin``);
+``InputFile.iter_documents()`` yields the documents, EOS dropped, empty ones skipped and counted, every error naming
+the file and the document. The formats and the rules common to them are described in docs/loaders.md ("Inputs").
 """
 
 from __future__ import annotations
@@ -226,7 +198,7 @@ class InputFile:
         return True
 
     def iter_documents(self) -> Iterator[np.ndarray]:
-        """Yield the file's documents in order (see the module docstring for the rules)."""
+        """Yield the file's documents in order (rules: docs/loaders.md, "Inputs")."""
         self.documents = self.empty_documents = self.tokens = self.bytes_done = 0
         if self._stream is not None:
             yield from self._iter_stream()

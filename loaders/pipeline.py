@@ -1,70 +1,9 @@
 """The batch pipeline: shards -> ordered async reads -> zstd decode -> staging blocks -> device.
 
-Shape legend: ``B`` micro-batch (rows per batch), ``T`` the batch's length: the
-bucket length under ``packing="bucket"`` (every record of a batch is padded to
-it), ``seq_len`` under ``packing="fill"``; ``N`` = B x T, a batch's tokens flat.
-
-Packing
-    ``"bucket"`` (``EpochPlan``): a batch is ``B`` records of one length bucket,
-    each padded to the bucket length. ``"fill"`` (``FillPlan``): the epoch's
-    records, in ``EpochPlan``'s seeded order at one record per batch, are laid
-    end to end as one stream and cut into rows of exactly ``seq_len`` tokens,
-    ``B`` rows a batch, no padding: a record that does not fit the rest of a
-    row ends it with its head and starts the next row (or batch) with its tail,
-    each slice keeping the record's own position ids and loss mask. The stream's
-    tail short of a whole batch is dropped for that epoch (``dropped_tokens``).
-
-Threads (all daemons, all joined by ``close()``)::
-
-    reader     plan.frame_order -> reader.read_ordered() -> decode pool (num_workers threads;
-               0 = decode on the reader thread) -> frame store {(epoch, frame): [future, refcount]}
-    assembler  plan batches in order -> staging block (waits for the block's completion
-               token / copy event) -> [B, T] columns (padded rows | packed rows) -> h2d copy
-               (CUDA: non_blocking on a side stream, event recorded) -> output queue
-    consumer   next(pipeline): the training thread; only waits on the queue
-
-* Reads are issued in the future order the plan already knows; decoded frames
-  are kept with a refcount of their record slices still to be assembled (a
-  record split across two batches under fill packing counts once per batch)
-  and dropped at 0, so every frame is read and decoded once per epoch. The
-  reader runs at most ``prefetch_batches`` batches ahead of the assembler (plus
-  ``ring_depth`` reads in flight).
-* An error in any background thread (a corrupt frame's ``ShardFormatError``, an
-  ``OSError`` from a read) is queued in batch order and re-raised by ``next()``;
-  the batches before it are delivered first. Nothing is swallowed, nothing hangs.
-
-Staging blocks and batch lifetime
-    ``StagingRing`` allocates ``num_staging_blocks`` uint8 blocks once (pinned
-    when the device is CUDA) and hands them out round-robin. A block is refilled
-    only once the previous use of it has completed:
-
-    * CUDA: the batch's tensors live on the device; the block's token is the
-      copy's CUDA event, and the assembler waits on that event (host-side, on
-      its own thread) before refilling the block. The batch's tensors may be
-      kept as long as you like; ``next()`` makes the current stream wait on the
-      copy (``batch.ready()`` does it for another stream).
-    * CPU: there is no copy; the batch's tensors *are views of the block*. The
-      block's token completes when the batch is released: explicitly with
-      ``batch.release()``, or automatically when ``next()`` is called again.
-      So **a CPU batch is valid until the following ``next()``** (or its
-      ``release()``); ``.clone()`` what you keep longer.
-
-Metrics (``metrics()``)
-    ``io/read_latency_ms_p50|p90|p99`` submit to completion (see loaders.reader);
-    ``io/read_mb_per_s`` compressed bytes over the span from the first submit to
-    the latest completion (a delivered rate: it follows the consumer's pace);
-    ``decode/mb_per_s`` and ``decode/tokens_per_s`` decompressed output per busy
-    decode-second summed over workers (a per-core capacity); ``data/padding_ratio``
-    padding over B x T of the batches consumed (0 under fill packing);
-    ``data/consumer_wait_s`` time the training thread spent blocked in ``next()``;
-    ``data/batches`` consumed; fill packing only: ``data/dropped_tokens_per_epoch``.
-
-Resuming
-    ``state_dict()`` records the position of the next batch to be consumed;
-    ``load_state_dict()`` on a pipeline built with the same seed, micro-batch,
-    shuffle window, packing (and seq_len or bucket width) and shards continues
-    with exactly that batch (the plan is a pure function of (seed, epoch) and
-    the index).
+``BatchPipeline`` and its reader and assembler threads. The plans (``EpochPlan``, ``FillPlan``) and the staging
+ring (``StagingRing``, ``Batch``) are defined in ``loaders._plans`` and ``loaders._staging`` and re-exported here.
+Packing, the threads, the staging-block rule, the metrics, resuming and ``from_config`` are described in
+docs/loaders.md ("The batch pipeline").
 """
 
 from __future__ import annotations
@@ -76,14 +15,17 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
+from ._plans import PACKINGS, EpochPlan, FillPlan, plan_buckets, record_frames
+from ._settings import check_arguments, config_arguments, config_error, config_shards
+from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _batch_bytes, _fill_row, _fill_span,
+                       bytes_per_sample, default_block_bytes)
 from .format import Frame, ShardSet
-from .reader import BACKENDS, OrderedReader, make_reader
+from .reader import OrderedReader, make_reader
 
 __all__ = [
     "EpochPlan",
@@ -94,396 +36,11 @@ __all__ = [
     "BatchPipeline",
     "bytes_per_sample",
     "default_block_bytes",
+    "plan_buckets",
+    "record_frames",
 ]
 
 _STATE_VERSION = 1
-# Seconds between checks of the stop flag while a thread waits: short enough that
-# close() returns promptly, long enough to cost nothing.
-_POLL_S = 0.05
-# int32 tokens, int32 position ids, uint8 loss mask: the staging layout of one token.
-_STAGED_BYTES_PER_TOKEN = 4 + 4 + 1
-_PAGE = 4096
-PACKINGS = ("bucket", "fill")
-# Shortest fill row accepted (data.seq_len's lower bound too).
-_MIN_SEQ_LEN = 16
-
-
-def bytes_per_sample(max_len: int) -> int:
-    """Staging bytes of one record padded to ``max_len``: int32 tokens + int32 positions + uint8 mask."""
-    return max_len * _STAGED_BYTES_PER_TOKEN
-
-
-def _batch_bytes(B: int, T: int) -> int:
-    """Staging bytes of a [B, T] batch."""
-    return B * T * _STAGED_BYTES_PER_TOKEN
-
-
-def default_block_bytes(max_len: int, micro_batch: int) -> int:
-    """The seed's formula: ceil(bytes_per_sample x micro_batch / 4096) x 4096."""
-    return math.ceil(bytes_per_sample(max_len) * micro_batch / _PAGE) * _PAGE
-
-
-# --------------------------------------------------------------------------- epoch plan
-
-
-class EpochPlan:
-    """Which records form which batch, in which order, for one (seed, epoch): computed from the index alone.
-
-    Per bucket: permute its frames; walk them in windows of
-    ``shuffle_window_frames``; shuffle the records of a window; cut batches of
-    ``micro_batch`` records, carrying the leftovers into the next window. The
-    last partial batch of each bucket (< ``micro_batch`` records) is dropped for
-    this epoch; the permutation differs per epoch, so different records are
-    dropped each time. Then the buckets are interleaved by shuffling a list that
-    holds each bucket id once per batch it has: a bucket's share of steps is its
-    share of records (to within one batch), and its share of tokens is its share
-    of tokens, unbiased by length.
-
-    Buckets: by default the shards' own. With ``bucket_width`` W, stored buckets
-    are grouped at load time: a stored bucket of length L joins the plan bucket
-    of length min(max_len, ceil(L / W) x W), so the bucket-width knob needs no
-    re-preprocessing (padding stays under W plus the stored width; a W that is a
-    multiple of the stored width buckets exactly as preprocessing at W would).
-
-    Attributes: ``batches`` int64 [n_batches, micro_batch] global record ids;
-    ``batch_bucket`` [n_batches] plan bucket of each batch; ``bucket_length``
-    [n_plan_buckets] its padded length T; ``bucket_groups`` the stored buckets of
-    each plan bucket; ``frame_order`` frames in first-use order;
-    ``frame_first_use`` the batch that first needs each of them;
-    ``dropped_records`` [n_plan_buckets].
-    """
-
-    def __init__(self, shards: ShardSet, *, micro_batch: int, seed: int, epoch: int,
-                 shuffle_window_frames: int = 4, bucket_width: int | None = None,
-                 rec_frame: np.ndarray | None = None) -> None:
-        if micro_batch < 1:
-            raise ValueError(f"micro_batch={micro_batch}: expected >= 1")
-        if shuffle_window_frames < 1:
-            raise ValueError(f"shuffle_window_frames={shuffle_window_frames}: expected >= 1")
-        if seed < 0 or epoch < 0:
-            raise ValueError(f"seed={seed}, epoch={epoch}: expected >= 0")
-        if bucket_width is not None and bucket_width < 1:
-            raise ValueError(f"bucket_width={bucket_width}: expected None (the shards' buckets) or >= 1")
-        self.bucket_width = bucket_width
-        self.micro_batch, self.seed, self.epoch = micro_batch, seed, epoch
-        self.shuffle_window_frames = shuffle_window_frames
-        first_rec = np.asarray(shards.frame_first_rec, np.int64)
-        n_rec = np.asarray(shards.frame_n_rec, np.int64)
-        self.rec_frame = rec_frame if rec_frame is not None else record_frames(shards)
-        self.bucket_length, self.bucket_groups = plan_buckets(shards, bucket_width)
-        n_buckets = len(self.bucket_length)
-        streams = np.random.SeedSequence([seed, epoch]).spawn(n_buckets + 1)
-        per_bucket: list[np.ndarray] = []
-        self.dropped_records = np.zeros(n_buckets, np.int64)
-        mb, W = micro_batch, shuffle_window_frames
-        for b in range(n_buckets):
-            rng = np.random.default_rng(streams[b])
-            stored = [np.asarray(shards.frames_of_bucket(int(s)), np.int64) for s in self.bucket_groups[b]]
-            frames = rng.permutation(np.concatenate(stored))
-            carry = np.zeros(0, np.int64)
-            out = []
-            for w in range(0, len(frames), W):
-                win = frames[w:w + W]
-                recs = np.concatenate([np.arange(first_rec[f], first_rec[f] + n_rec[f]) for f in win])
-                rng.shuffle(recs)
-                pool = np.concatenate([carry, recs])
-                k = len(pool) // mb
-                out.append(pool[:k * mb].reshape(k, mb))
-                carry = pool[k * mb:]
-            self.dropped_records[b] = len(carry)
-            per_bucket.append(np.concatenate(out) if out else np.zeros((0, mb), np.int64))
-        counts = np.array([len(x) for x in per_bucket], np.int64)
-        order = np.repeat(np.arange(n_buckets), counts)
-        np.random.default_rng(streams[-1]).shuffle(order)
-        self.batch_bucket = order
-        self.batches = np.empty((len(order), mb), np.int64)
-        for b in range(n_buckets):
-            self.batches[order == b] = per_bucket[b]
-        self.batches_per_bucket = counts
-        self.frame_order, self.frame_first_use, _ = self.schedule(0)
-
-    def __len__(self) -> int:
-        return len(self.batches)
-
-    def batch(self, k: int) -> tuple[int, np.ndarray]:
-        """(bucket index, global record ids) of batch ``k``."""
-        return int(self.batch_bucket[k]), self.batches[k]
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        return (self.batch(k) for k in range(len(self)))
-
-    def schedule(self, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For batches ``start..``: frames in first-use order, the batch that first uses each, and
-        how many of its records those batches use (the frame's refcount)."""
-        flat = self.rec_frame[self.batches[start:].ravel()]
-        frames, first, count = np.unique(flat, return_index=True, return_counts=True)
-        o = np.argsort(first, kind="stable")
-        return frames[o], first[o] // self.micro_batch + start, count[o]
-
-
-def plan_buckets(shards: ShardSet, bucket_width: int | None) -> tuple[np.ndarray, list[np.ndarray]]:
-    """Plan buckets: their padded lengths (ascending) and the stored buckets each one groups."""
-    stored = np.asarray(shards.bucket_length, np.int64)
-    if bucket_width is None:
-        lengths = stored
-    else:
-        manifest = getattr(shards, "manifest", None) or {}
-        max_len = int(manifest.get("max_len", stored.max()))
-        lengths = np.minimum(max_len, -(-stored // bucket_width) * bucket_width)
-    T, inverse = np.unique(lengths, return_inverse=True)
-    return T, [np.flatnonzero(inverse == g) for g in range(len(T))]
-
-
-def record_frames(shards: ShardSet) -> np.ndarray:
-    """The frame of every record (records are numbered frame by frame)."""
-    return np.repeat(np.arange(int(shards.n_frames), dtype=np.int64), np.asarray(shards.frame_n_rec, np.int64))
-
-
-class FillPlan:
-    """Which record slices fill which packed [micro_batch, seq_len] batch, for one (seed, epoch).
-
-    The record order is ``EpochPlan``'s at ``micro_batch=1`` on the shards' own
-    buckets: the same seeded frame permutation and window shuffle per bucket,
-    the buckets interleaved record by record, no record dropped; so it is a pure
-    function of (seed, epoch) and the index. Those records are laid end to end as
-    one stream of tokens; batch ``k`` is tokens ``k x N .. (k + 1) x N`` of it
-    (``N = micro_batch x seq_len``), row-major: row ``i`` is its tokens
-    ``i x seq_len ..``. A record crossing a row or batch edge is split there, each
-    piece the slice of the record's tokens, positions and mask. The stream past
-    the last whole batch is dropped for this epoch.
-
-    Attributes: ``records`` int64 [n_records] global record ids in stream order;
-    ``piece_rec`` / ``piece_off`` / ``piece_len`` / ``piece_dest`` int64 [n_pieces]:
-    the record, the slice's start in it, its length and its start in the batch's
-    flat N tokens, batch by batch; ``batch_first_piece`` int64 [n_batches + 1];
-    ``bucket_length`` [seq_len] (one shape); ``frame_order`` / ``frame_first_use`` as
-    ``EpochPlan``'s; ``dropped_tokens`` the stream's tokens in no batch;
-    ``dropped_records`` records with no token in a batch. ``bucket_width`` does
-    not apply: rows have no buckets.
-    """
-
-    def __init__(self, shards: ShardSet, *, micro_batch: int, seq_len: int, seed: int, epoch: int,
-                 shuffle_window_frames: int = 4, rec_frame: np.ndarray | None = None,
-                 rec_length: np.ndarray | None = None) -> None:
-        if micro_batch < 1 or seq_len < 1:
-            raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}: expected >= 1")
-        order = EpochPlan(shards, micro_batch=1, seed=seed, epoch=epoch, shuffle_window_frames=shuffle_window_frames,
-                          rec_frame=rec_frame)
-        self.micro_batch, self.seq_len, self.seed, self.epoch = micro_batch, seq_len, seed, epoch
-        self.shuffle_window_frames = shuffle_window_frames
-        self.rec_frame = order.rec_frame
-        self.bucket_length = np.array([seq_len], np.int64)
-        self.records = order.batches.ravel()
-        rec_len = np.asarray(rec_length if rec_length is not None else shards.rec_length, np.int64)
-        N = micro_batch * seq_len
-        L = rec_len[self.records]
-        end = np.cumsum(L)
-        start = end - L
-        n_batches = int(end[-1]) // N if len(end) else 0
-        used = n_batches * N
-        self.dropped_tokens = int(end[-1]) - used if len(end) else 0
-        keep = start < used                                          # records with a token in some batch
-        self.dropped_records = int((~keep).sum())
-        start, end, recs = start[keep], end[keep], self.records[keep]
-        first_b, last_b = start // N, np.minimum(end - 1, used - 1) // N
-        n_pieces = last_b - first_b + 1                              # > 1: the record crosses batch edges
-        idx = np.repeat(np.arange(len(recs)), n_pieces)
-        pb = first_b[idx] + np.arange(len(idx)) - np.repeat(np.cumsum(n_pieces) - n_pieces, n_pieces)
-        lo = np.maximum(start[idx], pb * N)
-        hi = np.minimum(end[idx], (pb + 1) * N)
-        self.piece_rec, self.piece_off, self.piece_len = recs[idx], lo - start[idx], hi - lo
-        self.piece_dest, self.piece_batch = lo - pb * N, pb
-        self.batch_first_piece = np.searchsorted(pb, np.arange(n_batches + 1), side="left").astype(np.int64)
-        self.frame_order, self.frame_first_use, _ = self.schedule(0)
-
-    def __len__(self) -> int:
-        return len(self.batch_first_piece) - 1
-
-    def pieces(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Batch ``k``'s slices in stream order: (global record id, start in the record, length, start in the
-        batch's flat ``micro_batch x seq_len`` tokens); the lengths sum to that many tokens."""
-        a, b = int(self.batch_first_piece[k]), int(self.batch_first_piece[k + 1])
-        return self.piece_rec[a:b], self.piece_off[a:b], self.piece_len[a:b], self.piece_dest[a:b]
-
-    def batch(self, k: int) -> tuple[int, np.ndarray]:
-        """(bucket index, always 0; global record ids of batch ``k``'s slices, stream order)."""
-        return 0, self.pieces(k)[0]
-
-    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        return (self.batch(k) for k in range(len(self)))
-
-    def schedule(self, start: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For batches ``start..``: frames in first-use order, the batch that first uses each, and how many
-        record slices those batches take from it (the frame's refcount)."""
-        a = int(self.batch_first_piece[start])
-        flat = self.rec_frame[self.piece_rec[a:]]
-        frames, first, count = np.unique(flat, return_index=True, return_counts=True)
-        o = np.argsort(first, kind="stable")
-        return frames[o], self.piece_batch[a:][first[o]], count[o]
-
-
-# --------------------------------------------------------------------------- staging ring
-
-
-class _HostToken:
-    """Completion token of a CPU staging block: completes when the consumer releases the batch."""
-
-    __slots__ = ("_ring", "done")
-
-    def __init__(self, ring: "StagingRing") -> None:
-        self._ring = ring
-        self.done = False
-
-    def complete(self) -> None:
-        with self._ring._cv:
-            self.done = True
-            self._ring._cv.notify_all()
-
-
-class StagingRing:
-    """``num_blocks`` staging blocks (torch uint8, pinned where asked), reused round-robin.
-
-    ``acquire()`` returns the next block's index once its previous use has
-    completed: a host token (``hand_out``; CPU) or a CUDA event (``set_event``).
-    ``guard=False`` skips that wait; it exists only so a test can show that the
-    staging test fails without the guard.
-    """
-
-    def __init__(self, num_blocks: int, block_bytes: int, *, pin: bool = False, guard: bool = True) -> None:
-        if num_blocks < 1:
-            raise ValueError(f"num_staging_blocks={num_blocks}: expected >= 1")
-        if block_bytes < 1:
-            raise ValueError(f"block size {block_bytes} bytes: expected >= 1")
-        self.block_bytes = block_bytes
-        self.blocks = [torch.empty(block_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(num_blocks)]
-        self.pinned = pin
-        self.guard = guard
-        self._pending: list[Any] = [None] * num_blocks  # None | _HostToken | torch.cuda.Event
-        self._next = 0
-        self._cv = threading.Condition()
-        self._closed = False
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def acquire(self) -> int:
-        """The next block, after its last use completed; raises ``RuntimeError`` once closed."""
-        i = self._next
-        with self._cv:
-            while True:
-                if self._closed:
-                    raise RuntimeError("staging ring closed")
-                tok = self._pending[i]
-                if tok is None or not self.guard or not isinstance(tok, _HostToken) or tok.done:
-                    break
-                self._cv.wait(_POLL_S)
-        if self.guard and tok is not None and not isinstance(tok, _HostToken):
-            tok.synchronize()  # CUDA event of the h2d copy out of this block; host wait, this thread only
-        self._pending[i] = None
-        self._next = (i + 1) % len(self.blocks)
-        return i
-
-    def hand_out(self, i: int) -> _HostToken:
-        """Mark block ``i`` as lent to the consumer; it is refilled after the token completes."""
-        tok = _HostToken(self)
-        self._pending[i] = tok
-        return tok
-
-    def set_event(self, i: int, event: Any) -> None:
-        """Block ``i`` is being copied out; it is refilled after ``event`` completes."""
-        self._pending[i] = event
-
-    def views(self, i: int, B: int, T: int, *, zero: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Zeroed numpy views of block ``i``: tokens int32 [B, T], positions int32 [B, T], mask uint8 [B, T].
-
-        Zeroing the batch's region once (one memset) is the padding: token 0, position 0, mask 0; it
-        measured ~20% cheaper than padding each row's tail with three more slice assignments.
-        ``zero=False`` leaves the block's old bytes: only for a caller that writes every element (fill packing).
-        """
-        n = B * T
-        if n * _STAGED_BYTES_PER_TOKEN > self.block_bytes:
-            raise ValueError(f"a [{B}, {T}] batch needs {n * _STAGED_BYTES_PER_TOKEN} staging bytes, "
-                             f"the block has {self.block_bytes}")
-        a = self.blocks[i].numpy()
-        if zero:
-            a[:n * _STAGED_BYTES_PER_TOKEN] = 0
-        return (a[:4 * n].view(np.int32).reshape(B, T), a[4 * n:8 * n].view(np.int32).reshape(B, T),
-                a[8 * n:9 * n].reshape(B, T))
-
-    def close(self) -> None:
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-
-
-def _fill_row(tok_BT: np.ndarray, pos_BT: np.ndarray, mask_BT: np.ndarray, i: int,
-              t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
-    """Copy one record into row ``i`` of zeroed views (``StagingRing.views``: the rest is padding)."""
-    L = len(t)
-    tok_BT[i, :L] = t  # uint16 -> int32 on the way
-    pos_BT[i, :L] = p
-    mask_BT[i, :L] = m
-    return L
-
-
-def _fill_span(tok_N: np.ndarray, pos_N: np.ndarray, mask_N: np.ndarray, d: int,
-               t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
-    """Copy one record slice to flat offset ``d`` of a batch's [B x T] views (fill packing: rows end to end)."""
-    L = len(t)
-    tok_N[d:d + L] = t  # uint16 -> int32 on the way
-    pos_N[d:d + L] = p
-    mask_N[d:d + L] = m
-    return L
-
-
-# --------------------------------------------------------------------------- batch
-
-
-@dataclass(eq=False)
-class Batch:
-    """One micro-batch: records of one bucket padded to its length ``T`` (bucket packing), or ``B`` rows of
-    ``T = seq_len`` tokens cut from the epoch's record stream (fill packing: no padding, ``bucket`` 0,
-    ``record_ids`` the records whose slices it holds, in stream order, not one per row).
-
-    ``padded_tokens`` is ``B x T`` (as in the manifest: tokens after padding);
-    ``real_tokens`` of them are real, the rest padding (fill packing: all ``B x T`` real).
-    """
-
-    input_ids: torch.Tensor      # int32 [B, T]
-    position_ids: torch.Tensor   # int32 [B, T]
-    loss_mask: torch.Tensor      # uint8 [B, T]
-    length: int                  # T
-    real_tokens: int
-    padded_tokens: int
-    epoch: int
-    index: int                   # batch index within the epoch
-    bucket: int
-    record_ids: np.ndarray       # global record ids, row order (fill: stream order)
-    event: Any = field(default=None, repr=False)    # CUDA: the h2d copy's event
-    _token: _HostToken | None = field(default=None, repr=False)
-
-    @property
-    def seq_len(self) -> int:
-        """``T``, the bucket length or fill row length (an alias of ``length``)."""
-        return self.length
-
-    def ready(self, stream: Any = None) -> None:
-        """Make ``stream`` (default: the current CUDA stream) wait for this batch's copy; no-op on CPU."""
-        if self.event is None:
-            return
-        stream = stream if stream is not None else torch.cuda.current_stream(self.input_ids.device)
-        stream.wait_event(self.event)  # no host sync: the stream waits, the CPU does not
-        for t in (self.input_ids, self.position_ids, self.loss_mask):
-            t.record_stream(stream)  # the caching allocator must not reuse the memory before `stream` is done
-
-    def release(self) -> None:
-        """Give the staging block back (CPU batches view it); idempotent. The tensors must not be used after."""
-        if self._token is not None:
-            self._token.complete()
-            self._token = None
-
-
-# --------------------------------------------------------------------------- pipeline
 
 
 class _Stopped(Exception):
@@ -496,7 +53,7 @@ _END = object()
 class BatchPipeline:
     """Fixed-shape batches from a shard directory, endless over epochs (or ``epochs`` of them).
 
-    See the module docstring for the threads, the staging-block rule and
+    See docs/loaders.md ("The batch pipeline") for the threads, the staging-block rule and
     resuming. Use as an iterator and close it (or use ``with``).
 
     Arguments:
@@ -533,26 +90,11 @@ class BatchPipeline:
                  pinned_block_kb: int | None = None, device: str | torch.device = "cpu", start_epoch: int = 0,
                  epochs: int | None = None, bucket_width: int | None = None, packing: str = "bucket",
                  seq_len: int | None = None, guard: bool = True) -> None:
-        for name, value, lo in (("micro_batch", micro_batch, 1), ("num_workers", num_workers, 0),
-                                ("ring_depth", ring_depth, 1), ("read_threads", read_threads, 1),
-                                ("prefetch_batches", prefetch_batches, 1),
-                                ("shuffle_window_frames", shuffle_window_frames, 1),
-                                ("num_staging_blocks", num_staging_blocks, 1), ("seed", seed, 0),
-                                ("start_epoch", start_epoch, 0)):
-            if not isinstance(value, int) or value < lo:
-                raise ValueError(f"{name}={value!r}: expected an int >= {lo}")
-        if bucket_width is not None and (not isinstance(bucket_width, int) or bucket_width < 1):
-            raise ValueError(f"bucket_width={bucket_width!r}: expected None (the shards' buckets) or an int >= 1")
-        if packing not in PACKINGS:
-            raise ValueError(f"packing={packing!r}: expected one of {', '.join(map(repr, PACKINGS))}")
-        if packing == "fill" and seq_len is None:
-            raise ValueError(f"seq_len=None: packing='fill' needs seq_len, an int >= {_MIN_SEQ_LEN}")
-        if seq_len is not None and (not isinstance(seq_len, int) or seq_len < _MIN_SEQ_LEN):
-            raise ValueError(f"seq_len={seq_len!r}: expected None (bucket packing) or an int >= {_MIN_SEQ_LEN}")
-        if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
-            raise ValueError(f"epochs={epochs!r}: expected None (endless) or an int >= 1")
-        if io_backend not in BACKENDS:
-            raise ValueError(f"io_backend={io_backend!r}: expected one of {', '.join(BACKENDS)}")
+        check_arguments(micro_batch=micro_batch, seed=seed, num_workers=num_workers, ring_depth=ring_depth,
+                        read_threads=read_threads, prefetch_batches=prefetch_batches,
+                        shuffle_window_frames=shuffle_window_frames, num_staging_blocks=num_staging_blocks,
+                        start_epoch=start_epoch, epochs=epochs, bucket_width=bucket_width, packing=packing,
+                        seq_len=seq_len, io_backend=io_backend)
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device={device!r}: expected a cpu or cuda device")
@@ -589,6 +131,31 @@ class BatchPipeline:
         self._dec_s = 0.0
         self._dec_bytes = 0
         self._dec_tokens = 0
+
+    @classmethod
+    def from_config(cls, data: Any, io: Any, memory: Any, *, seed: int, device: str | torch.device,
+                    shards: ShardSet | str | os.PathLike | None = None, **overrides: Any) -> "BatchPipeline":
+        """A pipeline whose settings are read from the workbench config's sections, by their own field names.
+
+        The sections are read duck-typed (loaders does not import workbench): ``data`` (``data``):
+        ``micro_batch_size``, ``num_workers``, ``prefetch_batches``, ``shuffle_window_frames``, ``bucket_width``,
+        ``packing``, ``seq_len``, and ``loongbin_dir`` when ``shards`` is None; ``io``
+        (``loongforge.io_domain``): ``io_backend``, ``io_uring_entries`` (the ring depth), ``read_threads``;
+        ``memory`` (``loongforge.memory_domain``): ``num_staging_blocks``, ``pinned_block_kb``. ``overrides`` are
+        further arguments of the constructor, or replace a value of the config. A bad value is a ``ValueError``
+        naming the config key it came from (``data.micro_batch_size=...``).
+        """
+        kwargs, keys = config_arguments(data, io, memory)
+        for name in overrides:
+            keys.pop(name, None)
+        try:
+            return cls(config_shards(data) if shards is None else shards, seed=seed, device=device,
+                       **{**kwargs, **overrides})
+        except ValueError as e:
+            renamed = config_error(e, keys)
+            if renamed is None:
+                raise
+            raise renamed from e
 
     def _setup(self, micro_batch: int, seed: int, num_workers: int, prefetch_batches: int,
                shuffle_window_frames: int, num_staging_blocks: int, pinned_block_kb: int | None,

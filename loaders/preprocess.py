@@ -3,59 +3,9 @@
     python -m loaders.preprocess --input corpus.bin --output shards/ --eos-id 50256 \\
         --vocab-size 50304 --bucket-width 128 --min-len 512 --max-len 2048
 
-Inputs (see ``loaders.inputs``): ``.npz`` with ``input_ids`` [N, L] (and an
-optional ``attention_mask``), ``.npy`` (1-D stream split on ``--eos-id``, or
-2-D, one document per row), nanoGPT/Megatron flat ``.bin`` (uint16, or
-``--bin-dtype uint32``; split on ``--eos-id``). The EOS token is dropped.
-
-From documents to records
-    * A document longer than ``--max-len`` is cut into ``max-len`` pieces
-      (the last one may be shorter); position ids restart at 0 in every piece.
-    * A piece of at least ``--min-len`` tokens is a record of its own.
-    * A piece shorter than ``--min-len`` is *short*; ``--short`` decides:
-
-      ``pack`` (default)
-          consecutive short pieces are concatenated into one record until
-          adding the next one would exceed ``max-len``; a record is closed as
-          soon as it reaches ``min-len``. Position ids restart at 0 at each
-          document. The last packed record (and one closed because the next
-          piece did not fit) may stay under ``min-len``.
-      ``fill``
-          like ``pack``, but a piece that does not fit is split: its head
-          fills the record to ``max-len`` and its tail starts the next record,
-          position ids continuing where the head stopped (nanoGPT/Megatron-style
-          packing of a token stream; every piece, long or short, goes through
-          the stream, so token order is the input's). With ``--min-len`` equal to ``--max-len``
-          every record but the last is exactly ``max-len`` tokens: no padding
-          at one bucket of ``max-len``.
-      ``drop``
-          short pieces are discarded (counted in the manifest).
-      ``keep``
-          each short piece is a record of its own.
-
-    * Loss mask: 0 at the first token of every document piece in a record
-      (where the position id is 0: that token cannot be predicted from the
-      tokens before it in the record, which belong to another document or to
-      no document), 1 elsewhere.
-
-Records go to ``loaders.format.ShardWriter``: bucketed by length (rounded up to
-``--bucket-width``), one zstd dictionary per bucket, frames of ``--frame-kb``.
-The manifest's ``preprocess`` section records the inputs (path, format, bytes,
-documents), the flags, the counts above, elapsed seconds and tokens/s; its
-``compression`` section compares the per-bucket dictionaries with one global
-dictionary, no dictionary, and the whole payload as one zstd stream (skip
-those with ``--no-compare``).
-
-Vocabulary: ``--vocab-size V`` makes any id >= V an error naming the file and
-the document; without it, V is inferred as max id + 1 (one extra pass over
-the inputs) with a warning. V picks the token dtype (uint16 up to 65,536).
-
-Atomicity: the output is built in a temporary sibling directory and renamed
-into place at the very end; an error, Ctrl-C or SIGTERM removes the
-temporary directory and leaves ``--output`` as it was (absent, or the previous
-directory with ``--overwrite``). After a SIGKILL the temporary directory stays
-behind (it never reads as complete) and the next run for the same output
-removes it.
+Inputs (.npz, .npy, .bin: see loaders.inputs), how documents become records
+(--short pack | fill | drop | keep), the manifest's preprocess section and
+atomicity are described in docs/loaders.md ("Preprocessing").
 
 Exit status: 0 done; 2 bad input or arguments (one line naming the file, key
 or value); 130 / 143 interrupted (SIGINT / SIGTERM); 1 other errors.

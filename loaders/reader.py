@@ -1,62 +1,9 @@
 """Ordered asynchronous reads: io_uring (through liburing) with a thread-pool fallback.
 
-The batch pipeline knows, from the epoch plan, every frame it will need and in
-which order. A reader takes that order as ``(key, fd, offset, length)``
-requests, keeps up to ``depth`` reads in flight, and hands the results back in
-the same order::
-
-    with make_reader("auto", depth=64) as rd:
-        for key, view in rd.read_ordered(requests):
-            ...  # view: a memoryview of exactly `length` bytes
-
-Two backends share that interface:
-
-* ``UringReader(depth)``: one io_uring ring (``io_uring_prep_read`` per
-  request, tagged with ``io_uring_sqe_set_data64``; completions reaped with
-  ``io_uring_peek_cqe`` / ``io_uring_cqe_seen``). A short read is resubmitted
-  for the rest; a negative result is raised as ``OSError`` naming the fd, its
-  path, the offset and the length, when that request's turn comes.
-  The binding's ``io_uring_wait_cqe`` blocks *holding the GIL* (measured: a
-  second Python thread makes no progress while one waits), which would stall
-  the decode and assembly threads for the whole read; so the ring signals an
-  eventfd on each completion and the reader blocks in ``os.eventfd_read``,
-  which releases the GIL.
-* ``ThreadPoolReader(threads, depth)``: ``os.preadv`` into the same pooled
-  buffers from a ``ThreadPoolExecutor`` (``preadv`` releases the GIL).
-
-``make_reader("auto")`` probes io_uring once per process and falls back to
-the thread pool, logging one line (logger ``"loaders"``) that names the
-backend and, on fallback, why.
-
-Buffer lifetime (``read_ordered(..., hold=0, copy=False)``)
-    Results are memoryviews of bytearrays from a pool owned by the reader, so a
-    steady stream of reads allocates nothing. A view stays valid until ``hold``
-    further items have been requested after it (``hold=0``: until the next
-    item is requested). Then the reader releases the view (touching it raises
-    ``ValueError``) and reuses its bytearray. If the caller still holds an
-    export derived from it (``np.frombuffer(view)``, ``view[2:]``), the reader
-    notices (the release or a resize probe raises ``BufferError``) and gives
-    that bytearray up instead of overwriting it: a caller that breaks the
-    contract keeps correct bytes, it just costs an allocation.
-    ``copy=True`` hands out ``bytes`` instead (one extra memcpy per read; no
-    lifetime rule). ``python benchmarks/loaders_bench.py`` measures both: over the frames
-    of a 20M-token corpus in the page cache, io_uring at depth 32, memoryviews
-    ran at 4.4 GB/s and bytes at 3.9 GB/s on a 2-core VM (5.8 vs 5.2 on a
-    smaller corpus; 4.4 vs 3.8 on a 16-core H200 host), so views are the
-    default and the pipeline uses them with ``hold`` covering its decodes in
-    flight.
-
-Latency
-    Each read's latency, submit to completion, is recorded (the last 65,536
-    reads) for quantiles (``stats()``). For the thread pool the completion time
-    is taken in the worker; io_uring completions are timestamped when the ring
-    is reaped, which happens every time the consumer asks for an item and
-    whenever the reader waits, so under a slow consumer the io_uring figure is
-    an upper bound.
-
-A reader is used by one thread at a time (one ``read_ordered`` iteration at a
-time); ``read_ordered`` raises ``RuntimeError`` if a second one starts while
-the first is open.
+``make_reader(backend, depth, threads)`` returns a reader (``UringReader`` or ``ThreadPoolReader``) whose
+``read_ordered(requests, hold=0, copy=False)`` keeps up to ``depth`` reads in flight and yields ``(key, view)`` in
+request order; a view is valid until ``hold`` further items have been requested. The backends, the buffer
+lifetime rule and what the latency figures mean are described in docs/loaders.md ("Ordered reads").
 """
 
 from __future__ import annotations
@@ -224,7 +171,7 @@ class OrderedReader:
         """Yield ``(key, data)`` for each request, in request order, with up to ``depth`` reads in flight.
 
         ``data`` is a memoryview valid until ``hold`` further items have been
-        requested (see the module docstring), or ``bytes`` with ``copy=True``.
+        requested (see docs/loaders.md, "Ordered reads"), or ``bytes`` with ``copy=True``.
         A failed read raises when its turn comes (earlier results are yielded
         first). Closing the generator early waits for the reads in flight.
         """
@@ -312,7 +259,7 @@ def _import_liburing():
 
 
 class UringReader(OrderedReader):
-    """Ordered reads through one io_uring ring of ``depth`` entries (see the module docstring)."""
+    """Ordered reads through one io_uring ring of ``depth`` entries (see docs/loaders.md, "Ordered reads")."""
 
     name = "io_uring"
 

@@ -1,73 +1,9 @@
 """Deterministic synthetic tokenized corpus (the embedded default dataset).
 
-Why not uniform random ids?  Uniform random token ids are incompressible, have
-no repeated n-grams and no frequency skew, so everything downstream that looks
-at the bytes -- zstd levels, trained zstd dictionaries, dedup, shard sizing,
-I/O throughput after compression -- behaves nothing like on a real pretraining
-corpus.  This module generates token streams with the statistical features of
-tokenized natural text that those components are sensitive to, cheaply and
-bit-reproducibly from a seed.
-
-The model of text
------------------
-All rank distributions below are Zipf-Mandelbrot, P(rank r) ~ (r + 1 +
-2.7) ** -a (Mandelbrot's fit to word counts; the offset keeps the top word
-near the ~4-5 % share of "the" instead of a pure Zipf's ~14 %).
-
-* **Tokens.**  The ``vocab_size - 1`` non-EOS ids get a popularity ranking
-  (exponent ``0.9 * zipf_a``: sub-word pieces are flatter than words).  Ids
-  are assigned *roughly in rank order* (rank times a
-  log-normal jitter), as in BPE vocabularies where early merges -- the
-  frequent pieces -- get small ids.  The high byte of a ``uint16`` id is then
-  skewed towards 0, as it is for real tokenized text.
-* **Lexicon.**  Once per seed, a lexicon of ``2 * vocab_size`` "words"
-  (clipped to [512, 100000]) is drawn: short token n-grams of 1..6 tokens.
-  Word length grows with the word's rarity rank (1 + Poisson(0.3 + 0.45 *
-  log10(rank + 1)): frequent words are single tokens, rare words are split
-  into several pieces, as a BPE tokenizer does).  Single-token words get
-  their own token, in word-rank order; pieces of longer words are drawn from
-  the token unigram.
-* **Word frequencies and first-order dependency.**  Each word position is one
-  of three kinds:
-
-  - *global* (``_P_GLOBAL`` = 50 %): a word drawn from the Zipf(``zipf_a``)
-    word distribution;
-  - *follow* (``_P_FOLLOW`` = 40 %): a successor of the previous word, taken from
-    that word's small successor list (``_N_SUCC`` entries drawn once from the
-    global distribution) with Zipf-ranked choice -- this yields recurring
-    phrases (word bigrams/trigrams), i.e. multi-token repeats;
-  - *topic* (``_P_TOPIC`` = 10 %): one of the document's ``_N_TOPIC`` "topic words"
-    (mid/low-frequency words chosen per document), giving the within-document
-    burstiness of names and terms.
-
-  The first word of a document is never a *follow* word, so documents are
-  independent of each other.
-* **Document lengths.**  A mixture: with probability ``short_frac`` a
-  short-text tail, uniform in ``[min_doc_len, 256]``; otherwise a log-normal
-  body with mean ``mean_len`` and log-sigma ``sigma``.  Lengths are clipped to
-  ``[min_doc_len, max_doc_len]``.  A document is its word stream cut at its
-  length (its last word may be cut, as at a real truncation point).  The EOS
-  id never occurs inside a document.
-
-Consequences: zstd finds matches on repeated words and phrases and Huffman
-codes the skewed bytes, so ratios are text-like (about 2.1x at level 3 on
-``uint16`` bytes with the defaults, versus 1.0x for uniform ids; 1M tokens
-hold ~18k distinct ids, the top one ~4 %), and a zstd dictionary trained on
-some documents captures frequent phrases that recur in others, which is what
-makes dictionaries pay off on short documents (512-byte documents: ~1.15x
-without, ~1.65x with a 32 KiB dictionary).
-
-Everything is vectorised with numpy (no per-token Python loop); the only
-Python loops run over the depth of *follow* chains (~20 levels) and rare
-re-draws of documents whose word stream came out too short.
-
-Randomness: ``np.random.SeedSequence(seed)`` is split into independent
-streams for the lexicon, the lengths and the documents, so the lexicon
-depends only on ``(vocab_size, zipf_a, eos_id, seed)``.  Same spec and same
-numpy version (PCG64 and its samplers) -> bit-identical output.
-
-Writers produce the three input formats the preprocessor accepts (``.bin``
-flat stream, HF-style ``.npz``, flat ``.npy``); all write atomically.
+Token streams with the statistics of tokenized text that compression and I/O are sensitive to (Zipf-Mandelbrot
+tokens and words, recurring phrases, topic words, a mixture of document lengths), bit-reproducible from a seed,
+and writers for the three input formats of the preprocessor. The model of text and its consequences are
+described in docs/loaders.md ("The synthetic corpus").
 
 CLI::
 
@@ -326,7 +262,7 @@ def generate_documents(spec: SynthSpec) -> list[np.ndarray]:
     Returns a list of 1-D arrays of dtype ``spec.dtype`` (uint16 for
     vocab_size <= 65536, else uint32); they are views into one contiguous
     buffer.  No document contains ``spec.resolved_eos_id``; all ids are
-    < ``vocab_size``.  See the module docstring for the model of text.
+    < ``vocab_size``.  See docs/loaders.md ("The synthetic corpus") for the model of text.
     """
     lex_ss, len_ss, doc_ss = np.random.SeedSequence(spec.seed).spawn(3)
     lex = _build_lexicon(spec, np.random.default_rng(lex_ss))

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from loaders.format import MANIFEST_NAME, ShardFormatError, ShardSet, _file_xxh3
+from loaders._layout import _file_xxh3
+from loaders.format import MANIFEST_NAME, ShardFormatError, ShardSet
 
 __all__ = ["verify", "summary", "format_summary", "main"]
 

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import loaders.format as fmt
+import loaders._publish as publish
+from loaders._layout import _DTYPES
 from loaders.format import (
     INDEX_NAME,
     MAX_FRAME_BYTES,
@@ -160,7 +161,7 @@ def test_index_columns_are_mmapable(tmp_path):
             name = name.rstrip(b"\0").decode()
             assert off % 64 == 0  # aligned
             col = s.col(name)
-            mm = np.memmap(path, fmt._DTYPES[code], "r", off, (len(col),))
+            mm = np.memmap(path, _DTYPES[code], "r", off, (len(col),))
             assert np.array_equal(mm, col)
 
 
@@ -253,7 +254,7 @@ def test_atomic_overwrite_keeps_old_directory_when_writing_fails(tmp_path, monke
 @pytest.mark.parametrize("exchange", [True, False])
 def test_overwrite_replaces_directory(tmp_path, monkeypatch, exchange):
     if not exchange:
-        monkeypatch.setattr(fmt, "_exchange", lambda a, b: False)
+        monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
     out = tmp_path / "s"
     _write(out, [(np.arange(10), None, None)])
     m = _write(out, [(np.arange(20), None, None)], overwrite=True)
@@ -264,7 +265,7 @@ def test_overwrite_replaces_directory(tmp_path, monkeypatch, exchange):
 
 
 def test_fallback_rename_restores_old_directory(tmp_path, monkeypatch):
-    monkeypatch.setattr(fmt, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(publish, "_exchange", lambda a, b: False)
     out = tmp_path / "s"
     _write(out, [(np.arange(10), None, None)])
     before = _tree_digest(out)
@@ -275,7 +276,7 @@ def test_fallback_rename_restores_old_directory(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # between the two renames of the fallback path
         return real_rename(a, b)
 
-    monkeypatch.setattr(fmt.os, "rename", rename)
+    monkeypatch.setattr(publish.os, "rename", rename)
     with pytest.raises(KeyboardInterrupt):
         _write(out, [(np.arange(20), None, None)], overwrite=True)
     monkeypatch.undo()

@@ -11,7 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet, _file_xxh3
+from loaders._layout import _file_xxh3
+from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet
 from tests.test_format import _random_records, _write
 
 

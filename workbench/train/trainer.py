@@ -217,13 +217,8 @@ class Trainer:
         if longest > d.seq_len:
             raise ValueError(f"{self.data_dir}: records up to {longest} tokens, longer than data.seq_len="
                              f"{d.seq_len}")
-        return BatchPipeline(
-            self.shards, micro_batch=d.micro_batch_size, seed=d.seed + 1_000_003 * self.rank,
-            num_workers=d.num_workers, io_backend=io.io_backend, ring_depth=io.io_uring_entries,
-            read_threads=io.read_threads, prefetch_batches=d.prefetch_batches,
-            shuffle_window_frames=d.shuffle_window_frames, num_staging_blocks=mem.num_staging_blocks,
-            pinned_block_kb=mem.pinned_block_kb, device=self.device, bucket_width=d.bucket_width,
-            packing=d.packing, seq_len=d.seq_len)
+        return BatchPipeline.from_config(d, io, mem, seed=d.seed + 1_000_003 * self.rank, device=self.device,
+                                         shards=self.shards)
 
     def _lr(self, step: int) -> float:
         t = self.cfg.training

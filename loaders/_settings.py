@@ -1,0 +1,102 @@
+"""``BatchPipeline``'s settings: the bounds of its arguments, where each comes from in the workbench config, and
+errors that name the config's keys.
+
+loaders sits below workbench (import-linter's layers), so the config sections are read duck-typed, by their
+attribute names; ``CONFIG_FIELDS`` is the one place those names live. See docs/loaders.md ("From a config").
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ._plans import PACKINGS
+from .reader import BACKENDS
+
+# Shortest fill row accepted (data.seq_len's lower bound too).
+_MIN_SEQ_LEN = 16
+
+# Where each section sits in the workbench config: the prefix of a key named in an error.
+SECTION_KEYS = {"data": "data", "io": "loongforge.io_domain", "memory": "loongforge.memory_domain"}
+
+# BatchPipeline argument -> (section, the section's attribute).
+CONFIG_FIELDS = {
+    "micro_batch": ("data", "micro_batch_size"),
+    "num_workers": ("data", "num_workers"),
+    "prefetch_batches": ("data", "prefetch_batches"),
+    "shuffle_window_frames": ("data", "shuffle_window_frames"),
+    "bucket_width": ("data", "bucket_width"),
+    "packing": ("data", "packing"),
+    "seq_len": ("data", "seq_len"),
+    "io_backend": ("io", "io_backend"),
+    "ring_depth": ("io", "io_uring_entries"),
+    "read_threads": ("io", "read_threads"),
+    "num_staging_blocks": ("memory", "num_staging_blocks"),
+    "pinned_block_kb": ("memory", "pinned_block_kb"),
+}
+
+
+def check_arguments(*, micro_batch: int, seed: int, num_workers: int, ring_depth: int, read_threads: int,
+                    prefetch_batches: int, shuffle_window_frames: int, num_staging_blocks: int, start_epoch: int,
+                    epochs: int | None, bucket_width: int | None, packing: str, seq_len: int | None,
+                    io_backend: str) -> None:
+    """Refuse an argument of ``BatchPipeline`` outside its bounds, naming it (``micro_batch=0: ...``)."""
+    for name, value, lo in (("micro_batch", micro_batch, 1), ("num_workers", num_workers, 0),
+                            ("ring_depth", ring_depth, 1), ("read_threads", read_threads, 1),
+                            ("prefetch_batches", prefetch_batches, 1),
+                            ("shuffle_window_frames", shuffle_window_frames, 1),
+                            ("num_staging_blocks", num_staging_blocks, 1), ("seed", seed, 0),
+                            ("start_epoch", start_epoch, 0)):
+        if not isinstance(value, int) or value < lo:
+            raise ValueError(f"{name}={value!r}: expected an int >= {lo}")
+    if bucket_width is not None and (not isinstance(bucket_width, int) or bucket_width < 1):
+        raise ValueError(f"bucket_width={bucket_width!r}: expected None (the shards' buckets) or an int >= 1")
+    if packing not in PACKINGS:
+        raise ValueError(f"packing={packing!r}: expected one of {', '.join(map(repr, PACKINGS))}")
+    if packing == "fill" and seq_len is None:
+        raise ValueError(f"seq_len=None: packing='fill' needs seq_len, an int >= {_MIN_SEQ_LEN}")
+    if seq_len is not None and (not isinstance(seq_len, int) or seq_len < _MIN_SEQ_LEN):
+        raise ValueError(f"seq_len={seq_len!r}: expected None (bucket packing) or an int >= {_MIN_SEQ_LEN}")
+    if epochs is not None and (not isinstance(epochs, int) or epochs < 1):
+        raise ValueError(f"epochs={epochs!r}: expected None (endless) or an int >= 1")
+    if io_backend not in BACKENDS:
+        raise ValueError(f"io_backend={io_backend!r}: expected one of {', '.join(BACKENDS)}")
+
+
+def _key(section: str, attr: str) -> str:
+    return f"{SECTION_KEYS[section]}.{attr}"
+
+
+def _read(sections: dict[str, Any], section: str, attr: str) -> Any:
+    try:
+        return getattr(sections[section], attr)
+    except AttributeError:
+        raise TypeError(f"{_key(section, attr)}: the {section} section given "
+                        f"({type(sections[section]).__name__}) has no attribute {attr!r}") from None
+
+
+def config_arguments(data: Any, io: Any, memory: Any) -> tuple[dict[str, Any], dict[str, str]]:
+    """BatchPipeline's arguments read from the three sections, and the config key each one came from."""
+    sections = {"data": data, "io": io, "memory": memory}
+    kwargs = {arg: _read(sections, section, attr) for arg, (section, attr) in CONFIG_FIELDS.items()}
+    return kwargs, {arg: _key(section, attr) for arg, (section, attr) in CONFIG_FIELDS.items()}
+
+
+def config_shards(data: Any) -> Any:
+    """The shard directory of the data section (``data.loongbin_dir``)."""
+    path = _read({"data": data}, "data", "loongbin_dir")
+    if not path:
+        raise ValueError("data.loongbin_dir is not set: point it at a shard directory written by "
+                         "`python -m loaders.preprocess`, or pass shards=")
+    return path
+
+
+def config_error(e: ValueError, keys: dict[str, str]) -> ValueError | None:
+    """``e``'s message with each argument named as its config key (``micro_batch=0`` ->
+    ``data.micro_batch_size=0``, ``need pinned_block_kb >= 12`` -> ``need loongforge.memory_domain...``); None
+    when ``e`` is a subclass (``ShardFormatError`` keeps its type and words) or names none of them."""
+    if type(e) is not ValueError or not keys:
+        return None
+    pattern = re.compile(r"\b(" + "|".join(map(re.escape, keys)) + r")(?=\s?[<>]?=)")
+    msg, n = pattern.subn(lambda m: keys[m.group(1)], str(e))
+    return ValueError(msg) if n else None
