@@ -229,8 +229,11 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
                max_len: int = 2048, num_workers: int = 1, zstd_level: int = 12,
                vocab_size: int | None = None, eos_id: int | None = None, dict_size: int = 262144,
                frame_kb: int = 256, short: str = "pack", overwrite: bool = False, compare: bool = True,
-               quiet: bool = True, bin_dtype: str = "uint16") -> dict:
+               quiet: bool = True, bin_dtype: str = "uint16", tokenizer: str | None = None) -> dict:
     """Preprocess ``inputs`` into the shard directory ``output``; returns the manifest.
+
+    ``tokenizer``: what produced the token ids (an HF tokenizer name or path), recorded as the manifest's
+    ``tokenizer`` so that a study on these shards can say what it trained on; None records null.
 
     Raises ValueError (bad flags or input, naming the file/document/key),
     FileNotFoundError (a missing input) or FileExistsError (``output`` exists
@@ -243,6 +246,8 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
                            bin_dtype=bin_dtype, overwrite=overwrite, compare=compare)
     if not inputs:
         raise ValueError("no inputs given")
+    if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
+        raise ValueError(f"tokenizer={tokenizer!r}: expected a tokenizer name or path, or None")
     out = Path(output)
     _check_output(out, overwrite)
     for p in remove_stale_partials(out):
@@ -281,7 +286,7 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
                             "documents": f.documents, "empty_documents": f.empty_documents,
                             "tokens": f.tokens} for f in files],
                 "flags": flags, **asdict(counts), "read_s": round(t_read, 3),
-            }}
+            }, "tokenizer": tokenizer}
 
             def finish(manifest: dict) -> None:
                 elapsed = time.perf_counter() - t0
@@ -374,13 +379,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="ids >= this are an error (default: max id + 1, with a warning)")
     p.add_argument("--eos-id", type=int, default=None,
                    help="end-of-document id (required for .bin and 1-D .npy; dropped from documents)")
-    p.add_argument("--bin-dtype", choices=BIN_DTYPES, default="uint16", help="token dtype of .bin inputs")
+    p.add_argument("--bin-dtype", choices=BIN_DTYPES, default="uint16", help="token dtype of .bin inputs (default uint16)")
     p.add_argument("--dict-size", type=int, default=262144,
                    help="bytes per bucket dictionary (default 256 KiB; see loaders.format.DEFAULT_DICT_SIZE)")
     p.add_argument("--frame-kb", type=int, default=256, help="decompressed KiB per frame, 64..1024 (default 256)")
     p.add_argument("--short", choices=SHORT_POLICIES, default="pack",
                    help="pieces under --min-len: pack (default), fill (pack, splitting pieces to fill records), "
                         "drop or keep")
+    p.add_argument("--tokenizer", metavar="NAME", default=None,
+                   help="the tokenizer that produced the ids (an HF name or path), recorded in the manifest "
+                        "(default: not recorded)")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists (atomically, at the end)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the global-dict / no-dict / whole-file compression baselines")
@@ -411,7 +419,7 @@ def _main(args: argparse.Namespace) -> int:
             max_len=args.max_len, num_workers=args.num_workers, zstd_level=args.zstd_level,
             vocab_size=args.vocab_size, eos_id=args.eos_id, dict_size=args.dict_size,
             frame_kb=args.frame_kb, short=args.short, overwrite=args.overwrite,
-            compare=not args.no_compare, quiet=args.quiet, bin_dtype=args.bin_dtype)
+            compare=not args.no_compare, quiet=args.quiet, bin_dtype=args.bin_dtype, tokenizer=args.tokenizer)
     except KeyboardInterrupt as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
         print(f"{what}: {args.output} was not written (left as it was)", file=sys.stderr)

@@ -62,8 +62,9 @@ _LEN_SLOPE = 0.45
 class SynthSpec:
     """Parameters of a synthetic corpus; validated on construction."""
 
-    vocab_size: int = 32000
-    """Vocabulary size; token ids are in [0, vocab_size)."""
+    vocab_size: int = 4096
+    """Vocabulary size; token ids are in [0, vocab_size). The default is the ``tiny`` model preset's, so that the
+    default corpus trains the default model (tests/test_synth.py keeps them equal)."""
     num_docs: int = 1000
     """Number of documents to generate."""
     mean_len: float = 2048.0
@@ -476,11 +477,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--output", required=True, help="output file (.bin, .npz or .npy)")
     p.add_argument("--format", choices=_FORMATS, default=None,
                    help="output format (default: from the --output extension)")
-    p.add_argument("--docs", type=int, default=SynthSpec.num_docs, help="number of documents")
-    p.add_argument("--vocab", type=int, default=SynthSpec.vocab_size, help="vocabulary size")
+    p.add_argument("--docs", type=int, default=SynthSpec.num_docs, help="number of documents (default %(default)s)")
+    p.add_argument("--vocab", type=int, default=SynthSpec.vocab_size,
+                   help="vocabulary size (default %(default)s, the tiny model's)")
     p.add_argument("--mean-len", type=float, default=SynthSpec.mean_len,
-                   help="mean of the log-normal document-length body")
-    p.add_argument("--seed", type=int, default=SynthSpec.seed, help="generator seed")
+                   help="mean of the log-normal document-length body (default %(default)s)")
+    p.add_argument("--seed", type=int, default=SynthSpec.seed, help="generator seed (default %(default)s)")
     args = p.parse_args(argv)
 
     fmt = args.format

@@ -495,3 +495,15 @@ def test_fuzz_index_and_dictionaries(good_dir, tmp_path):
             verify(root)
         assert f.name in str(e.value) or "index.lbx" in str(e.value), (f, off, str(e.value))
         f.write_bytes(original)
+
+
+def test_shards_beyond_the_models_vocabulary_are_a_config_error(tmp_path):
+    """Token ids at or above the model's vocabulary stop the run before its first step, as an invalid_config
+    that names the key and both vocabularies, without a traceback."""
+    src = _write_bin(_docs(), tmp_path / "in.bin", eos=4999)
+    preprocess([str(src)], str(tmp_path / "shards"), **_fast(vocab_size=5000, eos_id=4999))
+    p = _run("workbench.train", "--preset", "tiny", "--steps", "1", "-q", "--out", str(tmp_path / "run"),
+             "--set", f"data.loongbin_dir={tmp_path / 'shards'}", "--set", "data.seq_len=256")
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "error (invalid_config)" in p.stderr and "data.loongbin_dir" in p.stderr
+    assert "vocab_size 5000" in p.stderr and "vocab_size 4096" in p.stderr and "Traceback" not in p.stderr

@@ -99,8 +99,9 @@ def test_each_format_through_the_cli(corpus, tmp_path, kind):
     docs, files = corpus
     out = tmp_path / "out"
     extra = ("--quiet",) if kind != "bin" else ()
+    tok = ("--tokenizer", "meta-llama/Llama-3.2-1B") if kind == "npz" else ()
     r = _run("loaders.preprocess", "--input", str(files[kind]), "--output", str(out), "--no-compare",
-             *_fast_cli(*extra))
+             *_fast_cli(*extra, *tok))
     assert r.returncode == 0, r.stderr
     pieces, _ = _pieces(out)
     assert pieces == _expected_pieces(docs, 512)  # every token, once, in its document's order
@@ -110,6 +111,8 @@ def test_each_format_through_the_cli(corpus, tmp_path, kind):
                             "bytes": Path(files[kind]).stat().st_size, "documents": len(docs),
                             "empty_documents": 0, "tokens": sum(map(len, docs))}]
     assert m["real_tokens"] == p["input_tokens"] == sum(map(len, docs))
+    # the tokenizer is recorded as given (a study on these shards names it), null when not given
+    assert m["tokenizer"] == ("meta-llama/Llama-3.2-1B" if tok else None)
     if kind == "bin":  # the summary
         assert "buckets (" in r.stdout and f"{m['records']:,} records" in r.stdout
         assert f"padding ratio {m['padding_ratio']:.2%}" in r.stdout and "compression: " in r.stdout

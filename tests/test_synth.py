@@ -29,8 +29,9 @@ SMALL = dict(num_docs=200, mean_len=256.0)  # ~50k tokens: cheap
 
 @pytest.fixture(scope="module")
 def default_docs() -> tuple[SynthSpec, list[np.ndarray]]:
-    """2000 documents with the default length model (~3.5M tokens, well under 1 s)."""
-    spec = SynthSpec(num_docs=2000, seed=1)
+    """2000 documents with the default length model (~3.5M tokens, well under 1 s), over a 32,000-token
+    vocabulary (a real tokenizer's size: the text-structure tests need the long tail)."""
+    spec = SynthSpec(num_docs=2000, vocab_size=32000, seed=1)
     return spec, generate_documents(spec)
 
 
@@ -336,3 +337,10 @@ def test_generation_speed_10m_tokens():
     elapsed = time.perf_counter() - t0
     assert sum(d.size for d in docs) > 10_000_000
     assert elapsed < 3.0, f"{elapsed:.2f} s for 10M tokens"
+
+
+def test_the_default_vocabulary_is_the_tiny_models():
+    """`python -m loaders.synth` with no --vocab writes ids the default model (the tiny preset) can embed."""
+    from workbench.train.model import get_preset
+
+    assert SynthSpec().vocab_size == get_preset("tiny").vocab_size == 4096

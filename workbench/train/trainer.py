@@ -210,13 +210,18 @@ class Trainer:
     def _pipeline(self):
         d, io, mem = self.cfg.data, self.cfg.loongforge.io_domain, self.cfg.loongforge.memory_domain
         self.shards = ShardSet(self.data_dir)
+        # data the model cannot take is a config error before the first step, not a crash inside it
         if self.shards.vocab_size > self.args.vocab_size:
-            raise ValueError(f"{self.data_dir}: vocabulary of the shards ({self.shards.vocab_size}) is larger "
-                             f"than the model's vocab_size ({self.args.vocab_size})")
+            raise ConfigError(f"data.loongbin_dir: {self.data_dir} has token ids up to "
+                              f"{self.shards.vocab_size - 1} (its manifest's vocab_size {self.shards.vocab_size}), "
+                              f"at or above the model's vocab_size {self.args.vocab_size}; write the shards with the model's "
+                              f"tokenizer or use a model with a vocabulary of at least {self.shards.vocab_size}",
+                              key="data.loongbin_dir")
         longest = int(self.shards.bucket_length.max())
         if longest > d.seq_len:
-            raise ValueError(f"{self.data_dir}: records up to {longest} tokens, longer than data.seq_len="
-                             f"{d.seq_len}")
+            raise ConfigError(f"data.loongbin_dir: {self.data_dir} has records up to {longest} tokens, longer than "
+                              f"data.seq_len={d.seq_len}; preprocess with --max-len {d.seq_len} or raise "
+                              f"data.seq_len", key="data.seq_len")
         return BatchPipeline.from_config(d, io, mem, seed=d.seed + 1_000_003 * self.rank, device=self.device,
                                          shards=self.shards)
 

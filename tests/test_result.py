@@ -1,0 +1,94 @@
+"""The study's one result (workbench.tune.result): verdicts, the best candidate and why it lost, the baseline
+figure the speedup was measured against, the provenance built from it, and where the data came from."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.config import Config, Provenance, merge_overrides
+from workbench.tune.result import build_result, data_source, provenance_fields, result_headline, result_lines
+from workbench.tune.stats import sequential_confidence, speedup_interval
+
+BASE = {"micro_batch_size": 4, "num_workers": 1, "bucket_width": 64}
+
+
+def _cand(trial, params, runs, base_runs, **kw):
+    ratios = [r / b for r, b in zip(runs, base_runs)]
+    iv = speedup_interval(ratios, kw.pop("confidence", 0.95))
+    return {"trial": trial, "params": params, "search_value": kw.pop("search", 999.0), "runs": runs,
+            "baseline_runs": base_runs, "ratios": ratios, "speedup_median": iv.median, "ci_low": iv.low,
+            "ci_high": iv.high, "significant": iv.significant, "failures": [], **kw}
+
+
+def _result(cands, winner=None, **kw):
+    validation = {"candidates": cands, "winner": {"trial": winner}, "ab_rounds": 6, "ab_min_rounds": 3,
+                  "confidence": 0.99, "overall_confidence": 0.95, "looks": 4, "method": "t-interval on log ratios"}
+    return build_result(validation, study="s", base_values=BASE, baseline_repeats=kw.pop("repeats", [100, 90, 110]),
+                        searched=list(BASE), budget={"trials": 10, "trials_run": 10}, data={"source": "synthetic"},
+                        commit="abc123")
+
+
+def test_a_winner_and_its_figures():
+    win = _cand(3, {"micro_batch_size": 8, "num_workers": 1}, [150, 152, 149], [100, 101, 99],
+                stopped="interval excludes 1.0")
+    lose = _cand(5, {"bucket_width": 32}, [101, 99, 102], [100, 100, 100])
+    r = _result([win, lose], winner=3)
+    assert r["verdict"] == "winner" and r["exported"]["trial"] == 3 and r["best"]["trial"] == 3
+    assert r["exported"]["changed"] == {"micro_batch_size": {"base": 4, "value": 8}}  # num_workers unchanged
+    assert r["exported"]["tokens_per_s"] == 150 and r["baseline"]["tokens_per_s"] == 100
+    assert r["baseline"]["runs"] == 3 and r["best"]["stopped"] == "interval excludes 1.0"
+    assert r["noise"]["median"] == 100 and r["noise"]["n"] == 3  # the repeats, kept apart from the baseline figure
+    assert "why_lost" not in r["best"] and "includes 1.0" in r["candidates"][1]["why_lost"]
+    prov = Provenance(**provenance_fields(r))
+    assert (prov.trial, prov.speedup, prov.ab_pairs, prov.significant) == (3, r["best"]["speedup"], 3, True)
+    assert prov.speedup_ci == [r["best"]["ci_low"], r["best"]["ci_high"]] and prov.best_candidate is None
+    assert prov.searched_knobs == list(BASE) and prov.commit == "abc123" and prov.verdict == "winner"
+    head = result_headline(r)
+    assert head.startswith("winner: trial #3 at 1.5") and "micro_batch_size 4 -> 8" in head
+    assert "over 3 A/B pairs" in head and result_lines(r)[0] == head
+
+
+def test_no_significant_gain_keeps_the_best_candidate_and_why():
+    near = _cand(6, {"bucket_width": 128}, [103, 95, 108], [100, 100, 100], search=1180.0)
+    slow = _cand(8, {"num_workers": 0}, [80, 81, 79], [100, 100, 100])
+    r = _result([near, slow])
+    assert r["verdict"] == "no_significant_gain" and r["exported"]["trial"] is None
+    assert r["best"]["trial"] == 6 and r["best"]["search_tokens_per_s"] == 1180.0  # labelled as a search figure
+    assert "includes 1.0 after 3 pairs" in r["best"]["why_lost"]
+    assert "below 1.0" in r["candidates"][1]["why_lost"]
+    # the exported base is measured by the same runs as the baseline figure: one number, not three
+    assert r["exported"]["tokens_per_s"] == r["baseline"]["tokens_per_s"] == 100
+    prov = Provenance(**provenance_fields(r))
+    assert prov.trial is None and prov.speedup == 1.0 and prov.speedup_ci is None and not prov.significant
+    assert prov.best_candidate["trial"] == 6 and prov.best_candidate["speedup"] == r["best"]["speedup"]
+    assert result_headline(r).startswith("no significant gain: the base config is exported; best candidate "
+                                         "trial #6")
+
+
+def test_no_candidate():
+    r = _result([])
+    assert r["verdict"] == "no_candidate" and r["best"] is None
+    assert r["baseline"] == {"tokens_per_s": 100, "runs": 3, "source": "the baseline repeats"}
+    assert Provenance(**provenance_fields(r)).tokens_per_s_per_gpu == 100
+    assert "no candidate" in result_headline(r)
+
+
+def test_the_sequential_interval_is_corrected_for_its_looks():
+    assert sequential_confidence(4, 4) == (0.95, 1)
+    conf, looks = sequential_confidence(3, 8)
+    assert looks == 6 and conf == pytest.approx(1 - 0.05 / 6)
+    ratios = [1.04, 1.01, 1.06, 1.02]
+    plain, corrected = speedup_interval(ratios), speedup_interval(ratios, conf)
+    assert corrected.low < plain.low and corrected.high > plain.high  # wider: each look pays for the others
+    with pytest.raises(ValueError):
+        sequential_confidence(5, 4)
+
+
+def test_data_source_names_the_shards_and_their_tokenizer(tmp_path):
+    assert data_source(Config()) == {"source": "synthetic"}
+    (tmp_path / "manifest.json").write_text(json.dumps({"tokenizer": "gpt2", "real_tokens": 1234}))
+    cfg = merge_overrides(Config(), {"data.loongbin_dir": str(tmp_path)})
+    assert data_source(cfg) == {"source": "shards", "path": str(tmp_path.resolve()), "tokenizer": "gpt2",
+                                "real_tokens": 1234}
