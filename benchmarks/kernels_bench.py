@@ -4,62 +4,7 @@
                             [--shapes 'fused add,bf16 out'] [--providers triton,torch,torch_compile]
                             [--full-sweep] [--kernel-sweep PATH] [--e2e-isolation none --e2e-rounds N]
 
-For each kernel, at the ``gr00t-n1.6`` shapes (micro-batch 8 x 2,048) and at one
-larger hidden size (4,096, Llama-7B-like), in the dtypes the model sees under bf16
-autocast (RMSNorm on the fp32 residual stream; SwiGLU and RoPE in bf16; the loss
-with fp32 h and W under autocast), it times forward, backward and full
-(forward + backward) with :func:`do_bench` (median, p20, p80 of GPU time; L2 flushed
-before each run; the host's launch overhead excluded and reported apart as ``host_ms``) for:
-
-- ``triton``: each launch configuration of a sweep of the kernel's launch space
-  (``kernels.registry``): by default one parameter at a time around the default
-  (at the larger shape only num_warps and the main block size), then the best
-  value of each parameter combined; ``--full-sweep`` runs every valid combination
-  (long);
-- ``torch``: the reference of ``workbench.train.ops``, eager;
-- ``torch_compile``: ``torch.compile`` of that reference.
-
-Bandwidth is the bytes the op must move (inputs read once, outputs written once,
-the same figure for every provider) over the median time, and is compared with
-the copy ceiling measured in the same run (``dst.copy_(src)`` of 1 GiB: read +
-write bytes over time), and with a copy of as many bytes as the op moves in that
-mode (``pct_of_size_copy``): an op of tens of microseconds cannot reach the 1 GiB
-copy's rate, because ramp-up and the last wave weigh more; where both a kernel
-and inductor's are at about 100% of the same-size copy, neither can be faster.
-The loss reports TFLOP/s of its three matmuls (full mode) and its peak memory
-(fwd + bwd, above what its inputs hold).
-
-``--e2e`` adds the end-to-end ``gr00t-n1.6`` training step (8 x 2,048, bf16
-autocast, fused AdamW, learning rate 0 so that every variant's loss must agree)
-with torch ops and with Triton ops (the best launch configurations of this run's
-sweep at the gr00t shapes, or of ``--launch``), eager and compiled. On CUDA each
-variant runs in a process of its own (``--e2e-isolation``): a fresh allocator
-and compile cache each, and a variant that fails, a CUDA error included, costs
-only its own row. A few minutes: two full-model compiles. Separate processes
-differ by several milliseconds per step (a compiled gr00t step: 318.8 to 326.8
-ms for the same variant on an H200), more than the Triton ops change it; for a
-verdict, ``--e2e-isolation none --e2e-rounds 12`` runs the variants in one
-process in interleaved rounds and pairs each round's medians with the torch
-ops' (column ``note``; every step in ``e2e_steps.csv``).
-
-Writes under ``--out`` (default ``benchmarks/out``): ``kernels_bench.csv`` (long
-format: one row per kernel, shape, mode, provider and launch configuration, with
-GPU name, versions and a timestamp), ``best_launch.json`` (the fastest full-mode
-configuration per kernel and shape, as ``loongforge.compute_domain.kernels``
-entries) and ``summary.md`` (tables for benchmarks/README.md); prints a short
-table last. ``--kernel-sweep PATH`` also writes the triton full-mode rows at the
-gr00t shapes in the layout the report's Kernels section reads
-(``runs/<study>/kernel_sweep.csv``).
-
-RMSNorm is timed in three cases: fp32 in and out; fp32 in, bf16 out (an unfused
-norm under autocast); and ``fused add`` (bf16 branch + fp32 stream, bf16 out: the
-model's norms with ``fused_residual_norm``, whose best launch the end-to-end step
-uses). ``--shapes`` keeps the cases whose label contains one of its strings.
-
-Default run: about 80 Triton launch configurations and 8 inductor compiles,
-estimated at about 4 minutes on one H200 (not yet timed); ``--quick`` (gr00t
-shapes only, num_warps and the main block size, shorter timing) about a minute.
-Progress lines carry the elapsed time.
+What it times and how, what it writes and how long it takes: docs/kernel-notes.md, "The benchmark".
 """
 
 from __future__ import annotations
