@@ -813,13 +813,20 @@ def test_under_cuda_graph_capture():
 
 def _kernels_bench():
     """benchmarks/kernels_bench.py, imported once as the module ``kernels_bench`` (it is a script, not a package
-    module)."""
+    module); it puts benchmarks/ on sys.path for its helper modules."""
     if "kernels_bench" not in sys.modules:
         spec = importlib.util.spec_from_file_location("kernels_bench", ROOT / "benchmarks" / "kernels_bench.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["kernels_bench"] = module
         spec.loader.exec_module(module)
     return sys.modules["kernels_bench"]
+
+
+def _kbench(name: str):
+    """The benchmark's helper module benchmarks/_kbench_<name>.py (setup, cases, e2e, summary), where the names
+    the tests patch are looked up."""
+    _kernels_bench()
+    return importlib.import_module(f"_kbench_{name}")
 
 # --------------------------------------------------------------------------- the benchmark's plumbing (CPU)
 
@@ -836,12 +843,10 @@ def test_bench_needs_cuda_and_says_so(capsys):
 def test_the_compiled_references_backward_expects_gradients_laid_out_like_its_outputs():
     import torch._functorch.config as aot_config
 
-    bench = _kernels_bench()
-
     before = aot_config.guess_tangent_strides_as_outputs
     aot_config.guess_tangent_strides_as_outputs = False  # torch 2.11's default: contiguous gradients
     try:
-        with bench._tangents_like_outputs():
+        with _kbench("cases")._tangents_like_outputs():
             assert aot_config.guess_tangent_strides_as_outputs is True
         assert aot_config.guess_tangent_strides_as_outputs is False  # restored
     finally:
@@ -855,28 +860,30 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
     import pandas as pd
 
     bench = _kernels_bench()
+    setup = _kbench("setup")
+    bench_e2e = _kbench("e2e")
 
     def fake_do_bench(fn, quick):
         fn()
         fn()  # do_bench runs fn many times: the fused loss's backward cannot run twice on one graph
         return 1.0, 0.9, 1.1
 
-    monkeypatch.setattr(bench, "do_bench", fake_do_bench)
+    monkeypatch.setattr(setup, "do_bench", fake_do_bench)
     # the tiny preset's dims, so the launch parameters picked at these shapes fit its end-to-end step too
-    monkeypatch.setattr(bench, "MODELS", {"toy": dict(hidden=128, ffn=384, heads=4, kv_heads=2, vocab=4096)})
-    monkeypatch.setattr(bench, "MAIN_MODEL", "toy")
-    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
-    monkeypatch.setattr(bench, "BATCH", 1)
-    monkeypatch.setattr(bench, "SEQ", 6)
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(setup, "MODELS", {"toy": dict(hidden=128, ffn=384, heads=4, kv_heads=2, vocab=4096)})
+    monkeypatch.setattr(setup, "MAIN_MODEL", "toy")
+    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(setup, "BATCH", 1)
+    monkeypatch.setattr(setup, "SEQ", 6)
+    monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # inductor is not what this test is about
     args = bench._parser().parse_args(["--quick", "--e2e", "--e2e-profile", "--out", str(tmp_path),
                                        "--providers", "triton,torch",
                                        "--kernel-sweep", str(tmp_path / "study" / "kernel_sweep.csv")])
     assert bench.run(args, DEVICE) == 0
     df = pd.read_csv(tmp_path / "kernels_bench.csv")
-    assert list(df.columns) == bench.CSV_COLUMNS
-    assert {p for s in registry.LAUNCH_SPACES.values() for p in s.param_names()} <= set(bench.CSV_COLUMNS)
+    assert list(df.columns) == setup.CSV_COLUMNS
+    assert {p for s in registry.LAUNCH_SPACES.values() for p in s.param_names()} <= set(setup.CSV_COLUMNS)
     kern = df[df["kernel"].isin(list(registry.LAUNCH_SPACES))]
     assert set(kern["kernel"]) == set(registry.LAUNCH_SPACES) and not kern["error"].notna().any()
     assert set(kern["mode"]) == {"fwd", "bwd", "full"} and set(kern["provider"]) == {"triton", "torch"}
@@ -901,7 +908,7 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
     prof = pd.read_csv(tmp_path / "e2e_profile.csv")
     assert set(prof["provider"]) == set(e2e.index) and {"gpu", "torch", "timestamp"} <= set(prof.columns)
     for provider, g in prof.groupby("provider"):
-        assert list(g["rank"]) == list(range(1, len(g) + 1)) and len(g) <= bench.PROFILE_TOP
+        assert list(g["rank"]) == list(range(1, len(g) + 1)) and len(g) <= bench_e2e.PROFILE_TOP
         assert (g["self_ms_per_step"].diff().dropna() <= 0).all() and (g["self_ms_per_step"] > 0).all()
         assert 0 < g["share"].sum() <= 1 + 1e-9
     names = " ".join(prof[prof["provider"] == "torch_ops_eager"]["name"])
@@ -914,17 +921,18 @@ def test_bench_e2e_keeps_the_variants_measured_before_one_fails(tmp_path, monkey
     import pandas as pd
 
     bench = _kernels_bench()
+    setup = _kbench("setup")
 
     def broken_compile(fn, **kw):
         def run(*a, **k):
             raise RuntimeError("boom in the compiled step")
         return run
 
-    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
-    monkeypatch.setattr(bench, "BATCH", 1)
-    monkeypatch.setattr(bench, "SEQ", 6)
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
-    monkeypatch.setattr(bench, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
+    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(setup, "BATCH", 1)
+    monkeypatch.setattr(setup, "SEQ", 6)
+    monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(setup, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
     monkeypatch.setattr(torch, "compile", broken_compile)
     args = bench._parser().parse_args(["--quick", "--e2e", "--kernels", "none", "--out", str(tmp_path)])
     assert bench.run(args, DEVICE) == 0
@@ -946,15 +954,16 @@ def test_bench_e2e_pairs_interleaved_rounds_with_the_torch_ops(tmp_path, monkeyp
     import pandas as pd
 
     bench = _kernels_bench()
+    setup = _kbench("setup")
 
-    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
-    monkeypatch.setattr(bench, "BATCH", 1)
-    monkeypatch.setattr(bench, "SEQ", 6)
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
-    monkeypatch.setattr(bench, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
+    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(setup, "BATCH", 1)
+    monkeypatch.setattr(setup, "SEQ", 6)
+    monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(setup, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
     # rounds run torch's 4 timed steps, then triton's: 10 ms against 8, except round 2 (11: slower there)
     scripted = iter([10.0] * 4 + [8.0] * 4 + [10.0] * 4 + [8.0] * 4 + [10.0] * 4 + [11.0] * 4)
-    monkeypatch.setattr(bench._Device, "time_ms", lambda self, fn: (fn(), next(scripted)))
+    monkeypatch.setattr(setup._Device, "time_ms", lambda self, fn: (fn(), next(scripted)))
     args = bench._parser().parse_args(["--quick", "--e2e", "--kernels", "none", "--out", str(tmp_path),
                                        "--e2e-isolation", "none", "--e2e-rounds", "3",
                                        "--e2e-variants", "torch:eager,triton:eager"])
@@ -976,12 +985,14 @@ def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
     import pandas as pd
 
     bench = _kernels_bench()
+    setup = _kbench("setup")
+    bench_e2e = _kbench("e2e")
 
-    monkeypatch.setattr(bench, "E2E_PRESET", "tiny")
-    monkeypatch.setattr(bench, "BATCH", 1)
-    monkeypatch.setattr(bench, "SEQ", 6)
-    monkeypatch.setattr(bench, "COPY_BYTES", 1 << 12)
-    monkeypatch.setattr(bench, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
+    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    monkeypatch.setattr(setup, "BATCH", 1)
+    monkeypatch.setattr(setup, "SEQ", 6)
+    monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)
+    monkeypatch.setattr(setup, "do_bench", lambda fn, quick: (fn(), 1.0, 0.9, 1.1)[1:])
     monkeypatch.setenv("TRITON_INTERPRET", "1")  # the workers run the Triton ops on the CPU too
     args = bench._parser().parse_args(["--quick", "--e2e", "--kernels", "none", "--out", str(tmp_path),
                                        "--e2e-isolation", "process", "--e2e-variants", "torch:eager,triton:eager"])
@@ -991,38 +1002,38 @@ def test_bench_e2e_one_process_per_variant(tmp_path, monkeypatch):
     assert (e2e["median_ms"] > 0).all() and e2e["error"].isna().all() and (e2e["gpu"] == "cpu").all()
     assert e2e.loc["triton_ops_eager", "loss"] == pytest.approx(e2e.loc["torch_ops_eager", "loss"], rel=1e-3)
     with pytest.raises(SystemExit, match="not one of"):
-        bench._variants(bench._parser().parse_args(["--e2e-variants", "triton:turbo"]))
+        bench_e2e._variants(bench._parser().parse_args(["--e2e-variants", "triton:turbo"]))
 
 
 def test_bench_e2e_variants_include_the_fused_residual_add_on_request():
     import argparse
 
-    bench = _kernels_bench()
+    bench_e2e = _kbench("e2e")
 
-    assert bench._variants(argparse.Namespace(e2e_variants=None)) == bench.E2E_VARIANTS  # not by default
-    got = bench._variants(argparse.Namespace(e2e_variants="triton:compile,triton_fused:compile"))
+    assert bench_e2e._variants(argparse.Namespace(e2e_variants=None)) == bench_e2e.E2E_VARIANTS  # not by default
+    got = bench_e2e._variants(argparse.Namespace(e2e_variants="triton:compile,triton_fused:compile"))
     assert got == [("triton", "compile"), ("triton_fused", "compile")]
-    assert bench._e2e_row("triton_fused", "compile", {"rmsnorm": {"num_warps": 8}}, {})["sweep"] == "best"
+    assert bench_e2e._e2e_row("triton_fused", "compile", {"rmsnorm": {"num_warps": 8}}, {})["sweep"] == "best"
     with pytest.raises(SystemExit, match="'fused' needs the Triton rmsnorm"):
-        bench._variants(argparse.Namespace(e2e_variants="fused:eager"))
+        bench_e2e._variants(argparse.Namespace(e2e_variants="fused:eager"))
 
 
 def test_bench_e2e_mixes_run_triton_for_the_named_ops_only():
     import argparse
 
-    bench = _kernels_bench()
+    bench_e2e = _kbench("e2e")
     from workbench.train.ops import OP_NAMES, resolve
 
-    got = bench._variants(argparse.Namespace(e2e_variants="rmsnorm+loss:compile,rmsnorm+fused+rope:eager"))
+    got = bench_e2e._variants(argparse.Namespace(e2e_variants="rmsnorm+loss:compile,rmsnorm+fused+rope:eager"))
     assert got == [("rmsnorm+loss", "compile"), ("rmsnorm+fused+rope", "eager")]
-    assert bench._e2e_ops("rmsnorm+loss") == ({"rmsnorm": "triton", "loss": "triton"}, False)
-    assert bench._e2e_ops("rmsnorm+fused+rope") == ({"rmsnorm": "triton", "rope": "triton"}, True)
-    assert bench._e2e_ops("triton") == ({op: "triton" for op in OP_NAMES}, False)
-    assert bench._e2e_ops("torch") == ({}, False)
-    chosen = resolve(*bench._e2e_ops("rmsnorm+loss")[:1]).backends
+    assert bench_e2e._e2e_ops("rmsnorm+loss") == ({"rmsnorm": "triton", "loss": "triton"}, False)
+    assert bench_e2e._e2e_ops("rmsnorm+fused+rope") == ({"rmsnorm": "triton", "rope": "triton"}, True)
+    assert bench_e2e._e2e_ops("triton") == ({op: "triton" for op in OP_NAMES}, False)
+    assert bench_e2e._e2e_ops("torch") == ({}, False)
+    chosen = resolve(*bench_e2e._e2e_ops("rmsnorm+loss")[:1]).backends
     assert chosen == {"rmsnorm": "triton", "swiglu": "torch", "rope": "torch", "loss": "triton"}
-    assert bench._e2e_row("rmsnorm+loss", "compile", {}, {})["provider"] == "rmsnorm+loss_ops_compile"
+    assert bench_e2e._e2e_row("rmsnorm+loss", "compile", {}, {})["provider"] == "rmsnorm+loss_ops_compile"
     with pytest.raises(SystemExit, match=r"\['swigloo'\] not in"):
-        bench._variants(argparse.Namespace(e2e_variants="rmsnorm+swigloo:eager"))
+        bench_e2e._variants(argparse.Namespace(e2e_variants="rmsnorm+swigloo:eager"))
     with pytest.raises(SystemExit, match="mode 'turbo' is not one of eager, compile, graphs"):
-        bench._variants(argparse.Namespace(e2e_variants="rope:turbo"))
+        bench_e2e._variants(argparse.Namespace(e2e_variants="rope:turbo"))
