@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return _e2e_worker(args, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if not torch.cuda.is_available():
         print("kernels_bench needs a CUDA GPU (torch.cuda.is_available() is False here). The kernels' "
-              "correctness tests run on the CPU: pytest tests/test_kernels.py (under TRITON_INTERPRET=1).",
+              "correctness tests run on the CPU: pytest tests/kernels (under TRITON_INTERPRET=1).",
               file=sys.stderr)
         return 2
     import kernels
