@@ -167,10 +167,8 @@ def _fused_linear_ce_fwd(
         if dh is not None:
             _mm_into(dh[start:end], logits_CV, w_c, accumulate=False)
         if dw is not None:
-            # dW has V rows (no padding); its rows are updated as an aligned block of Va rows (a multiple of
-            # VOCAB_ALIGN) plus the few remaining ones: a matmul whose row count is odd (50,257) ran at 472
-            # TFLOP/s against 771 for the aligned logits matmul on an H200 (benchmarks/results/
-            # docs/kernel-notes.md)
+            # dW (V rows, unpadded) as an aligned block of Va rows (a multiple of VOCAB_ALIGN) plus the tail: an
+            # odd row count runs the matmul far slower (docs/kernel-notes.md, fused linear + cross-entropy)
             g_VC = logits_CV[:, :V].t()
             _mm_into(dw[:Va], g_VC[:Va], h_c[start:end], accumulate=True)
             if Va < V:
