@@ -169,7 +169,7 @@ def _measure(case: Case, fn: Callable, quick: bool, device: _Device) -> dict[str
     except RuntimeError:  # the fused loss scales its saved gradients in place: its backward runs once
         res["bwd"] = {**dict(zip(keys, _bench_fresh_backward(fn, args, params, up, quick, device))),
                       "note": "backward of a fresh forward each run (it cannot be re-run); L2 not flushed"}
-    del out, outs
+    out = outs = None  # released; not del: the closures above use these names (pyflakes)
     res["full"] = dict(zip(keys, setup.do_bench(full, quick)))
     if device.cuda:  # the host's launch overhead per call (fwd, full); the GPU time above excludes it
         res["fwd"]["host_ms"], res["full"]["host_ms"] = setup.host_ms(fwd), setup.host_ms(full)
@@ -180,7 +180,7 @@ def _measure(case: Case, fn: Callable, quick: bool, device: _Device) -> dict[str
         f = case.flops.get(mode, math.nan)
         r["tflop_per_s"] = f / (r["median_ms"] * 1e-3) / 1e12 if mode == "full" and not math.isnan(f) else math.nan
         r["peak_mem_gib"] = peak if mode == "full" else math.nan
-    del args, params, upstream, up
+    args = params = upstream = up = None
     device.empty_cache()
     return res
 

@@ -228,7 +228,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                      "loss": losses[(ops_name, mode)], "profile": profiles.get((ops_name, mode)),
                      "note": _paired_note(times, (ops_name, mode)),
                      "steps": [{"round": r, "step": i, "ms": t} for i, (r, t) in enumerate(per_step)]})
-    del model, opt
+    model = opt = None
     device.empty_cache()
     return rows
 

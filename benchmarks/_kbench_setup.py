@@ -152,6 +152,6 @@ def copy_ceiling_gb_per_s(quick: bool, dev, nbytes: float | None = None) -> floa
     src = torch.empty(half // 2, dtype=torch.bfloat16, device=dev).normal_()
     dst = torch.empty_like(src)
     med, _, _ = do_bench(lambda: dst.copy_(src), quick)
-    del src, dst
+    src = dst = None
     _Device(dev).empty_cache()
     return 2 * half / (med * 1e-3) / 1e9
