@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 
-from _run import ROOT, child_env, run_logged
+from _run import child_env, run_logged
 GIB = 1024 ** 3
 
 BASE_SETS = ["data.seq_len=2048", "data.bucket_width=128", "data.num_workers=4", "training.dtype=bf16",

@@ -1,39 +1,9 @@
 """Fused LM head + cross-entropy over the vocabulary, in chunks of rows: the N x V logits never exist at once.
 
-Shape legend: N positions (flattened B x (T - 1)), D hidden size, V vocab, C rows per chunk.
-
-The vocabulary is padded to a multiple of 64 (Vp; W gets zero rows): with V = 50,257 the
-rows of an unpadded N x V bf16 logits buffer are not 16-byte aligned, and cuBLAS then
-falls back to kernels about 5x slower (measured on an H200: 1.98 ms for a 1,024-row
-logits matmul against 0.27 ms aligned,
-docs/kernel-notes.md). The padded columns never count: the softmax
-reads only the first V, and their gradient is written as 0.
-
-For each chunk of C rows:
-
-    logits_CV = h_CD @ W_VD^T                        (torch / cuBLAS, in the compute dtype; V padded to Vp)
-    Triton kernel, per row: lse = logsumexp(logits) (online, block_v entries per step, fp32),
-        loss = lse - logits[label] where the row counts (mask true and label != -100), else 0;
-        then, in place, logits <- softmax(logits) - onehot(label)  (0 for rows that do not count)
-    dh_CD  = dlogits_CV @ W_VD                       (torch / cuBLAS)
-    dW_VD += dlogits_CV^T @ h_CD                      (torch / cuBLAS, accumulated in fp32)
-
-The gradients are computed in the forward and kept for the backward (as Liger-Kernel
-does) rather than recomputed there: that is three matmuls per chunk instead of four
-(the unfused loss also does three), which is what keeps the fused loss within reach
-of the unfused time; the price is holding dh (N x D) and dW (V x D, fp32) from the
-forward to the backward, far less than the N x V logits (and their fp32 copies) of
-the unfused loss. The backward only scales them by the incoming gradient (a device
-tensor: no host sync). When no input needs a gradient (evaluation), the forward
-does one matmul per chunk and the loss only.
-
-Numerics follow ``workbench.train.ops.linear_cross_entropy_torch``: the logits are computed
-in the compute dtype (autocast's when autocast is on, else h's), softmax and loss in
-fp32, gradients of the logits rounded to the compute dtype before the matmuls. dW is
-accumulated over chunks in fp32 (cuBLAS writes fp32 directly from bf16 operands on
-torch >= 2.8; before, each chunk's products are rounded to bf16 first, as the unfused
-loss rounds them), then cast to W's dtype. The forward is a torch.library custom op:
-under torch.compile it runs as written, one opaque node. Launch parameters come from
+Shape legend: N positions (flattened B x (T - 1)), D hidden size, V vocab (Vp: padded to a multiple of 64), C rows
+per chunk. Per chunk, cuBLAS computes the logits, a Triton kernel the loss and, in place, the logits' gradient, and
+cuBLAS dh and dW: the gradients are computed in the forward and only scaled in the backward. The chunk loop, the
+padding and the numerics: docs/kernel-notes.md, "Fused linear + cross-entropy". Launch parameters come from
 ``kernels.registry`` (kernel ``fused_linear_ce``).
 """
 
@@ -94,8 +64,8 @@ def _ce_fwd_kernel(
             tl.store(base + cols, g.to(LOGITS.dtype.element_ty), mask=cols < VP)
 
 
-# The backward has no kernel of its own: its work is done in the forward (see the module docstring);
-# what is left is scaling dh and dW by the incoming gradient.
+# The backward has no kernel of its own: its work is done in the forward (docs/kernel-notes.md, fused linear +
+# cross-entropy); what is left is scaling dh and dW by the incoming gradient.
 
 
 # --------------------------------------------------------------------------- launchers
@@ -197,10 +167,8 @@ def _fused_linear_ce_fwd(
         if dh is not None:
             _mm_into(dh[start:end], logits_CV, w_c, accumulate=False)
         if dw is not None:
-            # dW has V rows (no padding); its rows are updated as an aligned block of Va rows (a multiple of
-            # VOCAB_ALIGN) plus the few remaining ones: a matmul whose row count is odd (50,257) ran at 472
-            # TFLOP/s against 771 for the aligned logits matmul on an H200 (benchmarks/results/
-            # docs/kernel-notes.md)
+            # dW (V rows, unpadded) as an aligned block of Va rows (a multiple of VOCAB_ALIGN) plus the tail: an
+            # odd row count runs the matmul far slower (docs/kernel-notes.md, fused linear + cross-entropy)
             g_VC = logits_CV[:, :V].t()
             _mm_into(dw[:Va], g_VC[:Va], h_c[start:end], accumulate=True)
             if Va < V:

@@ -351,9 +351,7 @@ RMSNORM = LaunchSpace(
                     "normalise) even where one fwd_block_size chunk holds the row, as inductor's forward does; 1 "
                     "reads it once where the chunk holds it (a chunk narrower than the row always takes two)",
                     check=_int_in((1, 2)), phase="fwd", candidates=lambda s: (1, 2),
-                    # run AT, hidden 2,048: two passes over the whole row, 2 rows of 16 warps (inductor's launch),
-                    # 0.999x torch.compile with fp32 out against 0.995x at the defaults; with bf16 out 0.996x
-                    # against 1.070x, so not the default
+                    # default 1: two passes over a whole row are slower with bf16 out (docs/kernel-notes.md, RMSNorm)
                     default=lambda s: 1),
         LaunchParam(**{**_NUM_WARPS, "name": "bwd_num_warps", "doc": "backward: warps per program"}, phase="bwd",
                     candidates=lambda s: (4, 8, 16), default=_rms_default_warps),

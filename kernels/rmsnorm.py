@@ -3,31 +3,10 @@
 Shape legend: M rows (every leading dim flattened: B x T), D hidden size.
 
     y_MD = x_MD * rstd_M * w_D,   rstd_M = 1 / sqrt(mean_D(x^2) + eps)        (fp32 inside)
-    fused add:  s_MD = x_MD + r_MD (rounded to the output dtype, as an unfused add would be),
-                y_MD = rmsnorm(s_MD); returns (y, s)
+    fused add:  s_MD = x_MD + r_MD, y_MD = rmsnorm(s_MD); returns (y, s)
 
-Backward, with xhat = x * rstd and g = w * dy:
-
-    dx_MD = rstd * (g - xhat * mean_D(xhat * g))   (+ ds_MD, the gradient reaching s, when fused)
-    dw_D  = sum_M(dy * xhat)
-
-One pass: a tile of ``block_rows`` x ``block_size`` holds whole rows (``block_size`` >= D),
-so x is read once in the forward and x, dy once in the backward (the backward's tile:
-``bwd_block_rows`` rows, with its own warp count). With ``fwd_block_size`` < D the
-forward makes two passes over column chunks of that width instead, as inductor's looped
-reduction does: the sum of squares, then a second read of the rows (kept in L2 by an
-``evict_last`` first read) to normalise; a narrower tile, fewer registers, more programs in flight.
-``fwd_passes`` 2 makes the two passes over a chunk that holds the whole row (inductor's shape).
-Where every tile lies inside the tensor (rows a multiple of ``block_rows``, D of the column
-block) and there is no residual, the forward's loads and stores carry no mask (``EVEN``).
-The forward saves rstd (4 bytes per row) so the backward does not recompute it. The backward is
-persistent (as Liger-Kernel's): ``programs_per_sm`` programs per SM, each looping over
-row tiles and keeping its partial dw in registers; the partials ([programs, D], fp32)
-are summed by a small Triton kernel in a fixed order (deterministic). With ``bwd_tiles_in_flight``
-2 each program loads the next tile's inputs before working on the current one, so its loads are
-in flight during the row reduction and the stores. Launch parameters come from
-``kernels.registry`` (kernel ``rmsnorm``); the partial sum's block sizes follow from the
-partials' shape (see ``_sum_rows``).
+The backward's formulas, the one- and two-pass forward tiles, the persistent backward and the dw partials' sum:
+docs/kernel-notes.md, "RMSNorm". Launch parameters come from ``kernels.registry`` (kernel ``rmsnorm``).
 """
 
 from __future__ import annotations
@@ -102,8 +81,7 @@ def _rmsnorm_fwd_kernel(
             w = _load(W + cols, col_ok, EVEN, "evict_last").to(tl.float32)
             y = x * rstd[:, None] * w[None, :]
             _store(Y + rows[:, None] * stride_y + cols[None, :], y.to(Y.dtype.element_ty), mask, EVEN)
-        # stored last, not between the passes: run AQ, bf16 out at 4,096, 0.993x -> 1.002x torch.compile's
-        # training forward (which stores it between); level at 2,048
+        # rstd is stored after the second pass, never between the passes (docs/kernel-notes.md, RMSNorm)
         _store(RSTD + rows, rstd, row_ok, EVEN)
     else:  # one pass: the tile holds whole rows
         cols = tl.arange(0, BLOCK_D)
