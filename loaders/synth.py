@@ -64,7 +64,7 @@ class SynthSpec:
 
     vocab_size: int = 4096
     """Vocabulary size; token ids are in [0, vocab_size). The default is the ``tiny`` model preset's, so that the
-    default corpus trains the default model (tests/test_synth.py keeps them equal)."""
+    default corpus trains the default model (tests/loaders/test_synth.py keeps them equal)."""
     num_docs: int = 1000
     """Number of documents to generate."""
     mean_len: float = 2048.0

@@ -1,7 +1,7 @@
 """Peak device memory of a training config, predicted before it runs.
 
 State (16 bytes a parameter), the activations each block saves, the loss's logits and one block's working set;
-within 5% of the measured peak on the H200 configs in tests/test_memory_model.py. docs/memory.md gives the
+within 5% of the measured peak on the H200 configs in tests/train/test_memory_model.py. docs/memory.md gives the
 byte counts and where the model does not hold.
 """
 

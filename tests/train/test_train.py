@@ -21,7 +21,7 @@ from workbench.train.memory_model import predict_peak
 from workbench.train.timing import PHASES
 from workbench.train import synthetic_data_dir
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = ROOT / "tests" / "assets" / "losses" / "tiny_seed0.json"
 
 

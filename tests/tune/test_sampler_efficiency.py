@@ -10,7 +10,7 @@ import optuna
 import pandas as pd
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("sampler_efficiency", REPO / "benchmarks" / "sampler_efficiency.py")
 se = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(se)

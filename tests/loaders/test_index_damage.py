@@ -13,7 +13,7 @@ import pytest
 
 from loaders._layout import _file_xxh3
 from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet
-from tests.test_format import _random_records, _write
+from test_format import _random_records, _write
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from loaders.inputs import iter_documents, open_input
 from loaders.preprocess import preprocess
 from loaders.verify import verify
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VOCAB = 5000
 EOS = VOCAB - 1
 

@@ -162,7 +162,7 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     import pandas as pd
 
     csv = tmp_path / "study.csv"
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     p = subprocess.run([sys.executable, str(repo / "benchmarks" / "study_results.py"), str(sdir), "--out", str(csv)],
                        capture_output=True, text=True, env=subprocess_env, cwd=repo, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr

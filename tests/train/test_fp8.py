@@ -113,7 +113,7 @@ def test_trainer_trains_with_fp8_on_the_cpu(tmp_path):
     is finite and falls, and the summary says what ran."""
     from torchao.float8.float8_linear import Float8Linear
 
-    from tests.test_train import _cfg, _losses  # the tiny loop's config and its per-step losses
+    from test_train import _cfg, _losses  # the tiny loop's config and its per-step losses
     from workbench.train.trainer import Trainer
     from workbench.train import synthetic_data_dir
 

@@ -23,7 +23,7 @@ from loaders.preprocess import preprocess
 from loaders.verify import main as verify_main
 from loaders.verify import verify
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 COLUMNS = ("bucket.length", "bucket.dict", "bucket.frame0", "bucket.nframes", "frame.bucket", "frame.offset",
            "frame.clen", "frame.dlen", "frame.first_rec", "frame.n_rec", "frame.xxh3", "rec.offset", "rec.length")
 VOCAB, EOS = 1000, 999

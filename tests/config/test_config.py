@@ -35,7 +35,7 @@ from workbench.config import (
 )
 from workbench.train.allocator import apply_allocator_env
 
-SEED = Path(__file__).resolve().parents[1] / "docs" / "seed-config.yaml"
+SEED = Path(__file__).resolve().parents[2] / "docs" / "seed-config.yaml"
 
 
 def _sections(cls: type = Config) -> list[type]:

@@ -30,7 +30,7 @@ from workbench.train.model import (
 )
 from workbench.train.ops import linear_cross_entropy_torch, register, resolve, rms_norm_torch, rope_torch
 
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).parents[1] / "assets"
 GQA_CONFIG = ASSETS / "gqa_config.json"
 ATOL = 1e-5
 

@@ -13,7 +13,7 @@ import pandas as pd
 
 from workbench.config import dump_config, merge_overrides, preset_config
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def loop_bench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

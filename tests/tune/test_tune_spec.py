@@ -27,7 +27,8 @@ def test_builtins_load_and_make_valid_trial_configs():
     assert {"tiny-cpu", "gr00t-n1.6"} <= set(builtin_studies())
     tiny = load_study_spec()  # the default
     assert tiny.name == "tiny-cpu" and tiny.model == "tiny"
-    assert set(tiny.space) == {"bucket_width", "io_uring_entries", "num_workers", "micro_batch_size"}
+    assert set(tiny.space) == {"micro_batch_size", "activation_checkpointing"} and tiny.sampler.name == "grid"
+    assert tiny.budget.trials == 4 and tiny.protocol.ab_min_rounds == 3  # the whole grid; sequential A/B
     for mbs in tiny.space["micro_batch_size"].choices:
         cfg = tiny.trial_config({"micro_batch_size": mbs})
         assert cfg.effective_global_batch_size() == 8  # tuning never changes the optimisation
@@ -56,7 +57,7 @@ def test_builtins_load_and_make_valid_trial_configs():
 
 def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):
     (tmp_path / "model.json").write_text(
-        Path(__file__).with_name("assets").joinpath("gqa_config.json").read_text())
+        Path(__file__).parents[1].joinpath("assets").joinpath("gqa_config.json").read_text())
     path = _write(tmp_path, "name: mine\nmodel: model.json\n" + GOOD.split("\n", 2)[2])
     spec = load_study_spec(path)
     assert spec.source == path
