@@ -16,7 +16,7 @@ __all__ = ["LEASE_ATTR", "TuneError", "Tuner", "default_storage_url", "make_stor
 
 _WHERE = {"LEASE_ATTR": "workbench.tune.lease", "TuneError": "workbench.errors", "Tuner": "workbench.tune.tuner",
           "default_storage_url": "workbench.tune.storage", "make_storage": "workbench.tune.storage",
-          "normalize_storage_url": "workbench.tune.storage", "sessions_wall_s": "workbench.tune.tuner",
+          "normalize_storage_url": "workbench.tune.storage", "sessions_wall_s": "workbench.tune.records",
           "winner_launch_record": "workbench.tune.tuner"}
 
 

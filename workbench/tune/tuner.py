@@ -4,7 +4,6 @@ and how it resumes; ``python -m workbench.tune`` (``__main__``) is its CLI."""
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import math
 import os
@@ -25,15 +24,15 @@ from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError
 from workbench.errors import TuneError
-from workbench.train.fingerprint import source_commit
 from workbench.train.memory_model import predicted_oom
-from workbench.tune.export import export_config, write_json
+from workbench.tune.export import export_config
 from workbench.tune.knobs import (DroppedKnob, detect_capabilities, drop_unsupported, format_dropped, get_knob,
                                   knob_names)
 from workbench.tune.lease import CoordinatorLease
 from workbench.tune.measure import Measurement
 from workbench.tune.progress import Progress
-from workbench.tune.result import build_result, data_source, describe_data, result_headline, result_lines
+from workbench.tune.records import StudyRecords, sessions_wall_s
+from workbench.tune.result import data_source, describe_data, result_headline
 from workbench.tune.samplers import make_sampler
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
                                     normalize_storage_url, proc_start)
@@ -43,7 +42,7 @@ from workbench.tune.trial import (Launcher, TrialOutcome, interrupts_held, launc
 from workbench.tune.validation import Validation, _feasible, _now
 from workbench.tune.verify import Verification
 
-__all__ = ["Tuner", "sessions_wall_s", "winner_launch_record"]
+__all__ = ["Tuner", "winner_launch_record"]
 
 
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
@@ -56,19 +55,6 @@ _STUDY_WAIT_S = 300  # a worker started before its coordinator waits this long f
 
 
 
-def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
-    """Seconds of the sessions that finished (tune.json's ``sessions``); an interrupted one has no end and adds
-    nothing."""
-    total = 0.0
-    for s in sessions:
-        try:
-            total += (datetime.datetime.fromisoformat(s["finished"])
-                      - datetime.datetime.fromisoformat(s["started"])).total_seconds()
-        except (KeyError, TypeError, ValueError):
-            continue
-    return total
-
-
 class _AskTellGridSampler(optuna.samplers.GridSampler):
     """Optuna's grid sampler, without its end-of-grid ``study.stop()``: that call only works inside
     ``study.optimize`` and raises under ask/tell (after the last grid point was stored), which is how the
@@ -78,7 +64,7 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-class Tuner(CoordinatorLease, Measurement, Validation, Verification):
+class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecords):
     """One tuner process (coordinator or worker) on one study; see the module docstring."""
 
     def __init__(
@@ -541,49 +527,6 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification):
             self._log(self._trial_line(trial, out))
 
     # ------------------------------------------------------------------ validation
-    def _earlier_sessions(self) -> list[dict[str, Any]]:
-        """The coordinator runs recorded by an earlier tune.json of this study directory (a resume); none when
-        there is no such file or it cannot be read (the report then counts this run alone)."""
-        try:
-            prev = json.loads((self.study_dir / "tune.json").read_text())
-        except (OSError, ValueError):
-            return []
-        if not isinstance(prev, dict) or prev.get("study_name") != self.study_name:
-            return []
-        sessions = prev.get("sessions")
-        if isinstance(sessions, list):
-            return [s for s in sessions if isinstance(s, dict) and isinstance(s.get("started"), str)]
-        # a tune.json written before sessions were recorded: its one run
-        return [{"started": prev["started"], "finished": prev.get("finished")}] \
-            if isinstance(prev.get("started"), str) else []
-
-    def _session(self, started: str, finished: str | None) -> None:
-        if self._sessions is None:
-            self._sessions = self._earlier_sessions()
-            self._sessions.append({"started": started, "finished": None})
-        self._sessions[-1] = {"started": started, "finished": finished}
-
-    def _write_tune_json(self, started: str, finished: str | None, result: Mapping[str, Any] | None = None) -> None:
-        """tune.json: the study's facts, its coordinator sessions and, once finished, its ``result``."""
-        assert self.spec is not None and self.study is not None
-        self._session(started, finished)
-        write_json(self.study_dir / "tune.json", {
-            "study_name": self.study_name, "storage_url": self.storage_url, "spec": self.spec.to_dict(),
-            "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
-            "budget_trials": self.budget, "noise_floor": self.study.user_attrs.get("noise_floor"),
-            "started": self._sessions[0]["started"], "finished": finished,
-            "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions), "result": result,
-        })
-
-    def _result(self, validation: Mapping[str, Any], wall_s: float | None) -> dict[str, Any]:
-        """The study's one result (workbench.tune.result) from its validation and the study's facts."""
-        assert self.spec is not None
-        budget = {"trials": self.budget, "trials_run": self._finished_count(), "timeout_s": self.timeout_s,
-                  "wall_s": wall_s}
-        return build_result(validation, study=self.study_name, base_values=self.spec.base_knob_values(),
-                            baseline_repeats=self.baseline_runs(), searched=self.active, budget=budget,
-                            data=data_source(self.spec.base_config()), commit=source_commit())
-
     def run(self) -> dict[str, Any] | None:
         """Coordinator: baseline, search, validation, export, report. Worker: search only.
 
@@ -637,24 +580,6 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification):
         self._print_result(result, path)
         return validation
 
-    def _finished(self) -> dict[str, Any] | None:
-        """A study whose result is stored and whose budget is spent is not run again: say so, how to re-measure
-        its export and how to extend it, and give the lease back. None when there is work to do."""
-        result = self.stored_result()
-        spent = (self.budget is not None and self._finished_count() >= self.budget) or \
-            (self.budget is None and self.timeout_override is None)
-        if result is None or not spent:
-            return None
-        with interrupts_held():
-            self._release_lease()
-        print("\n".join([f"study {self.study_name} is finished ({self._finished_count()} trials):",
-                         *result_lines(result), f"config: {self.study_dir / 'config.yaml'}",
-                         f"re-measure the exported config: python -m workbench.tune verify --study-name "
-                         f"{self.study_name} --out {self.study_dir.parent}",
-                         f"extend the search: the same command with --trials N (N > {self._finished_count()})"]),
-              flush=True)
-        return result
-
     def _build_report(self) -> Path | None:
         """report.html through the injected builder. The study's results are already stored and exported, so a
         builder that fails is one line naming the command that rebuilds it, never a lost study."""
@@ -666,13 +591,6 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification):
                   f"rebuild it with `python -m workbench.tune report --study-name {self.study_name} --out "
                   f"{self.study_dir.parent}`", file=sys.stderr, flush=True)
             return None
-
-    def _print_result(self, result: Mapping[str, Any], path: Path) -> None:
-        lines = [*result_lines(result), f"config: {path}"]
-        if self.report is not None and (self.study_dir / "report.html").exists():
-            lines.append(f"report: {self.study_dir / 'report.html'}")
-        print("\n".join(lines), flush=True)
-
 
 def _as_dropped(items: Sequence[Mapping[str, str]]) -> list[Any]:
     return [DroppedKnob(d["knob"], d["reason"]) for d in items]
