@@ -2,6 +2,11 @@
 
 pyplot and the process-wide backend are left alone, so the tuner can build a report in-process. Text stays text in
 the SVG (no font files, searchable), and ids are prefixed per figure so that many figures share one page.
+
+Each figure's ``<svg>`` carries ``data-figure`` (its number on the page) and ``data-title``, and the parts the
+browser test checks carry ids (``_tag_artists``): every axes' background, its data artists and its legend. A
+reference line or band (the "loader = training" line, a noise band) is drawn with ``gid="ref"`` so that it does
+not count as data.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.render.tables import _isnum, fmt
+from reports.render.tables import _esc, _isnum, fmt
 
 __all__ = ["ARM_COLORS", "FULL_W", "HALF_W", "PHASE_COLORS", "STATUS_FAILED", "STATUS_OK", "STATUS_PRUNED"]
 
@@ -66,16 +71,52 @@ class _Figures:
 
         with matplotlib.rc_context(_RC):
             fig = draw()
+            _tag_artists(fig)
             buf = io.StringIO()
             fig.savefig(buf, format="svg", bbox_inches="tight", pad_inches=0.06,
                         metadata={"Date": None, "Creator": None})
         self.count += 1
-        text = _inline_svg(buf.getvalue(), prefix=f"f{self.count}-")
+        text = _inline_svg(buf.getvalue(), prefix=f"f{self.count}-", number=self.count, title=_title(fig))
         cap = f"<figcaption>{caption}</figcaption>" if caption else ""
         return f'<figure class="{cls}">{text}{cap}</figure>' if cls else f"<figure>{text}{cap}</figure>"
 
 
-def _inline_svg(svg: str, prefix: str) -> str:
+def _title(fig) -> str:
+    """The figure's title: its suptitle, else the first axes title."""
+    sup = getattr(fig, "_suptitle", None)
+    if sup is not None and sup.get_text():
+        return sup.get_text()
+    return next((ax.get_title() for ax in fig.axes if ax.get_title()), "")
+
+
+def _tag_artists(fig) -> None:
+    """Ids for the browser test: ``ax<i>-bg`` on each axes' background patch, ``ax<i>-data<k>`` on its data
+    artists (collections, lines, patches, images), ``ax<i>-legend`` on its legend, ``cb<i>-bg`` on a colour bar's
+    axes (whose contents are not data). An artist drawn with ``gid="ref"`` becomes ``ax<i>-ref<k>``; any other gid
+    set while drawing is kept."""
+    for i, ax in enumerate(fig.axes):
+        if not ax.get_visible():
+            continue
+        colorbar = hasattr(ax, "_colorbar")
+        ax.patch.set_gid(f"{'cb' if colorbar else 'ax'}{i}-bg")
+        if not colorbar:
+            n_data = n_ref = 0
+            for a in [*ax.collections, *ax.lines, *ax.patches, *ax.images]:
+                if a.get_gid() == "ref":
+                    a.set_gid(f"ax{i}-ref{n_ref}")
+                    n_ref += 1
+                elif a.get_gid() is None:
+                    a.set_gid(f"ax{i}-data{n_data}")
+                    n_data += 1
+        legend = ax.get_legend()
+        if legend is not None and legend.get_gid() is None:
+            legend.set_gid(f"ax{i}-legend")
+    for k, legend in enumerate(fig.legends):
+        if legend.get_gid() is None:
+            legend.set_gid(f"fig-legend{k}")
+
+
+def _inline_svg(svg: str, prefix: str, number: int | None = None, title: str = "") -> str:
     """matplotlib's SVG document as an element for inline HTML: no XML prolog, no RDF metadata, unique ids."""
     svg = re.sub(r"<\?xml[^>]*\?>\s*", "", svg)
     svg = re.sub(r"<!DOCTYPE[^>]*>\s*", "", svg)
@@ -90,6 +131,8 @@ def _inline_svg(svg: str, prefix: str) -> str:
         max_px = float(m.group(1)) * 4 / 3 * 1.15
         svg = svg[:m.start()] + re.sub(r'\s+width="[^"]*"\s+height="[^"]*"', f' style="max-width:{max_px:.0f}px"',
                                        m.group(0), count=1) + svg[m.end():]
+    if number is not None:
+        svg = re.sub(r"<svg\b", f'<svg data-figure="{number}" data-title="{_esc(title)}"', svg, count=1)
     return svg.strip()
 
 
@@ -111,6 +154,9 @@ def _categorical_axis(ax, values: pd.Series, axis: str = "x") -> np.ndarray:
 
 
 def _kfmt(v: float, _pos: Any = None) -> str:
+    """An axis tick in thousands or millions: 12k, 1.5M."""
+    if abs(v) >= 1e6:
+        return f"{v / 1e6:g}M"
     return f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}"
 
 

@@ -32,8 +32,8 @@ def _search(s: Search, figs: _Figures) -> str:
             if s.baseline_band:
                 med, lo, hi = s.baseline_band
                 ax.axhspan(lo, hi, color=ARM_COLORS["baseline"], alpha=0.18, lw=0,
-                           label="baseline noise (min–max of repeats)")
-                ax.axhline(med, color=ARM_COLORS["baseline"], lw=1, ls="--")
+                           label="baseline noise (min–max of repeats)", gid="ref")
+                ax.axhline(med, color=ARM_COLORS["baseline"], lw=1, ls="--", gid="ref")
             ok = h[h["status"] == "ok"]
             pruned = h[h["status"] == "pruned"]
             failed = h[~h["status"].isin(["ok", "pruned"])]
