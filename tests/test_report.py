@@ -629,6 +629,21 @@ def test_data_padding_per_bucket_width(rep, fx):
     assert d.by_trial["decode_tokens_per_s"].notna().all()
 
 
+def test_data_loader_headroom(rep):
+    """decode/tokens_per_s is a per-core decode capacity (~3e7 here) and training ~1e4 tokens/s/GPU: the two are
+    compared as a ratio, not on one axis."""
+    d = rep.data
+    bt = d.by_trial
+    assert (bt["decode_tokens_per_s"] > 1e7).all() and (bt["value"] < 1e5).all()
+    assert bt["loader_headroom"].to_numpy() == pytest.approx((bt["decode_tokens_per_s"] / bt["value"]).to_numpy())
+    io = d.io
+    assert io["loader_headroom"].to_numpy() == pytest.approx(
+        (io["decode_tokens_per_s"] / io["real_tokens_per_s_per_gpu"]).to_numpy())
+    from reports.sections.data import headroom
+
+    assert math.isnan(headroom(3e7, 0.0)) and math.isnan(headroom(math.nan, 1e4)) and headroom(2e4, 1e4) == 2.0
+
+
 def test_trials_table(rep, fx):
     t = rep.trials
     tab = t.table.set_index("trial")
