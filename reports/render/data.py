@@ -49,7 +49,8 @@ def _data(s: DataSection, figs: _Figures) -> str:
             ax.set_xticks(x, ["p50", "p90", "p99"])
             ax.set_ylabel("shard read latency (ms)")
             ax.set_title("Read latency quantiles")
-            ax.legend(fontsize=8)
+            # Below the axes: the quantiles are often close together, so every bar can reach the top corners.
+            ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=min(len(io_df), 2))
             return fig
 
         out.append(figs.svg(draw))
