@@ -559,6 +559,12 @@ def test_search_history_and_importances(rep, fx):
     assert set(s.importances["knob"]) <= set(SPACE)
     assert s.importances["importance"].sum() == pytest.approx(1.0)
     assert list(s.knobs["trial"]) == ok and s.pareto is None
+    # Each knob's kind (for its axis: category labels, whole-number ticks) and the categorical choices in order.
+    kinds = {k: {"CategoricalDistribution": "categorical", "IntDistribution": "int"}.get(type(d).__name__, "float")
+             for k, d in SPACE.items()}
+    assert s.knob_kinds == kinds
+    assert s.knob_choices == {k: list(d.choices) for k, d in SPACE.items() if kinds[k] == "categorical"}
+    assert rep.memory.knob_kinds == {k: kinds[k] for k in rep.memory.memory_knobs}
     assert s.baseline_band[1] == pytest.approx(min(fx.baseline_repeats))
 
 
@@ -751,6 +757,9 @@ def test_html_sections_and_content(page, fx):
     assert "<after warm-up>" not in page
     assert 'table id="trials-table" class="sortable trials"' in page
     assert page.count("<tr") >= len(fx.statuses)
+    # The knob plots: a labelled colour bar for the trial number.
+    search = page.split('<section id="search">', 1)[1].split("</section>", 1)[0]
+    assert "trial number (colour)" in search
 
 
 def test_report_is_deterministic_but_for_its_timestamp(fx, page):

@@ -21,10 +21,11 @@ def _data(s: DataSection, figs: _Figures) -> str:
                        zorder=3, label="trial")
             ax.plot(s.padding["bucket_width"], s.padding["padding_ratio_median"] * 100, "o-", color="#f28e2b",
                     label="median")
-            if len(s.padding) and s.padding["bucket_width"].min() > 0 and \
-                    s.padding["bucket_width"].max() / s.padding["bucket_width"].min() >= 4:
+            widths = [int(v) for v in s.padding["bucket_width"]]
+            if widths and min(widths) > 0 and max(widths) / min(widths) >= 4:
                 ax.set_xscale("log", base=2)
-                ax.set_xticks(list(s.padding["bucket_width"]), [str(v) for v in s.padding["bucket_width"]])
+            if widths:  # whole numbers: a tick at each width used, no fractional ticks between them
+                ax.set_xticks(widths, [str(v) for v in widths])
                 ax.minorticks_off()
             ax.set_xlabel("bucket width (tokens)")
             ax.set_ylabel("padding (% of tokens)")

@@ -136,20 +136,62 @@ def _inline_svg(svg: str, prefix: str, number: int | None = None, title: str = "
     return svg.strip()
 
 
-def _categorical_axis(ax, values: pd.Series, axis: str = "x") -> np.ndarray:
-    """Positions for a knob's values: numbers as they are, anything else (bools, strings) as ordered categories."""
+def _value_key(v: Any) -> tuple:
+    """A knob value compared across types: numpy and Python numbers alike, bools apart from numbers."""
+    if isinstance(v, (bool, np.bool_)):
+        return ("b", bool(v))
+    if _isnum(v):
+        return ("n", float(v))
+    return ("s", str(v))
+
+
+def _missing_value(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and math.isnan(v))
+
+
+def _knob_axis(ax, values: pd.Series, kind: str | None = None, choices: list | None = None,
+               log: bool = False) -> np.ndarray:
+    """x positions for a knob's values, with ticks that suit the knob.
+
+    A categorical knob (or any knob with a value that is not a number: bools, strings) is evenly spaced with its
+    choices as tick labels, in the space's order; an integer knob gets whole-number ticks only (powers of two on a
+    log axis); a float knob searched on a log scale gets a log axis with plain tick labels.
+    """
+    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
+
     vals = list(values)
-    if all(_isnum(v) for v in vals if v is not None):
-        return np.array([np.nan if v is None else float(v) for v in vals])
-    cats = sorted({repr(v) for v in vals if v is not None})
-    labels = {repr(v): fmt(v) for v in vals if v is not None}
-    pos = np.array([np.nan if v is None else cats.index(repr(v)) for v in vals], dtype=float)
-    ticks, names = list(range(len(cats))), [labels[c] for c in cats]
-    if axis == "x":
-        ax.set_xticks(ticks, names)
+    present = [v for v in vals if not _missing_value(v)]
+    if kind == "categorical" or not all(_isnum(v) for v in present):
+        cats = list(choices or [])
+        keys = [_value_key(c) for c in cats]
+        for v in sorted(present, key=_value_key):
+            if _value_key(v) not in keys:
+                cats.append(v)
+                keys.append(_value_key(v))
+        pos = np.array([np.nan if _missing_value(v) else keys.index(_value_key(v)) for v in vals], dtype=float)
+        ax.set_xticks(range(len(cats)), [fmt(c) for c in cats])
         ax.set_xlim(-0.5, len(cats) - 0.5)
-    else:
-        ax.set_yticks(ticks, names)
+        return pos
+    pos = np.array([np.nan if _missing_value(v) else float(v) for v in vals], dtype=float)
+    finite = pos[np.isfinite(pos)]
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")
+    if log and len(finite) and finite.min() > 0:
+        ax.set_xscale("log")  # resets the locators: the ticks are set after it
+        lo, hi = float(finite.min()), float(finite.max())
+        if kind == "int":
+            ticks = [2 ** e for e in range(math.ceil(math.log2(lo)), math.floor(math.log2(hi)) + 1)]
+            if len(ticks) > 6:
+                ticks = ticks[::math.ceil(len(ticks) / 6)]
+            if len(ticks) < 2:
+                ticks = sorted({int(lo), int(hi)})
+            ax.set_xticks(ticks, [str(t) for t in ticks])
+        else:
+            ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_locator(NullLocator())
+    elif kind == "int":
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5, integer=True))
+        ax.xaxis.set_major_formatter(plain)
     return pos
 
 

@@ -12,11 +12,11 @@ from reports.render.figures import (
     STATUS_FAILED,
     STATUS_OK,
     STATUS_PRUNED,
-    _categorical_axis,
     _figure,
     _Figures,
     _grid,
     _kfmt,
+    _knob_axis,
 )
 from reports.render.tables import _esc, _missing, _short_names, _table, fmt
 from reports.sections.search import NOT_FAILED, Search, Trials
@@ -103,19 +103,24 @@ def _search(s: Search, figs: _Figures) -> str:
         names = s.knob_names
 
         def draw():
+            from matplotlib.colors import Normalize
+            from matplotlib.ticker import MaxNLocator
+
             rows, cols = _grid(len(names), 5)
             fig = _figure(FULL_W, 2.1 * rows + 0.4)
             best = kn["value"].max()
             axes = fig.subplots(rows, cols, squeeze=False, sharey=True,
                                 gridspec_kw={"hspace": 0.45, "wspace": 0.08, "top": 1 - 0.45 / (2.1 * rows + 0.4)})
+            norm = Normalize(float(kn["trial"].min()), float(max(kn["trial"].max(), kn["trial"].min() + 1)))
+            shown = []
             for i, ax in enumerate(axes.flat):
                 if i >= len(names):
                     ax.set_visible(False)
                     continue
-                x = _categorical_axis(ax, kn[names[i]])
-                if names[i] in s.log_knobs:
-                    ax.set_xscale("log")
-                ax.scatter(x, kn["value"], s=14, c=kn["trial"], cmap="viridis", zorder=3)
+                shown.append(ax)
+                x = _knob_axis(ax, kn[names[i]], s.knob_kinds.get(names[i]), s.knob_choices.get(names[i]),
+                               log=names[i] in s.log_knobs)
+                points = ax.scatter(x, kn["value"], s=14, c=kn["trial"], cmap="viridis", norm=norm, zorder=3)
                 top = kn["value"] == best
                 ax.scatter(x[top.to_numpy()], kn["value"][top], s=60, facecolors="none",
                            edgecolors="#e15759", lw=1.4, zorder=4)
@@ -123,6 +128,10 @@ def _search(s: Search, figs: _Figures) -> str:
                 ax.yaxis.set_major_formatter(_kfmt)
                 if i % cols == 0:
                     ax.set_ylabel("tokens/s/GPU")
+            bar = fig.colorbar(points, ax=shown, fraction=0.02, pad=0.012, aspect=30)
+            bar.set_label("trial number (colour)")
+            bar.locator = MaxNLocator(integer=True)
+            bar.update_ticks()
             fig.suptitle("Knobs vs throughput (slice view; colour = trial number, red ring = best)",
                          fontsize=10.5, fontweight="bold")
             return fig
