@@ -757,6 +757,10 @@ def test_html_sections_and_content(page, fx):
     assert "<after warm-up>" not in page
     assert 'table id="trials-table" class="sortable trials"' in page
     assert page.count("<tr") >= len(fx.statuses)
+    # The trials table: the knob columns come before the failure's kind and reason (the widest column).
+    heads = re.findall(r"<th[^>]*>([^<]*)</th>", page.split('id="trials-table"', 1)[1].split("</thead>", 1)[0])
+    heads = [h.replace("\u200b", "") for h in heads]
+    assert heads.index("expandable_segments") < heads.index("failure") < heads.index("reason") == len(heads) - 1
     # The knob plots: a labelled colour bar for the trial number.
     search = page.split('<section id="search">', 1)[1].split("</section>", 1)[0]
     assert "trial number (colour)" in search

@@ -30,8 +30,12 @@ PHASE_COLORS = {
 }
 ARM_COLORS = {"baseline": "#8c8c8c", "best": "#4e79a7"}
 STATUS_OK, STATUS_PRUNED, STATUS_FAILED = "#4e79a7", "#b0b0b0", "#e15759"
-FULL_W, HALF_W = 12.0, 6.0
-"""Figure widths in inches: full width of the page, half of it (two side by side at 1400 px)."""
+FULL_W, HALF_W = 14.0, 7.0
+"""Figure widths in inches: full width of the page, half of it (two side by side). At 96 px per inch they are
+drawn for a window of ~1400 px and scale with the page (render/assets.py: up to 1800 px wide)."""
+MAX_SCALE = 1.5
+"""The most a figure is scaled up in the browser, over its drawn size: a full-width figure fills the widest page,
+a small one in a wide column keeps its text a sane size."""
 
 _RC = {
     "svg.fonttype": "none",        # text stays text: no embedded glyphs, no font files
@@ -124,11 +128,11 @@ def _inline_svg(svg: str, prefix: str, number: int | None = None, title: str = "
     svg = re.sub(r'\bid="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', svg)
     svg = re.sub(r'((?:xlink:)?href)="#([^"]+)"', lambda m: f'{m.group(1)}="#{prefix}{m.group(2)}"', svg)
     svg = re.sub(r"url\(#([^)]+)\)", lambda m: f"url(#{prefix}{m.group(1)})", svg)
-    # Scale with the page (drop the fixed size, keep the viewBox), but never above 1.15x the drawn size:
-    # a small figure blown up to the full width would have oversized text.
+    # Scale with the page (drop the fixed size, keep the viewBox), but never above 1.5x the drawn size: a
+    # full-width figure then fills the widest page (render/assets.py) while a small one keeps its text a sane size.
     m = re.search(r'<svg[^>]*?\s+width="([\d.]+)pt"\s+height="[^"]*"', svg)
     if m:
-        max_px = float(m.group(1)) * 4 / 3 * 1.15
+        max_px = float(m.group(1)) * 4 / 3 * MAX_SCALE
         svg = svg[:m.start()] + re.sub(r'\s+width="[^"]*"\s+height="[^"]*"', f' style="max-width:{max_px:.0f}px"',
                                        m.group(0), count=1) + svg[m.end():]
     if number is not None:

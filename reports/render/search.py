@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from reports._load import knob_doc, knob_key
 from reports.render.figures import (
@@ -145,15 +146,20 @@ def _search(s: Search, figs: _Figures) -> str:
 def _trials(s: Trials, figs: _Figures) -> str:
     out = []
     counts = ", ".join(f"{_esc(k)}: {int(v)}" for k, v in s.status_counts.items())
-    out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort.</p>")
+    out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort; the table scrolls sideways "
+               "in its box, the trial number staying in view.</p>")
     short = _short_names(s.knob_names)
-    headers = {k: short[k] for k in s.knob_names} | {
+    # Knob headers may break after "_" or "." (a zero-width space): a column is then as wide as its values.
+    headers = {k: re.sub(r"([_.])", "\\1\u200b", short[k]) for k in s.knob_names} | {
         "max_reserved_gib": "reserved GiB", "duration_s": "duration (s)", "failure_kind": "failure",
         "failure_reason": "reason", "mfu_pct": "MFU %", "value": "tokens/s/GPU"}
     titles = {k: f"{knob_key(k)}: {knob_doc(k)}" if knob_doc(k) else knob_key(k) for k in s.knob_names}
     formats = {"duration_s": lambda v: fmt(v, 3) if not (isinstance(v, float) and math.isnan(v)) else "—"}
+    # The knobs before the failure's kind and reason (the widest column), so that they show without scrolling.
+    last = [c for c in ("failure_kind", "failure_reason") if c in s.table.columns]
+    table = s.table[[c for c in s.table.columns if c not in last] + last]
     out.append('<div class="scroll">')
-    out.append(_table(s.table, sortable=True, headers=headers, titles=titles, formats=formats,
+    out.append(_table(table, sortable=True, headers=headers, titles=titles, formats=formats,
                       table_id="trials-table", cls="trials", col_classes={"failure_reason": "reason"},
                       row_class=lambda r: "" if r["status"] in ("ok", "running") else
                       ("pruned" if r["status"] in NOT_FAILED else "failed")))
