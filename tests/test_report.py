@@ -37,8 +37,8 @@ from reports import build_report, compute_sections
 from reports._load import PHASES
 
 REPO = Path(__file__).resolve().parents[1]
-SECTION_IDS = ("summary", "search", "time", "compile", "numerics", "memory", "kernels", "data", "trials",
-               "environment")
+SECTION_IDS = ("summary", "guide", "search", "time", "compile", "numerics", "memory", "kernels", "data",
+               "trials", "environment")
 
 # --------------------------------------------------------------------------- the fixture generator
 
@@ -650,6 +650,19 @@ def test_data_loader_headroom(rep):
     assert math.isnan(headroom(3e7, 0.0)) and math.isnan(headroom(math.nan, 1e4)) and headroom(2e4, 1e4) == 2.0
 
 
+def test_guide(rep, fx):
+    g = rep.guide
+    assert g.message is None
+    assert g.base == "studies/llama3b-base.yaml" and g.baseline_repeats == 3
+    assert (g.warmup_steps, g.window_steps, g.windows) == (3, 10, 4)
+    assert g.ab_rounds == 5 and g.candidates == 3 and g.confidence == 0.95
+    assert g.method == fx.validation["method"]
+    assert g.phases == tuple(PHASES)
+    files = g.files.set_index("path")["present"]
+    assert files[["tune.json", "study.db", "trials/<n>/", "baseline/<i>/", "validation.json", "config.yaml",
+                  "environment.json"]].all()
+
+
 def test_trials_table(rep, fx):
     t = rep.trials
     tab = t.table.set_index("trial")
@@ -747,8 +760,9 @@ def test_html_well_formed_and_self_contained(page):
 
 
 def test_html_sections_and_content(page, fx):
-    for i, heading in enumerate(("Summary", "Search", "Where the time goes", "Compile time", "Numerics", "Memory",
-                                 "Kernels", "Data", "Trials", "Environment"), start=1):
+    for i, heading in enumerate(("Summary", "How to read this report", "Search", "Where the time goes",
+                                 "Compile time", "Numerics", "Memory", "Kernels", "Data", "Trials", "Environment"),
+                                start=1):
         assert f"<h2>{i}. {heading}</h2>" in page
     assert 'class="section-error"' not in page and "section-error" not in page
     assert "Memory analysis not run" in page and "No kernel sweep ran" in page
@@ -757,11 +771,15 @@ def test_html_sections_and_content(page, fx):
     assert "<after warm-up>" not in page
     assert 'table id="trials-table" class="sortable trials"' in page
     assert page.count("<tr") >= len(fx.statuses)
+    guide = page.split('<section id="guide">', 1)[1].split("</section>", 1)[0]
+    assert "Only the A/B validation decides the winner" in guide and "significant" in guide
+    assert "<code>validation.json</code>" in guide and "<code>data_wait</code>" in guide
+    assert len(re.sub(r"<[^>]+>", "", guide).split()) < 400  # short: a guide, not a manual
     # The trials table: the knob columns come before the failure's kind and reason (the widest column).
     heads = re.findall(r"<th[^>]*>([^<]*)</th>", page.split('id="trials-table"', 1)[1].split("</thead>", 1)[0])
     heads = [h.replace("\u200b", "") for h in heads]
     assert heads.index("expandable_segments") < heads.index("failure") < heads.index("reason") == len(heads) - 1
-    # The knob plots: a labelled colour bar for the trial number.
+    # The knob plots: a labelled colour bar for the trial number, category labels for categorical knobs.
     search = page.split('<section id="search">', 1)[1].split("</section>", 1)[0]
     assert "trial number (colour)" in search
 

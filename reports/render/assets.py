@@ -67,6 +67,9 @@ pre { background:#f7f7f8; border:1px solid var(--line); padding:8px 10px; font-s
   overflow:auto; white-space:pre; }
 pre.config { max-height:520px; }
 code { font-size:12.5px; background:#f3f4f6; padding:0 3px; }
+div.guide p { margin:4px 0; }
+ul.files { margin:2px 0 4px; padding-left:22px; font-size:13px; }
+ul.files li { margin:1px 0; }
 details { margin:4px 0; }
 summary { cursor:pointer; }
 """
