@@ -784,6 +784,19 @@ def test_html_sections_and_content(page, fx):
     assert "trial number (colour)" in search
 
 
+def test_figures_carry_ids_for_the_browser_check(page):
+    """Every figure's <svg> is numbered and titled, and names its axes and data artists (test_report_browser
+    measures them in Chromium)."""
+    svgs = re.findall(r"<svg\b[^>]*>.*?</svg>", page, re.S)
+    assert len(svgs) >= 10
+    for n, svg in enumerate(svgs, start=1):
+        head = svg[:svg.index(">")]
+        assert f'data-figure="{n}"' in head and 'data-title="' in head, head[:200]
+        assert re.search(rf'id="f{n}-ax\d+-bg"', svg) and re.search(rf'id="f{n}-ax\d+-data\d+"', svg), n
+    loader = next(s for s in svgs if 'data-title="Loader throughput vs training"' in s)
+    assert not re.search(r'id="f\d+-ax\d+-ref\d+"', loader)  # headroom far above 1x: no reference line drawn
+
+
 def test_report_is_deterministic_but_for_its_timestamp(fx, page):
     again = build_report(fx.dir, fx.storage_url, fx.name).read_text()
     strip = lambda s: re.sub(r"Generated [^<]* from", "", s)  # noqa: E731
