@@ -60,7 +60,7 @@ def _data(s: DataSection, figs: _Figures) -> str:
     dec = bt.dropna(subset=["loader_headroom"])
     if len(dec):
         def draw():
-            from matplotlib.ticker import LogLocator, NullLocator
+            from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
             fig = _figure(4.2, 3.0)
             ax = fig.add_subplot()
@@ -75,6 +75,7 @@ def _data(s: DataSection, figs: _Figures) -> str:
             ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
             ax.yaxis.set_minor_locator(NullLocator())
             ax.yaxis.set_major_formatter(lambda v, _pos: _times(v))
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # a third of the page: long labels such as 3.25k
             ax.xaxis.set_major_formatter(_kfmt)
             ax.set_xlabel("training: real tokens/s/GPU")
             ax.set_ylabel("loader headroom (decode ÷ training)")
