@@ -1,6 +1,7 @@
 """The report in a real browser: headless Chromium loads it with no console error, every section is in
-the DOM, the trials table sorts on a header click, and a screenshot (``report.png`` beside the report,
-the CI artifact) is a real picture.
+the DOM, the trials table sorts on a header click, every figure has plotted data inside its axes and no
+legend over it (measured on the laid-out page), the page fits the window at 1400 and 1920 px and fills the
+wider one, and a screenshot (``report.png`` beside the report, the CI artifact) is a real picture.
 
 Needs only ``/usr/bin/chromium`` and the standard library. Without Chromium the tests are skipped,
 except under ``CI=true``, where a missing browser is a failure (CI installs it). Set
@@ -9,6 +10,8 @@ except under ``CI=true``, where a missing browser is a failure (CI installs it).
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import re
 import shutil
@@ -26,6 +29,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 WINDOW = (1400, 4000)
+WIDE = (1920, 4000)
 
 if not CHROMIUM.exists():
     if os.environ.get("CI") == "true":
@@ -73,14 +77,15 @@ def _png_pixels(data: bytes) -> tuple[int, int, bytes]:
     return width, height, zlib.decompress(idat)
 
 
-def test_screenshot(report, tmp_path):
-    png = report.with_name("report.png")
+@pytest.mark.parametrize("window", [WINDOW, WIDE], ids=lambda w: f"{w[0]}px")
+def test_screenshot(report, tmp_path, window):
+    png = report.with_name("report.png" if window == WINDOW else f"report-{window[0]}.png")
     r = _chromium(report.as_uri(), tmp_path / "profile", "--hide-scrollbars",
-                  f"--screenshot={png}", f"--window-size={WINDOW[0]},{WINDOW[1]}")
+                  f"--screenshot={png}", f"--window-size={window[0]},{window[1]}")
     assert r.returncode == 0 and png.exists(), r.stderr[-2000:]
     data = png.read_bytes()
     width, height, raw = _png_pixels(data)
-    assert (width, height) == WINDOW
+    assert (width, height) == window
     # Not blank: a rendered report has text and figures, so its scanlines compress far worse than an
     # empty page's (a white 1400x4000 page deflates to ~20 KB; this one is several hundred KB).
     assert len(data) > 150_000, len(data)
@@ -88,7 +93,7 @@ def test_screenshot(report, tmp_path):
     if os.environ.get("REPORT_ARTIFACT_DIR"):
         out = Path(os.environ["REPORT_ARTIFACT_DIR"])
         out.mkdir(parents=True, exist_ok=True)
-        shutil.copy(png, out / "report.png")
+        shutil.copy(png, out / png.name)
         shutil.copy(report, out / "report.html")
 
 
@@ -123,3 +128,160 @@ def test_header_click_sorts_trials(report, tmp_path):
     assert nums == sorted(nums) and len(nums) >= 20
     assert vals.split(" ")[-1] == "", "blank values (running trial) sort last"
     assert any("Uncaught ReferenceError: notDefinedOnPurpose" in line for line in console), console
+
+
+# --------------------------------------------------------------------------- what the browser lays out
+
+# Appended to the test's copy of the page only: measures, on the page as Chromium lays it out, each figure's
+# axes (the background patch, id ...-ax<i>-bg), the data artists drawn in them (...-ax<i>-data<k>: every
+# rendered path, marker or image inside, outside <defs>, as [left, top, right, bottom, kind]) and the legends,
+# plus the page's and the trials table's widths; writes it all as JSON into <pre id="figcheck">.
+# reports/render/figures.py sets the ids.
+FIGCHECK = r"""<script>
+(function () {
+  function box(el) { var r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; }
+  var LEAF = 'path, use, rect, image, polygon, polyline, line, circle, ellipse';
+  var figures = [];
+  document.querySelectorAll('svg[data-figure]').forEach(function (svg) {
+    var fig = {n: svg.getAttribute('data-figure'), title: svg.getAttribute('data-title'), axes: {},
+               legends: [], colorbars: 0};
+    svg.querySelectorAll('[id]').forEach(function (el) {
+      var m = /^f\d+-(ax|cb)(\d+)-(bg|data\d+|legend)$/.exec(el.id) || /^f\d+-fig-(legend)\d+$/.exec(el.id);
+      if (!m) { return; }
+      if (m[1] === 'legend') { fig.legends.push(box(el)); return; }
+      if (m[1] === 'cb') { fig.colorbars += m[3] === 'bg' ? 1 : 0; return; }
+      var ax = fig.axes[m[2]] = fig.axes[m[2]] || {bg: null, data: []};
+      if (m[3] === 'bg') { ax.bg = box(el.querySelector('path') || el); }
+      else if (m[3] === 'legend') { fig.legends.push(box(el)); }
+      else {
+        el.querySelectorAll(LEAF).forEach(function (leaf) {
+          if (leaf.closest('defs')) { return; }
+          // a marker, a filled shape (bar, band, box), or a stroked line (whose box says little of where it runs)
+          var kind = leaf.tagName === 'use' ? 'marker' :
+                     (getComputedStyle(leaf).fill === 'none' ? 'line' : 'area');
+          ax.data.push(box(leaf).concat([kind]));
+        });
+      }
+    });
+    figures.push(fig);
+  });
+  var scroll = document.querySelector('#trials .scroll');
+  var table = document.getElementById('trials-table');
+  var heads = table ? table.tHead.rows[0].cells : [];
+  var main = document.querySelector('main');
+  var out = {
+    figures: figures,
+    page: {inner: window.innerWidth, scroll: document.documentElement.scrollWidth, main: box(main)},
+    trials: scroll && table ? {box: box(scroll), scroll_width: scroll.scrollWidth, client_width: scroll.clientWidth,
+                               overflow_x: getComputedStyle(scroll).overflowX, table: box(table),
+                               last_head: heads.length ? box(heads[heads.length - 1]) : null} : null
+  };
+  var pre = document.createElement('pre');
+  pre.id = 'figcheck';
+  pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+})();
+</script></body>"""
+
+
+def _area(a, b=None) -> float:
+    """Area of box ``a`` ([left, top, right, bottom, ...]), or of its intersection with ``b``."""
+    if b is not None:
+        a = [max(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), min(a[3], b[3])]
+    return max(0.0, a[2] - a[0]) * max(0.0, a[3] - a[1])
+
+
+def _coverage(boxes: list, bg: list) -> tuple[float, float]:
+    """The share of the axes' width and of its height that the data, clipped to the axes, spans."""
+    clipped = [[max(b[0], bg[0]), max(b[1], bg[1]), min(b[2], bg[2]), min(b[3], bg[3])] for b in boxes]
+    clipped = [c for c in clipped if c[2] >= c[0] and c[3] >= c[1]]
+    if not clipped:
+        return 0.0, 0.0
+    width = max(c[2] for c in clipped) - min(c[0] for c in clipped)
+    height = max(c[3] for c in clipped) - min(c[1] for c in clipped)
+    return width / (bg[2] - bg[0]), height / (bg[3] - bg[1])
+
+
+def _figcheck(report: Path, tmp_path: Path, window: tuple[int, int]) -> dict:
+    page = tmp_path / f"figcheck-{window[0]}.html"
+    page.write_text(report.read_text().replace("</body>", FIGCHECK))
+    r = _chromium(page.as_uri(), tmp_path / f"profile-{window[0]}", "--enable-logging=stderr", "--v=0",
+                  f"--window-size={window[0]},{window[1]}", "--dump-dom")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert _console(r.stderr) == [], _console(r.stderr)
+    m = re.search(r'<pre id="figcheck">(.*?)</pre>', r.stdout, re.S)
+    assert m, "the figure check did not run"
+    return json.loads(html.unescape(m.group(1)))
+
+
+@pytest.fixture(scope="module")
+def laid_out(report, tmp_path_factory) -> dict[int, dict]:
+    tmp = tmp_path_factory.mktemp("figcheck")
+    return {w[0]: _figcheck(report, tmp, w) for w in (WINDOW, WIDE)}
+
+
+MIN_SPREAD = 0.2
+"""The data of each axes must span at least this share of its width and of its height: points crowded
+against one axis (a scale set for other numbers) fail."""
+
+
+def assert_data_inside_axes(figures: list[dict], min_spread: float | None = MIN_SPREAD) -> None:
+    """Every axes of every figure has a data element inside it (non-zero area in common) and, with
+    ``min_spread``, its data span that share of the axes' width and height."""
+    for fig in figures:
+        name = f"figure {fig['n']} ({fig['title']})"
+        assert fig["axes"], f"{name}: no axes"
+        for i, ax in fig["axes"].items():
+            bg = ax["bg"]
+            assert bg and _area(bg) > 0, f"{name}, axes {i}: no visible axes"
+            inside = [d for d in ax["data"] if _area(d, bg) > 0]
+            assert inside, f"{name}, axes {i}: none of its {len(ax['data'])} data elements lies inside the axes"
+            if min_spread is not None:
+                wide, high = _coverage(inside, bg)
+                assert wide >= min_spread and high >= min_spread, (
+                    f"{name}, axes {i}: the data spans {wide:.0%} of the axes' width and {high:.0%} of its height")
+
+
+def assert_no_legend_over_data(figures: list[dict]) -> None:
+    """No legend covers a marker or a filled shape (a bar, a box); lines are left out, their bounding box
+    being most of the axes."""
+    for fig in figures:
+        data = [d for ax in fig["axes"].values() for d in ax["data"] if d[4] != "line"]
+        for legend in fig["legends"]:
+            over = [d for d in data if _area(d, legend) > 1.0]  # more than 1 px² of a bar or marker
+            assert not over, f"figure {fig['n']} ({fig['title']}): its legend {legend} covers data at {over[:3]}"
+
+
+def test_every_figure_has_data_inside_its_axes(laid_out):
+    figures = laid_out[WINDOW[0]]["figures"]
+    titles = [f["title"] for f in figures]
+    assert len(figures) >= 10, titles
+    for title in ("Loader throughput vs training", "Read latency quantiles", "Padding vs bucket width",
+                  "Optimization history (maximize)"):
+        assert title in titles, titles
+    assert_data_inside_axes(figures)
+
+
+def test_no_legend_covers_data(laid_out):
+    assert_no_legend_over_data(laid_out[WINDOW[0]]["figures"])
+
+
+def test_knob_plots_have_a_colour_bar(laid_out):
+    knobs = [f for f in laid_out[WINDOW[0]]["figures"] if f["title"].startswith("Knobs vs throughput")]
+    assert len(knobs) == 1 and knobs[0]["colorbars"] == 1, knobs
+
+
+@pytest.mark.parametrize("width", [WINDOW[0], WIDE[0]])
+def test_page_fits_the_window_and_trials_scroll_in_their_box(laid_out, width):
+    page, trials = laid_out[width]["page"], laid_out[width]["trials"]
+    assert page["scroll"] <= page["inner"], f"the page scrolls sideways at {width} px: {page}"
+    main_width = page["main"][2] - page["main"][0]
+    assert main_width >= 0.85 * width, f"the page uses {main_width:.0f} of {width} px"
+    # Every column of the trials table is reachable: the table scrolls sideways inside its own box.
+    assert trials is not None
+    assert trials["box"][2] <= page["inner"]
+    if trials["scroll_width"] > trials["client_width"]:
+        assert trials["overflow_x"] in ("auto", "scroll"), trials
+    table_width = trials["table"][2] - trials["table"][0]
+    assert table_width <= trials["scroll_width"] + 1, trials  # the box's scroll area holds the whole table
+    assert trials["last_head"][2] <= trials["table"][2] + 1, trials

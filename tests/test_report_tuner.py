@@ -1,6 +1,7 @@
 """A report from a real tiny study, as a user gets it: ``python -m workbench.tune`` on the CPU with a
 small budget and a short protocol, then ``reports.build_report`` on what it wrote, opened in headless
-Chromium (no console error, every section in the DOM) with a screenshot kept as the CI artifact
+Chromium (no console error, every section in the DOM, every figure's data inside its axes and clear of its legend)
+with a screenshot kept as the CI artifact
 (``report.png`` beside the report; also copied to ``$REPORT_ARTIFACT_DIR``, which ``scripts/test.sh``
 points at ``runs/ci-artifacts/``). ``test_report.py`` checks the numbers on a larger fixture.
 """
@@ -75,13 +76,27 @@ def _open_in_chromium(report: Path, tmp_path: Path) -> None:
     import re
     import shutil
 
-    from test_report_browser import CHROMIUM, WINDOW, _chromium, _load
+    from test_report_browser import (
+        CHROMIUM,
+        WINDOW,
+        _chromium,
+        _figcheck,
+        _load,
+        assert_data_inside_axes,
+        assert_no_legend_over_data,
+    )
 
     if not CHROMIUM.exists():  # test_report_browser already fails under CI=true without it
         pytest.skip(f"{CHROMIUM} not installed")
     dom, console = _load(report.as_uri(), tmp_path / "profile")
     assert console == [], console
     assert set(SECTION_IDS) <= set(re.findall(r'<section id="([^"]+)"', dom))
+    # Real numbers: the loader's per-core decode rate is ~10^4 times the step's, the read quantiles close together.
+    # A 3-trial study's data may legitimately sit at one knob value, so the spread is checked on the fixture only.
+    figures = _figcheck(report, tmp_path, WINDOW)["figures"]
+    assert {"Loader throughput vs training", "Read latency quantiles"} <= {f["title"] for f in figures}
+    assert_data_inside_axes(figures, min_spread=None)
+    assert_no_legend_over_data(figures)
     png = report.with_name("report.png")
     r = _chromium(report.as_uri(), tmp_path / "profile2", "--hide-scrollbars", f"--screenshot={png}",
                   f"--window-size={WINDOW[0]},{WINDOW[1]}")

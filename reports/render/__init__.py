@@ -16,6 +16,7 @@ from reports.render.assets import _CSS, _JS
 from reports.render.data import _data
 from reports.render.environment import _environment
 from reports.render.figures import _Figures
+from reports.render.guide import _guide
 from reports.render.kernels import _kernels
 from reports.render.memory import _memory
 from reports.render.numerics import _compile, _numerics
@@ -29,8 +30,8 @@ __all__ = ["render_html"]
 
 
 _RENDERERS: dict[str, Callable[[Any, _Figures], str]] = {
-    "summary": _summary, "search": _search, "time": _time, "compile": _compile, "numerics": _numerics,
-    "memory": _memory, "kernels": _kernels,
+    "summary": _summary, "guide": _guide, "search": _search, "time": _time, "compile": _compile,
+    "numerics": _numerics, "memory": _memory, "kernels": _kernels,
     "data": _data, "trials": _trials, "environment": _environment,
 }
 
@@ -49,7 +50,7 @@ def render_html(report: ReportData) -> str:
         else:
             try:
                 body = ""
-                if section.message and key not in ("memory", "kernels"):  # those two place their own
+                if section.message and key not in ("memory", "kernels", "guide"):  # those place their own
                     body = _missing(section.message)
                     if section_is_empty(key, section):
                         parts.append(_section(key, i, heading, body))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.render.figures import FULL_W, HALF_W, _categorical_axis, _figure, _Figures, _grid
+from reports.render.figures import FULL_W, HALF_W, _figure, _Figures, _grid, _knob_axis
 from reports.render.tables import _esc, _missing, _short_names, _table
 from reports.sections.memory import Memory
 
@@ -60,9 +60,8 @@ def _memory(s: Memory, figs: _Figures) -> str:
                     if i >= len(knobs):
                         ax.set_visible(False)
                         continue
-                    x = _categorical_axis(ax, bt[knobs[i]])
-                    if knobs[i] in s.log_knobs:
-                        ax.set_xscale("log")
+                    x = _knob_axis(ax, bt[knobs[i]], s.knob_kinds.get(knobs[i]), s.knob_choices.get(knobs[i]),
+                                   log=knobs[i] in s.log_knobs)
                     ax.scatter(x, bt["reserved_minus_allocated_gib"], s=12, color="#4e79a7", zorder=3)
                     ax.set_title(short[knobs[i]], fontsize=8.5, fontweight="normal")
                     if i % cols == 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 from reports._load import knob_doc, knob_key
 from reports.render.figures import (
@@ -12,11 +13,11 @@ from reports.render.figures import (
     STATUS_FAILED,
     STATUS_OK,
     STATUS_PRUNED,
-    _categorical_axis,
     _figure,
     _Figures,
     _grid,
     _kfmt,
+    _knob_axis,
 )
 from reports.render.tables import _esc, _missing, _short_names, _table, fmt
 from reports.sections.search import NOT_FAILED, Search, Trials
@@ -32,8 +33,8 @@ def _search(s: Search, figs: _Figures) -> str:
             if s.baseline_band:
                 med, lo, hi = s.baseline_band
                 ax.axhspan(lo, hi, color=ARM_COLORS["baseline"], alpha=0.18, lw=0,
-                           label="baseline noise (min–max of repeats)")
-                ax.axhline(med, color=ARM_COLORS["baseline"], lw=1, ls="--")
+                           label="baseline noise (min–max of repeats)", gid="ref")
+                ax.axhline(med, color=ARM_COLORS["baseline"], lw=1, ls="--", gid="ref")
             ok = h[h["status"] == "ok"]
             pruned = h[h["status"] == "pruned"]
             failed = h[~h["status"].isin(["ok", "pruned"])]
@@ -103,19 +104,24 @@ def _search(s: Search, figs: _Figures) -> str:
         names = s.knob_names
 
         def draw():
+            from matplotlib.colors import Normalize
+            from matplotlib.ticker import MaxNLocator
+
             rows, cols = _grid(len(names), 5)
             fig = _figure(FULL_W, 2.1 * rows + 0.4)
             best = kn["value"].max()
             axes = fig.subplots(rows, cols, squeeze=False, sharey=True,
                                 gridspec_kw={"hspace": 0.45, "wspace": 0.08, "top": 1 - 0.45 / (2.1 * rows + 0.4)})
+            norm = Normalize(float(kn["trial"].min()), float(max(kn["trial"].max(), kn["trial"].min() + 1)))
+            shown = []
             for i, ax in enumerate(axes.flat):
                 if i >= len(names):
                     ax.set_visible(False)
                     continue
-                x = _categorical_axis(ax, kn[names[i]])
-                if names[i] in s.log_knobs:
-                    ax.set_xscale("log")
-                ax.scatter(x, kn["value"], s=14, c=kn["trial"], cmap="viridis", zorder=3)
+                shown.append(ax)
+                x = _knob_axis(ax, kn[names[i]], s.knob_kinds.get(names[i]), s.knob_choices.get(names[i]),
+                               log=names[i] in s.log_knobs)
+                points = ax.scatter(x, kn["value"], s=14, c=kn["trial"], cmap="viridis", norm=norm, zorder=3)
                 top = kn["value"] == best
                 ax.scatter(x[top.to_numpy()], kn["value"][top], s=60, facecolors="none",
                            edgecolors="#e15759", lw=1.4, zorder=4)
@@ -123,6 +129,10 @@ def _search(s: Search, figs: _Figures) -> str:
                 ax.yaxis.set_major_formatter(_kfmt)
                 if i % cols == 0:
                     ax.set_ylabel("tokens/s/GPU")
+            bar = fig.colorbar(points, ax=shown, fraction=0.02, pad=0.012, aspect=30)
+            bar.set_label("trial number (colour)")
+            bar.locator = MaxNLocator(integer=True)
+            bar.update_ticks()
             fig.suptitle("Knobs vs throughput (slice view; colour = trial number, red ring = best)",
                          fontsize=10.5, fontweight="bold")
             return fig
@@ -136,15 +146,20 @@ def _search(s: Search, figs: _Figures) -> str:
 def _trials(s: Trials, figs: _Figures) -> str:
     out = []
     counts = ", ".join(f"{_esc(k)}: {int(v)}" for k, v in s.status_counts.items())
-    out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort.</p>")
+    out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort; the table scrolls sideways "
+               "in its box, the trial number staying in view.</p>")
     short = _short_names(s.knob_names)
-    headers = {k: short[k] for k in s.knob_names} | {
+    # Knob headers may break after "_" or "." (a zero-width space): a column is then as wide as its values.
+    headers = {k: re.sub(r"([_.])", "\\1\u200b", short[k]) for k in s.knob_names} | {
         "max_reserved_gib": "reserved GiB", "duration_s": "duration (s)", "failure_kind": "failure",
         "failure_reason": "reason", "mfu_pct": "MFU %", "value": "tokens/s/GPU"}
     titles = {k: f"{knob_key(k)}: {knob_doc(k)}" if knob_doc(k) else knob_key(k) for k in s.knob_names}
     formats = {"duration_s": lambda v: fmt(v, 3) if not (isinstance(v, float) and math.isnan(v)) else "—"}
+    # The knobs before the failure's kind and reason (the widest column), so that they show without scrolling.
+    last = [c for c in ("failure_kind", "failure_reason") if c in s.table.columns]
+    table = s.table[[c for c in s.table.columns if c not in last] + last]
     out.append('<div class="scroll">')
-    out.append(_table(s.table, sortable=True, headers=headers, titles=titles, formats=formats,
+    out.append(_table(table, sortable=True, headers=headers, titles=titles, formats=formats,
                       table_id="trials-table", cls="trials", col_classes={"failure_reason": "reason"},
                       row_class=lambda r: "" if r["status"] in ("ok", "running") else
                       ("pruned" if r["status"] in NOT_FAILED else "failed")))

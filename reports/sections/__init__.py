@@ -16,6 +16,7 @@ from reports._load import StudyData
 from reports.sections._common import best_trial_number
 from reports.sections.data import DataSection, data_section
 from reports.sections.environment import Environment, NoiseFloor, environment_section
+from reports.sections.guide import Guide, guide_section
 from reports.sections.kernels import Kernels, kernels_section, sweep_by_config
 from reports.sections.memory import Memory, memory_section
 from reports.sections.numerics import CompileSection, NumericsSection, compile_section, numerics_section
@@ -27,6 +28,7 @@ __all__ = [
     "SECTIONS",
     "DataSection",
     "Environment",
+    "Guide",
     "Kernels",
     "Memory",
     "NOT_FAILED",
@@ -42,6 +44,7 @@ __all__ = [
     "compute_report",
     "data_section",
     "environment_section",
+    "guide_section",
     "kernels_section",
     "memory_section",
     "search_section",
@@ -60,6 +63,7 @@ class SectionFailed(NamedTuple):
 
 SECTIONS: tuple[tuple[str, str, Callable[[StudyData], Any]], ...] = (
     ("summary", "Summary", summary_section),
+    ("guide", "How to read this report", guide_section),
     ("search", "Search", search_section),
     ("time", "Where the time goes", time_section),
     ("compile", "Compile time", compile_section),
@@ -76,6 +80,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[StudyData], Any]], ...] = (
 class ReportData(NamedTuple):
     study: StudyData
     summary: Summary | SectionFailed
+    guide: Guide | SectionFailed
     search: Search | SectionFailed
     time: TimeSection | SectionFailed
     compile: CompileSection | SectionFailed

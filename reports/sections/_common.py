@@ -16,7 +16,8 @@ from typing import Any
 from reports._load import RunData, StudyData, num
 from workbench.vocab import REAL_TOKENS_PER_S
 
-__all__ = ["TPUT", "baseline_runs", "best_runs", "best_trial_number", "knob_names", "ok_trials", "trial_status"]
+__all__ = ["TPUT", "baseline_runs", "best_runs", "best_trial_number", "knob_kinds", "knob_names", "ok_trials",
+           "trial_status"]
 
 TPUT = REAL_TOKENS_PER_S
 
@@ -69,6 +70,37 @@ def _log_knobs(data: StudyData) -> list[str]:
     """Knobs searched on a log scale (their Optuna distribution has log=True), in knob order."""
     logs = {k for t in data.trials for k, d in t.distributions.items() if getattr(d, "log", False)}
     return [k for k in knob_names(data) if k in logs]
+
+
+def knob_kinds(data: StudyData) -> tuple[dict[str, str], dict[str, list]]:
+    """Each searched knob's kind, from its Optuna distribution: ``categorical``, ``int`` or ``float``; and the
+    choices of each categorical knob, in the space's order. A knob with no distribution recorded is ``int`` when
+    every value is a whole number, ``float`` when every value is a number, else ``categorical`` (its values)."""
+    kinds: dict[str, str] = {}
+    choices: dict[str, list] = {}
+    for t in reversed(data.trials):  # the latest trial's distribution: the space as it is now
+        for k, d in t.distributions.items():
+            if k in kinds:
+                continue
+            name = type(d).__name__
+            if name == "CategoricalDistribution":
+                kinds[k], choices[k] = "categorical", list(d.choices)
+            elif name == "IntDistribution":
+                kinds[k] = "int"
+            else:
+                kinds[k] = "float"
+    for k in knob_names(data):
+        if k in kinds:
+            continue
+        values = [t.params[k] for t in data.trials if k in t.params and t.params[k] is not None]
+        if values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            kinds[k] = "int"
+        elif values and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            kinds[k] = "float"
+        else:
+            kinds[k] = "categorical"
+            choices[k] = sorted(set(values), key=repr)
+    return kinds, choices
 
 
 def _objective(t: Any, i: int = 0) -> float:

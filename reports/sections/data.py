@@ -1,4 +1,10 @@
-"""The Data section: padding per bucket width, shard read latency and the loader's decode rate against training."""
+"""The Data section: padding per bucket width, shard read latency and the loader's decode rate against training.
+
+The loader's ``decode/tokens_per_s`` is decoded tokens per busy decode-second (loaders/pipeline.py: a per-core
+capacity), typically 10^7-10^8, while training runs at 10^3-10^5 real tokens/s/GPU. The two are compared as a
+ratio, ``loader_headroom``: how many times faster one decode core is than the step consumes; below 1 the step
+waits for data.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ from reports.sections._common import (
     ok_trials,
 )
 
-__all__ = ["DataSection", "data_section"]
+__all__ = ["DataSection", "data_section", "headroom"]
 
 
 class DataSection(NamedTuple):
@@ -27,10 +33,18 @@ class DataSection(NamedTuple):
     """bucket_width, trials, padding_ratio_median, padding_ratio_min, padding_ratio_max, tokens_per_s_median."""
     io: pd.DataFrame
     """Index run ('baseline', 'best'); io_backend, read_latency_ms_p50/p90/p99, decode_tokens_per_s,
-    real_tokens_per_s_per_gpu, padding_ratio."""
+    real_tokens_per_s_per_gpu, loader_headroom, padding_ratio."""
     by_trial: pd.DataFrame
-    """trial, value, bucket_width, padding_ratio, io_backend, read_latency_ms_p50/p90/p99, decode_tokens_per_s."""
+    """trial, value, bucket_width, padding_ratio, io_backend, read_latency_ms_p50/p90/p99, decode_tokens_per_s,
+    loader_headroom (decode_tokens_per_s / value)."""
     message: str | None
+
+
+def headroom(decode: float, training: float) -> float:
+    """The loader's decode rate over the step's throughput; NaN where either is missing or not positive."""
+    if not (math.isfinite(decode) and math.isfinite(training)) or decode <= 0 or training <= 0:
+        return math.nan
+    return decode / training
 
 
 _IO_KEYS = ("io/read_latency_ms_p50", "io/read_latency_ms_p90", "io/read_latency_ms_p99", "decode/tokens_per_s")
@@ -70,9 +84,10 @@ def data_section(data: StudyData) -> DataSection:
         for k in _IO_KEYS:
             row[k.split("/")[1].replace("tokens_per_s", "decode_tokens_per_s") if k.startswith("decode")
                 else k.split("/")[1]] = _run_metric(s, run, k)
+        row["loader_headroom"] = headroom(row["decode_tokens_per_s"], row["value"])
         rows.append(row)
     cols = ["trial", "value", "bucket_width", "padding_ratio", "io_backend", "read_latency_ms_p50",
-            "read_latency_ms_p90", "read_latency_ms_p99", "decode_tokens_per_s"]
+            "read_latency_ms_p90", "read_latency_ms_p99", "decode_tokens_per_s", "loader_headroom"]
     by_trial = pd.DataFrame(rows, columns=cols)
 
     g = by_trial.dropna(subset=["bucket_width", "padding_ratio"]).groupby("bucket_width")
@@ -93,10 +108,11 @@ def data_section(data: StudyData) -> DataSection:
             col = {"decode/tokens_per_s": "decode_tokens_per_s", TPUT: "real_tokens_per_s_per_gpu"}.get(
                 k, k.split("/")[1])
             vals[col] = _median(_run_metric(r.summary, r, k) for r in runs)
+        vals["loader_headroom"] = headroom(vals["decode_tokens_per_s"], vals["real_tokens_per_s_per_gpu"])
         io[arm] = vals
     io_df = pd.DataFrame.from_dict(io, orient="index", columns=[
         "io_backend", "read_latency_ms_p50", "read_latency_ms_p90", "read_latency_ms_p99",
-        "decode_tokens_per_s", "real_tokens_per_s_per_gpu", "padding_ratio"])
+        "decode_tokens_per_s", "real_tokens_per_s_per_gpu", "loader_headroom", "padding_ratio"])
     io_df.index.name = "run"
     message = None
     if by_trial.empty and (io_df.empty or io_df.drop(columns="io_backend").isna().all().all()):

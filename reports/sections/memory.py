@@ -15,6 +15,7 @@ from reports.sections._common import (
     baseline_runs,
     best_runs,
     best_trial_number,
+    knob_kinds,
     knob_names,
     ok_trials,
 )
@@ -48,6 +49,10 @@ class Memory(NamedTuple):
     """event, time_us, allocated_gib, reserved_gib, fragmentation_gib: the recorded steps' timeline."""
     suggested_allocator: dict | None = None
     """The allocator settings the analysis suggests changing ({option: value})."""
+    knob_kinds: dict[str, str] = {}
+    """Each memory knob's kind from its Optuna distribution: categorical, int or float."""
+    knob_choices: dict[str, list] = {}
+    """The choices of each categorical memory knob, in the space's order."""
 
 
 _MEM_KEYS = ("memory/max_allocated_gib", "memory/max_reserved_gib", "memory/max_rss_gib",
@@ -94,10 +99,13 @@ def memory_section(data: StudyData) -> Memory:
                    + ", ".join(f"{arm} {v:.2f} GiB" for arm, v in peaks_df["max_rss_gib"].items()
                                if math.isfinite(v)) + ").")
     summary, timeline, suggested = _analysis_tables(doc)
+    kinds, choices = knob_kinds(data)
     return Memory(peaks=peaks_df, by_trial=by_trial, memory_knobs=mem_knobs,
                   log_knobs=[k for k in _log_knobs(data) if k in mem_knobs], histogram=histogram,
                   suggestions=suggestions, analysis_source=source, analysis_message=a_msg, message=message,
-                  analysis_summary=summary, fragmentation=timeline, suggested_allocator=suggested)
+                  analysis_summary=summary, fragmentation=timeline, suggested_allocator=suggested,
+                  knob_kinds={k: kinds[k] for k in mem_knobs if k in kinds},
+                  knob_choices={k: choices[k] for k in mem_knobs if k in choices})
 
 
 def _analysis_tables(doc: dict | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict | None]:

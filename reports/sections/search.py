@@ -11,7 +11,16 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import StudyData, num
-from reports.sections._common import TPUT, _better, _log_knobs, _objective, knob_names, ok_trials, trial_status
+from reports.sections._common import (
+    TPUT,
+    _better,
+    _log_knobs,
+    _objective,
+    knob_kinds,
+    knob_names,
+    ok_trials,
+    trial_status,
+)
 
 __all__ = ["NOT_FAILED", "Search", "Trials", "search_section", "trials_section"]
 
@@ -39,6 +48,10 @@ class Search(NamedTuple):
     """trial, <objective 0>, <objective 1>, on_front: the trials with status ok."""
     pareto_message: str | None
     message: str | None
+    knob_kinds: dict[str, str] = {}
+    """Each knob's kind from its Optuna distribution: categorical, int or float."""
+    knob_choices: dict[str, list] = {}
+    """The choices of each categorical knob, in the space's order."""
 
 
 def search_section(data: StudyData) -> Search:
@@ -69,6 +82,7 @@ def search_section(data: StudyData) -> Search:
     knobs = pd.DataFrame([{"trial": t.number, "value": _objective(t), **{k: t.params.get(k) for k in names}}
                           for t in ok], columns=["trial", "value", *names])
     log_knobs = _log_knobs(data)
+    kinds, choices = knob_kinds(data)
     importances, imp_msg = _importances(data, ok)
     pareto, pareto_msg = _pareto(data, ok)
     message = None
@@ -76,7 +90,9 @@ def search_section(data: StudyData) -> Search:
         message = data.study_error or "The study has no trials yet."
     return Search(history=history, direction=direction, objective_name=name, baseline_band=band,
                   importances=importances, importances_message=imp_msg, knobs=knobs, knob_names=names,
-                  log_knobs=log_knobs, pareto=pareto, pareto_message=pareto_msg, message=message)
+                  log_knobs=log_knobs, pareto=pareto, pareto_message=pareto_msg, message=message,
+                  knob_kinds={k: kinds[k] for k in names if k in kinds},
+                  knob_choices={k: choices[k] for k in names if k in choices})
 
 
 @contextlib.contextmanager
