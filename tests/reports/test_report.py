@@ -36,7 +36,7 @@ import reports
 from reports import build_report, compute_sections
 from reports._load import PHASES
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SECTION_IDS = ("summary", "guide", "search", "time", "compile", "numerics", "memory", "kernels", "data",
                "trials", "environment")
 
@@ -928,7 +928,7 @@ def test_kernels_section_from_a_real_h200_sweep(fx, tmp_path):
 
     d = tmp_path / "copy"
     shutil.copytree(fx.dir, d)
-    real = pd.read_csv(Path(__file__).with_name("assets") / "kernel_sweep_h200_2026-11-29.csv")
+    real = pd.read_csv(Path(__file__).parents[1].joinpath("assets") / "kernel_sweep_h200_2026-11-29.csv")
     real.to_csv(d / "kernel_sweep.csv", index=False)
     rep = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name)
     k = rep.kernels.launch.set_index("kernel")
@@ -958,7 +958,7 @@ def test_memory_section_from_a_real_h200_analysis(fx, tmp_path):
     histogram, the two suggestions with their reasons, and the suggested settings reach the Memory section."""
     d = tmp_path / "copy"
     shutil.copytree(fx.dir, d)
-    src = Path(__file__).with_name("assets") / "memory_analysis_h200_mb4_2026-11-30.json"
+    src = Path(__file__).parents[1].joinpath("assets") / "memory_analysis_h200_mb4_2026-11-30.json"
     doc = json.loads(src.read_text())
     shutil.copy(src, d / "memory_analysis.json")
     rep = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name)
