@@ -5,7 +5,7 @@
 # where a missing service is a failure).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh --dev
 if [ "${SKIP_SERVICES:-0}" != 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   WORKBENCH_TEST_PG_URL=$(bash scripts/services.sh | tail -n 1)
   export WORKBENCH_TEST_PG_URL
