@@ -203,3 +203,23 @@ def test_the_winner_launch_record_comes_from_its_search_trial():
     assert winner_launch_record(study, {"exported": {"trial": None}}) is None  # the base config was exported
     assert winner_launch_record(study, {"exported": {"trial": 7}}) is None
     assert winner_launch_record(study, {}) is None
+
+
+def test_the_readmes_own_study_example_loads(tmp_path):
+    """The study file in the README's "Tune your own model and data" loads and makes a valid config for each
+    value it searches (with a real HF config.json beside it, as step 3 says)."""
+    import re
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("## Tune your own model and data"):readme.index("## Training: checkpoints")]
+    text = textwrap.dedent(re.search(r"```yaml\n(.*?)```", section, re.S).group(1))
+    (tmp_path / "my-model").mkdir()
+    (tmp_path / "my-model" / "config.json").write_text(
+        Path(__file__).parents[1].joinpath("assets", "gqa_config.json").read_text())
+    (tmp_path / "my-study.yaml").write_text(text)
+    spec = load_study_spec(str(tmp_path / "my-study.yaml"))
+    assert spec.name == "my-model" and spec.base_config().data.loongbin_dir == "/data/shards"
+    for knob, rng in spec.space.items():
+        for value in rng.choices:
+            cfg = spec.trial_config({knob: value})
+            assert cfg.effective_global_batch_size() == 32
