@@ -95,20 +95,7 @@ def summary_section(data: StudyData) -> Summary:
     else:
         t_tput, t_src = math.nan, "not measured"
     rows.append((TPUT, b_tput, t_tput, f"baseline: {b_src}; best: {t_src}"))
-
-    step_b = _phase_means(base)
-    step_t = _phase_means(best)
-    for key in ("mfu_pct", "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/max_rss_gib",
-                "data/padding_ratio"):
-        bv = _median(r.metric(key) for r in base)
-        tv = _median(r.metric(key) for r in best)
-        if math.isfinite(bv) or math.isfinite(tv):
-            rows.append((key, bv, tv, "median over runs' summaries"))
-    rows.append(("time/step_s", step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
-                 "mean over measured steps of phases.csv"))
-    table = pd.DataFrame(rows, columns=["metric", "baseline", "best", "source"])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        table.insert(3, "ratio", table["best"] / table["baseline"])
+    table = _table(rows, base, best)
 
     speedup = _speedup(data, number, b_tput, t_tput)
     knobs = _changed_knobs(data, number)
@@ -151,6 +138,23 @@ def summary_section(data: StudyData) -> Summary:
                    message=message)
 
 
+def _table(rows: list[tuple], base: list, best: list) -> pd.DataFrame:
+    """The best-vs-baseline table: the throughput ``rows`` given, then the runs' other metrics and step time."""
+    rows = list(rows)
+    step_b, step_t = _phase_means(base), _phase_means(best)
+    for key in ("mfu_pct", "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/max_rss_gib",
+                "data/padding_ratio"):
+        bv, tv = _median(r.metric(key) for r in base), _median(r.metric(key) for r in best)
+        if math.isfinite(bv) or math.isfinite(tv):
+            rows.append((key, bv, tv, "median over runs' summaries"))
+    rows.append(("time/step_s", step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
+                 "mean over measured steps of phases.csv"))
+    table = pd.DataFrame(rows, columns=["metric", "baseline", "best", "source"])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        table.insert(3, "ratio", table["best"] / table["baseline"])
+    return table
+
+
 def _from_result(data: StudyData, result: dict, number: int | None, how: str) -> Summary:
     """The summary of a finished study: every figure about the winner from tune.json's result, as the terminal
     printed it."""
@@ -161,18 +165,7 @@ def _from_result(data: StudyData, result: dict, number: int | None, how: str) ->
              f"baseline: median of {result['baseline'].get('runs')} runs ({result['baseline'].get('source')}); "
              f"best: median of its {best.get('pairs', 0)} A/B runs; its search run measured "
              f"{num(best.get('search_tokens_per_s')):,.0f} (one run, not the figure that decides)")]
-    base, runs = baseline_runs(data), best_runs(data, number)
-    step_b, step_t = _phase_means(base), _phase_means(runs)
-    for key in ("mfu_pct", "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/max_rss_gib",
-                "data/padding_ratio"):
-        bv, tv = _median(r.metric(key) for r in base), _median(r.metric(key) for r in runs)
-        if math.isfinite(bv) or math.isfinite(tv):
-            rows.append((key, bv, tv, "median over runs' summaries"))
-    rows.append(("time/step_s", step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
-                 "mean over measured steps of phases.csv"))
-    table = pd.DataFrame(rows, columns=["metric", "baseline", "best", "source"])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        table.insert(3, "ratio", table["best"] / table["baseline"])
+    table = _table(rows, baseline_runs(data), best_runs(data, number))
     speedup = Speedup(num(best["speedup"]), num(best.get("ci_low")), num(best.get("ci_high")),
                       bool(best.get("significant")), int(best.get("pairs") or 0), "tune.json result") \
         if best.get("speedup") is not None else None
