@@ -21,6 +21,9 @@ from pathlib import Path
 import optuna
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from workbench.tune.samplers import infeasible  # noqa: E402
+
 SUMMARY_METRICS = ("throughput/real_tokens_per_s_per_gpu", "mfu_pct", "time/step_s", "time/compile_s",
                    "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/predicted_peak_gib")
 CACHE_METRICS = ("compile/fx_graph_cache_hit", "compile/fx_graph_cache_miss", "compile/aot_autograd_cache_hit",
@@ -37,7 +40,7 @@ def study_rows(d: Path) -> list[dict]:
     study = optuna.load_study(study_name=tune["study_name"], storage=f"sqlite:///{(d / 'study.db').resolve()}")
     rows = []
     for t in study.trials:
-        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED):
+        if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) and not infeasible(t):
             continue
         attrs = t.user_attrs
         config = " ".join(f"{k}={v}" for k, v in t.params.items())
@@ -45,7 +48,9 @@ def study_rows(d: Path) -> list[dict]:
         if attrs.get("failure_reason"):
             note += f": {attrs['failure_reason'].splitlines()[0][:160]}"
         base = {**common, "phase": "search", "trial": t.number, "config": config, "note": note}
-        rows.append({**base, "metric": "objective/tokens_per_s_per_gpu", "value": t.value})
+        # a failed config (FAIL in the study) as its sampler learns it: objective 0
+        value = 0.0 if infeasible(t) else t.value
+        rows.append({**base, "metric": "objective/tokens_per_s_per_gpu", "value": value})
         summary = attrs.get("summary") or {}
         rows += [{**base, "metric": m, "value": summary[m]} for m in SUMMARY_METRICS if summary.get(m) is not None]
         rows += [{**base, "metric": f"time/{ph}_s_per_step", "value": v}

@@ -3,9 +3,11 @@ infeasible, and the study goes on to finish its budget."""
 
 from __future__ import annotations
 
+import optuna
 from optuna.trial import TrialState
 
 from workbench.config import load_config
+from workbench.tune.samplers import learning_view
 from workbench.tune.study import load_study_spec
 from workbench.tune import Tuner
 
@@ -26,7 +28,9 @@ def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, 
     assert len(trials) == 4
 
     invalid = trials[0]
-    assert invalid.state == TrialState.COMPLETE and invalid.values == [0.0]
+    # Optuna's own states: a failed config is FAIL (its kind in its attributes), so Optuna's tools do not read a
+    # failure as a measurement; the samplers learn it as infeasible through their view of the study
+    assert invalid.state == TrialState.FAIL and invalid.values is None
     assert invalid.user_attrs["status"] == "invalid_config"
     assert "global_batch_size" in invalid.user_attrs["failure_reason"]
     assert "rejected before launch" in invalid.user_attrs["log_tail"]
@@ -40,12 +44,20 @@ def test_failures_are_recorded_and_the_study_goes_on(study_spec_file, tmp_path, 
     assert "no step for 5 s" in hang.user_attrs["failure_reason"]
 
     for t in (invalid, crash, hang):  # infeasible for the constraint-aware samplers
-        assert t.user_attrs["constraint"] == [1.0, 0.0, 0.0]
-        assert t.constraints == {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0}
+        assert t.state == TrialState.FAIL and t.user_attrs["constraint"] == [1.0, 0.0, 0.0]
+        # both forms: Optuna 5's named keys, and the list optuna-dashboard reads (Optuna names it 0, 1, 2)
+        assert t.constraints == {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0, "0": 1.0, "1": 0.0, "2": 0.0}
+    view, _ = learning_view(study, optuna.trial.create_trial(state=TrialState.RUNNING))  # the next trial's view
+    learned = dict(enumerate(view))  # the view holds every trial here, in order (copies are unnumbered)
+    assert all(learned[n].state == TrialState.COMPLETE and learned[n].values == [0.0]
+               and learned[n].constraints == {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0} for n in (0, 1, 2))
 
     ok = trials[3]
     assert ok.state == TrialState.COMPLETE and ok.user_attrs["status"] == "ok" and ok.values[0] > 0
-    assert ok.constraints == {"failed": 0.0, "memory": 0.0, "finite_loss": 0.0}
+    assert ok.constraints == {"failed": 0.0, "memory": 0.0, "finite_loss": 0.0, "0": 0.0, "1": 0.0, "2": 0.0}
+    assert learned[3].constraints == {"failed": 0.0, "memory": 0.0, "finite_loss": 0.0}  # the samplers see names
+    assert ok.user_attrs["phase/forward_s"] > 0 and ok.user_attrs["throughput/real_tokens_per_s_per_gpu"] > 0
+    assert study.metric_names == ["throughput/real_tokens_per_s_per_gpu"]
     assert study.best_trial.number == 3  # chosen among feasible trials only
 
     # top_k 0: nothing validated, so the base config is exported and provenance says so

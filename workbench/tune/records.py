@@ -94,6 +94,24 @@ class StudyRecords:
               flush=True)
         return result
 
+    def _record_in_study(self, result: Mapping[str, Any]) -> None:
+        """The validated result where Optuna's tools see it, as study attributes: ``result/...`` (verdict, the
+        exported trial, the baseline, the best candidate's speedup and interval) and ``validated/trial_<n>`` for each
+        candidate (its role and A/B figures; a finished trial's own attributes cannot change). Optuna's own best
+        trial is the best single search run; the tuner's winner is the validated one (README, "Optuna's tools")."""
+        assert self.study is not None
+        study, best = self.study, result.get("best") or {}
+        study.set_user_attr("result/verdict", result["verdict"])
+        study.set_user_attr("result/exported_trial", result["exported"]["trial"])
+        study.set_user_attr("result/baseline_tokens_per_s", result["baseline"]["tokens_per_s"])
+        for key in ("trial", "speedup", "ci_low", "ci_high", "pairs"):
+            study.set_user_attr(f"result/best_{key}", best.get(key))
+        for c in result.get("candidates") or []:
+            role = "validated winner" if c["trial"] == result["exported"]["trial"] else "validated candidate"
+            study.set_user_attr(f"validated/trial_{c['trial']}", {
+                "role": role, **{k: c[k] for k in ("speedup", "ci_low", "ci_high", "pairs", "tokens_per_s",
+                                                   "baseline_tokens_per_s", "significant")}})
+
     def _print_result(self, result: Mapping[str, Any], path: Path) -> None:
         lines = [*result_lines(result), f"config: {path}"]
         if self.report is not None and (self.study_dir / "report.html").exists():

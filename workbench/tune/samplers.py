@@ -12,6 +12,11 @@ categorical. Constraints (``trial.constraints``, set with ``Trial.set_constraint
 running trials (parallel workers) are passed through, so the GP's constrained and batch
 acquisition work as in Optuna.
 
+A trial that failed (a failure kind: timeout, oom, crash...) is stored as Optuna's FAIL, so that Optuna's own
+tools (the dashboard, ``optuna best-trial``, importances) do not read it as a measurement; the samplers that learn
+from results still see it, through a view of the study in which it is COMPLETE with the worst objective and the
+``failed`` constraint violated (:func:`learning_view`, :class:`LearnsFromFailures`).
+
 Replayed against an 18-configuration grid measured on an H200
 (``benchmarks/sampler_efficiency.py``, 200 seeds), it reaches within 2% of the grid's
 best in a median of 4 trials with 2 random startup trials, against 7 for TPE with 4
@@ -29,8 +34,95 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.errors import ConfigError
+from workbench.vocab import FAILURE_KINDS
 
-__all__ = ["OrdinalGPSampler", "SAMPLERS", "gp_sampler", "make_sampler", "ordinal_choices", "tpe_sampler"]
+__all__ = ["LearnsFromFailures", "OrdinalGPSampler", "SAMPLERS", "gp_sampler", "infeasible", "learning_view",
+           "make_sampler", "ordinal_choices", "tpe_sampler"]
+
+CONSTRAINTS = ("failed", "memory", "finite_loss")
+"""The constraints every trial carries (> 0 = violated), in the order of the ``constraint`` user attr."""
+
+
+def infeasible(t: FrozenTrial) -> bool:
+    """A FAIL trial whose config failed (its ``status`` is a failure kind), as opposed to one stopped from outside
+    (interrupted, stale, over the budget): it counts against the budget and teaches the sampler."""
+    return t.state == TrialState.FAIL and t.user_attrs.get("status") in FAILURE_KINDS
+
+
+def _as_learned(t: FrozenTrial, directions: list[optuna.study.StudyDirection]) -> FrozenTrial:
+    """A failed trial as the samplers learn it: COMPLETE, the worst objective, the ``failed`` constraint 1."""
+    worst = [0.0 if d == optuna.study.StudyDirection.MAXIMIZE else float("inf") for d in directions]
+    cons = {k: (1.0 if k == "failed" else 0.0) for k in CONSTRAINTS}
+    attrs = {k: v for k, v in t.system_attrs.items() if not k.startswith("constraints")}
+    return optuna.trial.create_trial(state=TrialState.COMPLETE, values=worst, params=t.params,
+                                     distributions=t.distributions, user_attrs=t.user_attrs,
+                                     system_attrs=attrs, constraints=cons)
+
+
+def _named_constraints(t: FrozenTrial) -> FrozenTrial:
+    """``t`` without the list form of its constraints (kept for optuna-dashboard, which Optuna reads back as
+    constraints named 0, 1, 2): the samplers model each constraint once, by name."""
+    if "constraints" not in t.system_attrs:
+        return t
+    attrs = {k: v for k, v in t.system_attrs.items() if k != "constraints"}
+    return optuna.trial.create_trial(state=t.state, values=t.values, params=t.params, distributions=t.distributions,
+                                     user_attrs=t.user_attrs, system_attrs=attrs,
+                                     intermediate_values=t.intermediate_values)
+
+
+def learning_view(study: Study, trial: FrozenTrial) -> tuple[list[FrozenTrial], Study]:
+    """The trials a learning sampler sees (COMPLETE and RUNNING ones, and each failed one as infeasible, the trial
+    being sampled left out) and an in-memory study holding them, then the trial being sampled (running, with
+    what it has drawn so far) as its last trial."""
+    trials = []
+    for t in study.get_trials(deepcopy=False):
+        if t.number == trial.number:
+            continue
+        if infeasible(t):
+            trials.append(_as_learned(t, study.directions))
+        elif t.state in (TrialState.COMPLETE, TrialState.RUNNING):
+            trials.append(_named_constraints(t))
+    level = optuna.logging.get_verbosity()
+    optuna.logging.set_verbosity(max(level, optuna.logging.WARNING))  # no "new study created" line per ask
+    try:
+        view = optuna.create_study(directions=study.directions, sampler=optuna.samplers.RandomSampler(seed=0))
+        view.add_trials([*trials, optuna.trial.create_trial(state=TrialState.RUNNING, params=trial.params,
+                                                             distributions=trial.distributions)])
+    finally:
+        optuna.logging.set_verbosity(level)
+    return trials, view
+
+
+class LearnsFromFailures(optuna.samplers.BaseSampler):
+    """Any Optuna sampler, sampling from :func:`learning_view` of the study: the failed trials teach it where the
+    infeasible configs are, as COMPLETE trials with the ``failed`` constraint would."""
+
+    def __init__(self, sampler: optuna.samplers.BaseSampler) -> None:
+        self.sampler = sampler
+
+    def _view(self, study: Study, trial: FrozenTrial) -> tuple[Study, FrozenTrial]:
+        _, view = learning_view(study, trial)
+        return view, view.get_trials(deepcopy=False)[-1]
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.sampler.infer_relative_search_space(*self._view(study, trial))
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self.sampler.sample_relative(*self._view(study, trial), search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.sampler.sample_independent(*self._view(study, trial), param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.sampler.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
+        self.sampler.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.sampler.reseed_rng()
 
 SAMPLERS = ("tpe", "gp", "random", "nsga2")
 """The samplers :func:`make_sampler` builds (a study's ``sampler.name``; ``grid`` needs the space: workbench.tune)."""
@@ -53,13 +145,13 @@ class OrdinalGPSampler(optuna.samplers.GPSampler):
         order = {name: c for name, d in search_space.items() if (c := ordinal_choices(d)) is not None}
         space = {name: IntDistribution(0, len(order[name]) - 1) if name in order else d
                  for name, d in search_space.items()}
-        # the study as the GP should see it: in memory, rebuilt per ask (trials are few and each costs minutes);
-        # the trial being sampled is a fresh running trial of the view (GPSampler writes its proposal there)
-        trials = [t for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.RUNNING))
-                  if t.number != trial.number]
+        # the study as the GP should see it: in memory, rebuilt per ask (trials are few and each costs minutes),
+        # failed trials as infeasible; the trial being sampled is a fresh running trial of the view (GPSampler
+        # writes its proposal there)
+        trials, _ = learning_view(study, trial)
         keys = sorted({k for t in trials if t.state == TrialState.COMPLETE for k in t.constraints})
         level = optuna.logging.get_verbosity()
-        optuna.logging.set_verbosity(max(level, optuna.logging.WARNING))  # no "new study created" line per ask
+        optuna.logging.set_verbosity(max(level, optuna.logging.WARNING))
         try:
             view = optuna.create_study(directions=study.directions, sampler=optuna.samplers.RandomSampler(seed=0))
             view.add_trials([_as_ordinal(t, order, keys) for t in trials])
@@ -92,13 +184,14 @@ def make_sampler(name: str, seed: int | None, n_startup_trials: int) -> optuna.s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         if name == "tpe":
-            return tpe_sampler(seed, n_startup_trials)
+            return LearnsFromFailures(tpe_sampler(seed, n_startup_trials))
         if name == "gp":
-            return gp_sampler(seed, n_startup_trials)
+            return gp_sampler(seed, n_startup_trials)  # its ordinal view holds the failed trials already
         if name == "random":
             return optuna.samplers.RandomSampler(seed=seed)
         if name == "nsga2":
-            return optuna.samplers.NSGAIISampler(seed=seed, population_size=max(2, n_startup_trials))
+            return LearnsFromFailures(optuna.samplers.NSGAIISampler(seed=seed,
+                                                                    population_size=max(2, n_startup_trials)))
     raise ValueError(f"sampler {name!r}: expected one of {', '.join(SAMPLERS)}")
 
 

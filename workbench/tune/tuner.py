@@ -33,20 +33,38 @@ from workbench.tune.measure import Measurement
 from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
-from workbench.tune.samplers import make_sampler
+from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
                                     normalize_storage_url, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
 from workbench.tune.trial import (Launcher, TrialOutcome, interrupts_held, launch_command, not_launched_outcome,
                                   read_log_tail, run_trial)
 from workbench.tune.validation import Validation, _feasible, _now
+from workbench.vocab import REAL_TOKENS_PER_S
 from workbench.tune.verify import Verification
 
 __all__ = ["Tuner", "winner_launch_record"]
 
 
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-"""Trial states that use up the budget; FAIL (interrupted, stale, skipped) does not."""
+"""Trial states that use up the budget, with a FAIL whose config failed (``samplers.infeasible``); a FAIL stopped
+from outside (interrupted, stale, over the budget) does not."""
+
+
+def counts(t: FrozenTrial) -> bool:
+    """Whether a trial uses up the budget."""
+    return t.state in COUNTED_STATES or infeasible(t)
+
+
+def flat_attrs(summary: Mapping[str, Any]) -> dict[str, float]:
+    """A run summary's numbers as flat trial attributes that Optuna's tools can sort and plot: each numeric
+    metric under its own name, each phase's seconds per step as ``phase/<name>_s``."""
+    out = {k: float(v) for k, v in summary.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    for name, v in (summary.get("phase_s_per_step") or {}).items():
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[f"phase/{name}_s"] = float(v)
+    return out
 
 
 _STUDY_WAIT_S = 300  # a worker started before its coordinator waits this long for the study
@@ -90,7 +108,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.trials_override = trials
         self.timeout_override = timeout_s
         self.worker = worker
-        self.report = report  # report.html's builder (the CLI passes reports.build_report); None builds none
+        self.report = report or None  # report.html's builder (the CLI passes reports.build_report); None builds none
         self.progress_enabled = progress
         self.launch = launch  # builds each trial's command line (workbench.tune.trial.launch_command)
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "start": proc_start(os.getpid()),
@@ -171,6 +189,11 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         else:
             self.active = kept
             self.dropped = [d.to_dict() for d in dropped]
+        if not self.worker and not study.metric_names:
+            # the objective's name as Optuna's tools show it (the dashboard, `optuna trials`)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([REAL_TOKENS_PER_S, "memory/peak_gib"][:len(directions)])
         if not self.worker or stored_spec is None:
             study.set_user_attr("spec", mine)
             study.set_user_attr("active_knobs", self.active)
@@ -255,13 +278,13 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
     def _counts(self) -> tuple[int, int, int]:
         """(counted, running, waiting) trials of the study."""
         trials = self._trials()
-        counted = sum(t.state in COUNTED_STATES for t in trials)
+        counted = sum(counts(t) for t in trials)
         running = sum(t.state == TrialState.RUNNING for t in trials)
         waiting = sum(t.state == TrialState.WAITING for t in trials)
         return counted, running, waiting
 
     def _finished_count(self) -> int:
-        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in self._trials())
+        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t) for t in self._trials())
 
     def baseline_runs(self) -> list[float]:
         assert self.study is not None
@@ -446,24 +469,26 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             "summary": out.summary or {}, "constraint": list(cons.values()), "windows": out.windows,
             "wall_s": round(out.wall_s, 3),
         }
-        values: list[float] | None
-        state = TrialState.COMPLETE
+        attrs.update(flat_attrs(out.summary or {}))
+        # Optuna's own states, so that its tools read the study right: a failed config is FAIL (the samplers
+        # learn it as infeasible through their view, workbench.tune.samplers), an interrupted one FAIL too
+        values: list[float] | None = None
+        state = TrialState.FAIL
         mem = out.peak_memory_gib
         if out.status == "ok":
             assert out.value is not None
             values = [out.value] + ([mem if mem is not None else 0.0] if spec.objective.multi_objective else [])
+            state = TrialState.COMPLETE
         elif out.status == "pruned":
-            values, state = None, TrialState.PRUNED
-        elif out.failed:
-            values = [0.0] + ([math.inf] if spec.objective.multi_objective else [])
-        else:  # interrupted (the child got SIGINT from elsewhere): infrastructure, not the config's fault
-            values, state = None, TrialState.FAIL
+            state = TrialState.PRUNED
         try:
             for k, v in attrs.items():
                 trial.set_user_attr(k, v)
-            if state != TrialState.FAIL:
+            if out.status != "interrupted":
                 for k, v in cons.items():
                     trial.set_constraint(k, v)
+                # optuna-dashboard (0.21) reads the constraints as Optuna 4 stored them: one list
+                self.storage.set_trial_system_attr(trial._trial_id, "constraints", [cons[k] for k in CONSTRAINTS])
             study.tell(trial, values, state=state)
         except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as e:
             # another process failed it as stale (our heartbeat stalled); it will be re-run
@@ -511,7 +536,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 with self._storage_heartbeat(trial._trial_id):
                     trial.set_user_attr("worker", self.me)
                     if self.budget is not None:
-                        earlier = sum(t.state in COUNTED_STATES for t in self._trials() if t.number < trial.number)
+                        earlier = sum(counts(t) for t in self._trials() if t.number < trial.number)
                         if earlier >= self.budget:
                             trial.set_user_attr("status", "skipped_budget")
                             trial.set_user_attr("failure_reason", f"budget of {self.budget} trials already taken")
@@ -566,6 +591,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             finished = _now()
             self._session(started, finished)
             result = self._result(validation, sessions_wall_s(self._sessions or []))
+            self._record_in_study(result)
             path = export_config(self.spec, self.study_dir, result,
                                  launch_record=winner_launch_record(self.study, result))
             self._write_tune_json(started, finished, result)
