@@ -198,7 +198,7 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
 
 class LaunchTimer:
     """Host time of CUDA graph replays: ``observe(us)`` per ``replay()`` call; cumulative count and sum, and
-    quantiles over the last ``window`` replays (the Prometheus summary ``loongforge_compute_graph_launch_overhead_us``)."""
+    quantiles over the last ``window`` replays (Prometheus: ``loongforge_compute_graph_launch_overhead_us``)."""
 
     def __init__(self, window: int = 4096) -> None:
         self._recent: collections.deque[float] = collections.deque(maxlen=window)

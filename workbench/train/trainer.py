@@ -31,8 +31,8 @@ from workbench.train.flops import flops_per_token, peak_tflops
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.memory_model import predict_peak, summary_fields
-from workbench.train.metrics import (LaunchTimer, MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
-                               summarize_window)
+from workbench.train.metrics import (LaunchTimer, MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot,
+                                     summarize_comm, summarize_window)
 from workbench.train.model import Llama, ModelArgs, model_args
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
