@@ -84,12 +84,14 @@ def load_run_config(args: argparse.Namespace):
     overrides: dict[str, Any] = parse_overrides(args.set)
     if args.steps is not None:  # 0 or less: rejected by the config, not ignored
         overrides["training.max_steps"] = args.steps
-    # the CLI serves Prometheus on 9091 unless told otherwise (a config's own port, --set, or the flags)
+    # workbench.train's CLI serves Prometheus on 9091 unless told otherwise (a config's own port, --set, the
+    # flags); a caller whose arguments have no such flags (workbench.memory) keeps the config's port
     if getattr(args, "no_prometheus", False):
         overrides["metrics.prometheus_port"] = None
     elif getattr(args, "prometheus_port", None) is not None:
         overrides["metrics.prometheus_port"] = args.prometheus_port
-    elif "metrics.prometheus_port" not in overrides and cfg.metrics.prometheus_port is None:
+    elif hasattr(args, "no_prometheus") and "metrics.prometheus_port" not in overrides \
+            and cfg.metrics.prometheus_port is None:
         overrides["metrics.prometheus_port"] = DEFAULT_PROMETHEUS_PORT
     if overrides:
         cfg = merge_overrides(cfg, overrides)
