@@ -75,6 +75,11 @@ class StagingRing:
         self._next = 0
         self._cv = threading.Condition()
         self._closed = False
+        self._used = [False] * num_blocks
+        self.acquires = 0
+        """Blocks handed out by ``acquire()`` (one per batch)."""
+        self.fresh = 0
+        """Of them, first uses of a block; every other acquire reused a block an earlier batch was built in."""
 
     def __len__(self) -> int:
         return len(self.blocks)
@@ -94,6 +99,10 @@ class StagingRing:
             tok.synchronize()  # CUDA event of the h2d copy out of this block; host wait, this thread only
         self._pending[i] = None
         self._next = (i + 1) % len(self.blocks)
+        self.acquires += 1
+        if not self._used[i]:
+            self._used[i] = True
+            self.fresh += 1
         return i
 
     def hand_out(self, i: int) -> _HostToken:

@@ -197,6 +197,7 @@ class BatchPipeline:
                              f"bytes = {_batch_bytes(micro_batch, longest)} bytes); need pinned_block_kb >= "
                              f"{math.ceil(default_block_bytes(longest, micro_batch) / 1024)}")
         self.ring = StagingRing(num_staging_blocks, block, pin=self._cuda, guard=guard)
+        self._ring_acquires = self._ring_fresh = 0  # of the rings replaced on a restart
 
     def batch_lengths(self) -> list[int]:
         """The lengths ``T`` of the batches this pipeline can hand out, distinct, longest first: the plan buckets'
@@ -262,6 +263,8 @@ class BatchPipeline:
             self._last = None
         if restart:  # a fresh ring: the closed one refuses acquire()
             old = self.ring
+            self._ring_acquires += old.acquires  # the new ring's blocks are new allocations: first uses again
+            self._ring_fresh += old.fresh
             self.ring = StagingRing(len(old), old.block_bytes, pin=old.pinned, guard=old.guard)
 
     def close(self) -> None:
@@ -565,6 +568,7 @@ class BatchPipeline:
     def metrics(self) -> dict[str, Any]:
         """Namespaced, unit-carrying figures: io/*, decode/* (per busy decode-second), data/*."""
         r = self.reader.stats()
+        acq, fresh = self._ring_acquires + self.ring.acquires, self._ring_fresh + self.ring.fresh
         with self._dec_lock:
             dec_s, dec_b, dec_t = self._dec_s, self._dec_bytes, self._dec_tokens
         m = {
@@ -572,6 +576,7 @@ class BatchPipeline:
             "io/read_latency_ms_p50": r["read_latency_ms_p50"],
             "io/read_latency_ms_p90": r["read_latency_ms_p90"],
             "io/read_latency_ms_p99": r["read_latency_ms_p99"],
+            "io/read_latency_ms_sum": r["read_latency_ms_sum"],
             "io/read_mb_per_s": r["mb_per_s"],
             "io/reads": r["reads"],
             "io/read_bytes": r["bytes"],
@@ -584,6 +589,9 @@ class BatchPipeline:
             "data/batches_assembled": self._assembled if self._threads else 0,
             "data/real_tokens": self._real,
             "data/epoch": self._pos[0],
+            # batches built in a staging block an earlier batch already used (not a fresh block), 0..1
+            "memory/staging_reuse_ratio": 1 - fresh / acq if acq else float("nan"),
+            "memory/staging_acquires": acq,
         }
         if self.packing == "fill":  # the stream's tail short of a whole batch, the same count every epoch
             m["data/dropped_tokens_per_epoch"] = self.dropped_tokens_per_epoch

@@ -292,6 +292,10 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
                 elapsed = time.perf_counter() - t0
                 manifest["preprocess"]["elapsed_s"] = round(elapsed, 3)
                 manifest["preprocess"]["tokens_per_s"] = round(counts.input_tokens / elapsed, 1)
+                # the same stored bytes against the input files as they are on disk (headers, EOS, their dtype)
+                c = manifest["compression"]
+                c["input_file_bytes"] = total_bytes
+                c["ratio_input_files"] = round(total_bytes / c["stored_bytes"], 4)
 
             with _StageBars(quiet) as bars:
                 return writer.close(extra_manifest=extra, on_manifest=finish, progress=bars)

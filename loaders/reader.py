@@ -74,6 +74,7 @@ class _Stats:
         self.lat_ms: collections.deque[float] = collections.deque(maxlen=_LATENCY_WINDOW)
         self.reads = 0
         self.bytes = 0
+        self.lat_sum_ms = 0.0  # over every read (the window above keeps the recent ones for quantiles)
         self.t_first: float | None = None  # perf_counter of the first submit
         self.t_last: float | None = None   # perf_counter of the latest completion
         self._lock = threading.Lock()
@@ -83,9 +84,11 @@ class _Stats:
             self.t_first = t
 
     def completed(self, t_submit: float, t_done: float, nbytes: int) -> None:
-        self.lat_ms.append((t_done - t_submit) * 1e3)
+        ms = (t_done - t_submit) * 1e3
+        self.lat_ms.append(ms)
         with self._lock:
             self.reads += 1
+            self.lat_sum_ms += ms
             self.bytes += nbytes
             if self.t_last is None or t_done > self.t_last:
                 self.t_last = t_done
@@ -100,6 +103,7 @@ class _Stats:
             "read_latency_ms_p50": float(q[0]),
             "read_latency_ms_p90": float(q[1]),
             "read_latency_ms_p99": float(q[2]),
+            "read_latency_ms_sum": self.lat_sum_ms,
             "wall_s": span,
             "mb_per_s": self.bytes / 1e6 / span if span > 0 else float("nan"),
         }

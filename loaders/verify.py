@@ -146,8 +146,11 @@ def summary(manifest: dict, root: str | os.PathLike | None = None, *, frames: in
         "real_tokens": manifest["real_tokens"], "padded_tokens": manifest["padded_tokens"],
         "padding_ratio": manifest["padding_ratio"], "vocab_size": manifest["vocab_size"],
         "token_dtype": manifest.get("token_dtype"),
+        "input_token_bytes": c.get("input_token_bytes"), "stored_bytes": c.get("stored_bytes"),
+        "compression_ratio": c.get("ratio"),  # None in a manifest written before the input-based ratio
+        "ratio_plain_zstd": c.get("ratio_plain_zstd"),
         "raw_bytes": c.get("raw_bytes"), "compressed_bytes": c.get("per_bucket_dict_bytes"),
-        "compression_ratio": c.get("ratio_per_bucket_dict"),
+        "record_ratio_per_bucket_dict": c.get("ratio_per_bucket_dict"),
     }
     for k in ("ratio_global_dict", "ratio_no_dict", "ratio_whole_file"):
         if k in c:
@@ -172,8 +175,12 @@ def format_summary(manifest: dict, root: str | os.PathLike | None = None) -> str
              f"tokens: {s['real_tokens']:,} real, {s['padded_tokens']:,} padded: padding ratio "
              f"{s['padding_ratio']:.2%}"]
     if s["compression_ratio"] is not None:
-        line = (f"compression: {s['compression_ratio']:.2f}x with per-bucket dictionaries "
-                f"({_mb(s['raw_bytes'])} -> {_mb(s['compressed_bytes'])})")
+        lines.append(f"compression: {s['compression_ratio']:.2f}x of the input's token bytes, dictionaries "
+                     f"included ({_mb(s['input_token_bytes'])} -> {_mb(s['stored_bytes'])}); plain zstd of the "
+                     f"input {s['ratio_plain_zstd']:.2f}x")
+    if s["record_ratio_per_bucket_dict"] is not None:
+        line = (f"record payloads: {s['record_ratio_per_bucket_dict']:.2f}x with per-bucket dictionaries "
+                f"({_mb(s['raw_bytes'])} -> {_mb(s['compressed_bytes'])}, dictionaries not counted)")
         base = [f"{name} {s[k]:.2f}x" for name, k in (("global dict", "ratio_global_dict"),
                                                       ("no dict", "ratio_no_dict"),
                                                       ("whole file", "ratio_whole_file")) if k in s]

@@ -194,6 +194,28 @@ def test_per_bucket_dictionary_beats_no_dictionary(tmp_path):
     assert all(b["dict_id"] >= 0 for b in m["buckets"] if b["raw_bytes"] > 64 * 1024)
 
 
+def test_the_manifest_ratio_counts_the_input_tokens_and_the_dictionaries(tmp_path):
+    docs = _structured_docs(400, vocab=70000)  # vocab over 65,536: uint32 token ids
+    recs = [(d[i:i + 512].astype(np.int64), None, None) for d in docs for i in range(0, len(d), 512)]
+    m = _write(tmp_path / "s", recs, vocab_size=70000, max_len=512, zstd_level=3, dict_size=16384,
+               frame_bytes=MIN_FRAME_BYTES)
+    c, root = m["compression"], tmp_path / "s"
+    n_tok = sum(len(t) for t, _, _ in recs)
+    data = sum(f.stat().st_size for f in (root / "data").iterdir())
+    dicts = sum(f.stat().st_size for f in (root / "dicts").iterdir())
+    assert dicts > 0 and (c["data_bytes"], c["dict_bytes"], c["stored_bytes"]) == (data, dicts, data + dicts)
+    # the tokens as stored (uint32 here), not as given (int64), not the 7-byte records (+ uint16 positions, mask)
+    assert c["input_token_dtype"] == "uint32" and c["input_token_bytes"] == 4 * n_tok
+    assert c["ratio"] == pytest.approx(4 * n_tok / (data + dicts), abs=1e-4)
+    assert c["raw_bytes"] == 7 * n_tok and c["ratio_per_bucket_dict"] == pytest.approx(7 * n_tok / data, abs=1e-4)
+    assert c["ratio"] < c["ratio_per_bucket_dict"]  # the old one flattered: positions and masks compress to ~nothing
+    import zstandard as zstd
+
+    plain = zstd.ZstdCompressor(level=3).compress(np.concatenate([t for t, _, _ in recs]).astype(np.uint32).tobytes())
+    assert c["plain_zstd_bytes"] == pytest.approx(len(plain), rel=0.02)
+    assert c["ratio_plain_zstd"] == pytest.approx(4 * n_tok / c["plain_zstd_bytes"], abs=1e-4)
+
+
 def test_manifest_checksums_and_content_checksum(tmp_path):
     import xxhash
     import zstandard as zstd

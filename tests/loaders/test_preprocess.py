@@ -147,7 +147,39 @@ def test_function_several_inputs_and_manifest(corpus, tmp_path):
     assert c["ratio_per_bucket_dict"] > c["ratio_no_dict"]
     assert m["vocab_size"] == VOCAB and m["token_dtype"] == "uint16"
     summary = verify(tmp_path / "out")
-    assert summary["records"] == m["records"] and summary["compression_ratio"] == c["ratio_per_bucket_dict"]
+    assert summary["records"] == m["records"] and summary["compression_ratio"] == c["ratio"]
+    assert summary["record_ratio_per_bucket_dict"] == c["ratio_per_bucket_dict"]
+
+
+def _disk_bytes(root: Path) -> tuple[int, int]:
+    """Bytes of the data files and of the dictionaries, as they are on disk."""
+    return (sum(f.stat().st_size for f in (root / "data").iterdir()),
+            sum(f.stat().st_size for f in (root / "dicts").iterdir()))
+
+
+def test_the_ratio_is_the_inputs_bytes_over_shards_and_dictionaries(corpus, tmp_path):
+    docs, files = corpus
+    m = preprocess([str(files["bin"])], str(tmp_path / "out"), **_fast(compare=False, frame_kb=64))
+    c, out = m["compression"], tmp_path / "out"
+    data, dicts = _disk_bytes(out)
+    assert dicts > 0 and c["dict_bytes"] == dicts and c["data_bytes"] == data and c["stored_bytes"] == data + dicts
+    assert c["index_bytes"] == (out / "index.lbx").stat().st_size  # metadata beside them, not in the ratio
+    # the input's own bytes: its token ids as uint16 (EOS dropped), not the 5-byte records
+    n_tok = sum(map(len, docs))
+    assert c["input_token_dtype"] == "uint16" and c["input_token_bytes"] == 2 * n_tok
+    assert c["ratio"] == pytest.approx(2 * n_tok / (data + dicts), abs=1e-4)
+    assert c["input_file_bytes"] == files["bin"].stat().st_size == 2 * (n_tok + len(docs))  # + one EOS a document
+    assert c["ratio_input_files"] == pytest.approx(files["bin"].stat().st_size / (data + dicts), abs=1e-4)
+    # the reference: plain zstd of the same token bytes, same level, no dictionary, one stream
+    import zstandard as zstd
+
+    plain = zstd.ZstdCompressor(level=3).compress(np.concatenate(docs).astype(np.uint16).tobytes())
+    assert c["plain_zstd_bytes"] == pytest.approx(len(plain), rel=0.02)  # one shot vs streamed record by record
+    assert c["ratio_plain_zstd"] == pytest.approx(2 * n_tok / c["plain_zstd_bytes"], abs=1e-4)
+    assert c["stored_vs_plain_zstd"] == pytest.approx((data + dicts) / c["plain_zstd_bytes"], abs=1e-4)
+    # the old figure stays, named for what it is: record payloads (5 bytes a token here), no dictionaries
+    assert c["raw_bytes"] == 5 * n_tok and c["ratio_per_bucket_dict"] == pytest.approx(5 * n_tok / data, abs=1e-4)
+    assert "dictionaries" in c["ratio_meaning"]
 
 
 def _records(root: Path) -> list[tuple[list[int], list[int], list[int]]]:

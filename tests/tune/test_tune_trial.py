@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from workbench.config import load_config
+from workbench.config import load_config, merge_overrides
 from workbench.tune.study import load_study_spec
-from workbench.tune.trial import not_launched_outcome, run_trial
+from workbench.tune.trial import launch_command, not_launched_outcome, run_trial
 
 
 @pytest.fixture
@@ -33,6 +33,15 @@ def test_a_real_trial_reports_its_windows(spec, tmp_path):
     assert load_config(out.config_path).data.micro_batch_size == 8
     assert phases[0] == "launching" and any(p.startswith("measuring window") for p in phases)
     assert out.peak_memory_gib is not None and out.device_total_gib is None  # CPU: RSS, no device share
+
+
+def test_a_trial_binds_no_prometheus_port_unless_its_config_sets_one(spec, tmp_path):
+    cfg = spec.trial_config({})
+    assert cfg.metrics.prometheus_port is None
+    cmd = launch_command(cfg, tmp_path / "c.yaml", tmp_path)
+    assert cmd[1:3] == ["-m", "workbench.train"] and "--no-prometheus" in cmd  # the CLI's 9091 is off
+    cmd = launch_command(merge_overrides(cfg, {"metrics.prometheus_port": 9200}), tmp_path / "c.yaml", tmp_path)
+    assert "--no-prometheus" not in cmd and "--prometheus-port" not in cmd  # the config's port serves
 
 
 def test_pruning_kills_the_trial(spec, tmp_path):

@@ -27,7 +27,8 @@ MODEL_PRESETS = ("tiny", "gr00t-n1.6")
 """Model presets known by name; any other model needs ``model.config_path``."""
 
 DEFAULT_PROMETHEUS_PORT = 9091
-"""The documented port for ``metrics.prometheus_port`` (the exporter is off unless it is set)."""
+"""The port ``python -m workbench.train`` serves on when ``metrics.prometheus_port`` is null (the Trainer
+itself, and a tuner's trial, serve none unless the port is set)."""
 
 T = TypeVar("T")
 
@@ -390,7 +391,7 @@ class MetricsConfig:
     """What the trial measures and where it writes it."""
 
     prometheus_port: int | None = field(default=None, metadata={"ge": 1, "le": 65535})
-    """Port of the Prometheus exporter; null = off (9091 is the documented port)."""
+    """Port of the Prometheus exporter; null = off in the Trainer and in trials, 9091 from the CLI."""
     phase_timing: bool = True
     """Time each step phase (data_wait, h2d, forward, backward, grad_sync, optimizer)."""
     out_dir: str | None = None

@@ -4,7 +4,9 @@
     python -m workbench.train --preset tiny --synthetic --steps 50
 
 Prints one progress line per measured window (tokens/s, MFU, phase shares,
-memory, loss) and a summary, also written as JSON to ``--summary``.
+memory, loss) and a summary, also written as JSON to ``--summary``. Serves
+Prometheus metrics on :9091 (``metrics.prometheus_port``, ``--prometheus-port N``;
+``--no-prometheus`` for none; a port in use is one warning line, the run goes on).
 ``--synthetic`` generates a synthetic corpus and preprocesses it into a cache
 directory when ``data.loongbin_dir`` is not set. Ctrl-C finishes the current
 step, writes a checkpoint when ``training.checkpoint_dir`` is set, and exits.
@@ -53,6 +55,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", help="directory for metrics.jsonl / phases.csv (default metrics.out_dir)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set data.micro_batch_size=8 (YAML value)")
+    prom = p.add_mutually_exclusive_group()
+    prom.add_argument("--prometheus-port", type=int, metavar="N",
+                      help="serve /metrics on port N (default: metrics.prometheus_port, else 9091)")
+    prom.add_argument("--no-prometheus", action="store_true", help="serve no Prometheus endpoint")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only, not each window")
     p.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of a crash")

@@ -4,9 +4,10 @@ Names carry a namespace and a unit (``throughput/real_tokens_per_s_per_gpu``,
 ``memory/max_reserved_gib``, ``time/forward_pct``...). Every window (``log_every``
 steps after the warm-up) becomes one JSON line in ``metrics.jsonl``; every step
 one row of the phase table ``phases.csv`` (seconds per phase, step time, tokens,
-bucket length, loss). Optionally the latest window is served to Prometheus
-under the orchestrator's names (``loongforge_throughput_tokens_per_sec``,
-``loongforge_io_read_latency_ms{quantile="0.5"}``...).
+bucket length, loss). ``PrometheusExporter`` serves the run to Prometheus in its own
+types under the seed's names (gauges for the latest window, ``*_total`` counters,
+summaries for the read latency and the CUDA graph launch overhead); the names and
+definitions are in README.md ("Prometheus").
 
 MFU = achieved model FLOP/s / peak FLOP/s, where achieved = sum over steps of
 real tokens x ``flops_per_token(model, bucket length)`` (6 x parameters + 12 x
@@ -28,10 +29,13 @@ per step.
 
 from __future__ import annotations
 
+import collections
 import json
+import logging
 import math
 import resource
 import statistics
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,9 +46,10 @@ from workbench.train.timing import PHASES
 from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
-           "PrometheusExporter"]
+           "PrometheusExporter", "LaunchTimer"]
 
 GIB = 1024 ** 3
+log = logging.getLogger("workbench")
 
 
 @dataclass
@@ -78,11 +83,20 @@ def memory_snapshot(device: torch.device) -> dict[str, float | None]:
             "memory/fragmentation_gib": round(cur_res - cur_alloc, 4),
             "memory/alloc_retries": int(stats.get("num_alloc_retries", 0)),
             "memory/device_total_gib": round(torch.cuda.get_device_properties(device).total_memory / GIB, 2),
+            "memory/allocator_reuse_ratio": _allocator_reuse(stats),
         }
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
     return {"memory/max_allocated_gib": None, "memory/max_reserved_gib": None,
             "memory/fragmentation_gib": None, "memory/alloc_retries": None,
-            "memory/max_rss_gib": round(rss, 4)}
+            "memory/allocator_reuse_ratio": None, "memory/max_rss_gib": round(rss, 4)}
+
+
+def _allocator_reuse(stats: dict[str, Any]) -> float | None:
+    """1 - segments allocated / blocks allocated since the process started: the share of the caching allocator's
+    allocation requests served from memory it already held (a cudaMalloc'd segment serves the request that made
+    it; every other request reused cached memory). None before the first allocation."""
+    blocks = stats.get("allocation.all.allocated", 0)
+    return 1 - stats.get("segment.all.allocated", 0) / blocks if blocks else None
 
 
 def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
@@ -182,8 +196,44 @@ def _finite(d: dict[str, Any]) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
 
 
+class LaunchTimer:
+    """Host time of CUDA graph replays: ``observe(us)`` per ``replay()`` call; cumulative count and sum, and
+    quantiles over the last ``window`` replays (Prometheus: ``loongforge_compute_graph_launch_overhead_us``)."""
+
+    def __init__(self, window: int = 4096) -> None:
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+        self.count = 0
+        self.sum_us = 0.0
+
+    def observe(self, us: float) -> None:
+        self._recent.append(us)
+        self.count += 1
+        self.sum_us += us
+
+    def snapshot(self) -> dict[str, float | int]:
+        """``graph/launch_overhead_us_*`` (p50, p90, p99, sum) and ``graph/replays``; empty before a replay."""
+        if not self.count:
+            return {}
+        q = statistics.quantiles(self._recent, n=100, method="inclusive") if len(self._recent) > 1 \
+            else [self._recent[0]] * 99
+        return {"graph/replays": self.count, "graph/launch_overhead_us_sum": self.sum_us,
+                "graph/launch_overhead_us_p50": q[49], "graph/launch_overhead_us_p90": q[89],
+                "graph/launch_overhead_us_p99": q[98]}
+
+
+_QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"))
+_REUSE_POOLS = (("staging", "memory/staging_reuse_ratio"), ("cuda_allocator", "memory/allocator_reuse_ratio"))
+
+
 class PrometheusExporter:
-    """Serves the latest window on ``port`` with the orchestrator's metric names."""
+    """Serves the run on ``port`` in Prometheus's own types, under the seed's names (README, "Prometheus").
+
+    Gauges carry the latest window, counters (``*_total``) the whole run, summaries (``_count``, ``_sum`` and
+    ``{quantile=...}``) a cumulative count and sum with quantiles over the reader's recent reads (or graph
+    replays). A figure that does not apply is not exported: MFU without a peak (the CPU), GPU memory and the
+    allocator's reuse off CUDA, the graph launch overhead without graph capture. ``start()`` returns None
+    with one warning line when the port cannot be bound; the run goes on without the endpoint.
+    """
 
     def __init__(self, port: int) -> None:
         try:
@@ -191,30 +241,103 @@ class PrometheusExporter:
         except ImportError as e:  # pragma: no cover
             raise RuntimeError("metrics.prometheus_port is set but prometheus_client is not installed: "
                                "pip install prometheus_client") from e
-        self.registry = pc.CollectorRegistry()
-        self.tput = pc.Gauge("loongforge_throughput_tokens_per_sec", "real tokens/s per GPU",
-                             registry=self.registry)
-        self.mfu = pc.Gauge("loongforge_mfu_percent", "model FLOPs utilisation, %", registry=self.registry)
-        self.phase = pc.Gauge("loongforge_phase_seconds", "seconds per step in each phase", ["phase"],
-                              registry=self.registry)
-        self.mem = pc.Gauge("loongforge_memory_reserved_gib", "peak reserved GiB", registry=self.registry)
-        self.lat = pc.Gauge("loongforge_io_read_latency_ms", "shard read latency, ms", ["quantile"],
-                            registry=self.registry)
-        self.loss = pc.Gauge("loongforge_loss", "training loss", registry=self.registry)
+        self._lock = threading.Lock()
+        self._window: dict[str, Any] = {}
+        self._tokens = self._padded = self._steps = 0
+        self.registry = pc.CollectorRegistry(auto_describe=False)
+        self.registry.register(self)  # collect() below builds the families at each scrape
+        self.port = port
         self.server, self.thread = pc.start_http_server(port, registry=self.registry)
 
+    @classmethod
+    def start(cls, port: int) -> "PrometheusExporter | None":
+        """An exporter on ``port``, or None (one warning line) when the port is in use or cannot be bound."""
+        try:
+            return cls(port)
+        except OSError as e:
+            log.warning("metrics.prometheus_port=%d: cannot serve /metrics (%s); continuing without the "
+                        "Prometheus endpoint", port, e.strerror or e)
+            return None
+
+    def steps(self, recs: list[StepRecord]) -> None:
+        """Count steps and tokens (every step, warm-up included)."""
+        with self._lock:
+            self._steps += len(recs)
+            self._tokens += sum(r.real_tokens for r in recs)
+            self._padded += sum(r.padded_tokens for r in recs)
+
     def update(self, m: dict[str, Any]) -> None:
-        self.tput.set(m.get(REAL_TOKENS_PER_S) or 0)
-        self.mfu.set(m.get("mfu_pct") or 0)
-        for p in PHASES:
-            self.phase.labels(p).set(m.get(f"time/{p}_s") or 0)
-        self.mem.set(m.get("memory/max_reserved_gib") or 0)
-        for q, key in (("0.5", "io/read_latency_ms_p50"), ("0.9", "io/read_latency_ms_p90"),
-                       ("0.99", "io/read_latency_ms_p99")):
-            if m.get(key) is not None:
-                self.lat.labels(q).set(m[key])
-        if m.get("loss") is not None and math.isfinite(m["loss"]):
-            self.loss.set(m["loss"])
+        """The latest measured window (``summarize_window`` + memory + pipeline + graph figures)."""
+        with self._lock:
+            self._window = dict(m)
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+        with self._lock:
+            m, steps, tokens, padded = self._window, self._steps, self._tokens, self._padded
+
+        def num(key: str) -> float | None:
+            v = m.get(key)
+            return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
+
+        def gauge(name: str, doc: str, key: str):
+            v = num(key)
+            if v is not None:
+                yield GaugeMetricFamily(name, doc, value=v)
+
+        def summary(name: str, doc: str, prefix: str, count_key: str):
+            count, total = num(count_key), num(f"{prefix}_sum")
+            if not count or total is None:
+                return
+            f = Metric(name, doc, "summary")
+            for q, suffix in _QUANTILES:
+                v = num(f"{prefix}_{suffix}")
+                if v is not None:
+                    f.add_sample(name, {"quantile": q}, v)
+            f.add_sample(f"{name}_count", {}, count)
+            f.add_sample(f"{name}_sum", {}, total)
+            yield f
+
+        yield CounterMetricFamily("loongforge_steps", "optimizer steps taken (warm-up included)", value=steps)
+        yield CounterMetricFamily("loongforge_tokens", "real (non-padding) tokens trained on", value=tokens)
+        yield CounterMetricFamily("loongforge_padded_tokens", "tokens after padding (real + padding)",
+                                  value=padded)
+        if not m:
+            return
+        yield from gauge("loongforge_throughput_tokens_per_sec", "real tokens/s per GPU over the latest window",
+                         REAL_TOKENS_PER_S)
+        yield from gauge("loongforge_mfu_percent", "model FLOPs utilisation over the latest window, %", "mfu_pct")
+        yield from gauge("loongforge_memory_reserved_gib", "peak GiB reserved by the CUDA caching allocator",
+                         "memory/max_reserved_gib")
+        yield from gauge("loongforge_loss", "training loss (last step of the latest window)", "loss")
+        phases = [(p, num(f"time/{p}_s")) for p in PHASES]
+        if any(v is not None for _, v in phases):
+            f = GaugeMetricFamily("loongforge_phase_seconds", "seconds per step in each phase (latest window)",
+                                  labels=["phase"])
+            for p, v in phases:
+                if v is not None:
+                    f.add_metric([p], v)
+            yield f
+        reuse = [(pool, num(key)) for pool, key in _REUSE_POOLS]
+        if any(v is not None for _, v in reuse):
+            f = GaugeMetricFamily("loongforge_memory_buffer_reuse_ratio",
+                                  "share of buffer requests served by reusing memory already held (0..1)",
+                                  labels=["pool"])
+            for pool, v in reuse:
+                if v is not None:
+                    f.add_metric([pool], v)
+            yield f
+        if num("io/reads") is not None:
+            yield CounterMetricFamily("loongforge_io_reads", "shard reads completed", value=num("io/reads"))
+        if num("io/read_bytes") is not None:
+            yield CounterMetricFamily("loongforge_io_read_bytes", "shard bytes read", value=num("io/read_bytes"))
+        yield from summary("loongforge_io_read_latency_ms", "shard read latency, submit to completion, ms "
+                           "(quantiles over the last 65,536 reads)", "io/read_latency_ms", "io/reads")
+        yield from summary("loongforge_compute_graph_launch_overhead_us", "host time of one CUDA graph "
+                           "replay() call, us (quantiles over the last 4,096 replays)", "graph/launch_overhead_us",
+                           "graph/replays")
 
     def close(self) -> None:
         self.server.shutdown()
+        self.server.server_close()

@@ -14,7 +14,8 @@ import torch
 from loaders.format import ShardFormatError
 from loaders.preprocess import preprocess
 from loaders.synth import SynthSpec, generate_documents, write_npy
-from workbench.config import Config, load_config, merge_overrides, parse_overrides, preset_config
+from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, load_config, merge_overrides, parse_overrides,
+                              preset_config)
 from workbench.errors import ConfigError
 from workbench.train.trainer import NanLossError, Trainer, build_model_args
 from workbench.vocab import REAL_TOKENS_PER_S
@@ -83,6 +84,15 @@ def load_run_config(args: argparse.Namespace):
     overrides: dict[str, Any] = parse_overrides(args.set)
     if args.steps is not None:  # 0 or less: rejected by the config, not ignored
         overrides["training.max_steps"] = args.steps
+    # workbench.train's CLI serves Prometheus on 9091 unless told otherwise (a config's own port, --set, the
+    # flags); a caller whose arguments have no such flags (workbench.memory) keeps the config's port
+    if getattr(args, "no_prometheus", False):
+        overrides["metrics.prometheus_port"] = None
+    elif getattr(args, "prometheus_port", None) is not None:
+        overrides["metrics.prometheus_port"] = args.prometheus_port
+    elif hasattr(args, "no_prometheus") and "metrics.prometheus_port" not in overrides \
+            and cfg.metrics.prometheus_port is None:
+        overrides["metrics.prometheus_port"] = DEFAULT_PROMETHEUS_PORT
     if overrides:
         cfg = merge_overrides(cfg, overrides)
     assert isinstance(cfg, Config)

@@ -31,8 +31,8 @@ from workbench.train.flops import flops_per_token, peak_tflops
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.memory_model import predict_peak, summary_fields
-from workbench.train.metrics import (MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot, summarize_comm,
-                               summarize_window)
+from workbench.train.metrics import (LaunchTimer, MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot,
+                                     summarize_comm, summarize_window)
 from workbench.train.model import Llama, ModelArgs, model_args
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
@@ -187,8 +187,9 @@ class Trainer:
         self.pipeline = self._pipeline()
         self.timer = PhaseTimer(self.device, enabled=cfg.metrics.phase_timing)
         self.writer = MetricsWriter(self.out_dir if self.rank == 0 else None)
-        self.prom = PrometheusExporter(cfg.metrics.prometheus_port) \
+        self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port) \
             if (cfg.metrics.prometheus_port and self.rank == 0) else None
+        self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
         self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                 cfg.hardware.peak_tflops)
         self.step = 0
@@ -349,7 +350,9 @@ class Trainer:
         g.inputs[0].copy_(ids)
         g.inputs[1].copy_(pos)
         g.inputs[2].copy_(mask)
-        g.graph.replay()
+        t0 = time.perf_counter()
+        g.graph.replay()  # asynchronous: the host time is the launch, not the graph's work
+        self.launch.observe((time.perf_counter() - t0) * 1e6)
         return g.loss_sum, g.n_tokens
 
     def _ensure_static_grads(self) -> None:
@@ -408,7 +411,9 @@ class Trainer:
             with torch.cuda.graph(g, pool=self._pool):
                 self._optimizer_body()
             self._opt_graph = g
+        t0 = time.perf_counter()
         self._opt_graph.replay()
+        self.launch.observe((time.perf_counter() - t0) * 1e6)
 
     def _optimizer_body(self) -> None:
         if self.cfg.training.grad_clip > 0:
@@ -467,10 +472,13 @@ class Trainer:
                     last_loss = recs[-1].loss
                     is_measured = self.step > warm and recs[0].step > warm
                     self.writer.steps(recs, measured=is_measured)
+                    if self.prom:
+                        self.prom.steps(recs)
                     if is_measured and recs and "step" in recs[0].phases:
                         m = summarize_window(recs, world_size=self.world, peak_tflops=self.peak)
                         m.update(memory_snapshot(self.device))
                         m.update(self.pipeline.metrics())
+                        m.update(self.launch.snapshot())  # empty without graph replays
                         m["lr"] = self._lr(self.step - 1)
                         measured.append(m)
                         self.writer.window(m)

@@ -190,6 +190,8 @@ def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]
             "--heartbeat", str(trial_dir / "heartbeat"), "-q"]
     if not cfg.data.loongbin_dir:
         args.append("--synthetic")
+    if cfg.metrics.prometheus_port is None:  # the CLI would serve on 9091: a trial binds a port only if asked
+        args.append("--no-prometheus")
     if cfg.hardware.gpus > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(cfg.hardware.gpus), "-m", "workbench.train", *args]
