@@ -83,6 +83,8 @@ def load_run_config(args: argparse.Namespace):
     overrides: dict[str, Any] = parse_overrides(args.set)
     if args.steps is not None:  # 0 or less: rejected by the config, not ignored
         overrides["training.max_steps"] = args.steps
+    if getattr(args, "profile", None) is not None:
+        overrides["metrics.profile_steps"] = args.profile
     if overrides:
         cfg = merge_overrides(cfg, overrides)
     assert isinstance(cfg, Config)
