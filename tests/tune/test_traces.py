@@ -57,3 +57,11 @@ def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tm
     assert not list((sdir / "baseline").rglob("trace.json")) and not list((sdir / "validation").rglob("trace.json"))
     assert not list((sdir / "trials").rglob("trace.json"))
 
+    # the report's "Where the time goes" reads them: a link to each, the winner's top ops by self time
+    from reports._load import load_study_data
+    from reports.sections.phases import time_section
+
+    s = time_section(load_study_data(sdir))
+    assert list(s.traces.index) == ["baseline", "winner"] and s.traces_message is None
+    assert s.top_ops_of == "winner" and 0 < len(s.top_ops) <= 10
+    assert all(n.startswith("aten::") for n in s.top_ops["name"])
