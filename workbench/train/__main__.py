@@ -2,7 +2,7 @@
 
     python -m workbench.train --config config.yaml [--steps N] [--synthetic] [--summary PATH]
     python -m workbench.train --preset tiny --synthetic --steps 50
-    python -m workbench.train --preset tiny --synthetic --profile 3 --out runs/prof   # runs/prof/trace.json
+    python -m workbench.train --preset tiny --synthetic --steps 20 --profile 3 --out runs/prof  # runs/prof/trace.json
 
 Prints one progress line per measured window (tokens/s, MFU, phase shares,
 memory, loss) and a summary, also written as JSON to ``--summary``.
