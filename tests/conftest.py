@@ -15,9 +15,10 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# A study small enough for the test suite: the tiny model on the CPU, 2 + 3 x 2 steps per trial.
+# A study small enough for the test suite: the tiny model on the CPU, 2 + 3 x 2 steps per trial; no trace runs
+# (tests/tune/test_traces.py turns them on).
 FAST_PROTOCOL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 2, "top_k": 1,
-                 "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60}
+                 "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60, "profile_steps": 0}
 
 
 def pytest_configure(config):

@@ -99,6 +99,8 @@ def section_is_empty(key: str, section: Any) -> bool:
     """Whether a section with a message has nothing else worth drawing."""
     if key == "summary":  # its message may only say that no trial finished yet
         return section.table[["baseline", "best"]].isna().all().all() and not section.config_text
+    if key == "time":  # no phase timings, but perhaps the study's profiler traces
+        return not len(section.traces)
     return True  # the other sections set a message only when they have nothing else
 
 

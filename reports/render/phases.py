@@ -7,11 +7,13 @@ import pandas as pd
 
 from reports._load import PHASES
 from reports.render.figures import ARM_COLORS, FULL_W, HALF_W, PHASE_COLORS, STATUS_OK, _figure, _Figures
-from reports.render.tables import _missing, _ms, _table
+from reports.render.tables import _esc, _missing, _ms, _table
 from reports.sections.phases import TimeSection
 
 
 def _time(s: TimeSection, figs: _Figures) -> str:
+    if not len(s.breakdown) and s.message:  # no phase timings (the message is drawn): the traces alone
+        return _traces(s)
     out = []
     bd = s.breakdown
     out.append('<div class="cols"><div>')
@@ -140,4 +142,40 @@ def _time(s: TimeSection, figs: _Figures) -> str:
                    "communication hidden under backward / total communication.</p>")
     else:
         out.append(_missing(s.comm_message or "No gradient communication: a single-process study."))
+    out.append(_traces(s))
+    return "\n".join(out)
+
+
+def _traces(s: TimeSection) -> str:
+    """The kept profiler traces (paths from the study dir: the report links nothing outside itself) and the
+    top ops by self time of the winner's trace, else the baseline's."""
+    out = ["<h3>Profiler traces</h3>"]
+    tr = s.traces
+    if tr is None or not len(tr):
+        out.append(_missing(s.traces_message or "No profiler traces."))
+        return "\n".join(out)
+    tab = pd.DataFrame({"run": list(tr.index), "trial": list(tr["trial"]), "steps": list(tr["steps"]),
+                        "trace": list(tr["file"]), "memory snapshot": [m or "—" for m in tr["memory_snapshot"]],
+                        "status": list(tr["status"])})
+    out.append(_table(tab, cls="compact", col_classes={"trace": "wrap", "memory snapshot": "wrap"},
+                      formats={"trial": lambda v: "—" if v is None or v != v else f"#{int(v)}"}))
+    out.append('<p class="note">Paths from the study directory. Open a trace.json in ui.perfetto.dev (Open trace '
+               "file) or chrome://tracing: each step is a <code>step N</code> range, each phase a range of its "
+               "name; a memory_snapshot.pickle (CUDA runs) opens in pytorch.org/memory_viz. The traces come from "
+               "runs of their own after the validation: no measured run is profiled.</p>")
+    if s.top_ops is not None and len(s.top_ops):
+        out.append(f"<h3>Top {len(s.top_ops)} {_esc(s.top_ops_kind)} by self time ({_esc(s.top_ops_of)}'s "
+                   "trace)</h3>")
+        out.append(_table(s.top_ops, cls="compact", col_classes={"name": "wrap"},
+                          formats={"self_ms": lambda v: f"{v:,.2f}", "total_ms": lambda v: f"{v:,.2f}",
+                                   "self_pct": lambda v: f"{v:.1f}%", "self_ms_per_step": lambda v: f"{v:,.2f}"},
+                          headers={"self_ms": "self (ms)", "total_ms": "total (ms)", "self_pct": "share of self",
+                                   "self_ms_per_step": "self ms/step"},
+                          titles={"self_ms": "its duration less that of the ops nested in it, summed over calls",
+                                  "self_pct": "share of the self time of every op of this kind in the trace"}))
+        out.append('<p class="note">Self time: an op\'s duration less that of the ops nested in it on the same '
+                   "thread; on a CUDA trace the GPU kernels, on a CPU trace the aten ops. Profiled steps carry the "
+                   "profiler's overhead: compare shares, not absolute times, with the phase table above.</p>")
+    else:
+        out.append(_missing(s.top_ops_message or "No op in the kept traces."))
     return "\n".join(out)

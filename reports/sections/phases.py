@@ -1,4 +1,6 @@
-"""The "Where the time goes" section: phase breakdown, per-step timeline and step-time noise, communication."""
+"""The "Where the time goes" section: phase breakdown, per-step timeline and step-time noise, communication, and
+the profiler traces the study kept with the ops of the winner's (else the baseline's) that take the most self
+time."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pandas as pd
 
 from reports._load import PHASES, RunData, StudyData, num
 from reports.sections._common import _median, baseline_runs, best_runs, best_trial_number
+from reports.sections._traces import top_ops, trace_table
 
 __all__ = ["TimeSection", "time_section"]
 
@@ -32,6 +35,20 @@ class TimeSection(NamedTuple):
     bucket_size_mb, overlap_ratio (the knobs), source: gradient communication, medians over the arm's runs."""
     comm_message: str | None = None
     """Why there is no communication table (single-process runs), else None."""
+    traces: pd.DataFrame = pd.DataFrame()
+    """Index run ('baseline', 'winner'); trial, steps, path, memory_snapshot, status, exists: the torch.profiler
+    traces of tune.json's ``result.traces`` (Perfetto opens them)."""
+    traces_message: str | None = None
+    """Why there is no trace table, else None."""
+    top_ops: pd.DataFrame = pd.DataFrame()
+    """name, calls, self_ms, total_ms, self_pct, self_ms_per_step: the ops with the most self time in the trace
+    of ``top_ops_of`` (the winner's, else the baseline's), at most 10 (reports.sections._traces)."""
+    top_ops_of: str | None = None
+    """The run whose trace ``top_ops`` ranks."""
+    top_ops_kind: str = ""
+    """'GPU kernels' (a CUDA trace) or 'CPU ops'."""
+    top_ops_message: str | None = None
+    """Why there is no top-ops table, else None."""
 
 
 def _measured(runs: list[RunData]) -> list[tuple[RunData, pd.DataFrame]]:
@@ -108,8 +125,24 @@ def time_section(data: StudyData) -> TimeSection:
     if breakdown.empty:
         message = "No phase timings yet: no run wrote phases.csv or a phase summary."
     comm, comm_message = _comm_table(arms)
+    traces, traces_message, found = trace_table(data)
+    ops, ops_of, ops_kind, ops_message = pd.DataFrame(), None, "", traces_message
+    for arm in ("winner", "baseline"):
+        if arm in found:
+            ops_of, steps = arm, num(traces.loc[arm, "steps"])
+            try:
+                ops, ops_kind = top_ops(found[arm], steps=int(steps) if math.isfinite(steps) and steps > 0 else None)
+                ops_message = None if len(ops) else f"The {arm}'s trace holds no op."
+            except (OSError, ValueError) as e:
+                ops_message = f"The {arm}'s trace could not be read: {type(e).__name__}: {e}"
+            break
+    else:
+        if traces_message is None:
+            ops_message = "No trace file of the kept traces could be found."
     return TimeSection(breakdown=breakdown, timeline=timeline, step_times=step_times,
-                       step_stats=step_stats, message=message, comm=comm, comm_message=comm_message)
+                       step_stats=step_stats, message=message, comm=comm, comm_message=comm_message,
+                       traces=traces, traces_message=traces_message, top_ops=ops, top_ops_of=ops_of,
+                       top_ops_kind=ops_kind, top_ops_message=ops_message)
 
 
 _COMM_COLS = ["comm_total_s", "comm_exposed_s", "overlap_pct", "mode", "buckets", "bucket_size_mb", "overlap_ratio",

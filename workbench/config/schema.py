@@ -396,6 +396,9 @@ class MetricsConfig:
     """Time each step phase (data_wait, h2d, forward, backward, grad_sync, optimizer)."""
     out_dir: str | None = None
     """Directory for the metrics JSON and the per-step phase table; null writes none."""
+    profile_steps: int = field(default=0, metadata={"ge": 0})
+    """Steps after ``training.warmup_measure_steps`` to record with torch.profiler into ``<out_dir>/trace.json``
+    (Perfetto), and on CUDA a memory snapshot; 0 = off. Needs an output directory."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)

@@ -2,6 +2,7 @@
 
     python -m workbench.train --config config.yaml [--steps N] [--synthetic] [--summary PATH]
     python -m workbench.train --preset tiny --synthetic --steps 50
+    python -m workbench.train --preset tiny --synthetic --steps 20 --profile 3 --out runs/prof  # runs/prof/trace.json
 
 Prints one progress line per measured window (tokens/s, MFU, phase shares,
 memory, loss) and a summary, also written as JSON to ``--summary``. Serves
@@ -53,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default) or fill (a token stream cut into full records, as nanoGPT does)")
     p.add_argument("--summary", help="write the summary JSON here")
     p.add_argument("--out", help="directory for metrics.jsonl / phases.csv (default metrics.out_dir)")
+    p.add_argument("--profile", type=int, metavar="N",
+                   help="write a torch.profiler trace of N steps after the warm-up to <out>/trace.json (Perfetto); "
+                        "on CUDA also <out>/memory_snapshot.pickle (sets metrics.profile_steps)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key, e.g. --set data.micro_batch_size=8 (YAML value)")
     prom = p.add_mutually_exclusive_group()

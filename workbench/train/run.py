@@ -93,6 +93,8 @@ def load_run_config(args: argparse.Namespace):
     elif hasattr(args, "no_prometheus") and "metrics.prometheus_port" not in overrides \
             and cfg.metrics.prometheus_port is None:
         overrides["metrics.prometheus_port"] = DEFAULT_PROMETHEUS_PORT
+    if getattr(args, "profile", None) is not None:
+        overrides["metrics.profile_steps"] = args.profile
     if overrides:
         cfg = merge_overrides(cfg, overrides)
     assert isinstance(cfg, Config)

@@ -15,6 +15,9 @@ host-device synchronisation inside the step:
   work that overlaps queued GPU work costs nothing, as it should.
 * on the CPU, ``time.perf_counter_ns`` at every boundary.
 
+While a torch.profiler trace records (``workbench.train.profiling``), ``record = True`` makes each phase a
+``torch.profiler.record_function`` range of the same name as well; otherwise no such range is opened.
+
 Phases are contiguous and the end of one step is the start of the next, so the
 phases of a step add up to the step time, and the steps of a window add up to
 the window's wall time. Only the *end* of a phase is stamped (one event per
@@ -67,6 +70,8 @@ class PhaseTimer:
         self._window_start_wall = time.perf_counter()
         self._steps_in_window = 0
         self._origin: object | None = None
+        self.record = False
+        """Open each phase as a ``torch.profiler.record_function`` range too (while a profiler records)."""
 
     # -- timestamps
     def _stamp(self) -> object:
@@ -92,18 +97,25 @@ class PhaseTimer:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """``with timer.phase("forward"): ...``: the phase runs from the previous stamp to exit."""
-        if not self.enabled:
-            yield
-            return
-        i = _INDEX[name]
-        if self._domain is not None:
-            self._domain.push_range(self._attrs[name])
+        rf = torch.profiler.record_function(name) if self.record else None
+        if rf is not None:
+            rf.__enter__()
         try:
-            yield
-        finally:
+            if not self.enabled:
+                yield
+                return
+            i = _INDEX[name]
             if self._domain is not None:
-                self._domain.pop_range()
-            self._mark(i)
+                self._domain.push_range(self._attrs[name])
+            try:
+                yield
+            finally:
+                if self._domain is not None:
+                    self._domain.pop_range()
+                self._mark(i)
+        finally:
+            if rf is not None:
+                rf.__exit__(None, None, None)
 
     def step_end(self) -> None:
         """Close the step: time since the last phase is ``other``; the next step starts here."""

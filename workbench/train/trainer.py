@@ -36,6 +36,7 @@ from workbench.train.metrics import (LaunchTimer, MetricsWriter, PrometheusExpor
 from workbench.train.model import Llama, ModelArgs, model_args
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
+from workbench.train.profiling import StepProfiler
 from workbench.train.timing import PHASES, PhaseTimer
 from workbench.vocab import REAL_TOKENS_PER_S
 
@@ -186,6 +187,8 @@ class Trainer:
         self.data_dir = Path(data_dir) if data_dir else self._data_dir()
         self.pipeline = self._pipeline()
         self.timer = PhaseTimer(self.device, enabled=cfg.metrics.phase_timing)
+        self.profiler = StepProfiler(cfg.metrics.profile_steps, start_after=t.warmup_measure_steps,
+                                     out_dir=self.out_dir, device=self.device, enabled=self.rank == 0)
         self.writer = MetricsWriter(self.out_dir if self.rank == 0 else None)
         self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port) \
             if (cfg.metrics.prometheus_port and self.rank == 0) else None
@@ -448,10 +451,15 @@ class Trainer:
         self.timer.start()
         try:
             while self.step < total:
-                pending.append(self.train_step())
+                self.profiler.before_step(self.step + 1)
+                self.timer.record = self.profiler.active  # phase ranges in the trace, only while it records
+                with self.profiler.step_range(self.step + 1):
+                    pending.append(self.train_step())
+                self.profiler.after_step(self.step)
                 self._beat()
                 done = self.step >= total
-                boundary = self.step == warm or (self.step > warm and (self.step - warm) % every == 0)
+                boundary = self.step == warm or (self.step > warm and (self.step - warm) % every == 0) \
+                    or self.profiler.ends_at(self.step)  # the profile's end closes a window (its flush first)
                 if boundary or done or stop["flag"]:
                     rows = self.timer.flush()  # note: one CPU-GPU sync per window, here
                     losses = torch.stack([lt for _, lt in pending]).tolist()
@@ -486,6 +494,10 @@ class Trainer:
                             self.prom.update(m)
                         if self.rank == 0:
                             print(progress_line(m, total), flush=True)
+                if self.profiler.ends_at(self.step):
+                    self.timer.record = False
+                    self.profiler.stop()  # writes the trace: host time, a sync on CUDA
+                    self.timer.start()  # ... charged to no step: the next one starts after it
                 if self.ckpt_dir and cfg.training.checkpoint_every and self.step % cfg.training.checkpoint_every == 0:
                     self.save_checkpoint()
                 if stop["flag"]:
@@ -494,6 +506,8 @@ class Trainer:
         finally:
             if main_thread:
                 signal.signal(signal.SIGINT, prev_sigint)
+            self.timer.record = False
+            self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
         if self.ckpt_dir:
             self.save_checkpoint()
         summary = self._summary(measured, first_loss, last_loss, time.perf_counter() - t_start, interrupted)
@@ -537,6 +551,7 @@ class Trainer:
         if self.comm is not None:
             s.update(self.comm.describe())
         s["windows"] = len(windows)
+        s.update(self.profiler.summary())
         return s
 
     def _beat(self) -> None:

@@ -1,5 +1,6 @@
-"""How the Tuner measures: a run of a config in its own process (the baseline repeats, validation runs and the
-numerics guard's twins), each in a fresh per-attempt folder, and the numerics guard of a search trial."""
+"""How the Tuner measures: a run of a config in its own process (the baseline repeats, validation runs, the
+numerics guard's twins and the trace runs), each in a fresh per-attempt folder, and the numerics guard of a search
+trial."""
 
 from __future__ import annotations
 
@@ -50,7 +51,7 @@ class Measurement:
 
     def _remove_stale_attempts(self) -> None:
         """Attempt folders that a dead coordinator left (it held the lease; this one holds it now)."""
-        for root in (self.study_dir / "baseline", self.study_dir / "validation"):
+        for root in (self.study_dir / "baseline", self.study_dir / "validation", self.study_dir / "traces"):
             with contextlib.suppress(OSError):
                 for p in root.iterdir():
                     if p.is_dir() and p.name.startswith(".") and not p.name.endswith(f".{self._attempt_id}"):
@@ -87,6 +88,40 @@ class Measurement:
                   f"(min {nf.min:,.0f}, max {nf.max:,.0f}), cv {nf.cv:.1%} over {nf.n} runs")
         return runs
 
+    def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """torch.profiler traces of the baseline and of the validated winner (``winner``: its trial and params;
+        None when there is none, the base config being exported): ``protocol.profile_steps`` steps after the
+        warm-up, each in a run of its own (``traces/baseline/``, ``traces/winner/``), since a profiled step's
+        timing carries the profiler's overhead and no measured run may be profiled. Returns validation.json's
+        ``traces``: {steps, baseline, winner (None without a winner)}, each {trial, run_dir, path,
+        memory_snapshot, status}; a trace run that fails costs the study nothing, its entry says why (``reason``).
+        None when ``profile_steps`` is 0."""
+        spec = self.spec
+        assert spec is not None
+        n = spec.protocol.profile_steps
+        if n <= 0:
+            return None
+        over = spec.protocol.profile_overrides()
+        traces: dict[str, Any] = {"steps": n, "winner": None}
+        traces["baseline"] = self._trace(merge_overrides(spec.measured_base_config(), over), "baseline", None)
+        if winner is not None:
+            traces["winner"] = self._trace(merge_overrides(spec.trial_config(winner["params"]), over), "winner",
+                                           winner["trial"])
+        return traces
+
+    def _trace(self, cfg: Any, name: str, trial: int | None) -> dict[str, Any]:
+        run_dir = self.study_dir / "traces" / name
+        out = self._measure(cfg, run_dir, f"trace of the {name}")
+        trace, snapshot = run_dir / "trace.json", run_dir / "memory_snapshot.pickle"
+        rec: dict[str, Any] = {"trial": trial, "run_dir": str(run_dir),
+                               "path": str(trace) if trace.exists() else None,
+                               "memory_snapshot": str(snapshot) if snapshot.exists() else None, "status": out.status}
+        if rec["path"] is None or out.status != "ok":
+            rec["reason"] = out.failure_reason or "the run wrote no trace.json"
+            self._log(f"trace of the {name}: none kept ({out.status}: {rec['reason']})")
+        else:
+            self._log(f"trace of the {name}: {trace}")
+        return rec
 
     def _guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
         """The numerics guard (workbench.tune.numerics): a trial that sets a numerics knob off its base value keeps

@@ -119,6 +119,8 @@ def build_result(
         "budget": dict(budget),
         "data": dict(data),
         "commit": commit,
+        # the torch.profiler traces of the baseline and of the winner (validation.json's, Measurement.keep_traces)
+        "traces": validation.get("traces"),
     }
 
 

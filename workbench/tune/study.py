@@ -233,10 +233,13 @@ class Protocol:
     """Numerics guard: a trial that sets a numerics knob (FP8) off its base value fails with kind ``numerics``
     when its mean loss over the last measured window differs from the base config's, on the same seed and data,
     by more than this share of the base's."""
+    profile_steps: int = 2
+    """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner (each in
+    a run of its own after validation: the warm-up, then these steps profiled); 0 = no traces."""
 
     def __post_init__(self) -> None:
         for key, low in (("warmup_steps", 0), ("window_steps", 1), ("windows", 1), ("baseline_repeats", 1),
-                         ("top_k", 0), ("ab_rounds", 1)):
+                         ("top_k", 0), ("ab_rounds", 1), ("profile_steps", 0)):
             if getattr(self, key) < low:
                 raise ConfigError(f"got {getattr(self, key)}; expected an integer >= {low}", key=key)
         for key in ("trial_timeout_s", "heartbeat_timeout_s"):
@@ -260,6 +263,15 @@ class Protocol:
             "training.max_steps": self.steps,
             "training.log_every": self.window_steps,
             "training.warmup_measure_steps": self.warmup_steps,
+        }
+
+    def profile_overrides(self) -> dict[str, Any]:
+        """The keys of a trace run: the warm-up, then ``profile_steps`` steps, every one of them profiled."""
+        return {
+            "training.max_steps": self.warmup_steps + self.profile_steps,
+            "training.log_every": self.profile_steps,
+            "training.warmup_measure_steps": self.warmup_steps,
+            "metrics.profile_steps": self.profile_steps,
         }
 
 

@@ -120,7 +120,7 @@ class Validation:
         overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
         search_value, runs, baseline_runs, ratios, run_dirs, baseline_dirs, failures, stopped, numerics,
         speedup_median, ci_low, ci_high, significant}], skipped, winner: {trial or null, significant,
-        speedup_median, ci_low, ci_high}, complete, finished}.
+        speedup_median, ci_low, ci_high}, traces (``Measurement.keep_traces``), complete, finished}.
         """
         spec, study = self.spec, self.study
         assert spec is not None and study is not None
@@ -160,13 +160,15 @@ class Validation:
                       "ci_low": w["ci_low"], "ci_high": w["ci_high"]}
         else:
             winner = {"trial": None, "significant": False, "speedup_median": None, "ci_low": None, "ci_high": None}
+        traces = self.keep_traces(next((c for c in candidates if c["trial"] == winner["trial"]), None)
+                                  if winner["trial"] is not None else None)
         base = self.baseline_runs()
         data = {
             "study_name": self.study_name, "storage_url": self.storage_url, "baseline_runs": base,
             "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
             "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
             "ab_min_rounds": min_rounds, "candidates": candidates, "skipped": skipped,
-            "winner": winner, "complete": True, "finished": _now(),
+            "winner": winner, "traces": traces, "complete": True, "finished": _now(),
         }
         write_json(path, data)
         return data

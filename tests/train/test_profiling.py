@@ -1,0 +1,93 @@
+"""The torch.profiler trace of ``--profile N`` (workbench.train.profiling): a Chrome trace of N steps after the
+warm-up with every phase and every step as a named range, named by the run summary; a CUDA memory snapshot."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+import torch
+
+from workbench.errors import ConfigError
+from workbench.train.profiling import StepProfiler
+from workbench.train.timing import PhaseTimer
+
+NAMED_PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer")
+"""The phases that are ranges of the step ('other' is the rest of the step, after the last phase)."""
+
+SMALL = ["--set", "data.seq_len=256", "--set", "data.micro_batch_size=2", "--set", "training.global_batch_size=2",
+         "--set", "training.warmup_measure_steps=2", "--set", "training.log_every=3", "--set", "hardware.device=cpu",
+         "--set", "training.dtype=fp32"]
+
+
+def _ranges(trace: dict) -> Counter:
+    return Counter(e["name"] for e in trace["traceEvents"] if e.get("ph") == "X" and e.get("cat") == "user_annotation")
+
+
+def test_profile_flag_writes_a_trace_of_the_steps_after_warmup(tmp_path, subprocess_env):
+    out = tmp_path / "prof"
+    env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny", "--synthetic", "--profile", "2",
+                        "--steps", "6", *SMALL, "--out", str(out), "--summary", str(out / "summary.json"), "-q"],
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    trace = json.loads((out / "trace.json").read_text())
+    ranges = _ranges(trace)
+    # each phase once per profiled step, as a record_function range named after it
+    for p in NAMED_PHASES:
+        assert ranges[p] == 2, (p, ranges)
+    steps = {n: c for n, c in ranges.items() if n.startswith("step ")}
+    assert steps == {"step 3": 1, "step 4": 1}  # exactly the 2 steps after the 2 warm-up steps
+    assert any(e.get("cat") == "cpu_op" and e["name"].startswith("aten::") for e in trace["traceEvents"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["profile/trace_path"] == str(out / "trace.json")
+    assert summary["profile/steps"] == 2 and summary["profile/first_step"] == 3
+    assert summary["profile/memory_snapshot_path"] is None  # CPU: no allocator history
+    assert summary["measured_steps"] == 4  # the profile's end closes a window; every measured step still counts
+    assert not (out / "memory_snapshot.pickle").exists()
+
+
+def test_phase_ranges_only_while_profiling():
+    """record_function ranges are opened only while the profiler records (no cost otherwise)."""
+    timer = PhaseTimer("cpu", nvtx=False)
+    timer.start()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with timer.phase("forward"):
+            torch.ones(4).sum()
+        timer.record = True
+        with timer.phase("backward"):
+            torch.ones(4).sum()
+        timer.record = False
+        timer.step_end()
+    names = {e.name for e in prof.events()}
+    assert "backward" in names and "forward" not in names
+    assert len(timer.flush()) == 1
+
+
+def test_a_profile_without_an_out_dir_is_a_config_error():
+    with pytest.raises(ConfigError) as e:
+        StepProfiler(2, start_after=1, out_dir=None, device=torch.device("cpu"))
+    assert e.value.key == "metrics.profile_steps"
+    assert StepProfiler(0, start_after=1, out_dir=None, device=torch.device("cpu")).summary() == {}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the memory snapshot records the CUDA allocator")
+def test_cuda_profile_writes_a_memory_snapshot(tmp_path):
+    import pickle
+
+    dev = torch.device("cuda")
+    prof = StepProfiler(1, start_after=0, out_dir=tmp_path, device=dev)
+    prof.before_step(1)
+    with prof.step_range(1):
+        (torch.randn(256, 256, device=dev) @ torch.randn(256, 256, device=dev)).sum().item()
+    prof.after_step(1)
+    prof.stop()
+    s = prof.summary()
+    assert s["profile/steps"] == 1 and s["profile/memory_snapshot_path"] == str(tmp_path / "memory_snapshot.pickle")
+    snap = pickle.loads((tmp_path / "memory_snapshot.pickle").read_bytes())
+    assert "segments" in snap and "device_traces" in snap
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])

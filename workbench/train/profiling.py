@@ -1,0 +1,111 @@
+"""A torch.profiler trace of a few measured steps (``metrics.profile_steps``, ``--profile N``), Perfetto-readable.
+
+The profiler runs over the ``N`` steps after ``training.warmup_measure_steps``: it starts before the first of them
+and stops after the last, with CPU activity always and CUDA activity on CUDA. Each step is a ``step <n>`` range
+and each of its phases a range named after the phase (``PhaseTimer`` opens them only while the profiler records,
+so an unprofiled step pays nothing), beside the NVTX ranges Nsight shows. The trace is written with
+``export_chrome_trace`` to ``<out_dir>/trace.json`` (https://ui.perfetto.dev opens it); on CUDA the allocator's
+history over the same steps is dumped to ``<out_dir>/memory_snapshot.pickle`` (https://pytorch.org/memory_viz).
+
+Stopping the profiler and writing the trace takes host time (and a device sync on CUDA): the trainer stops it at
+a window boundary, after the window's flush, and restarts the phase timer's clock afterwards, so that time is
+charged to no step. The profiled steps still carry the profiler's own overhead in their timings; the tuner
+therefore traces in runs of their own, never in a measured one. Only rank 0 profiles.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from workbench.errors import ConfigError
+
+__all__ = ["StepProfiler"]
+
+log = logging.getLogger("workbench")
+
+MEMORY_HISTORY_ENTRIES = 100_000
+"""Allocator events kept for the memory snapshot (the docs' example size; a few steps of a large model fit)."""
+
+
+class StepProfiler:
+    """Profiles steps ``start_after + 1 .. start_after + steps`` (1-based); a no-op when ``steps`` is 0."""
+
+    def __init__(self, steps: int, *, start_after: int, out_dir: Path | None, device: torch.device,
+                 enabled: bool = True) -> None:
+        if steps > 0 and out_dir is None:
+            raise ConfigError("a profile needs an output directory: pass --out DIR or set metrics.out_dir",
+                              key="metrics.profile_steps")
+        self.requested = steps  # every rank ends a window where the profile ends, so windows match across ranks
+        self.steps = steps if enabled else 0
+        self.first = start_after + 1
+        self.last = start_after + steps
+        self.out_dir = out_dir
+        self.cuda = device.type == "cuda"
+        self._prof: torch.profiler.profile | None = None
+        self._profiled = 0
+        self._memory = False
+        self.trace_path: Path | None = None
+        self.memory_path: Path | None = None
+
+    @property
+    def active(self) -> bool:
+        return self._prof is not None
+
+    def ends_at(self, step: int) -> bool:
+        """Whether the profiled steps end with step ``step`` (the trainer flushes its window there)."""
+        return self.requested > 0 and step == self.last
+
+    def before_step(self, step: int) -> None:
+        """Called before step ``step`` (1-based) runs: starts the profiler before the first profiled step."""
+        if self.steps <= 0 or step != self.first or self._prof is not None:
+            return
+        acts = [torch.profiler.ProfilerActivity.CPU]
+        if self.cuda:
+            acts.append(torch.profiler.ProfilerActivity.CUDA)
+            # the allocator's history over the profiled steps, for torch.cuda.memory._dump_snapshot
+            torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
+            self._memory = True
+        self._prof = torch.profiler.profile(activities=acts)
+        self._prof.start()
+
+    def step_range(self, step: int) -> contextlib.AbstractContextManager:
+        """``step <n>`` as a profiler range while recording, else nothing."""
+        if self._prof is None:
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"step {step}")
+
+    def after_step(self, step: int) -> None:
+        if self._prof is not None:
+            self._profiled += 1
+
+    def stop(self) -> None:
+        """Stop recording and write the trace (and on CUDA the memory snapshot); idempotent."""
+        prof, self._prof = self._prof, None
+        if prof is None:
+            return
+        prof.stop()  # on CUDA this flushes the device's activity: a sync, outside any step
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            self.trace_path = self.out_dir / "trace.json"
+            prof.export_chrome_trace(str(self.trace_path))
+            if self._memory:
+                self.memory_path = self.out_dir / "memory_snapshot.pickle"
+                torch.cuda.memory._dump_snapshot(str(self.memory_path))
+        if self._memory:
+            torch.cuda.memory._record_memory_history(enabled=None)  # stop recording the allocator's history
+            self._memory = False
+        log.info("profiled %d step(s): %s%s", self._profiled, self.trace_path,
+                 f", memory snapshot {self.memory_path}" if self.memory_path else "")
+
+    def summary(self) -> dict[str, Any]:
+        """The run summary's ``profile/*`` keys (none when profiling is off)."""
+        if self.steps <= 0:
+            return {}
+        return {"profile/steps": self._profiled, "profile/first_step": self.first if self._profiled else None,
+                "profile/trace_path": str(self.trace_path) if self.trace_path else None,
+                "profile/memory_snapshot_path": str(self.memory_path) if self.memory_path else None}
