@@ -34,9 +34,8 @@ def _get(url: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def finished_study(tmp_path_factory, request):
+def finished_study(tmp_path_factory):
     """3 trials of micro-batch {2, 4, 8}: trial 0 crashes (a stand-in process), 1 and 2 run; one A/B candidate."""
-    from conftest import FAULT_SCRIPTS, FAST_PROTOCOL  # noqa: F401  (the shared small study and fault scripts)
     import yaml
 
     tmp = tmp_path_factory.mktemp("tools")
@@ -49,14 +48,15 @@ def finished_study(tmp_path_factory, request):
                  "hardware": {"device": "cpu"}},
         "space": {"micro_batch_size": {"choices": [2, 4, 8]}},
         "budget": {"trials": 3}, "sampler": {"name": "grid"}, "pruner": {"name": "none"},
-        "protocol": {**FAST_PROTOCOL, "top_k": 1}}))
+        "protocol": {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 2, "top_k": 1,
+                     "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60, "profile_steps": 0}}))
     spec = load_study_spec(str(spec_path))
 
     from workbench.tune.trial import launch_command
 
     def launch(cfg, config_path, trial_dir):
         if Path(trial_dir).name == "0":
-            return [sys.executable, "-c", FAULT_SCRIPTS["crash"]]
+            return [sys.executable, "-c", "raise RuntimeError('deliberate crash (a test fault)')"]
         return launch_command(cfg, config_path, trial_dir)
 
     tuner = Tuner(spec, out_root=tmp / "runs", progress=False, launch=launch)
@@ -122,5 +122,6 @@ def test_the_optuna_cli_reads_the_study(finished_study):
     number = json.loads(best.stdout)["number"]
     assert number in (1, 2) and rows[number]["value"][key] == max(rows[1]["value"][key], rows[2]["value"][key])
     # the tuner's own winner is the validated one; the study's attributes say which, next to Optuna's best
-    assert json.loads(best.stdout)["number"] != 0
-    assert tune["result"]["candidates"][0]["trial"] == number  # top_k 1: the best search run is the candidate
+    # (top_k 1: the best search run is the one candidate, if it beat the baseline median in the search)
+    cands = tune["result"]["candidates"]
+    assert (cands and cands[0]["trial"] == number) or (not cands and tune["result"]["verdict"] == "no_candidate")

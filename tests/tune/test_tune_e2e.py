@@ -28,7 +28,7 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sdir = out / "e2e"
     assert "noise floor: median" in proc.stderr
-    assert ("winner: trial #" in proc.stdout) or ("no significant gain" in proc.stdout)
+    assert any(v in proc.stdout for v in ("winner: trial #", "no significant gain", "no candidate beat"))
 
     # tune.json: the contract the report reads
     tune = json.loads((sdir / "tune.json").read_text())
