@@ -92,3 +92,15 @@ def test_data_source_names_the_shards_and_their_tokenizer(tmp_path):
     cfg = merge_overrides(Config(), {"data.loongbin_dir": str(tmp_path)})
     assert data_source(cfg) == {"source": "shards", "path": str(tmp_path.resolve()), "tokenizer": "gpt2",
                                 "real_tokens": 1234}
+
+
+def test_the_winner_is_the_candidate_most_surely_fast():
+    """The default study on 2 busy cores: checkpointing on (#1) drew a higher median from its own pairs than the
+    faster config (#2); the winner is the highest interval low end, not the highest median."""
+    from workbench.tune.validation import pick_winner
+
+    tight = _cand(2, {"activation_checkpointing": "none"}, [6495, 8115, 6355], [3404, 4159, 3326])
+    wide = _cand(1, {"activation_checkpointing": "full"}, [7305, 6723, 5793], [3398, 3108, 3219])
+    assert wide["speedup_median"] > tight["speedup_median"] and tight["ci_low"] > wide["ci_low"] > 1.0
+    assert pick_winner([tight, wide])["trial"] == 2
+    assert pick_winner([_cand(5, {}, [101, 99, 102], [100, 100, 100])])["trial"] is None

@@ -21,7 +21,7 @@ from workbench.config import ConfigError, config_hash
 from workbench.tune.export import write_json
 from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
 
-__all__ = ["Validation", "interval_fields"]
+__all__ = ["Validation", "interval_fields", "pick_winner"]
 
 
 def _now() -> str:
@@ -153,13 +153,7 @@ class Validation:
             sp = f"{res['speedup_median']:.3f}x" if res["speedup_median"] is not None else "n/a"
             self._log(f"candidate #{t.number}: speedup {sp}, interval {ci} over {len(res['ratios'])} pairs"
                       + (" (significant)" if res["significant"] else " (not significant)"))
-        sig = [c for c in candidates if c["significant"]]
-        if sig:
-            w = max(sig, key=lambda c: c["speedup_median"])
-            winner = {"trial": w["trial"], "significant": True, "speedup_median": w["speedup_median"],
-                      "ci_low": w["ci_low"], "ci_high": w["ci_high"]}
-        else:
-            winner = {"trial": None, "significant": False, "speedup_median": None, "ci_low": None, "ci_high": None}
+        winner = pick_winner(candidates)
         traces = self.keep_traces(next((c for c in candidates if c["trial"] == winner["trial"]), None)
                                   if winner["trial"] is not None else None)
         base = self.baseline_runs()
@@ -172,6 +166,18 @@ class Validation:
         }
         write_json(path, data)
         return data
+
+
+def pick_winner(candidates: list[dict[str, Any]]) -> dict[str, Any]:
+    """validation.json's ``winner``: of the significant candidates, the one most surely fast, the highest interval
+    low end. Each candidate's ratios come from its own pairs, so two medians a few percent apart do not tell which
+    config is faster (on 2 busy cores a runner-up with a wider interval out-ran the better config's median)."""
+    sig = [c for c in candidates if c["significant"]]
+    if not sig:
+        return {"trial": None, "significant": False, "speedup_median": None, "ci_low": None, "ci_high": None}
+    w = max(sig, key=lambda c: (c["ci_low"], c["speedup_median"]))
+    return {"trial": w["trial"], "significant": True, "speedup_median": w["speedup_median"], "ci_low": w["ci_low"],
+            "ci_high": w["ci_high"]}
 
 
 def interval_fields(runs: list[float], baseline_runs: list[float], confidence: float) -> dict[str, Any]:
