@@ -92,7 +92,7 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     page = (sdir / "report.html").read_text()
     assert headline in proc.stdout and html.escape(headline) in page
     base_tps = f"{result['baseline']['tokens_per_s']:,.0f}"
-    assert f"vs baseline {base_tps} real tok/s/gpu" in proc.stdout and base_tps in page
+    assert base_tps in proc.stdout and base_tps in page  # "vs baseline N", or the noise floor's when no candidate
     assert prov.baseline_tokens_per_s_per_gpu == result["baseline"]["tokens_per_s"]
     assert prov.verdict == result["verdict"] and prov.searched_knobs == result["searched"] == tune["active_knobs"]
     assert prov.commit == result["commit"] and prov.data == result["data"] == {"source": "synthetic"}
