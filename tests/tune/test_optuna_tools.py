@@ -48,7 +48,7 @@ def finished_study(tmp_path_factory):
                  "hardware": {"device": "cpu"}},
         "space": {"micro_batch_size": {"choices": [2, 4, 8]}},
         "budget": {"trials": 3}, "sampler": {"name": "grid"}, "pruner": {"name": "none"},
-        "protocol": {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 2, "top_k": 1,
+        "protocol": {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 1, "top_k": 1,
                      "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60, "profile_steps": 0}}))
     spec = load_study_spec(str(spec_path))
 

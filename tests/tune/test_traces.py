@@ -24,7 +24,7 @@ def _step_ranges(path: Path) -> Counter:
 
 
 def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tmp_path, monkeypatch):
-    spec = load_study_spec(str(study_spec_file("tr", trials=2, protocol={
+    spec = load_study_spec(str(study_spec_file("tr", trials=1, protocol={
         "baseline_repeats": 1, "top_k": 1, "ab_rounds": 1, "profile_steps": 2})))
 
     # a winner whatever the noise of two shared cores: the first ok trial is the candidate, its interval above 1.0
