@@ -34,6 +34,7 @@ def _fast_spec(out: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a real study's report is checked by tests/tune/test_tune_e2e.py, the browser by test_report_browser
 def test_report_of_a_real_tiny_study(tmp_path):
     spec = _fast_spec(tmp_path)
     runs = tmp_path / "runs"

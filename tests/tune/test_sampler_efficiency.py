@@ -110,7 +110,7 @@ def test_a_grid_study_run_by_the_tuner_is_enumerated_and_replayed(study_spec_fil
 
     space = {"micro_batch_size": {"choices": [2, 8]}, "num_workers": {"choices": [0, 1]}}
     spec = study_spec_file("grid", space=space, trials=4, sampler={"name": "grid", "seed": 0},
-                           protocol={"top_k": 1, "ab_rounds": 1})
+                           protocol={"top_k": 0, "baseline_repeats": 1})  # the grid is the subject, not the A/B
     out = tmp_path / "runs"
     r = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(spec), "--out", str(out),
                         "--no-report", "--no-progress"], cwd=REPO, env=subprocess_env, capture_output=True,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -91,6 +92,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     best, headline = result["best"], result_headline(result)
     page = (sdir / "report.html").read_text()
     assert headline in proc.stdout and html.escape(headline) in page
+    # the report of a real study: every section there, none of them failed
+    ids = set(re.findall(r'<section id="([^"]+)"', page))
+    assert {"summary", "guide", "search", "time", "memory", "data", "trials", "environment"} <= ids
+    assert "section-error" not in page
     base_tps = f"{result['baseline']['tokens_per_s']:,.0f}"
     assert base_tps in proc.stdout and base_tps in page  # "vs baseline N", or the noise floor's when no candidate
     assert prov.baseline_tokens_per_s_per_gpu == result["baseline"]["tokens_per_s"]
