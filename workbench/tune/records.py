@@ -14,7 +14,7 @@ from workbench.tune.export import write_json
 from workbench.tune.result import build_result, data_source, result_lines
 from workbench.tune.trial import interrupts_held
 
-__all__ = ["StudyRecords", "sessions_wall_s"]
+__all__ = ["StudyRecords", "finished_result", "sessions_wall_s"]
 
 
 def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
@@ -30,8 +30,23 @@ def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
     return total
 
 
+def finished_result(tune_json: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The stored result of a finished study (tune.json's ``result`` once its last session ended), else None."""
+    if not isinstance(tune_json, Mapping) or not tune_json.get("finished"):
+        return None
+    result = tune_json.get("result")
+    return dict(result) if isinstance(result, Mapping) and "verdict" in result else None
+
+
 class StudyRecords:
     """The Tuner's tune.json methods (the Tuner provides the spec, study, budget and lease)."""
+
+    def stored_result(self) -> dict[str, Any] | None:
+        """The finished result in this study's tune.json, else None."""
+        try:
+            return finished_result(json.loads((self.study_dir / "tune.json").read_text()))
+        except (OSError, ValueError):
+            return None
 
     def _earlier_sessions(self) -> list[dict[str, Any]]:
         """The coordinator runs recorded by an earlier tune.json of this study directory (a resume); none when

@@ -18,25 +18,12 @@ from workbench.train.fingerprint import source_commit
 from workbench.tune.export import write_json
 from workbench.tune.validation import interval_fields
 
-__all__ = ["Verification", "finished_result"]
-
-
-def finished_result(tune_json: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """The stored result of a finished study (tune.json's ``result`` once its last session ended), else None."""
-    if not isinstance(tune_json, Mapping) or not tune_json.get("finished"):
-        return None
-    result = tune_json.get("result")
-    return dict(result) if isinstance(result, Mapping) and "verdict" in result else None
+__all__ = ["Verification"]
 
 
 class Verification:
-    """The Tuner's verify method (the Tuner provides the study, spec, measurement, lease and logging)."""
-
-    def stored_result(self) -> dict[str, Any] | None:
-        try:
-            return finished_result(json.loads((self.study_dir / "tune.json").read_text()))
-        except (OSError, ValueError):
-            return None
+    """The Tuner's verify method (the Tuner provides the study, spec, stored result, measurement, lease and
+    logging)."""
 
     def verify(self, pairs: int | None = None) -> dict[str, Any]:
         """Re-measure the exported config against the baseline; returns the record appended to verify.json
