@@ -59,7 +59,9 @@ def _rejects(text: str, *fragments: str) -> str:
 
 
 def _full_config() -> Config:
-    """A config with every section away from its defaults, and strings that YAML likes to mangle."""
+    """A config with every section away from its defaults, and strings that YAML likes to mangle (run it in a
+    scratch working directory: the checkpoint it names is made there, since a missing one is an error)."""
+    Path("1e3").touch()
     return merge_overrides(
         Config(),
         {
@@ -150,7 +152,8 @@ def test_default_config_round_trips_exactly(tmp_path: Path) -> None:
     assert to_dict(load_config(path)) == to_dict(cfg)
 
 
-def test_full_config_round_trips_exactly(tmp_path: Path) -> None:
+def test_full_config_round_trips_exactly(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     cfg = _full_config()
     assert cfg.effective_grad_accum_steps() == 4  # 24 / (3 per GPU x 2 GPUs)
     loaded = load_config(dump_config(cfg, tmp_path / "config.yaml"))
@@ -178,11 +181,14 @@ def test_dump_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None
     def failing_replace(src: str, dst: str) -> None:
         raise OSError("disk full")
 
+    (tmp_path / "sub").mkdir()
+    monkeypatch.chdir(tmp_path / "sub")
+    full = _full_config()
     monkeypatch.setattr(os, "replace", failing_replace)
     with pytest.raises(OSError, match="disk full"):
-        dump_config(_full_config(), path)
+        dump_config(full, path)
     assert path.read_text() == before  # the old file is untouched
-    assert os.listdir(tmp_path) == ["config.yaml"]  # and no temp file is left
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml", "sub"]  # and no temp file is left
 
 
 def test_seed_config_loads() -> None:
@@ -495,7 +501,8 @@ def test_effective_ops() -> None:
     assert fused.effective_ops() == dict.fromkeys(["rmsnorm", "swiglu", "rope", "loss"], "triton")
 
 
-def test_config_hash_is_stable_and_ignores_provenance() -> None:
+def test_config_hash_is_stable_and_ignores_provenance(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     cfg = _full_config()
     assert config_hash(cfg) == config_hash(loads_config(dumps_config(cfg)))
     assert config_hash(cfg) == config_hash(dataclasses.replace(cfg, provenance=None))

@@ -8,7 +8,6 @@ differ by float32 rounding (~1e-7 relative) on O(1) activations, well below it.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -29,6 +28,7 @@ from workbench.train.model import (
     rope_cos_sin,
 )
 from workbench.train.ops import linear_cross_entropy_torch, register, resolve, rms_norm_torch, rope_torch
+from workbench.train.hf import read_hf_config
 
 ASSETS = Path(__file__).parents[1] / "assets"
 GQA_CONFIG = ASSETS / "gqa_config.json"
@@ -36,7 +36,7 @@ ATOL = 1e-5
 
 
 def _small_args(**overrides) -> ModelArgs:
-    return replace(ModelArgs.from_hf_config(GQA_CONFIG), **overrides)
+    return replace(read_hf_config(GQA_CONFIG), **overrides)
 
 
 def _batch(args: ModelArgs, B: int, T: int, seed: int = 0):
@@ -76,7 +76,7 @@ def test_get_preset_returns_copy_and_lists_names():
 
 
 def test_hf_gqa_config_loads_and_trains():
-    args = ModelArgs.from_hf_config(GQA_CONFIG)
+    args = read_hf_config(GQA_CONFIG)
     assert args.num_key_value_heads == 2 < args.num_attention_heads == 4
     assert args.rope_theta == 500000.0 and args.rms_norm_eps == 1e-6
     assert args.tie_word_embeddings is False
@@ -88,39 +88,6 @@ def test_hf_gqa_config_loads_and_trains():
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
-
-
-def test_hf_config_dict_defaults_kv_heads():
-    cfg = json.loads(GQA_CONFIG.read_text())
-    del cfg["num_key_value_heads"], cfg["head_dim"]
-    assert ModelArgs.from_hf_config(cfg).num_key_value_heads == cfg["num_attention_heads"]
-
-
-def test_hf_config_missing_key_names_file_and_key(tmp_path):
-    cfg = json.loads(GQA_CONFIG.read_text())
-    del cfg["vocab_size"]
-    path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
-    with pytest.raises(ValueError) as err:
-        ModelArgs.from_hf_config(path)
-    assert str(path) in str(err.value) and "vocab_size" in str(err.value)
-    # A folder holding config.json works the same way.
-    with pytest.raises(ValueError, match="vocab_size"):
-        ModelArgs.from_hf_config(tmp_path)
-
-
-def test_hf_config_bad_values_name_file_and_key(tmp_path):
-    path = tmp_path / "config.json"
-    cfg = json.loads(GQA_CONFIG.read_text())
-    path.write_text(json.dumps({**cfg, "head_dim": 32}))
-    with pytest.raises(ValueError, match="config.json.*head_dim=32"):
-        ModelArgs.from_hf_config(path)
-    path.write_text(json.dumps({**cfg, "num_key_value_heads": 3}))
-    with pytest.raises(ValueError, match="config.json.*num_key_value_heads=3"):
-        ModelArgs.from_hf_config(path)
-    path.write_text(json.dumps({**cfg, "attention_bias": True}))
-    with pytest.raises(ValueError, match="attention_bias"):
-        ModelArgs.from_hf_config(path)
 
 
 def test_model_args_validation_names_field():

@@ -120,25 +120,6 @@ def test_checkpoint_resume_reproduces_uninterrupted_curve(synth, tmp_path):
     assert resumed["loss"].tolist() == pytest.approx(_losses(full)[6:], rel=1e-5)
 
 
-def test_hf_config_json_gqa_model_runs(tmp_path, subprocess_env):
-    cfg = tmp_path / "c.yaml"
-    cfg.write_text(f"""
-model: {{name: custom, config_path: {ROOT / 'tests' / 'assets' / 'gqa_config.json'}}}
-data: {{seq_len: 128, micro_batch_size: 2, bucket_width: 32, min_len: 32}}
-training: {{max_steps: 6, log_every: 2, warmup_measure_steps: 2}}
-hardware: {{device: cpu}}
-""")
-    env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
-    r = subprocess.run([sys.executable, "-m", "workbench.train", "--config", str(cfg), "--synthetic",
-                        "--summary", str(tmp_path / "s.json")], env=env, capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    s = json.loads((tmp_path / "s.json").read_text())
-    assert s["steps"] == 6 and s["model_params"] == 2 * (64 * 64 * 2 + 64 * 32 * 2 + 3 * 64 * 176 + 2 * 64) \
-        + 64 + 2 * 256 * 64
-    assert s["last_loss"] < s["first_loss"] + 0.5
-
-
 def test_config_errors_name_the_key(tmp_path, subprocess_env):
     bad = tmp_path / "bad.yaml"
     bad.write_text("data: {micro_batch_size: 0}\n")

@@ -139,9 +139,10 @@ def test_gpu_studies_search_the_memory_domain_and_the_multi_gpu_ones_the_overlap
     assert cfg.hardware.gpus == 2 and cfg.loongforge.overlap.bucket_size_mb == 37.5
     assert cfg.loongforge.overlap.overlap_ratio == 0.25 and cfg.loongforge.overlap.mode == "scheduler"
     proxy = load_study_spec("gr00t-n1.6-proxy").base_config()
-    from workbench.train.model import ModelArgs, get_preset
+    from workbench.train.hf import read_hf_config
+    from workbench.train.model import get_preset
     import dataclasses
-    cut = ModelArgs.from_hf_config(proxy.model.config_path)
+    cut = read_hf_config(proxy.model.config_path)
     assert cut.num_hidden_layers == 4  # the proxy differs from the preset in depth only
     assert dataclasses.replace(cut, num_hidden_layers=28) == get_preset("gr00t-n1.6")
 

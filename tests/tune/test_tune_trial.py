@@ -50,14 +50,14 @@ def test_pruning_kills_the_trial(spec, tmp_path):
     assert out.status == "pruned" and len(out.windows) >= 1 and out.value is None
 
 
-def test_a_real_crash_is_recorded_with_its_log_tail(spec, tmp_path):
+def test_a_real_failure_is_recorded_with_its_log_tail(spec, tmp_path):
     bad = tmp_path / "bad-model.json"
     bad.write_text(json.dumps({"num_attention_heads": 4}))  # no hidden_size: the model cannot be built
     from workbench.config import merge_overrides
 
     cfg = merge_overrides(spec.trial_config({}), {"model.name": "custom", "model.config_path": str(bad)})
     out = run_trial(cfg, tmp_path / "c", timeout_s=180, heartbeat_timeout_s=60)
-    assert out.status == "crash" and out.returncode == 1
+    assert out.status == "invalid_config" and out.returncode == 2
     assert "hidden_size" in out.failure_reason and "hidden_size" in out.log_tail
     assert 0 < len(out.log_tail.splitlines()) <= 30
 

@@ -10,6 +10,7 @@ import functools
 import hashlib
 import inspect
 import json
+import os
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -45,10 +46,16 @@ class ModelConfig:
     config_path: str | None = None
     """HF-format config.json describing the model; takes precedence over the preset name."""
     checkpoint_path: str | None = None
-    """Weights to load before training; null starts from a random init."""
+    """Weights to load before training: an HF model.safetensors, its sharded .index.json, a folder holding either, or
+    this loop's latest.pt; null starts from a random init. A checkpoint in training.checkpoint_dir takes precedence
+    (a resumed run)."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+        if self.checkpoint_path is not None and not os.path.exists(self.checkpoint_path):
+            raise ConfigError(f"got {self.checkpoint_path!r}, which does not exist (from {os.getcwd()}); expected an "
+                              "HF model.safetensors, model.safetensors.index.json, a folder holding one, or a "
+                              "latest.pt of this loop", key="checkpoint_path")
         if self.config_path is None and self.name not in MODEL_PRESETS:
             hint = _suggest(self.name, MODEL_PRESETS)
             raise ConfigError(

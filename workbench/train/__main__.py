@@ -53,6 +53,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how the synthetic corpus packs short pieces: pack (records of varied lengths, the "
                         "default) or fill (a token stream cut into full records, as nanoGPT does)")
     p.add_argument("--summary", help="write the summary JSON here")
+    p.add_argument("--save-hf", metavar="DIR",
+                   help="after the run, write the model as DIR/model.safetensors + DIR/config.json (transformers "
+                        "loads it with from_pretrained)")
     p.add_argument("--out", help="directory for metrics.jsonl / phases.csv (default metrics.out_dir)")
     p.add_argument("--profile", type=int, metavar="N",
                    help="write a torch.profiler trace of N steps after the warm-up to <out>/trace.json (Perfetto); "

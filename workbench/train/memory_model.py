@@ -12,7 +12,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import Config
-from workbench.train.model import ModelArgs, model_args, num_params
+from workbench.train.hf import model_args
+from workbench.train.model import ModelArgs, num_params
 from workbench.vocab import padded_vocab
 
 __all__ = ["MODEL_ERROR", "MemoryPrediction", "predict_peak", "predicted_oom", "summary_fields"]

@@ -1,4 +1,4 @@
-"""Llama-family decoder: model args, presets, HF ``config.json`` loading.
+"""Llama-family decoder: model args, presets, modules (``workbench.train.hf`` reads and writes the HF forms).
 
 Shape legend (suffixes on tensor names, as in ``x_BTD``):
 
@@ -25,13 +25,8 @@ the data pipeline's ``loss_mask``.
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import warnings
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +47,7 @@ __all__ = [
     "get_preset",
     "num_params",
     "rope_cos_sin",
+    "rope_inv_freq",
 ]
 
 
@@ -84,6 +80,18 @@ class ModelArgs:
     """RoPE base frequency."""
     tie_word_embeddings: bool = False
     """LM head shares the token-embedding matrix."""
+    qkv_bias: bool = False
+    """q/k/v projections carry a bias (Qwen2; Llama's ``attention_bias``)."""
+    o_bias: bool = False
+    """The attention output projection carries a bias (Llama's ``attention_bias``)."""
+    mlp_bias: bool = False
+    """gate/up/down projections carry a bias (Llama's ``mlp_bias``)."""
+    rope_scaling: dict[str, Any] | None = None
+    """RoPE frequency scaling: None, ``{"rope_type": "linear", "factor": f}`` or Llama 3's
+    ``{"rope_type": "llama3", "factor", "low_freq_factor", "high_freq_factor",
+    "original_max_position_embeddings"}`` (:func:`rope_inv_freq`)."""
+    model_type: str = "llama"
+    """The HF ``model_type`` these args are written back as (llama, mistral, qwen2)."""
 
     def __post_init__(self) -> None:
         for name in (
@@ -117,86 +125,14 @@ class ModelArgs:
             raise ValueError(f"rms_norm_eps must be > 0, got {self.rms_norm_eps!r}")
         if not self.rope_theta > 0:
             raise ValueError(f"rope_theta must be > 0, got {self.rope_theta!r}")
-        if not isinstance(self.tie_word_embeddings, bool):
-            raise ValueError(
-                f"tie_word_embeddings must be a bool, got {self.tie_word_embeddings!r}"
-            )
+        for name in ("tie_word_embeddings", "qkv_bias", "o_bias", "mlp_bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
 
     @property
     def head_dim(self) -> int:
         """Head dim d = hidden_size // num_attention_heads."""
         return self.hidden_size // self.num_attention_heads
-
-    @classmethod
-    def from_hf_config(cls, path_or_dict: str | os.PathLike | Mapping[str, Any]) -> ModelArgs:
-        """Read an HF-format Llama ``config.json`` (a file, its folder, or a dict).
-
-        Keys that do not shape the model (``architectures``, ``torch_dtype``,
-        ``bos_token_id``, ...) are ignored. ``num_key_value_heads`` defaults to
-        ``num_attention_heads``; ``head_dim``, if present, must equal
-        hidden_size / num_attention_heads. Keys that would need a different
-        architecture (biases, another activation) are rejected; ``rope_scaling``
-        is ignored with a warning (it changes numerics, not shapes or FLOPs).
-        Errors name the file and the key.
-        """
-        if isinstance(path_or_dict, Mapping):
-            cfg, source = dict(path_or_dict), "<config dict>"
-        else:
-            path = Path(path_or_dict)
-            if path.is_dir():
-                path = path / "config.json"
-            source = str(path)
-            try:
-                cfg = json.loads(path.read_text())
-            except FileNotFoundError:
-                raise FileNotFoundError(f"{source}: HF config.json not found") from None
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{source}: not valid JSON: {e}") from e
-            if not isinstance(cfg, dict):
-                raise ValueError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
-
-        required = (
-            "hidden_size",
-            "intermediate_size",
-            "num_attention_heads",
-            "num_hidden_layers",
-            "vocab_size",
-            "max_position_embeddings",
-        )
-        for key in required:
-            if key not in cfg:
-                raise ValueError(f"{source}: missing required key {key!r}")
-        kwargs = {key: cfg[key] for key in required}
-        kv_heads = cfg.get("num_key_value_heads")
-        kwargs["num_key_value_heads"] = cfg["num_attention_heads"] if kv_heads is None else kv_heads
-        for key in ("rms_norm_eps", "rope_theta", "tie_word_embeddings"):
-            if cfg.get(key) is not None:
-                kwargs[key] = cfg[key]
-
-        if cfg.get("hidden_act", "silu") not in ("silu", "swish"):
-            raise ValueError(
-                f"{source}: hidden_act={cfg['hidden_act']!r} is not supported; allowed: 'silu'"
-            )
-        for key in ("attention_bias", "mlp_bias"):
-            if cfg.get(key):
-                raise ValueError(f"{source}: {key}={cfg[key]!r} is not supported; allowed: false")
-        if cfg.get("rope_scaling") is not None:
-            warnings.warn(
-                f"{source}: rope_scaling={cfg['rope_scaling']!r} is ignored (plain RoPE is used; "
-                "shapes and FLOPs are unchanged, numerics differ from the checkpoint)",
-                stacklevel=2,
-            )
-        try:
-            args = cls(**kwargs)
-        except ValueError as e:
-            raise ValueError(f"{source}: {e}") from e
-        head_dim = cfg.get("head_dim")
-        if head_dim is not None and head_dim != args.head_dim:
-            raise ValueError(
-                f"{source}: head_dim={head_dim!r} must equal hidden_size / num_attention_heads "
-                f"= {args.head_dim}"
-            )
-        return args
 
 
 # ---------------------------------------------------------------------------
@@ -242,11 +178,6 @@ PRESETS: dict[str, ModelArgs] = {"tiny": TINY, "gr00t-n1.6": GR00T_N1_6}
 """Preset name -> model args; use :func:`get_preset` for a private copy."""
 
 
-def model_args(name: str, config_path: str | None = None) -> ModelArgs:
-    """The args of a config's model section: its HF ``config.json`` when given, else the preset ``name``."""
-    return ModelArgs.from_hf_config(config_path) if config_path else get_preset(name)
-
-
 def get_preset(name: str) -> ModelArgs:
     """A copy of preset ``name``; the error lists the preset names."""
     if name not in PRESETS:
@@ -271,7 +202,8 @@ def num_params(model_or_args: nn.Module | ModelArgs, exclude_embedding: bool = F
         D, F_, L, V, d = a.hidden_size, a.intermediate_size, a.num_hidden_layers, a.vocab_size, a.head_dim
         H, K = a.num_attention_heads, a.num_key_value_heads
         attn = D * H * d + 2 * D * K * d + H * d * D  # q, k, v, o
-        mlp = 3 * D * F_  # gate, up, down
+        attn += (H * d + 2 * K * d) * a.qkv_bias + D * a.o_bias
+        mlp = 3 * D * F_ + (2 * F_ + D) * a.mlp_bias  # gate, up, down
         norms = 2 * D
         total = V * D + L * (attn + mlp + norms) + D + (0 if a.tie_word_embeddings else V * D)
         return total - V * D if exclude_embedding else total
@@ -286,21 +218,47 @@ def num_params(model_or_args: nn.Module | ModelArgs, exclude_embedding: bool = F
 # ---------------------------------------------------------------------------
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
+    """RoPE's ``head_dim / 2`` inverse frequencies (float64), scaled as HF's ``ROPE_INIT_FUNCTIONS`` do.
+
+    ``linear`` divides every frequency by ``factor``. ``llama3`` keeps the frequencies whose wavelength is
+    under ``original_max_position_embeddings / high_freq_factor``, divides those over ``... /
+    low_freq_factor`` by ``factor``, and blends the two in between. Neither changes the attention scale.
+    """
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    kind = (scaling or {}).get("rope_type", "default")
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor, low, high = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        blended = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return torch.where(medium, blended, scaled)
+    if kind != "default":
+        raise ValueError(f"rope_scaling type {kind!r} is not implemented; implemented: default, linear, llama3")
+    return inv_freq
+
+
 def rope_cos_sin(
     head_dim: int,
     positions: int | torch.Tensor,
     theta: float,
     device: torch.device | str | None = None,
+    scaling: dict[str, Any] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """RoPE tables ``cos_Pd, sin_Pd`` (float32) in HF Llama's ``cat(freqs, freqs)`` layout.
 
-    ``positions`` is a count P (positions 0..P-1) or a 1-D tensor of positions.
-    Angles are computed in float64, then rounded to float32.
+    ``positions`` is a count P (positions 0..P-1) or a 1-D tensor of positions; ``scaling`` is
+    :attr:`ModelArgs.rope_scaling`. Angles are computed in float64, then rounded to float32.
     """
     if isinstance(positions, int):
         positions = torch.arange(positions, device=device)
     pos_P = positions.to(device=device, dtype=torch.float64)
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim))
+    inv_freq = rope_inv_freq(head_dim, theta, scaling).to(device=device)
     freqs_Pd2 = torch.outer(pos_P, inv_freq)
     emb_Pd = torch.cat((freqs_Pd2, freqs_Pd2), dim=-1)
     return emb_Pd.cos().float(), emb_Pd.sin().float()
@@ -314,17 +272,18 @@ class RotaryCache(nn.Module):
     device after any move or cast.
     """
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float) -> None:
+    def __init__(self, head_dim: int, max_positions: int, theta: float,
+                 scaling: dict[str, Any] | None = None) -> None:
         super().__init__()
-        self.head_dim, self.max_positions, self.theta = head_dim, max_positions, theta
-        cos_Pd, sin_Pd = rope_cos_sin(head_dim, max_positions, theta)
+        self.head_dim, self.max_positions, self.theta, self.scaling = head_dim, max_positions, theta, scaling
+        cos_Pd, sin_Pd = rope_cos_sin(head_dim, max_positions, theta, scaling=scaling)
         self.register_buffer("cos_Pd", cos_Pd, persistent=False)
         self.register_buffer("sin_Pd", sin_Pd, persistent=False)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001 (torch's signature)
         super()._apply(fn, recurse)
         self.cos_Pd, self.sin_Pd = rope_cos_sin(
-            self.head_dim, self.max_positions, self.theta, device=self.cos_Pd.device
+            self.head_dim, self.max_positions, self.theta, device=self.cos_Pd.device, scaling=self.scaling
         )
         return self
 
@@ -386,16 +345,16 @@ def causal_attention(
 
 
 class Attention(nn.Module):
-    """Grouped-query self-attention with RoPE; projections without bias."""
+    """Grouped-query self-attention with RoPE; q/k/v and o biases as the args say."""
 
     def __init__(self, args: ModelArgs, ops: OpSet) -> None:
         super().__init__()
         D, H, K, d = args.hidden_size, args.num_attention_heads, args.num_key_value_heads, args.head_dim
         self.n_heads, self.n_kv_heads, self.head_dim = H, K, d
-        self.q_proj = nn.Linear(D, H * d, bias=False)
-        self.k_proj = nn.Linear(D, K * d, bias=False)
-        self.v_proj = nn.Linear(D, K * d, bias=False)
-        self.o_proj = nn.Linear(H * d, D, bias=False)
+        self.q_proj = nn.Linear(D, H * d, bias=args.qkv_bias)
+        self.k_proj = nn.Linear(D, K * d, bias=args.qkv_bias)
+        self.v_proj = nn.Linear(D, K * d, bias=args.qkv_bias)
+        self.o_proj = nn.Linear(H * d, D, bias=args.o_bias)
         self.ops = ops
 
     def forward(self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
@@ -410,14 +369,14 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward: ``down(swiglu(gate(x), up(x)))``; no bias."""
+    """SwiGLU feed-forward: ``down(swiglu(gate(x), up(x)))``; biases when ``args.mlp_bias``."""
 
     def __init__(self, args: ModelArgs, ops: OpSet) -> None:
         super().__init__()
         D, F_ = args.hidden_size, args.intermediate_size
-        self.gate_proj = nn.Linear(D, F_, bias=False)
-        self.up_proj = nn.Linear(D, F_, bias=False)
-        self.down_proj = nn.Linear(F_, D, bias=False)
+        self.gate_proj = nn.Linear(D, F_, bias=args.mlp_bias)
+        self.up_proj = nn.Linear(D, F_, bias=args.mlp_bias)
+        self.down_proj = nn.Linear(F_, D, bias=args.mlp_bias)
         self.ops = ops
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
@@ -482,7 +441,7 @@ class Llama(nn.Module):
             if args.tie_word_embeddings
             else nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         )
-        self.rotary = RotaryCache(args.head_dim, args.max_position_embeddings, args.rope_theta)
+        self.rotary = RotaryCache(args.head_dim, args.max_position_embeddings, args.rope_theta, args.rope_scaling)
         self._checkpoint_mode = "none"
         self._checkpoint_every = 1
         self.init_weights()
@@ -542,7 +501,7 @@ class Llama(nn.Module):
     def init_weights(self) -> None:
         """GPT-2/Llama init: normal(0, 0.02); the projections that write into the
         residual stream (``o_proj``, ``down_proj``) use 0.02 / sqrt(2 * layers) so
-        the residual's variance does not grow with depth; RMSNorm scales are 1.
+        the residual's variance does not grow with depth; biases are 0, RMSNorm scales 1.
         Deterministic under ``torch.manual_seed``."""
         std = 0.02
         resid_std = std / math.sqrt(2 * self.args.num_hidden_layers)
@@ -550,6 +509,8 @@ class Llama(nn.Module):
             if isinstance(module, nn.Linear):
                 is_resid = name.endswith(("o_proj", "down_proj"))
                 nn.init.normal_(module.weight, mean=0.0, std=resid_std if is_resid else std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
             elif isinstance(module, RMSNorm):

@@ -17,6 +17,7 @@ from loaders.synth import SynthSpec, generate_documents, write_npy
 from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, load_config, merge_overrides, parse_overrides,
                               preset_config)
 from workbench.errors import ConfigError
+from workbench.train.hf import save_hf
 from workbench.train.trainer import NanLossError, Trainer, build_model_args
 from workbench.vocab import REAL_TOKENS_PER_S
 
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat)
     try:
         summary = trainer.run()
+        if getattr(args, "save_hf", None):
+            summary["saved_hf"] = str(save_hf(trainer.model, args.save_hf))
     finally:
         trainer.close()
     return summary

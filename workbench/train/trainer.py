@@ -33,7 +33,8 @@ from workbench.train.allocator import apply_allocator_settings
 from workbench.train.memory_model import predict_peak, summary_fields
 from workbench.train.metrics import (LaunchTimer, MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot,
                                      summarize_comm, summarize_window)
-from workbench.train.model import Llama, ModelArgs, model_args
+from workbench.train.hf import check_model, load_weights, model_args
+from workbench.train.model import Llama, ModelArgs
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.profiling import StepProfiler
@@ -104,10 +105,7 @@ class Trainer:
             else None
 
         # model and ops
-        self.args = build_model_args(cfg)
-        if cfg.data.seq_len > self.args.max_position_embeddings:
-            raise ValueError(f"data.seq_len={cfg.data.seq_len} exceeds the model's max_position_embeddings "
-                             f"({self.args.max_position_embeddings})")
+        self.args = check_model(cfg)  # a model or checkpoint it cannot build is an invalid_config, before any work
         backends = cfg.loongforge.compute_domain.effective_ops()
         if "triton" in backends.values():
             if self.device.type == "cuda":
@@ -120,6 +118,11 @@ class Trainer:
         with torch.device(self.device):  # parameters are made and initialised where they train
             self.model = Llama(self.args, resolve(
                 backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm))
+        self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+        resuming = self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists()
+        if cfg.model.checkpoint_path and not resuming:  # a resumed run's own checkpoint has the newer weights
+            n = load_weights(self.model, cfg.model.checkpoint_path)
+            log.info("loaded %d tensors from %s", n, cfg.model.checkpoint_path)
         # FP8 swaps Linears for torchao's Float8Linear (same parameters) before anything wraps or compiles them
         self.fp8_linears = convert_to_fp8(self.model, cfg.loongforge.compute_domain, self.device.type,
                                           self.device.index or 0)
@@ -197,8 +200,7 @@ class Trainer:
                                 cfg.hardware.peak_tflops)
         self.step = 0
         self._flops_cache: dict[int, int] = {}
-        self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
-        if self.ckpt_dir and (self.ckpt_dir / "latest.pt").exists():
+        if resuming:
             self.load_checkpoint(self.ckpt_dir / "latest.pt")
 
     # ------------------------------------------------------------------ setup helpers

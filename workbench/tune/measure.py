@@ -13,7 +13,8 @@ from typing import Any
 import optuna
 
 from workbench.config import config_hash, merge_overrides
-from workbench.errors import TuneError
+from workbench.errors import ConfigError, TuneError
+from workbench.train.hf import check_model
 from workbench.tune.knobs import get_knob, numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
 from workbench.tune.stats import noise_floor
@@ -62,6 +63,10 @@ class Measurement:
         spec, study = self.spec, self.study
         assert spec is not None and study is not None
         cfg = spec.measured_base_config()
+        try:  # a model the loop cannot build, or weights that do not fit it, stop the study before any run
+            check_model(cfg)
+        except ConfigError as e:
+            raise TuneError(f"the study's model is rejected: {e}") from None
         h = config_hash(cfg)
         stored_hash = study.user_attrs.get("baseline_config_hash")
         runs = self.baseline_runs() if stored_hash in (None, h) else []
