@@ -10,11 +10,12 @@ PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "
 """The phases of a training step, in order; they add up to the step time."""
 
 STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config",
-            "interrupted")
+            "no_report", "interrupted")
 """Every status a trial can end with (user attr ``status``)."""
 
-FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config")
-"""Statuses told to Optuna as infeasible (COMPLETE, objective 0, constraint 1.0)."""
+FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config", "no_report")
+"""Statuses told to Optuna as infeasible. ``no_report``: the process never reported a measured window (it did not
+touch its heartbeat within the heartbeat timeout of its launch, or it exited 0 without a window)."""
 
 FAILED_STATUSES = (*FAILURE_KINDS, "interrupted")
 """Statuses of a run that did not finish: the failure kinds, and ``interrupted`` (FAIL, run again on resume)."""

@@ -448,7 +448,11 @@ class Provenance:
     commit: str | None = None
     """Source revision of the workbench that ran the study (git), with ``-dirty`` for uncommitted changes."""
     data: dict[str, Any] = field(default_factory=dict)
-    """Where the training data came from: ``source`` synthetic or shards, with the shards' path and tokenizer."""
+    """Where the training data came from: ``source`` synthetic or shards, with the shards' path and tokenizer, or
+    trainer (a loop of one's own, with its command)."""
+    trainer: dict[str, Any] | None = None
+    """The study's own training loop: ``command``, ``cwd``, ``env`` (docs/trial-contract.md); null for the built-in
+    loop, which ``python -m workbench.train --config`` runs."""
     fingerprint: dict[str, str] = field(default_factory=dict)
     """Environment: GPU, driver, CUDA, torch, Triton, NCCL versions."""
     created: str | None = None
@@ -496,6 +500,9 @@ class Config:
     """Where the trial runs."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Measurement outputs."""
+    user: dict[str, str | int | float | bool | None] = field(default_factory=dict)
+    """Values of a loop of one's own: the study's user.* knobs land here (user.x -> user: {x: ...}); the built-in
+    loop reads none of them."""
     provenance: Provenance | None = None
     """Set on exported configs: study, trial, measured speedup and environment."""
 

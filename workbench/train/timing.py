@@ -117,6 +117,11 @@ class PhaseTimer:
             if rf is not None:
                 rf.__exit__(None, None, None)
 
+    def mark(self, name: str) -> None:
+        """End phase ``name`` here (it ran from the previous stamp), for phases that are not one block of code."""
+        if self.enabled:
+            self._mark(_INDEX[name])
+
     def step_end(self) -> None:
         """Close the step: time since the last phase is ``other``; the next step starts here."""
         self._steps_in_window += 1

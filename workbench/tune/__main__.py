@@ -20,7 +20,7 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per trial still)")
     p.add_argument("--pairs", type=int, help="verify: A/B pairs to run (default: as many as the validation took, "
                    "at least 3)")
+    p.add_argument("--yes", action="store_true", help="run a study's own trainer.command without asking, when the "
+                   "spec comes from a file outside the working directory or from the storage")
     p.add_argument("--debug", action="store_true", help="on an error, print the traceback after its line")
     args = p.parse_args(argv)
     if args.pairs is not None and args.pairs < 2:
@@ -91,6 +93,26 @@ def _resolve_spec(args: argparse.Namespace) -> StudySpec | None:
                               f"({e}); its global batch must split over them, or use a study made for several "
                               f"GPUs (gr00t-n1.6-2gpu, gr00t-n1.6-8gpu)") from None
     return spec
+
+
+def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
+    """Show a spec's own trainer command before it runs; without --yes, ask on a terminal, refuse elsewhere."""
+
+    def confirm(spec: StudySpec) -> None:
+        t = spec.trainer
+        assert t is not None
+        env = "".join(f"\n  env {k}={shlex.quote(v)}" for k, v in t.env.items())
+        print(f"study {spec.name!r} from {spec.source} runs its own command in every trial:\n  "
+              f"{shlex.join(t.command)}\n  cwd {t.cwd}{env}", file=sys.stderr, flush=True)
+        if yes:
+            return
+        if not sys.stdin.isatty():
+            raise TuneError("this spec's trainer.command did not come from a study file under the working directory; "
+                            "read it above and pass --yes to run it")
+        if input("Run it? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise TuneError("not confirmed: nothing was run")
+
+    return confirm
 
 
 def _resume_hint() -> str:
@@ -152,7 +174,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 def cmd_verify(args: argparse.Namespace) -> int:
     spec, name, study_dir, url = _existing(args)
-    tuner = Tuner(spec, study_name=name, out_root=study_dir.parent, storage_url=url, progress=False)
+    tuner = Tuner(spec, study_name=name, out_root=study_dir.parent, storage_url=url, progress=False,
+                  confirm=_confirm_command(args.yes))
     record = tuner.verify(pairs=args.pairs)
     print("\n".join(verify_lines(record)), flush=True)
     return EXIT_OK if record["holds"] is not False else EXIT_ERROR
@@ -162,7 +185,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     spec = _resolve_spec(args)
     tuner = Tuner(spec, study_name=args.study_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, worker=args.worker, report=None if args.no_report else build_report,
-                  progress=not args.no_progress)
+                  progress=not args.no_progress, confirm=_confirm_command(args.yes))
     try:
         tuner.run()
     except KeyboardInterrupt:

@@ -10,6 +10,7 @@ interval lies above 1.0 the base config is exported (``trial: null``, ``signific
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -72,7 +73,8 @@ def export_config(
     study_dir = Path(study_dir)
     fp = {str(k): str(v) for k, v in (fingerprint if fingerprint is not None else environment_fingerprint()).items()}
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    prov = Provenance(**provenance_fields(result), fingerprint=fp, created=created)
+    trainer = dataclasses.asdict(spec.trainer) if spec.trainer is not None else None
+    prov = Provenance(**provenance_fields(result), trainer=trainer, fingerprint=fp, created=created)
     cfg = spec.export_config(result["exported"]["params"])
     data = to_dict(cfg)
     if prov.trial is not None and launch_record:

@@ -45,8 +45,10 @@ __all__ = [
     "drop_unsupported",
     "format_dropped",
     "get_knob",
+    "is_user_knob",
     "knob_names",
     "numerics_knobs",
+    "user_knob",
 ]
 
 CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring", "fp8"})
@@ -249,6 +251,23 @@ def get_knob(name: str) -> Knob:
         raise KeyError(f"unknown knob {name!r}; known knobs: {', '.join(_BY_NAME)}") from None
 
 
+USER_PREFIX = "user."
+"""A study's own knobs: ``user.<name>`` in its space is written to the config's ``user`` section, for a loop of one's
+own (a study's ``trainer.command``) to read; its kind comes from the range the study gives it."""
+
+
+def is_user_knob(name: str) -> bool:
+    return name.startswith(USER_PREFIX)
+
+
+def user_knob(name: str, kind: KnobKind) -> Knob:
+    """The knob ``user.<x>`` of ``kind``: config key ``user.<x>``, no capability needed."""
+    rest = name[len(USER_PREFIX):]
+    if not rest.isidentifier():
+        raise ValueError(f"knob {name!r}: a user knob is 'user.' followed by an identifier")
+    return Knob(name=name, key=name, kind=kind, doc="a knob of the study's own training loop (config user section)")
+
+
 # --------------------------------------------------------------------------- hardware
 
 
@@ -318,7 +337,7 @@ def drop_unsupported(names: Iterable[str], capabilities: Iterable[str]) -> tuple
     kept: list[str] = []
     dropped: list[DroppedKnob] = []
     for name in names:
-        missing = sorted(get_knob(name).requires - caps)
+        missing = [] if is_user_knob(name) else sorted(get_knob(name).requires - caps)
         if missing:
             dropped.append(DroppedKnob(name, "needs " + " and ".join(_NEEDS.get(m, m.replace("_", "-"))
                                                                      for m in missing)))

@@ -15,7 +15,7 @@ import optuna
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError, TuneError
 from workbench.train.hf import check_model
-from workbench.tune.knobs import get_knob, numerics_knobs
+from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
 from workbench.tune.stats import noise_floor
 from workbench.tune.trial import TrialOutcome, run_trial
@@ -41,7 +41,7 @@ class Measurement:
         attempt = run_dir.with_name(f".{run_dir.name}.{self._attempt_id}")
         out = run_trial(cfg, attempt, timeout_s=spec.protocol.trial_timeout_s,
                         heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
-                        launch=self.launch, env=self._child_env())
+                        launch=self.launch, env=self._child_env(), cwd=self._child_cwd())
         self._check_lease()  # a coordinator whose study was taken over keeps nothing
         if run_dir.exists():
             shutil.rmtree(run_dir)
@@ -64,7 +64,8 @@ class Measurement:
         assert spec is not None and study is not None
         cfg = spec.measured_base_config()
         try:  # a model the loop cannot build, or weights that do not fit it, stop the study before any run
-            check_model(cfg)
+            if spec.trainer is None:  # (a loop of one's own builds its own model)
+                check_model(cfg)
         except ConfigError as e:
             raise TuneError(f"the study's model is rejected: {e}") from None
         h = config_hash(cfg)
@@ -139,7 +140,7 @@ class Measurement:
         if not changed:
             return
         twin_params = {k: v for k, v in params.items() if k not in changed}
-        twin_cfg = merge_overrides(cfg, {get_knob(k).key: base.get(k) for k in changed})
+        twin_cfg = merge_overrides(cfg, {spec.knob(k).key: base.get(k) for k in changed})
         tol = spec.protocol.numerics_tolerance
         base_losses = [x for x in study.user_attrs.get("baseline_losses", []) if x is not None]
         if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):

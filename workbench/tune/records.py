@@ -89,7 +89,7 @@ class StudyRecords:
                   "wall_s": wall_s}
         return build_result(validation, study=self.study_name, base_values=self.spec.base_knob_values(),
                             baseline_repeats=self.baseline_runs(), searched=self.active, budget=budget,
-                            data=data_source(self.spec.base_config()), commit=source_commit())
+                            data=data_source(self.spec.base_config(), self.spec.trainer), commit=source_commit())
 
     def _finished(self) -> dict[str, Any] | None:
         """A study whose result is stored and whose budget is spent is not run again: say so, how to re-measure

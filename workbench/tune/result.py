@@ -10,6 +10,7 @@ figure about the winner is one number everywhere. Figures from the search (one r
 from __future__ import annotations
 
 import json
+import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -167,9 +168,12 @@ def result_lines(result: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def data_source(cfg: Config) -> dict[str, Any]:
-    """Where a config's training data comes from: ``{"source": "synthetic"}`` without ``data.loongbin_dir``, else
-    the shard directory with the tokenizer and token count its manifest records (None where it records none)."""
+def data_source(cfg: Config, trainer: Any = None) -> dict[str, Any]:
+    """Where a config's training data comes from: a loop of one's own (``trainer``, a study's TrainerSpec) reads its
+    own, named by its command; else ``{"source": "synthetic"}`` without ``data.loongbin_dir``, else the shard
+    directory with the tokenizer and token count its manifest records (None where it records none)."""
+    if trainer is not None:
+        return {"source": "trainer", "command": list(trainer.command), "cwd": trainer.cwd}
     if not cfg.data.loongbin_dir:
         return {"source": "synthetic"}
     path = Path(cfg.data.loongbin_dir).resolve()
@@ -185,6 +189,8 @@ def describe_data(data: Mapping[str, Any]) -> str:
     """'synthetic corpus (...)' or the shard directory with its tokenizer."""
     if data.get("source") == "synthetic":
         return "synthetic corpus (no data.loongbin_dir set)"
+    if data.get("source") == "trainer":
+        return f"its own loop's data: {shlex.join(data.get('command') or [])}"
     tok = data.get("tokenizer")
     return f"shards {data.get('path')}" + (f" (tokenizer {tok})" if tok else " (tokenizer not recorded)")
 

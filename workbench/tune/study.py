@@ -43,7 +43,7 @@ from typing import Any, Literal
 
 from workbench.config import (MODEL_PRESETS, Config, ConfigError, from_dict, load_yaml, merge_overrides,
                               preset_config, read_yaml_text, to_dict)
-from workbench.tune.knobs import get_knob, knob_names
+from workbench.tune.knobs import Knob, get_knob, is_user_knob, knob_names, user_knob
 
 __all__ = [
     "Budget",
@@ -53,6 +53,7 @@ __all__ = [
     "Protocol",
     "SamplerSpec",
     "StudySpec",
+    "TrainerSpec",
     "builtin_studies",
     "find_study",
     "load_study_spec",
@@ -276,6 +277,29 @@ class Protocol:
 
 
 @dataclass(kw_only=True)
+class TrainerSpec:
+    """A training loop of one's own (docs/trial-contract.md): the command each trial runs instead of
+    ``python -m workbench.train``. Only a study file the user wrote (or confirmed) sets it."""
+
+    command: list[str]
+    """Program and arguments, run without a shell; a relative program path is relative to cwd. The trial's config is
+    in $WORKBENCH_CONFIG, its directory in $WORKBENCH_OUT."""
+    cwd: str | None = None
+    """Working directory of the command, relative to the spec file; null = the spec file's folder."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Extra environment variables of the command."""
+
+    def __post_init__(self) -> None:
+        if not self.command or not all(isinstance(a, str) and a for a in self.command):
+            raise ConfigError(f"got {self.command!r}; expected a non-empty list of non-empty strings (program, "
+                              "arguments)", key="command")
+        for k in self.env:
+            if not k or "=" in k or k in ("WORKBENCH_CONFIG", "WORKBENCH_OUT"):
+                raise ConfigError(f"got {k!r}; expected a variable name (WORKBENCH_CONFIG and WORKBENCH_OUT are the "
+                                  "tuner's)", key=f"env.{k}")
+
+
+@dataclass(kw_only=True)
 class StudySpec:
     """One tuning study (see the module docstring for the YAML form)."""
 
@@ -302,6 +326,8 @@ class StudySpec:
     seed_trials: list[dict[str, Any]] = field(default_factory=list)
     """Knob values run first, in order (Optuna's enqueue_trial), counted against the budget; a knob a seed leaves
     out takes the base config's value."""
+    trainer: TrainerSpec | None = None
+    """A training loop of one's own, run once per trial instead of the built-in one; null = the built-in loop."""
     source: str | None = None
     """File the spec was loaded from (set by the loader; not part of the YAML)."""
 
@@ -314,7 +340,15 @@ class StudySpec:
         if not self.space:
             raise ConfigError(f"empty search space; add at least one knob of: {', '.join(known)}", key="space")
         for name, rng in self.space.items():
-            if name not in known:
+            if is_user_knob(name):
+                if self.trainer is None:
+                    raise ConfigError("a user.* knob needs a loop of one's own to read it: set trainer.command "
+                                      "(the built-in loop reads no user knob)", key=f"space.{name}")
+                try:
+                    self.knob(name)
+                except ValueError as e:
+                    raise ConfigError(str(e), key=f"space.{name}") from None
+            elif name not in known:
                 import difflib
 
                 close = difflib.get_close_matches(name, known, n=1)
@@ -324,9 +358,32 @@ class StudySpec:
         self._check_base()
         self._check_seeds()
 
+    # ------------------------------------------------------------------ knobs
+    def knob(self, name: str) -> Knob:
+        """The knob ``name`` of this study: the registry's, or a ``user.*`` knob whose kind its range gives (all
+        bools: bool; integer ends or choices: int; numbers: float; else categorical)."""
+        if not is_user_knob(name):
+            return get_knob(name)
+        rng = self.space[name]
+        values = rng.choices if rng.choices is not None else [rng.low, rng.high, *([rng.step] if rng.step else [])]
+        if all(isinstance(v, bool) for v in values):
+            kind = "bool"
+        elif all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            kind = "int"
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            kind = "float"
+        else:
+            kind = "categorical"
+        return user_knob(name, kind)
+
+    def knob_order(self) -> list[str]:
+        """The space's knobs in the order they are sampled: the registry's order (conditions read the knobs before
+        them), then the user knobs as the spec lists them."""
+        return [n for n in knob_names() if n in self.space] + [n for n in self.space if is_user_knob(n)]
+
     # ------------------------------------------------------------------ validation
     def _check_range(self, name: str, rng: KnobRange) -> None:
-        knob = get_knob(name)
+        knob = self.knob(name)
         where = f"space.{name}"
         if rng.choices is not None:
             for i, v in enumerate(rng.choices):
@@ -353,7 +410,7 @@ class StudySpec:
             raise ConfigError("a study's base config cannot set provenance", key="base.provenance")
         cfg = self.base_config()
         for name, rng in self.space.items():
-            knob = get_knob(name)
+            knob = self.knob(name)
             for i, v in enumerate(rng.values_to_check()):
                 try:
                     merge_overrides(cfg, {knob.key: v})
@@ -371,7 +428,7 @@ class StudySpec:
                 if name not in self.space:
                     raise ConfigError(f"knob {name!r} is not in the study's space ({', '.join(self.space)})",
                                       key=f"{where}.{name}")
-                if not self.space[name].contains(value, get_knob(name).kind):
+                if not self.space[name].contains(value, self.knob(name).kind):
                     raise ConfigError(f"got {value!r}, outside the space of {name!r} ({self.space[name].describe()})",
                                       key=f"{where}.{name}")
             try:
@@ -385,7 +442,7 @@ class StudySpec:
         out = dict(self.seed_trials[i])
         base = self.base_knob_values()
         for name, rng in self.space.items():
-            if name not in out and base.get(name) is not None and rng.contains(base[name], get_knob(name).kind):
+            if name not in out and base.get(name) is not None and rng.contains(base[name], self.knob(name).kind):
                 out[name] = base[name]
         return out
 
@@ -420,11 +477,11 @@ class StudySpec:
         """Dotted config overrides for knob values ``params`` (inactive conditional knobs get their off value)."""
         out: dict[str, Any] = {}
         for name, value in params.items():
-            out[get_knob(name).key] = value
+            out[self.knob(name).key] = value
         values = dict(self.base_knob_values())
         values.update(params)
         for name in self.space:
-            knob = get_knob(name)
+            knob = self.knob(name)
             if name not in params and knob.inactive is not None and not knob.active(values):
                 out[knob.key] = knob.inactive
         return out
@@ -441,9 +498,9 @@ class StudySpec:
         """Each registered knob's value in the base config (what a condition sees for an unsearched knob)."""
         data = to_dict(self.base_config())
         out: dict[str, Any] = {}
-        for name in knob_names():
+        for name in [*knob_names(), *(n for n in self.space if is_user_knob(n))]:
             node: Any = data
-            for part in get_knob(name).key.split("."):
+            for part in self.knob(name).key.split("."):
                 node = node.get(part) if isinstance(node, dict) else None
             out[name] = node
         return out
@@ -470,6 +527,10 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Pa
         if model.endswith(".json") or "/" in model:
             path = Path(model).expanduser()
             data["model"] = str(path if path.is_absolute() else (base_dir / path).resolve())
+    trainer = data.get("trainer")
+    if isinstance(trainer, Mapping) and base_dir is not None:  # the command's folder: relative to the spec file
+        cwd = Path(str(trainer.get("cwd") or ".")).expanduser()
+        data["trainer"] = {**trainer, "cwd": str(cwd if cwd.is_absolute() else (base_dir / cwd).resolve())}
     try:
         spec = from_dict(StudySpec, data)
     except ConfigError as e:

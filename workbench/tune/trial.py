@@ -15,7 +15,13 @@ i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
 * the watchdog kills the whole process group (SIGTERM, then SIGKILL after a
   grace) when the trial exceeds its time limit, or when the heartbeat file (the
   step counter, rewritten after every step) has not changed for
-  ``heartbeat_timeout_s`` after the first step: status ``timeout``.
+  ``heartbeat_timeout_s`` after the first step: status ``timeout``; and when the
+  process has not written its heartbeat at all ``heartbeat_timeout_s`` after its
+  launch (it never reports: a command that does not use the run API): status
+  ``no_report``.
+
+The child's environment holds ``WORKBENCH_CONFIG`` (the trial's config.yaml) and ``WORKBENCH_OUT`` (the trial
+directory), the trial contract of docs/trial-contract.md.
 
 The outcome's status is one of ``STATUSES``: ``ok``, ``pruned``, a failure kind
 of ``workbench.vocab.FAILURE_KINDS`` (from ``failure.json``, else the exit code, else the signal; "CUDA
@@ -26,7 +32,8 @@ On Linux the child gets ``PR_SET_PDEATHSIG(SIGKILL)``, so a tuner killed with
 ``kill -9`` does not leave its trial running.
 
 ``launch(cfg, config_path, trial_dir)`` builds the command line; it defaults to
-``launch_command`` (the tests pass stand-ins that hang or crash).
+``launch_command`` (``command_launcher`` runs a study's own ``trainer.command``; the tests pass stand-ins that
+hang or crash).
 """
 
 from __future__ import annotations
@@ -57,6 +64,7 @@ __all__ = [
     "Launcher",
     "TrialOutcome",
     "ignore_interrupts",
+    "command_launcher",
     "interrupts_held",
     "not_launched_outcome",
     "launch_command",
@@ -196,6 +204,18 @@ def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]
         return [sys.executable, "-m", "torch.distributed.run", "--standalone",
                 "--nproc-per-node", str(cfg.hardware.gpus), "-m", "workbench.train", *args]
     return [sys.executable, "-m", "workbench.train", *args]
+
+
+def command_launcher(command: list[str]) -> Launcher:
+    """A launcher of a study's own ``trainer.command`` (run without a shell; the trial's config and directory reach
+    it through the environment). A leading ``python`` is this interpreter, so the command runs in the tuner's
+    environment."""
+    argv = [sys.executable if command[0] in ("python", "python3") else command[0], *command[1:]]
+
+    def launch(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]:
+        return list(argv)
+
+    return launch
 
 
 def _pdeathsig() -> Callable[[], None] | None:
@@ -350,6 +370,7 @@ def run_trial(
     on_launch: Callable[[int], None] | None = None,
     launch: Launcher = launch_command,
     env: dict[str, str] | None = None,
+    cwd: str | Path | None = None,
     poll_s: float = 0.2,
 ) -> TrialOutcome:
     """Run one trial of ``cfg`` in a fresh process group under ``trial_dir`` (see the module docstring).
@@ -357,8 +378,8 @@ def run_trial(
     ``on_window(i, tokens_per_s)`` is called for each measured window; returning True prunes the
     trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
     ``on_launch(pgid)`` is called once the child runs. ``launch`` builds the child's command line.
-    ``env``: variables set in the child's environment (the study's shared compile caches). A KeyboardInterrupt kills the child's
-    group and propagates.
+    ``env``: variables set in the child's environment (the study's shared compile caches); ``cwd``: its working
+    directory (default the tuner's). A KeyboardInterrupt kills the child's group and propagates.
     """
     trial_dir = Path(trial_dir).resolve()
     _fresh_dir(trial_dir)
@@ -368,6 +389,7 @@ def run_trial(
     cmd = launch(cfg, config_path, trial_dir)
     env = {**os.environ, **(env or {})}
     env["PYTHONUNBUFFERED"] = "1"
+    env["WORKBENCH_CONFIG"], env["WORKBENCH_OUT"] = str(config_path), str(trial_dir)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
     warm = cfg.training.warmup_measure_steps
     n_windows = max(1, (cfg.training.max_steps - warm) // cfg.training.log_every)
@@ -375,7 +397,7 @@ def run_trial(
     heartbeat = trial_dir / "heartbeat"
     windows: list[float] = []
     last_window: dict[str, Any] | None = None
-    killed_reason = ""
+    killed_reason, killed_kind = "", "timeout"
     pruned = False
 
     oom_kills_before = _oom_kills()
@@ -384,8 +406,14 @@ def run_trial(
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         # the tuner's working directory: relative paths in the config mean what they mean to the user
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True, preexec_fn=_pdeathsig())
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                    env=env, start_new_session=True, preexec_fn=_pdeathsig())
+        except OSError as e:  # the command itself cannot start: the study's to fix, not a crash of its config
+            reason = f"cannot start {cmd[0]!r}: {e.strerror or e}" + (f" (cwd {cwd})" if cwd else "")
+            log.write((reason + "\n").encode())
+            return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=reason,
+                                log_tail=reason)
     try:
         if on_launch is not None:
             on_launch(proc.pid)
@@ -414,10 +442,14 @@ def run_trial(
                 if not windows:
                     in_warmup = b is not None and b.isdigit() and int(b) <= warm
                     phase(f"warm-up (step {b}/{warm})" if in_warmup else f"measuring window 1/{n_windows}")
-            if now - t0 > timeout_s:
+            if beat is None and now - t0 > heartbeat_timeout_s:
+                killed_kind = "no_report"
+                killed_reason = (f"no heartbeat {heartbeat_timeout_s:g} s after launch: the process does not report "
+                                 "(a loop of one's own reports through workbench.run(); docs/trial-contract.md)")
+            elif now - t0 > timeout_s:
                 killed_reason = f"exceeded the trial time limit of {timeout_s:g} s" + (
                     f" (last step {beat})" if beat else " before its first step")
-            elif beat is not None and now - beat_at > heartbeat_timeout_s:
+            elif beat not in (None, "0") and now - beat_at > heartbeat_timeout_s:  # "0": started, compiling
                 killed_reason = f"no step for {heartbeat_timeout_s:g} s (hung after step {beat})"
             if killed_reason:
                 _kill_group(proc)
@@ -450,14 +482,15 @@ def run_trial(
     out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, last_window)
 
     if killed_reason:
-        out.status, out.failure_reason = "timeout", killed_reason
+        out.status, out.failure_reason = killed_kind, killed_reason
     elif pruned:
         out.status = "pruned"
         out.failure_reason = f"pruned after window {len(windows)} ({windows[-1]:,.0f} tok/s/gpu)"
     elif rc == 0 and failure.get("kind") is None:
         if not windows:
-            out.status = "crash"
-            out.failure_reason = "exited 0 without a measured window (too few steps for the protocol?)"
+            out.status = "no_report"
+            out.failure_reason = ("exited 0 without reporting a measured window (does it run training.max_steps "
+                                  "steps, calling run.step() after each?)")
         elif summary is not None and summary.get("last_loss") is not None and not math.isfinite(
                 float(summary["last_loss"])):
             out.status, out.failure_reason = "nan_loss", f"final loss {summary['last_loss']}"

@@ -26,8 +26,7 @@ from workbench.config import ConfigError
 from workbench.errors import TuneError
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.export import export_config
-from workbench.tune.knobs import (DroppedKnob, detect_capabilities, drop_unsupported, format_dropped, get_knob,
-                                  knob_names)
+from workbench.tune.knobs import DroppedKnob, detect_capabilities, drop_unsupported, format_dropped
 from workbench.tune.lease import CoordinatorLease
 from workbench.tune.measure import Measurement
 from workbench.tune.progress import Progress
@@ -37,8 +36,8 @@ from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
                                     normalize_storage_url, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
-from workbench.tune.trial import (Launcher, TrialOutcome, interrupts_held, launch_command, not_launched_outcome,
-                                  read_log_tail, run_trial)
+from workbench.tune.trial import (Launcher, TrialOutcome, command_launcher, interrupts_held, launch_command,
+                                  not_launched_outcome, read_log_tail, run_trial)
 from workbench.tune.validation import Validation, _feasible, _now
 from workbench.vocab import REAL_TOKENS_PER_S
 from workbench.tune.verify import Verification
@@ -97,7 +96,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         worker: bool = False,
         report: Callable[[Path, str, str], Path] | None = None,
         progress: bool = True,
-        launch: Launcher = launch_command,
+        launch: Launcher | None = None,
+        confirm: Callable[[StudySpec], None] | None = None,
     ) -> None:
         if spec is None and study_name is None:
             raise TuneError("a study spec or a study name is needed")
@@ -110,7 +110,10 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.worker = worker
         self.report = report or None  # report.html's builder (the CLI passes reports.build_report); None builds none
         self.progress_enabled = progress
-        self.launch = launch  # builds each trial's command line (workbench.tune.trial.launch_command)
+        self._launch = launch  # builds each trial's command line; None: the built-in loop or the spec's command
+        # asked before a spec that did not come from the user's own file runs its trainer.command (the CLI asks the
+        # user, or takes --yes); raising TuneError refuses it
+        self.confirm = confirm
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "start": proc_start(os.getpid()),
                    "role": "worker" if worker else "coordinator"}
         self.storage: optuna.storages.RDBStorage | None = None
@@ -130,6 +133,16 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self._lease_lost: str | None = None
 
     # ------------------------------------------------------------------ setup
+    @property
+    def launch(self) -> Launcher:
+        """Each trial's command line: the one given, else the spec's own ``trainer.command``, else
+        ``python -m workbench.train``."""
+        if self._launch is not None:
+            return self._launch
+        if self.spec is not None and self.spec.trainer is not None:
+            return command_launcher(self.spec.trainer.command)
+        return launch_command
+
     def _log(self, text: str) -> None:
         if self.progress is not None:
             self.progress.write(text)
@@ -157,9 +170,12 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         """Open (or create) the Optuna study and settle the search space and budget."""
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.storage = make_storage(self.storage_url)
-        if self.spec is None:
+        from_storage = self.spec is None
+        if from_storage:
             self.spec = self._load_stored_spec()
         spec = self.spec
+        if spec.trainer is not None and self.confirm is not None and (from_storage or not _users_own_file(spec.source)):
+            self.confirm(spec)
         directions = ["maximize", "minimize"] if spec.objective.multi_objective else ["maximize"]
         caps = detect_capabilities(spec.gpus)
         kept, dropped = drop_unsupported(list(spec.space), caps)
@@ -242,7 +258,12 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         """Environment of every trial process: one Inductor/AOTAutograd cache and one Triton cache per study, so
         a trial recompiles only what no earlier trial of the study compiled."""
         cache = self.study_dir / "compile-cache"
-        return {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+        own = dict(self.spec.trainer.env) if self.spec is not None and self.spec.trainer is not None else {}
+        return {**own, "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+
+    def _child_cwd(self) -> str | None:
+        """A loop of one's own runs in its ``trainer.cwd``; the built-in one in the tuner's working directory."""
+        return self.spec.trainer.cwd if self.spec is not None and self.spec.trainer is not None else None
 
     @property
     def timeout_s(self) -> float | None:
@@ -259,7 +280,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             seed = seed + 1 + os.getpid() % 100_000  # two workers must not replay the same random sequence
         if s.name != "grid":
             return make_sampler(s.name, seed, s.n_startup_trials)
-        grid = {name: spec.space[name].grid(get_knob(name).kind) for name in self.active}
+        grid = {name: spec.space[name].grid(spec.knob(name).kind) for name in self.active}
         return _AskTellGridSampler(grid, seed=seed)
 
     def _pruner(self) -> optuna.pruners.BasePruner:
@@ -356,10 +377,10 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             self._base_values = spec.base_knob_values()
         values = dict(self._base_values)
         params: dict[str, Any] = {}
-        for name in knob_names():
+        for name in spec.knob_order():
             if name not in self.active:
                 continue
-            knob = get_knob(name)
+            knob = spec.knob(name)
             if not knob.active(values):
                 continue
             rng = spec.space[name]
@@ -410,7 +431,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             except ConfigError as e:
                 out = not_launched_outcome(tdir, str(e))
             else:
-                too_big = predicted_oom(cfg, self.hardware.get("gpu_memory_gib"))
+                # the memory model is the built-in loop's: a loop of one's own finds its own limit
+                too_big = predicted_oom(cfg, self.hardware.get("gpu_memory_gib")) if spec.trainer is None else None
                 if too_big:
                     out = not_launched_outcome(tdir, too_big, kind="oom")
             if out is None:
@@ -433,7 +455,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
                             heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
                             on_phase=self._phase(f"trial {n}"), launch=self.launch,
-                            on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env())
+                            on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env(),
+                            cwd=self._child_cwd())
             if not out.killed_from_outside or attempt:
                 return out
             kept = tdir.with_name(f"{tdir.name}.killed")
@@ -573,7 +596,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         print(f"study {self.study_name} ({role}): searching {', '.join(self.active)}; budget "
               f"{self.budget if self.budget is not None else 'unlimited'} trials"
               + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_url}\n"
-              f"data: {describe_data(data_source(self.spec.base_config()))}", file=sys.stderr, flush=True)
+              f"data: {describe_data(data_source(self.spec.base_config(), self.spec.trainer))}", file=sys.stderr, flush=True)
         self.progress = Progress(self.budget, self.study_name, self.progress_enabled)
         try:
             if not self.worker:
@@ -620,6 +643,15 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
 
 def _as_dropped(items: Sequence[Mapping[str, str]]) -> list[Any]:
     return [DroppedKnob(d["knob"], d["reason"]) for d in items]
+
+
+def _users_own_file(source: str | None) -> bool:
+    """Whether a spec came from a file under the working directory (the user's own project), whose command runs
+    without a question; a file from elsewhere, or a spec read from shared storage, is shown first."""
+    if not source:
+        return False
+    path = Path(source)
+    return path.is_file() and path.resolve().is_relative_to(Path.cwd().resolve())
 
 
 def _spec_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:

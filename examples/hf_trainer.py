@@ -1,0 +1,58 @@
+"""A Hugging Face ``transformers.Trainer`` run, tuned by the workbench through ``WorkbenchCallback``.
+
+    python -m workbench.tune --study examples/hf_trainer.yaml   # tune it
+    python examples/hf_trainer.py                               # run it alone, on the default config
+
+A tiny ``LlamaForCausalLM`` on random token windows. The trial's config sets the micro-batch
+(``per_device_train_batch_size``; accumulation holds ``training.global_batch_size``), ``torch.compile``
+(``loongforge.compute_domain.compile`` -> ``torch_compile``), and the loop's own ``user.optim``.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
+
+import workbench
+from workbench.train.hf_callback import WorkbenchCallback
+
+
+class RandomWindows(torch.utils.data.Dataset):
+    """``n`` windows of ``seq_len`` tokens from one seeded random stream (the labels are the inputs: the model
+    shifts them)."""
+
+    def __init__(self, n: int, seq_len: int, vocab: int, seed: int) -> None:
+        self.ids = torch.randint(0, vocab, (n, seq_len), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i], "labels": self.ids[i]}
+
+
+def main() -> None:
+    with workbench.run() as run:
+        cfg = run.config
+        torch.manual_seed(cfg.training.seed)
+        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_attention_heads=4,
+                                             num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
+                                             max_position_embeddings=cfg.data.seq_len))
+        B, accum = cfg.data.micro_batch_size, cfg.effective_grad_accum_steps()
+        mode = cfg.loongforge.compute_domain.compile
+        args = TrainingArguments(
+            output_dir=str(run.out_dir or "hf-trainer-out"), max_steps=run.max_steps, per_device_train_batch_size=B,
+            gradient_accumulation_steps=accum, learning_rate=cfg.training.learning_rate,
+            weight_decay=cfg.training.weight_decay, max_grad_norm=cfg.training.grad_clip,
+            optim=run.user.get("optim", "adamw_torch"), torch_compile=mode != "none",
+            torch_compile_mode=None if mode in ("none", "default") else mode, use_cpu=run.device.type == "cpu",
+            dataloader_num_workers=0, logging_strategy="no", save_strategy="no", report_to=[],
+            disable_tqdm=True, seed=cfg.training.seed)
+        data = RandomWindows(run.max_steps * B * accum, cfg.data.seq_len, 256, cfg.data.seed)
+        trainer = Trainer(model=model, args=args, train_dataset=data,
+                          callbacks=[WorkbenchCallback(run, tokens_per_step=B * accum * cfg.data.seq_len)])
+        trainer.train()
+
+
+if __name__ == "__main__":
+    main()
