@@ -131,6 +131,7 @@ class BatchPipeline:
         self._dec_s = 0.0
         self._dec_bytes = 0
         self._dec_tokens = 0
+        self._io_before = {"reads": 0, "bytes": 0, "read_latency_ms_sum": 0.0}  # of the pipelines continued
 
     @classmethod
     def from_config(cls, data: Any, io: Any, memory: Any, *, seed: int, device: str | torch.device,
@@ -245,6 +246,20 @@ class BatchPipeline:
                          threading.Thread(target=self._assembler_main, name="loaders-assembler", daemon=True)]
         for t in self._threads:
             t.start()
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start the background threads now rather than at the first ``next()``, and wait (at most ``timeout``
+        seconds) until they run as far ahead as they do in steady state (``prefetch_batches`` batches, no more
+        than the staging blocks): the first batches then cost what the others do. A pipeline that replaces one
+        mid-run (a new micro-batch) pays its start here, outside any step."""
+        if self._closed:
+            raise RuntimeError("BatchPipeline is closed")
+        if not self._threads:
+            self._start_threads()
+        ahead, deadline = min(self.prefetch_batches, len(self.ring)), time.monotonic() + timeout
+        with self._cv:  # the assembler counts and notifies under it; an error or the end stops it early
+            while self._assembled < ahead and self._threads[1].is_alive() and time.monotonic() < deadline:
+                self._cv.wait(_POLL_S)
 
     def _stop_threads(self, restart: bool = True) -> None:
         if not self._threads:
@@ -565,9 +580,29 @@ class BatchPipeline:
         self._pos = (epoch, k)
 
     # -- metrics
+    def continue_counters(self, prev: "BatchPipeline") -> None:
+        """Count on from ``prev``'s totals: a pipeline that replaces ``prev`` mid-run (a new micro-batch) reports
+        the run's batches, tokens, waits, decode work, reads and staging blocks in ``metrics()``; the read
+        latency quantiles and ``io/read_mb_per_s`` are this pipeline's reader's own."""
+        r = prev.reader.stats()
+        for k in self._io_before:
+            self._io_before[k] += prev._io_before[k] + r[k]
+        self._n_batches += prev._n_batches
+        self._real += prev._real
+        self._padded += prev._padded
+        self._wait_s += prev._wait_s
+        with prev._dec_lock, self._dec_lock:
+            self._dec_s += prev._dec_s
+            self._dec_bytes += prev._dec_bytes
+            self._dec_tokens += prev._dec_tokens
+        self._ring_acquires += prev._ring_acquires + prev.ring.acquires
+        self._ring_fresh += prev._ring_fresh + prev.ring.fresh
+
     def metrics(self) -> dict[str, Any]:
         """Namespaced, unit-carrying figures: io/*, decode/* (per busy decode-second), data/*."""
-        r = self.reader.stats()
+        r = dict(self.reader.stats())
+        for k, v in self._io_before.items():
+            r[k] += v
         acq, fresh = self._ring_acquires + self.ring.acquires, self._ring_fresh + self.ring.fresh
         with self._dec_lock:
             dec_s, dec_b, dec_t = self._dec_s, self._dec_bytes, self._dec_tokens

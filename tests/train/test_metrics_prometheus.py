@@ -104,7 +104,8 @@ def test_what_does_not_apply_is_not_exported():
         fams = _scrape(port)
     finally:
         exp.close()
-    assert set(before) == {"loongforge_tokens", "loongforge_steps", "loongforge_padded_tokens"}
+    assert set(before) == {"loongforge_tokens", "loongforge_steps", "loongforge_padded_tokens",
+                           "workbench_config_reloads"}
     for name in ("loongforge_mfu_percent", "loongforge_memory_reserved_gib", "loongforge_memory_buffer_reuse_ratio",
                  "loongforge_compute_graph_launch_overhead_us", "loongforge_io_read_latency_ms"):
         assert name not in fams, name

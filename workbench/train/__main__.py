@@ -11,6 +11,9 @@ Prometheus metrics on :9091 (``metrics.prometheus_port``, ``--prometheus-port N`
 ``--synthetic`` generates a synthetic corpus and preprocesses it into a cache
 directory when ``data.loongbin_dir`` is not set. Ctrl-C finishes the current
 step, writes a checkpoint when ``training.checkpoint_dir`` is set, and exits.
+``kill -USR1 <pid>`` re-reads the ``--config`` file between steps and applies the
+keys that may change while running, or rejects the reload with the reason
+(workbench/train/reload.py; README, "Hot reload").
 
 Exit codes name the failure kind (the tuner reads them, and ``failure.json`` in
 the output directory): 0 ok, 2 invalid_config, 3 oom, 4 nan_loss,

@@ -2,7 +2,9 @@
 
 Names carry a namespace and a unit (``throughput/real_tokens_per_s_per_gpu``,
 ``memory/max_reserved_gib``, ``time/forward_pct``...). Every window (``log_every``
-steps after the warm-up) becomes one JSON line in ``metrics.jsonl``; every step
+steps after the warm-up) becomes one JSON line in ``metrics.jsonl``, beside event
+records that carry ``"kind": "event"`` (a window's line has no ``kind``): a config
+reload's (``"event": "config_reload"``, workbench/train/reload.py); every step
 one row of the phase table ``phases.csv`` (seconds per phase, step time, tokens,
 bucket length, loss). ``PrometheusExporter`` serves the run to Prometheus in its own
 types under the seed's names (gauges for the latest window, ``*_total`` counters,
@@ -169,6 +171,11 @@ class MetricsWriter:
             self._jsonl.write(json.dumps(_finite(metrics)) + "\n")
             self._jsonl.flush()
 
+    def event(self, record: dict[str, Any]) -> None:
+        """An event record (``"kind": "event"``, e.g. a config reload) between the windows of ``metrics.jsonl``."""
+        assert record.get("kind") == "event", record
+        self.window(record)
+
     def steps(self, steps: list[StepRecord], *, measured: bool) -> None:
         if not self.out_dir:
             return
@@ -244,6 +251,7 @@ class PrometheusExporter:
         self._lock = threading.Lock()
         self._window: dict[str, Any] = {}
         self._tokens = self._padded = self._steps = 0
+        self._reloads = {"applied": 0, "rejected": 0}
         self.registry = pc.CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # collect() below builds the families at each scrape
         self.port = port
@@ -266,6 +274,11 @@ class PrometheusExporter:
             self._tokens += sum(r.real_tokens for r in recs)
             self._padded += sum(r.padded_tokens for r in recs)
 
+    def reload(self, result: str) -> None:
+        """Count a config reload: ``result`` is ``applied`` or ``rejected``."""
+        with self._lock:
+            self._reloads[result] += 1
+
     def update(self, m: dict[str, Any]) -> None:
         """The latest measured window (``summarize_window`` + memory + pipeline + graph figures)."""
         with self._lock:
@@ -276,6 +289,7 @@ class PrometheusExporter:
 
         with self._lock:
             m, steps, tokens, padded = self._window, self._steps, self._tokens, self._padded
+            reloads = dict(self._reloads)
 
         def num(key: str) -> float | None:
             v = m.get(key)
@@ -303,6 +317,10 @@ class PrometheusExporter:
         yield CounterMetricFamily("loongforge_tokens", "real (non-padding) tokens trained on", value=tokens)
         yield CounterMetricFamily("loongforge_padded_tokens", "tokens after padding (real + padding)",
                                   value=padded)
+        f = CounterMetricFamily("workbench_config_reloads", "config reloads (SIGUSR1), by result", labels=["result"])
+        for result, n in reloads.items():
+            f.add_metric([result], n)
+        yield f
         if not m:
             return
         yield from gauge("loongforge_throughput_tokens_per_sec", "real tokens/s per GPU over the latest window",

@@ -18,6 +18,7 @@ from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, load_config, merg
                               preset_config)
 from workbench.errors import ConfigError
 from workbench.train.hf import save_hf
+from workbench.train.reload import ConfigSource
 from workbench.train.trainer import NanLossError, Trainer, build_model_args
 from workbench.vocab import REAL_TOKENS_PER_S
 
@@ -115,7 +116,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
                                       min_len=cfg.data.min_len, short=args.synthetic_packing,
                                       seed=cfg.data.seed)
-    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat)
+    # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
+    source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
+    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source)
     try:
         summary = trainer.run()
         if getattr(args, "save_hf", None):

@@ -38,6 +38,7 @@ from workbench.train.model import Llama, ModelArgs
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.profiling import StepProfiler
+from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
 from workbench.train.timing import PHASES, PhaseTimer
 from workbench.vocab import REAL_TOKENS_PER_S
 
@@ -86,7 +87,7 @@ class Trainer:
     """Builds everything from a Config; ``run()`` trains and returns the summary."""
 
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                 heartbeat: str | Path | None = None) -> None:
+                 heartbeat: str | Path | None = None, config_source: ConfigSource | None = None) -> None:
         self.cfg = cfg
         # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
         # ConfigError
@@ -195,6 +196,7 @@ class Trainer:
         self.writer = MetricsWriter(self.out_dir if self.rank == 0 else None)
         self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port) \
             if (cfg.metrics.prometheus_port and self.rank == 0) else None
+        self.reloader = ConfigReloader(config_source, cfg)  # SIGUSR1 re-reads the config file (reload.py)
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
         self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                 cfg.hardware.peak_tflops)
@@ -214,7 +216,7 @@ class Trainer:
                          "`python -m loaders.preprocess`, or run with --synthetic")
 
     def _pipeline(self):
-        d, io, mem = self.cfg.data, self.cfg.loongforge.io_domain, self.cfg.loongforge.memory_domain
+        d = self.cfg.data
         self.shards = ShardSet(self.data_dir)
         # data the model cannot take is a config error before the first step, not a crash inside it
         if self.shards.vocab_size > self.args.vocab_size:
@@ -228,6 +230,10 @@ class Trainer:
             raise ConfigError(f"data.loongbin_dir: {self.data_dir} has records up to {longest} tokens, longer than "
                               f"data.seq_len={d.seq_len}; preprocess with --max-len {d.seq_len} or raise "
                               f"data.seq_len", key="data.seq_len")
+        return self._new_pipeline(self.cfg)
+
+    def _new_pipeline(self, cfg: Config) -> BatchPipeline:
+        d, io, mem = cfg.data, cfg.loongforge.io_domain, cfg.loongforge.memory_domain
         return BatchPipeline.from_config(d, io, mem, seed=d.seed + 1_000_003 * self.rank, device=self.device,
                                          shards=self.shards)
 
@@ -430,24 +436,28 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
         """Train to ``max_steps`` (default training.max_steps); returns the summary."""
-        cfg = self.cfg
-        total = max_steps or cfg.training.max_steps
-        warm, every = cfg.training.warmup_measure_steps, cfg.training.log_every
+        total = max_steps or self.cfg.training.max_steps
+        warm = self.cfg.training.warmup_measure_steps
         measured: list[dict[str, Any]] = []
         pending: list[tuple[StepRecord, torch.Tensor]] = []
         first_loss = last_loss = None
         interrupted = False
         prev_sigint = signal.getsignal(signal.SIGINT)
-        stop = {"flag": False}
+        prev_sigusr1 = signal.getsignal(signal.SIGUSR1)
+        stop, reload = {"flag": False}, {"flag": False}
 
         def _on_sigint(signum, frame):  # finish the step, then stop and checkpoint
             if stop["flag"]:
                 raise KeyboardInterrupt
             stop["flag"] = True
 
+        def _on_sigusr1(signum, frame):  # re-read the config file after the step (reload_config)
+            reload["flag"] = True
+
         main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
         if main_thread:
             signal.signal(signal.SIGINT, _on_sigint)
+            signal.signal(signal.SIGUSR1, _on_sigusr1)
         t_start = time.perf_counter()
         self.precompile()
         self.timer.start()
@@ -459,10 +469,12 @@ class Trainer:
                     pending.append(self.train_step())
                 self.profiler.after_step(self.step)
                 self._beat()
-                done = self.step >= total
+                done, every = self.step >= total, self.cfg.training.log_every
+                # a reload waits for the profile's end; it closes the window first, as the profile's end does
+                reload_now = reload["flag"] and not (done or stop["flag"] or self.profiler.active)
                 boundary = self.step == warm or (self.step > warm and (self.step - warm) % every == 0) \
                     or self.profiler.ends_at(self.step)  # the profile's end closes a window (its flush first)
-                if boundary or done or stop["flag"]:
+                if boundary or done or stop["flag"] or reload_now:
                     rows = self.timer.flush()  # note: one CPU-GPU sync per window, here
                     losses = torch.stack([lt for _, lt in pending]).tolist()
                     comm = self.comm.flush() if self.comm is not None else [None] * len(pending)
@@ -500,14 +512,20 @@ class Trainer:
                     self.timer.record = False
                     self.profiler.stop()  # writes the trace: host time, a sync on CUDA
                     self.timer.start()  # ... charged to no step: the next one starts after it
-                if self.ckpt_dir and cfg.training.checkpoint_every and self.step % cfg.training.checkpoint_every == 0:
+                ck_every = self.cfg.training.checkpoint_every
+                if self.ckpt_dir and ck_every and self.step % ck_every == 0:
                     self.save_checkpoint()
                 if stop["flag"]:
                     interrupted = True
                     break
+                if reload_now:
+                    reload["flag"] = False
+                    self.reload_config()  # a recompile's time is time/compile_s ...
+                    self.timer.start()  # ... charged to no step: the next one starts after it
         finally:
             if main_thread:
                 signal.signal(signal.SIGINT, prev_sigint)
+                signal.signal(signal.SIGUSR1, prev_sigusr1 if prev_sigusr1 is not None else signal.SIG_DFL)
             self.timer.record = False
             self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
         if self.ckpt_dir:
@@ -537,6 +555,7 @@ class Trainer:
             "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
             "model_params": sum(p.numel() for p in self.model.parameters()),
             "grad_accum_steps": self.grad_accum,
+            **self.reloader.summary(),
             "ops/backends": dict(self.model.ops.backends),
             "fp8/recipe": self.cfg.loongforge.compute_domain.fp8,
             "fp8/converted_linears": len(self.fp8_linears),
@@ -587,6 +606,49 @@ class Trainer:
         self._graphs.clear()
         self._opt_graph = None
         log.info("resumed from %s at step %d", path, self.step)
+
+    # ------------------------------------------------------------------ config hot reload (SIGUSR1)
+    def reload_config(self) -> dict[str, Any] | None:
+        """Re-read the config file and apply the keys that may change while running, or reject the whole reload
+        (workbench/train/reload.py); returns its event record (None: no file). Between steps only: ``run()``
+        closes the window before and restarts the phase timer after. A new micro-batch rebuilds the pipeline at
+        the same data position and compiles (and captures) its shapes here, outside any step."""
+        r = self.reloader
+        if r.source is None:
+            log.warning("config reload: this run was started from a preset, it has no config file: nothing to reload")
+            return None
+        pipeline = position = None
+        old, compiling = (self.cfg, self.grad_accum), False
+        try:
+            plan = r.plan(self.cfg, world=self.world, grad_accum=self.grad_accum, device=self.device)
+            if plan.running.data.micro_batch_size != self.cfg.data.micro_batch_size:
+                pipeline = self._new_pipeline(plan.running)  # a ValueError (no batch of that size) rejects it
+                position = carry_position(self.pipeline, pipeline)
+            self.cfg, self.grad_accum = plan.running, plan.grad_accum[1]
+            if pipeline is not None:
+                compiling = True
+                self._graphs.clear()  # the forward+backward graphs bake in 1/grad_accum; the optimizer's stays
+                self.precompile()  # the new shapes, now
+        except (ReloadRejected, ValueError, torch.OutOfMemoryError) as e:
+            self.cfg, self.grad_accum = old
+            if pipeline is not None:
+                pipeline.close()
+            if compiling:  # the new shapes did not fit: no gradient left over, the old shapes' graphs again
+                self._graphs.clear()
+                self.opt.zero_grad(set_to_none=not self.graphs_on)  # in place under capture: the graphs hold them
+                self.precompile()
+            event = r.rejected(str(e) or type(e).__name__, step=self.step)
+        else:
+            if pipeline is not None:
+                pipeline.continue_counters(self.pipeline)
+                self.pipeline.close()
+                self.pipeline = pipeline
+                pipeline.start()  # its first reads and decodes now, not in the next step's data_wait
+            event = r.applied(plan, step=self.step, position=position)
+        self.writer.event(event)
+        if self.prom:
+            self.prom.reload(event["result"])
+        return event
 
     def close(self) -> None:
         if self.comm is not None:
