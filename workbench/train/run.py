@@ -9,17 +9,15 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
 
-from loaders.format import ShardFormatError
 from loaders.preprocess import preprocess
 from loaders.synth import SynthSpec, generate_documents, write_npy
 from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, load_config, merge_overrides, parse_overrides,
                               preset_config)
-from workbench.errors import ConfigError
 from workbench.train.hf import save_hf
 from workbench.train.reload import ConfigSource
-from workbench.train.trainer import NanLossError, Trainer, build_model_args
+from workbench.train.session import classify_exception
+from workbench.train.trainer import Trainer, build_model_args
 from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir"]
@@ -62,23 +60,6 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
                    dict_size=dict_size, short=short, compare=False, quiet=True)
         src.unlink()
     return out
-
-
-def classify_exception(e: BaseException) -> str:
-    """Map an exception to a failure kind (``workbench.vocab.FAILURE_KINDS``)."""
-    if isinstance(e, (ConfigError, ShardFormatError)):  # the config's data.loongbin_dir is unusable as it is
-        return "invalid_config"
-    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
-        return "oom"
-    if isinstance(e, NanLossError):
-        return "nan_loss"
-    mod = type(e).__module__ or ""
-    if mod.startswith(("torch._dynamo", "torch._inductor")) or "BackendCompilerFailed" in type(e).__name__ \
-            or mod.startswith("triton"):
-        return "compile_error"
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    return "crash"
 
 
 def load_run_config(args: argparse.Namespace):

@@ -31,33 +31,17 @@ from workbench.train.flops import flops_per_token, peak_tflops
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.memory_model import predict_peak, summary_fields
-from workbench.train.metrics import (LaunchTimer, MetricsWriter, PrometheusExporter, StepRecord, memory_snapshot,
-                                     summarize_comm, summarize_window)
+from workbench.train.metrics import LaunchTimer, PrometheusExporter, StepRecord
 from workbench.train.hf import check_model, load_weights, model_args
 from workbench.train.model import Llama, ModelArgs
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
-from workbench.train.profiling import StepProfiler
 from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
-from workbench.train.timing import PHASES, PhaseTimer
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.train.session import NanLossError, RunSession, resolve_device
 
 log = logging.getLogger("workbench")
 
 __all__ = ["Trainer", "NanLossError", "build_model_args", "resolve_device"]
-
-
-class NanLossError(RuntimeError):
-    """The loss became NaN or infinite."""
-
-
-def resolve_device(cfg: Config) -> torch.device:
-    want = cfg.hardware.device
-    if want == "cpu" or (want == "auto" and not torch.cuda.is_available()):
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise RuntimeError("hardware.device is 'cuda' but no CUDA device is available")
-    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def build_model_args(cfg: Config) -> ModelArgs:
@@ -100,7 +84,6 @@ class Trainer:
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(cfg.training.seed)
         self.out_dir = Path(out_dir) if out_dir else (Path(cfg.metrics.out_dir) if cfg.metrics.out_dir else None)
-        self.heartbeat = Path(heartbeat) if heartbeat else None
         t = cfg.training
         self.amp_dtype = torch.bfloat16 if (t.dtype == "bf16" or (t.dtype == "auto" and self.device.type == "cuda")) \
             else None
@@ -190,16 +173,17 @@ class Trainer:
         # data
         self.data_dir = Path(data_dir) if data_dir else self._data_dir()
         self.pipeline = self._pipeline()
-        self.timer = PhaseTimer(self.device, enabled=cfg.metrics.phase_timing)
-        self.profiler = StepProfiler(cfg.metrics.profile_steps, start_after=t.warmup_measure_steps,
-                                     out_dir=self.out_dir, device=self.device, enabled=self.rank == 0)
-        self.writer = MetricsWriter(self.out_dir if self.rank == 0 else None)
         self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port) \
             if (cfg.metrics.prometheus_port and self.rank == 0) else None
         self.reloader = ConfigReloader(config_source, cfg)  # SIGUSR1 re-reads the config file (reload.py)
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
         self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                 cfg.hardware.peak_tflops)
+        # the measurement side (phases, heartbeat, windows, traces) is the run API's, as for a loop of one's own
+        self.session = RunSession(cfg, device=self.device, out_dir=self.out_dir, heartbeat=heartbeat,
+                                  world=self.world, rank=self.rank, peak_tflops=self.peak, prometheus=self.prom)
+        self.session.annotate, self.session.window_extras = self._comm_per_step, self._window_extras
+        self.timer, self.profiler, self.writer = self.session.timer, self.session.profiler, self.session.writer
         self.step = 0
         self._flops_cache: dict[int, int] = {}
         if resuming:
@@ -262,7 +246,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[StepRecord, torch.Tensor]:
-        """One optimizer step over ``grad_accum`` micro-batches; returns its record and device loss."""
+        """One optimizer step over ``grad_accum`` micro-batches; returns its record and device loss (hand them to
+        ``session.step_done``, which closes the step)."""
         timer, loss_acc = self.timer, torch.zeros((), device=self.device)
         real = padded = 0
         flops = 0.0
@@ -302,8 +287,7 @@ class Trainer:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
                 self.opt.step()
                 self.opt.zero_grad(set_to_none=True)
-        timer.step_end()
-        self.step += 1
+        self.step += 1  # the step's end is stamped by the session (step_done)
         return StepRecord(self.step, real, padded, batch.seq_len, flops), loss_acc
 
     # ------------------------------------------------------------------ compile and capture up front
@@ -436,11 +420,8 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
         """Train to ``max_steps`` (default training.max_steps); returns the summary."""
-        total = max_steps or self.cfg.training.max_steps
-        warm = self.cfg.training.warmup_measure_steps
-        measured: list[dict[str, Any]] = []
-        pending: list[tuple[StepRecord, torch.Tensor]] = []
-        first_loss = last_loss = None
+        session = self.session
+        total = session.total = max_steps or self.cfg.training.max_steps
         interrupted = False
         prev_sigint = signal.getsignal(signal.SIGINT)
         prev_sigusr1 = signal.getsignal(signal.SIGUSR1)
@@ -460,58 +441,18 @@ class Trainer:
             signal.signal(signal.SIGUSR1, _on_sigusr1)
         t_start = time.perf_counter()
         self.precompile()
-        self.timer.start()
+        session.step = self.step  # a resumed run counts on from its checkpoint
+        session.start()
         try:
             while self.step < total:
-                self.profiler.before_step(self.step + 1)
-                self.timer.record = self.profiler.active  # phase ranges in the trace, only while it records
-                with self.profiler.step_range(self.step + 1):
-                    pending.append(self.train_step())
-                self.profiler.after_step(self.step)
-                self._beat()
-                done, every = self.step >= total, self.cfg.training.log_every
+                session.begin_step()
+                session.step_done(*self.train_step())
+                done = self.step >= total
                 # a reload waits for the profile's end; it closes the window first, as the profile's end does
                 reload_now = reload["flag"] and not (done or stop["flag"] or self.profiler.active)
-                boundary = self.step == warm or (self.step > warm and (self.step - warm) % every == 0) \
-                    or self.profiler.ends_at(self.step)  # the profile's end closes a window (its flush first)
-                if boundary or done or stop["flag"] or reload_now:
-                    rows = self.timer.flush()  # note: one CPU-GPU sync per window, here
-                    losses = torch.stack([lt for _, lt in pending]).tolist()
-                    comm = self.comm.flush() if self.comm is not None else [None] * len(pending)
-                    recs = []
-                    for (rec, _), row, lv, c in zip(pending, rows or [{}] * len(pending), losses, comm):
-                        rec.phases, rec.loss = row, lv
-                        if c is not None:  # exposed: DDP's tail after backward, else the grad_sync phase
-                            rec.comm_s = c["total_s"]
-                            rec.comm_exposed_s = c["exposed_s"] if c["exposed_s"] is not None \
-                                else row.get("grad_sync")
-                        recs.append(rec)
-                    pending.clear()
-                    if any(not math.isfinite(r.loss) for r in recs):
-                        bad = next(r for r in recs if not math.isfinite(r.loss))
-                        raise NanLossError(f"loss is {bad.loss} at step {bad.step}")
-                    first_loss = recs[0].loss if first_loss is None else first_loss
-                    last_loss = recs[-1].loss
-                    is_measured = self.step > warm and recs[0].step > warm
-                    self.writer.steps(recs, measured=is_measured)
-                    if self.prom:
-                        self.prom.steps(recs)
-                    if is_measured and recs and "step" in recs[0].phases:
-                        m = summarize_window(recs, world_size=self.world, peak_tflops=self.peak)
-                        m.update(memory_snapshot(self.device))
-                        m.update(self.pipeline.metrics())
-                        m.update(self.launch.snapshot())  # empty without graph replays
-                        m["lr"] = self._lr(self.step - 1)
-                        measured.append(m)
-                        self.writer.window(m)
-                        if self.prom:
-                            self.prom.update(m)
-                        if self.rank == 0:
-                            print(progress_line(m, total), flush=True)
-                if self.profiler.ends_at(self.step):
-                    self.timer.record = False
-                    self.profiler.stop()  # writes the trace: host time, a sync on CUDA
-                    self.timer.start()  # ... charged to no step: the next one starts after it
+                if session.at_boundary() or stop["flag"] or reload_now:
+                    session.close_window()  # note: one CPU-GPU sync per window, here
+                    session.end_profile()
                 ck_every = self.cfg.training.checkpoint_every
                 if self.ckpt_dir and ck_every and self.step % ck_every == 0:
                     self.save_checkpoint()
@@ -530,29 +471,24 @@ class Trainer:
             self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
         if self.ckpt_dir:
             self.save_checkpoint()
-        summary = self._summary(measured, first_loss, last_loss, time.perf_counter() - t_start, interrupted)
-        return summary
+        return self._summary(time.perf_counter() - t_start, interrupted)
 
-    def _summary(self, windows, first_loss, last_loss, elapsed, interrupted) -> dict[str, Any]:
-        steps = sum(w["steps"] for w in windows)
-        wall = sum(w["time/step_s"] * w["steps"] for w in windows)
-        real = sum(w[REAL_TOKENS_PER_S] * w["time/step_s"] * w["steps"] for w in windows)
-        padded = sum(w["throughput/padded_tokens_per_s_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
-        achieved = sum(w["flops/achieved_tflops_per_gpu"] * w["time/step_s"] * w["steps"] for w in windows)
-        s: dict[str, Any] = {
-            "steps": self.step, "measured_steps": steps, "elapsed_s": elapsed, "interrupted": interrupted,
-            "time/compile_s": self.compile_s,
-            REAL_TOKENS_PER_S: real / wall if wall else None,
-            "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else None,
-            "mfu_pct": (100 * achieved / wall / self.peak) if (wall and self.peak) else None,
-            "peak_tflops": self.peak,
-            "time/step_s": wall / steps if steps else None,
-            "phase_s_per_step": {p: (sum(w[f"time/{p}_s"] * w["steps"] for w in windows) / steps
-                                     if steps and windows[0][f"time/{p}_s"] is not None else None)
-                                 for p in PHASES},
-            "first_loss": first_loss, "last_loss": last_loss,
-            "device": str(self.device), "world_size": self.world,
-            "gpu_name": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
+    def _comm_per_step(self, recs: list[StepRecord], rows: list[dict[str, float]]) -> None:
+        """Each step's all-reduce time; exposed: DDP's tail after backward, else the grad_sync phase."""
+        if self.comm is None:
+            return
+        for rec, row, c in zip(recs, rows or [{}] * len(recs), self.comm.flush()):
+            rec.comm_s = c["total_s"]
+            rec.comm_exposed_s = c["exposed_s"] if c["exposed_s"] is not None else row.get("grad_sync")
+
+    def _window_extras(self) -> dict[str, Any]:
+        return {**self.pipeline.metrics(), **self.launch.snapshot(),  # (no launch figures without graph replays)
+                "lr": self._lr(self.step - 1)}
+
+    def _summary(self, elapsed: float, interrupted: bool) -> dict[str, Any]:
+        s = self.session.summary()  # throughput, MFU, phases and losses over the measured windows
+        s.update({
+            "elapsed_s": elapsed, "interrupted": interrupted, "time/compile_s": self.compile_s,
             "model_params": sum(p.numel() for p in self.model.parameters()),
             "grad_accum_steps": self.grad_accum,
             **self.reloader.summary(),
@@ -562,22 +498,14 @@ class Trainer:
             "training/checkpointed_blocks": len(self.model.checkpointed_blocks),
             **_compile_cache_counts(),
             "kernels/launch": sys.modules["kernels"].launch_record() if "kernels" in sys.modules else [],
-        }
-        s.update(memory_snapshot(self.device))
+        })
         # the memory model's prediction beside the measured peak (on the CPU the tensors' share of the RSS)
         s.update(summary_fields(predict_peak(self.cfg, self.args, autocast=self.amp_dtype is not None,
                                              backends=self.model.ops.backends)))
         s.update(self.pipeline.metrics())
-        s.update(summarize_comm(windows))
         if self.comm is not None:
             s.update(self.comm.describe())
-        s["windows"] = len(windows)
-        s.update(self.profiler.summary())
         return s
-
-    def _beat(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.write_text(str(self.step))
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path | None:
@@ -670,19 +598,3 @@ def _compile_cache_counts() -> dict[str, int]:
             "compile/fx_graph_cache_miss": int(counters["inductor"]["fxgraph_cache_miss"]),
             "compile/aot_autograd_cache_hit": int(counters["aot_autograd"]["autograd_cache_hit"]),
             "compile/aot_autograd_cache_miss": int(counters["aot_autograd"]["autograd_cache_miss"])}
-
-
-def progress_line(m: dict[str, Any], total: int) -> str:
-    """One line per window: throughput, MFU, phase shares, memory, loss."""
-    short = {"data_wait": "data", "h2d": "h2d", "forward": "fwd", "backward": "bwd", "grad_sync": "sync",
-             "optimizer": "opt", "other": "other"}
-    phases = " ".join(f"{short[p]} {m[f'time/{p}_pct']:.0f}%" for p in PHASES) \
-        if m["time/forward_pct"] is not None else "phase timing off"
-    mfu = f"MFU {m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "MFU n/a"
-    mem = m.get("memory/max_reserved_gib")
-    mem_s = f"mem {mem:.2f} GiB" if mem is not None else f"rss {m.get('memory/max_rss_gib', 0):.2f} GiB"
-    loss = m.get("loss")
-    comm = f" | comm {1000 * m['comm/total_s']:.1f} ms, {m['comm/overlap_pct']:.0f}% hidden" \
-        if m.get("comm/total_s") and m.get("comm/overlap_pct") is not None else ""
-    return (f"step {m['step']}/{total} | {m[REAL_TOKENS_PER_S]:,.0f} tok/s/gpu | {mfu} | "
-            f"{phases}{comm} | {mem_s} | loss {loss:.4f}")

@@ -1,0 +1,103 @@
+"""The run API (workbench/train/session.py) a loop of one's own reports through: windows, phases, heartbeat,
+summary, failure kinds; the same session the built-in Trainer runs on (tests/train/test_train.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import pytest
+import torch
+
+import workbench
+from workbench.config import Config, merge_overrides
+from workbench.vocab import REAL_TOKENS_PER_S
+
+
+def _cfg(**over) -> Config:
+    return merge_overrides(Config(), {"training.max_steps": 8, "training.warmup_measure_steps": 2,
+                                      "training.log_every": 3, "hardware.device": "cpu", **over})
+
+
+def _loop(run, sleep_s: float = 0.002, loss=lambda i: torch.tensor(1.0 / (i + 1))):
+    for i in range(run.max_steps):
+        with run.phase("data_wait"):
+            time.sleep(sleep_s)
+        with run.phase("forward"):
+            time.sleep(2 * sleep_s)
+        with run.phase("optimizer"):
+            pass
+        run.step(tokens=64, real_tokens=48, loss=loss(i))
+
+
+def test_a_loop_reports_windows_phases_and_a_summary(tmp_path):
+    with workbench.run(_cfg(), out=tmp_path) as run:
+        assert run.device.type == "cpu" and run.user == {}
+        assert (tmp_path / "heartbeat").read_text() == "0"  # it reports before its first step
+        _loop(run)
+    windows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [w["step"] for w in windows] == [5, 8]  # warm-up 2, then every 3 steps
+    for w in windows:
+        assert w["time/forward_s"] == pytest.approx(2 * w["time/data_wait_s"], rel=0.5)
+        assert w["time/forward_s"] >= 0.004 and w["time/backward_s"] == 0.0
+        assert w[REAL_TOKENS_PER_S] == pytest.approx(48 / w["time/step_s"])
+        assert w["data/padding_ratio"] == pytest.approx(0.25)
+    assert windows[-1]["loss"] == pytest.approx(1 / 8)
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert (s["steps"], s["measured_steps"], s["windows"]) == (8, 6, 2)
+    assert s["first_loss"] == pytest.approx(1.0) and s["last_loss"] == pytest.approx(1 / 8)
+    assert sum(s["phase_s_per_step"].values()) == pytest.approx(s["time/step_s"], rel=1e-6)
+    assert (tmp_path / "heartbeat").read_text() == "8"
+    rows = (tmp_path / "phases.csv").read_text().splitlines()
+    assert len(rows) == 1 + 8 and rows[0].startswith("step,measured")
+
+
+def test_config_and_out_come_from_the_environment(tmp_path, monkeypatch):
+    from workbench.config import dump_config
+
+    path = dump_config(merge_overrides(_cfg(), {"user.attention": "sdpa", "data.micro_batch_size": 3}),
+                       tmp_path / "config.yaml")
+    monkeypatch.setenv("WORKBENCH_CONFIG", str(path))
+    monkeypatch.setenv("WORKBENCH_OUT", str(tmp_path / "out"))
+    with workbench.run() as run:
+        assert run.user == {"attention": "sdpa"} and run.config.data.micro_batch_size == 3
+        _loop(run, sleep_s=0)
+    assert (tmp_path / "out" / "summary.json").exists()
+
+
+@pytest.mark.parametrize(("raise_", "kind"), [
+    (lambda: (_ for _ in ()).throw(RuntimeError("boom")), "crash"),
+    (lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")), "oom"),
+])
+def test_an_exception_writes_its_failure_kind_and_propagates(tmp_path, raise_, kind):
+    with pytest.raises(Exception):
+        with workbench.run(_cfg(), out=tmp_path):
+            next(raise_())
+    assert json.loads((tmp_path / "failure.json").read_text())["kind"] == kind
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_a_nan_loss_stops_the_run_as_nan_loss(tmp_path):
+    with pytest.raises(workbench.train.NanLossError, match="loss is nan at step 4"):
+        with workbench.run(_cfg(), out=tmp_path) as run:
+            _loop(run, sleep_s=0, loss=lambda i: torch.tensor(math.nan if i == 3 else 1.0))
+    assert json.loads((tmp_path / "failure.json").read_text())["kind"] == "nan_loss"
+
+
+def test_bad_calls_name_what_is_expected(tmp_path):
+    with workbench.run(_cfg(), out=tmp_path) as run:
+        with pytest.raises(ValueError, match="unknown phase 'fwd'; phases: data_wait, h2d, forward"):
+            run.phase("fwd")
+        with pytest.raises(ValueError, match=r"run.step\(tokens=...\) takes an int >= 0, got 1.5"):
+            run.step(tokens=1.5)
+
+
+def test_a_profile_traces_the_loops_steps_and_phases(tmp_path):
+    with workbench.run(_cfg(**{"metrics.profile_steps": 2}), out=tmp_path) as run:
+        _loop(run, sleep_s=0.001)
+    names = [e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
+    assert names.count("step 3") == 1 and names.count("step 4") == 1 and "step 5" not in names
+    assert names.count("forward") == 2 and names.count("data_wait") == 2
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert s["profile/steps"] == 2 and s["profile/first_step"] == 3
