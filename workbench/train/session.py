@@ -325,8 +325,10 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
     out_dir = Path(out) if out else None
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
-    session = RunSession(cfg, device=resolve_device(cfg), out_dir=out_dir,
-                         heartbeat=out_dir / "heartbeat" if out_dir else None)
+    # under torchrun (the command itself launches it when a study has gpus > 1) rank 0 alone writes the files
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    session = RunSession(cfg, device=resolve_device(cfg), out_dir=out_dir, world=world, rank=rank,
+                         heartbeat=out_dir / "heartbeat" if out_dir and rank == 0 else None)
     handle = Run(cfg, session, out_dir)
     main = threading.current_thread() is threading.main_thread()
     held: dict[int, Any] = {}
@@ -345,7 +347,7 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
         yield handle
         session.close_window()
     except BaseException as e:
-        if out_dir is not None:
+        if out_dir is not None and rank == 0:
             kind = classify_exception(e)
             (out_dir / "failure.json").write_text(json.dumps({"kind": kind, "message": f"{type(e).__name__}: "
                                                                                         f"{e}"[:4000]}) + "\n")
@@ -355,7 +357,7 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
             signal.signal(sig, handler)
         session.close()
     summary = {**session.summary(), "elapsed_s": time.perf_counter() - t0, "interrupted": handle.stop_requested}
-    if out_dir is not None:
+    if out_dir is not None and rank == 0:
         tmp = out_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
         os.replace(tmp, out_dir / "summary.json")
