@@ -16,10 +16,10 @@ from workbench.config import load_config
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 
-# the examples' own protocol, cut to what shows every part working on 2 cores: 2 baseline repeats, 2 trials of a
-# grid of the loop's knobs (compile stays off: inductor's CPU compile would double the test), 2 A/B pairs, 1 traced
-# step
-SMALL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 2, "top_k": 1, "ab_min_rounds": 2,
+# the examples' own protocol, cut to what shows every part working on 2 cores: 1 baseline run, a grid of the loop's
+# knobs (2 trials of the plain loop, 1 of the HF run, whose every process imports transformers; compile stays off:
+# inductor's CPU compile would double the test), 2 A/B pairs, 1 traced step of the plain loop
+SMALL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 1, "top_k": 1, "ab_min_rounds": 2,
          "ab_rounds": 2, "trial_timeout_s": 240, "heartbeat_timeout_s": 60, "profile_steps": 1}
 
 
@@ -82,6 +82,6 @@ def test_plain_loop_tunes_end_to_end(tmp_path, subprocess_env):
 
 def test_hf_trainer_tunes_end_to_end(tmp_path, subprocess_env):
     space = {"micro_batch_size": {"choices": [1, 8]}, "user.optim": {"choices": ["adamw_torch"]}}
-    spec = _small_spec(tmp_path, "hf_trainer", space, {}, trials=2, profile_steps=0)
+    spec = _small_spec(tmp_path, "hf_trainer", space, {}, trials=1, profile_steps=0)
     r, study = _tune(tmp_path, spec, subprocess_env)
     _check_study(r, study, ["python", "hf_trainer.py"], {"micro_batch_size", "user.optim"}, traces=False)
