@@ -126,7 +126,7 @@ def test_defaults_are_valid_and_cpu_friendly() -> None:
     cfg = Config()
     assert cfg.version == C.CONFIG_VERSION
     assert cfg.model.name == "tiny" and cfg.provenance is None
-    assert cfg.hardware.device == "auto" and not cfg.loongforge.compute_domain.graph_capture
+    assert cfg.hardware.device == "auto" and cfg.loongforge.compute_domain.graph_capture == "none"
     assert cfg.effective_grad_accum_steps() == 1
     assert cfg.effective_global_batch_size() == cfg.data.micro_batch_size
 
@@ -201,7 +201,7 @@ def test_seed_config_loads() -> None:
     io = cfg.loongforge.io_domain
     assert (io.io_uring_entries, io.zstd_dict_size) == (256, 112640)
     compute = cfg.loongforge.compute_domain
-    assert compute.graph_capture and compute.triton_fusion
+    assert compute.graph_capture == "fwd_bwd+optimizer" and compute.triton_fusion  # true: both segments
     assert set(compute.effective_ops().values()) == {"triton"}
     assert cfg.loongforge.memory_domain.allocator.to_env() == "expandable_segments:True"
     assert "#" in SEED.read_text()  # written with comments, in the orchestrator's style

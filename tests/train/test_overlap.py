@@ -440,7 +440,8 @@ def test_graph_capture_on_several_gpus_rejects_ddp_and_takes_the_scheduler():
 
 def test_overlap_ratio_knob_is_off_under_graph_capture():
     k = get_knob("overlap_ratio")
-    assert k.active({"graph_capture": False}) and k.active({}) and not k.active({"graph_capture": True})
+    assert k.active({"graph_capture": False}) and k.active({}) and k.active({"graph_capture": "none"})
+    assert not k.active({"graph_capture": True}) and not k.active({"graph_capture": "fwd_bwd"})
     assert k.inactive == 0.0
     cfg = merge_overrides(preset_config("tiny"), {"hardware.device": "cuda", "hardware.gpus": 2,
                                                   "loongforge.compute_domain.graph_capture": True, k.key: k.inactive})

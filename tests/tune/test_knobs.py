@@ -61,7 +61,7 @@ def test_graph_capture_is_conditional_on_the_compile_mode():
     k = get_knob("graph_capture")
     assert k.active({"compile": "none"}) and k.active({"compile": "max-autotune-no-cudagraphs"})
     assert not k.active({"compile": "reduce-overhead"}) and not k.active({"compile": "max-autotune"})
-    assert k.inactive is False
+    assert k.inactive == "none"
     # the inactive value is what the config accepts with those modes
     merge_overrides(Config(), {"loongforge.compute_domain.compile": "reduce-overhead", k.key: k.inactive})
 
@@ -96,7 +96,8 @@ def test_kind_checks():
     assert get_knob("num_workers").accepts(2) and not get_knob("num_workers").accepts(True)
     assert not get_knob("num_workers").accepts(2.5)
     assert get_knob("overlap_ratio").accepts(1) and get_knob("overlap_ratio").accepts(0.5)
-    assert get_knob("graph_capture").accepts(False) and not get_knob("graph_capture").accepts(0)
+    assert get_knob("triton_fusion").accepts(False) and not get_knob("triton_fusion").accepts(0)
+    assert get_knob("graph_capture").accepts("fwd_bwd") and not get_knob("graph_capture").accepts([1])
 
 
 def test_a_bad_declaration_is_refused():

@@ -304,8 +304,11 @@ class ComputeDomainConfig:
     """How compiled graphs treat the bucket length: dynamic (a symbolic sequence length: one compile serves every
     bucket) or static (one compile per bucket shape, each specialised; compile time grows with the number of
     buckets). Either way every shape is compiled before the first step, so no measured step compiles."""
-    graph_capture: bool = False
-    """Capture the training step in CUDA graphs (one per bucket shape, all captured before the first step)."""
+    graph_capture: Literal["none", "fwd_bwd", "fwd_bwd+optimizer"] | bool = "none"
+    """CUDA graph capture, by segment: fwd_bwd (forward + backward in one graph per bucket shape; the optimizer runs
+    eagerly on the graphs' gradient tensors), fwd_bwd+optimizer (and clip + AdamW in a second graph, its state
+    allocated before capture); data loading stays outside. All captured before the first step. true and false
+    are read as fwd_bwd+optimizer and none."""
     triton_fusion: bool = False
     """Every op uses its Triton kernel, whatever `ops` says (the orchestrator's switch)."""
     fused_residual_norm: bool = False
@@ -326,13 +329,20 @@ class ComputeDomainConfig:
     def __post_init__(self) -> None:
         _check_ranges(self)
         _check_kernel_launch(self.kernels)
-        if self.graph_capture and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
+        if isinstance(self.graph_capture, bool):  # the switch's older form
+            self.graph_capture = "fwd_bwd+optimizer" if self.graph_capture else "none"
+        if self.captures and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
             raise ConfigError(
-                f"true cannot be combined with compile: {self.compile!r}, "
-                "which captures CUDA graphs itself; set graph_capture: false or "
+                f"{self.graph_capture!r} cannot be combined with compile: {self.compile!r}, "
+                "which captures CUDA graphs itself; set graph_capture: none or "
                 "compile: 'max-autotune-no-cudagraphs'",
                 key="graph_capture",
             )
+
+    @property
+    def captures(self) -> bool:
+        """Whether any segment of the step is captured in a CUDA graph."""
+        return self.graph_capture != "none"
 
     def effective_ops(self) -> dict[str, str]:
         """Backend of each op ('torch' or 'triton') once triton_fusion is applied."""
@@ -568,18 +578,18 @@ def validate(cfg: Config) -> None:
                 f"means {derived}; leave grad_accum_steps at 1 (derived) or set it to {derived}",
                 key="training.grad_accum_steps",
             )
-    if cfg.loongforge.compute_domain.graph_capture and hardware.gpus > 1 and cfg.loongforge.overlap.mode == "ddp":
+    if cfg.loongforge.compute_domain.captures and hardware.gpus > 1 and cfg.loongforge.overlap.mode == "ddp":
         # workbench/train/overlap.py: the scheduler composes with capture (all-reduces after the replay); DDP does not
         raise ConfigError(
             f"'ddp' cannot be combined with loongforge.compute_domain.graph_capture on hardware.gpus="
             f"{hardware.gpus}: DDP's gradient hooks would be captured into the graph; "
-            "set mode: 'scheduler' or graph_capture: false",
+            "set mode: 'scheduler' or graph_capture: none",
             key="loongforge.overlap.mode",
         )
-    if cfg.loongforge.compute_domain.graph_capture and hardware.device == "cpu":
+    if cfg.loongforge.compute_domain.captures and hardware.device == "cpu":
         raise ConfigError(
-            "true needs a CUDA device, but hardware.device is 'cpu'; "
-            "set graph_capture: false or hardware.device: 'auto'",
+            f"{cfg.loongforge.compute_domain.graph_capture!r} needs a CUDA device, but hardware.device is 'cpu'; "
+            "set graph_capture: none or hardware.device: 'auto'",
             key="loongforge.compute_domain.graph_capture",
         )
 

@@ -115,7 +115,9 @@ class Trainer:
         self.model.set_activation_checkpointing(t.activation_checkpointing, t.activation_checkpointing_every)
         self.loss_module: nn.Module = LossModule(self.model)
         self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
-        self.graphs_on = cfg.loongforge.compute_domain.graph_capture and self.device.type == "cuda"
+        # graph capture by segment: forward+backward (graphs_on), and the optimizer too (opt_graph_on)
+        self.graphs_on = cfg.loongforge.compute_domain.captures and self.device.type == "cuda"
+        self.opt_graph_on = self.graphs_on and cfg.loongforge.compute_domain.graph_capture == "fwd_bwd+optimizer"
         if self.world > 1:
             ov = cfg.loongforge.overlap
             if ov.mode == "ddp":
@@ -159,12 +161,12 @@ class Trainer:
         decay = [p for p in self.model.parameters() if p.dim() >= 2]
         no_decay = [p for p in self.model.parameters() if p.dim() < 2]
         lr: float | torch.Tensor = t.learning_rate
-        if self.graphs_on:
+        if self.opt_graph_on:
             lr = torch.tensor(t.learning_rate, device=self.device)
         self.opt = torch.optim.AdamW(
             [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
             lr=lr, betas=(t.beta1, t.beta2), fused=self.device.type == "cuda",
-            capturable=self.graphs_on)
+            capturable=self.opt_graph_on)
         self.grad_accum = self._grad_accum()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._opt_graph: torch.cuda.CUDAGraph | None = None
@@ -280,13 +282,13 @@ class Trainer:
             if self.comm is not None:
                 self.comm.finish()  # launch the buckets not yet in flight, wait for all (device-side on CUDA)
         with timer.phase("optimizer"):
-            if self.graphs_on:
+            if self.opt_graph_on:
                 self._graph_optimizer()
             else:
                 if self.cfg.training.grad_clip > 0:
                     torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.training.grad_clip)
                 self.opt.step()
-                self.opt.zero_grad(set_to_none=True)
+                self.opt.zero_grad(set_to_none=not self.graphs_on)  # in place under capture: the graphs hold them
         self.step += 1  # the step's end is stamped by the session (step_done)
         return StepRecord(self.step, real, padded, batch.seq_len, flops), loss_acc
 
@@ -524,7 +526,7 @@ class Trainer:
         ck = torch.load(path, map_location=self.device, weights_only=False)
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
-        if self.graphs_on:  # restore capturable lr tensors, then re-capture with the new state tensors
+        if self.opt_graph_on:  # restore capturable lr tensors, then re-capture with the new state tensors
             for g in self.opt.param_groups:
                 if not isinstance(g["lr"], torch.Tensor):
                     g["lr"] = torch.tensor(g["lr"], device=self.device)

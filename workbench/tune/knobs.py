@@ -110,7 +110,7 @@ def _graph_capture_allowed(values: Mapping[str, Any]) -> bool:
 
 def _overlap_can_act(values: Mapping[str, Any]) -> bool:
     # under CUDA graphs the gradient all-reduces run after the replay (workbench/train/overlap.py)
-    return not values.get("graph_capture", False)
+    return values.get("graph_capture") in (None, False, "none")
 
 
 _CUDA = frozenset({"cuda"})
@@ -159,9 +159,10 @@ KNOBS: tuple[Knob, ...] = (
          doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket"),
     Knob(name="fp8", key="loongforge.compute_domain.fp8", kind="categorical", requires=frozenset({"fp8"}),
          numerics=True, doc="FP8 training of the decoder Linears through torchao.float8 (recipe), or none"),
-    Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="bool", requires=_CUDA,
-         condition=_graph_capture_allowed, inactive=False,
-         doc="CUDA graphs of the step (off when the compile mode captures graphs itself)"),
+    Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="categorical", requires=_CUDA,
+         condition=_graph_capture_allowed, inactive="none",
+         doc="CUDA graphs of the step by segment: none, fwd_bwd, fwd_bwd+optimizer (none when the compile mode "
+             "captures graphs itself)"),
     # Triton kernels: which ops use them, then each kernel's launch parameters
     Knob(name="triton_fusion", key="loongforge.compute_domain.triton_fusion", kind="bool", requires=_CUDA,
          doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel"),
