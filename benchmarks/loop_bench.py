@@ -65,7 +65,7 @@ WB_SETS = {
 AS_IS = ("wb_default", "wb_base", "wb_config", "wb_alt")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss", "time/compile_s",
-           "data/padding_ratio"]
+           "data/padding_ratio", "throughput/samples_per_s_per_gpu", "launch_ms_per_step"]
 
 
 def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
@@ -113,7 +113,33 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
         res.update({k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k != "variant"})
     else:
         res["log_tail"] = (d / "log.txt").read_text()[-3000:]
+    if returncode == 0 and a.launch_profile and not name.startswith("ref_"):
+        # a run of its own (no measured window carries the profiler): the warm-up, then launch_profile steps traced
+        p = d / "profile"
+        prof = [*cmd[:cmd.index("--summary")], "--summary", str(p / "summary.json"), "--out", str(p),
+                *[x for s_ in _sets(cmd) if not s_.startswith(("training.max_steps=", "training.log_every="))
+                  for x in ("--set", s_)],
+                "--set", f"training.max_steps={a.warmup + a.launch_profile}",
+                "--set", f"training.log_every={a.launch_profile}", "--profile", str(a.launch_profile)]
+        if run_logged(prof, d / "profile.log", env=env, timeout=a.timeout, who="loop_bench") == 0:
+            res["launch_ms_per_step"] = launch_ms_per_step(p / "trace.json", a.launch_profile)
     return res
+
+
+_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
+                 "cudaMemcpyAsync", "cudaMemsetAsync")
+
+
+def _sets(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
+
+
+def launch_ms_per_step(trace: Path, steps: int) -> float:
+    """Host time spent in the CUDA launch calls (kernels, graph launches, async copies and sets) per step of a
+    torch.profiler trace: the launch overhead a CUDA graph replaces with one call."""
+    events = json.loads(trace.read_text())["traceEvents"]
+    us = sum(e.get("dur", 0) for e in events if e.get("ph") == "X" and e.get("name") in _LAUNCH_CALLS)
+    return us / 1e3 / steps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -134,6 +160,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wb-alt", help="config.yaml for the wb_alt variant (a second config to compare)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step of the ref_* variants")
     p.add_argument("--reference", default="ref_compiled", help="variant the ratios table divides by")
+    p.add_argument("--launch-profile", type=int, default=0, metavar="N",
+                   help="after each workbench variant, a run of its own tracing N steps after the warm-up: "
+                        "launch_ms_per_step, the host time in CUDA launch calls per step")
     a = p.parse_args(argv)
     unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
                and v.partition("@")[0] not in ("ref_eager", "ref_compiled")]
@@ -178,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         print("no results")
         return
     wide = df.pivot_table(index="variant", columns="metric", values="value", aggfunc="median")
-    cols = [c for c in ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
+    cols = [c for c in ["throughput/real_tokens_per_s_per_gpu", "throughput/samples_per_s_per_gpu",
+                        "launch_ms_per_step", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
                         "time/step_s", "memory/max_reserved_gib", "time/data_wait_s", "time/forward_s",
                         "time/backward_s", "time/optimizer_s"] if c in wide.columns]
     print(f"\n{ver}\n{config}")

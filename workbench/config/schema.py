@@ -24,7 +24,7 @@ from workbench.errors import ConfigError, _join
 CONFIG_VERSION = 1
 """Schema version written by ``dump_config``; files with a newer version are rejected."""
 
-MODEL_PRESETS = ("tiny", "gr00t-n1.6")
+MODEL_PRESETS = ("tiny", "gr00t-n1.6", "tiny-vla", "gr00t-n1.6-vla")
 """Model presets known by name; any other model needs ``model.config_path``."""
 
 DEFAULT_PROMETHEUS_PORT = 9091
@@ -42,7 +42,8 @@ class ModelConfig:
     """Which model to build."""
 
     name: str = "tiny"
-    """Preset name ('tiny' or 'gr00t-n1.6'); a free label such as 'custom' when config_path is set."""
+    """Preset name: the language models 'tiny' and 'gr00t-n1.6', the vision-language-action models 'tiny-vla' and
+    'gr00t-n1.6-vla' (vla shards); a free label such as 'custom' when config_path is set."""
     config_path: str | None = None
     """HF-format config.json describing the model; takes precedence over the preset name."""
     checkpoint_path: str | None = None
@@ -70,6 +71,30 @@ class ModelConfig:
 
 
 @dataclass(kw_only=True)
+class AugmentConfig:
+    """Image augmentation of vla samples, in the loader's decode workers (seeded per sample); GR00T N1's transforms
+    by default. The token pipeline reads none of it."""
+
+    enabled: bool = True
+    """The off switch: false trains on the images exactly as stored."""
+    crop_scale: float = field(default=0.95, metadata={"ge": 0.1, "le": 1})
+    """Side of a random crop as a share of the image's, resized back; 1 = no crop."""
+    shift_px: int = field(default=0, metadata={"ge": 0})
+    """Random translation by up to this many pixels; 0 = none."""
+    hflip_prob: float = field(default=0.0, metadata={"ge": 0, "le": 1})
+    """Probability of a horizontal flip; off by default, since the actions are not mirrored with the image."""
+    brightness: float = field(default=0.3, metadata={"ge": 0, "le": 1})
+    """Brightness factor drawn in [1 - b, 1 + b]."""
+    contrast: float = field(default=0.4, metadata={"ge": 0, "le": 1})
+    """Contrast factor drawn in [1 - c, 1 + c]."""
+    saturation: float = field(default=0.5, metadata={"ge": 0, "le": 1})
+    """Saturation factor drawn in [1 - s, 1 + s]."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
 class DataConfig:
     """Shards, batching and the host-side loader pipeline."""
 
@@ -94,6 +119,15 @@ class DataConfig:
     packing: Literal["bucket", "fill"] = "bucket"
     """How stored records become rows at load time: bucket (each row one record, padded to its bucket's length)
     or fill (records laid end to end and cut into full rows of seq_len, no padding: a plain loop's batches)."""
+    text_len: int | None = field(default=None, metadata={"ge": 1})
+    """vla shards: tokens every instruction is padded to (one shape a batch, for graph capture); null: the shard
+    set's text length."""
+    image_size: int | None = field(default=None, metadata={"ge": 1})
+    """vla shards: the images' side in pixels, checked against the shard set's (nothing is resized); null: the set's."""
+    action_shape: list[int] | None = None
+    """vla shards: [steps, dims] of an action chunk, checked against the shard set's; null: the set's."""
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    """vla shards: image augmentation in the decode workers."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)

@@ -14,6 +14,7 @@ from typing import Any
 from workbench.config import Config
 from workbench.train.hf import model_args
 from workbench.train.model import ModelArgs, num_params
+from workbench.train.vla import VLA_PRESETS
 from workbench.vocab import padded_vocab
 
 __all__ = ["MODEL_ERROR", "MemoryPrediction", "predict_peak", "predicted_oom", "summary_fields"]
@@ -93,7 +94,7 @@ def predicted_oom(cfg: Config, gpu_memory_gib: float | None) -> str:
     prediction less :data:`MODEL_ERROR` is above the memory the process may use
     (``hardware.memory_fraction_limit`` of the device). The tuner records such a trial as an ``oom`` without
     launching it."""
-    if not gpu_memory_gib or cfg.hardware.device == "cpu":
+    if not gpu_memory_gib or cfg.hardware.device == "cpu" or cfg.model.name in VLA_PRESETS:  # (the LM's model)
         return ""
     predicted = predict_peak(cfg).total / 2**30
     allowed = gpu_memory_gib * cfg.hardware.memory_fraction_limit

@@ -24,20 +24,20 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from loaders.format import ShardSet
 from loaders.pipeline import BatchPipeline
 from workbench.config import Config, ConfigError, to_dict
-from workbench.train.flops import flops_per_token, peak_tflops
+from workbench.train.flops import peak_tflops
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.memory_model import predict_peak, summary_fields
 from workbench.train.metrics import LaunchTimer, PrometheusExporter, StepRecord
-from workbench.train.hf import check_model, load_weights, model_args
-from workbench.train.model import Llama, ModelArgs
+from workbench.train.hf import model_args
+from workbench.train.model import ModelArgs
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
 from workbench.train.session import NanLossError, RunSession, resolve_device
+from workbench.train.workload import workload_for
 
 log = logging.getLogger("workbench")
 
@@ -49,20 +49,26 @@ def build_model_args(cfg: Config) -> ModelArgs:
 
 
 class LossModule(nn.Module):
-    """``forward`` returns (loss_sum, n_tokens), so DDP and torch.compile see the whole loss."""
+    """``forward`` returns (loss_sum, n), so DDP and torch.compile see the whole loss; its inputs are the workload's
+    (workload.py)."""
 
-    def __init__(self, model: Llama) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, loss_mask: torch.Tensor):
-        return self.model.loss(input_ids, position_ids, loss_mask)
+    def forward(self, *inputs: torch.Tensor):
+        return self.model.loss(*inputs)
+
+
+def _shape_key(inputs: tuple[torch.Tensor, ...]) -> tuple[tuple[int, ...], ...]:
+    """A captured graph serves one shape of every input."""
+    return tuple(tuple(x.shape) for x in inputs)
 
 
 @dataclass
 class _Graph:
     graph: torch.cuda.CUDAGraph
-    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+    inputs: tuple[torch.Tensor, ...]
     loss_sum: torch.Tensor
     n_tokens: torch.Tensor
 
@@ -88,8 +94,9 @@ class Trainer:
         self.amp_dtype = torch.bfloat16 if (t.dtype == "bf16" or (t.dtype == "auto" and self.device.type == "cuda")) \
             else None
 
-        # model and ops
-        self.args = check_model(cfg)  # a model or checkpoint it cannot build is an invalid_config, before any work
+        # model and ops: what differs between a language model and the VLA is the workload's (workload.py)
+        self.workload = workload_for(cfg)  # checks the model before any work: an invalid_config
+        self.args = self.workload.args
         backends = cfg.loongforge.compute_domain.effective_ops()
         if "triton" in backends.values():
             if self.device.type == "cuda":
@@ -100,12 +107,12 @@ class Trainer:
                 log.warning("Triton ops requested on the CPU: using the torch ops")
                 backends = {op: "torch" for op in backends}
         with torch.device(self.device):  # parameters are made and initialised where they train
-            self.model = Llama(self.args, resolve(
+            self.model = self.workload.build(resolve(
                 backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm))
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
         resuming = self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists()
         if cfg.model.checkpoint_path and not resuming:  # a resumed run's own checkpoint has the newer weights
-            n = load_weights(self.model, cfg.model.checkpoint_path)
+            n = self.workload.load_weights(cfg.model.checkpoint_path)
             log.info("loaded %d tensors from %s", n, cfg.model.checkpoint_path)
         # FP8 swaps Linears for torchao's Float8Linear (same parameters) before anything wraps or compiles them
         self.fp8_linears = convert_to_fp8(self.model, cfg.loongforge.compute_domain, self.device.type,
@@ -144,15 +151,7 @@ class Trainer:
             _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
             dynamic = cfg.loongforge.compute_domain.compile_shapes == "dynamic"
             if cfg.loongforge.compute_domain.compile_scope == "layer":
-                # each block compiled in place (same parameter names, one graph shared by every block), and the
-                # norm + loss as a second unit; embedding lookup and the glue stay eager
-                for layer in self.model.layers:
-                    layer.compile(mode=mode, dynamic=dynamic)
-                self.model.norm.compile(mode=mode, dynamic=dynamic)
-                if self.model.ops.rmsnorm_add is not None:  # the final norm adds the last block's MLP output
-                    self.model.norm.add_forward = torch.compile(self.model.norm.add_forward, mode=mode,
-                                                                dynamic=dynamic)
-                self.model.head_loss = torch.compile(self.model.head_loss, mode=mode, dynamic=dynamic)
+                self.workload.compile_parts(mode=mode, dynamic=dynamic)  # each block in place, and the head
             else:
                 self.compute = torch.compile(self.loss_module, mode=mode, dynamic=dynamic)
         self.compile_s = 0.0
@@ -187,7 +186,6 @@ class Trainer:
         self.session.annotate, self.session.window_extras = self._comm_per_step, self._window_extras
         self.timer, self.profiler, self.writer = self.session.timer, self.session.profiler, self.session.writer
         self.step = 0
-        self._flops_cache: dict[int, int] = {}
         if resuming:
             self.load_checkpoint(self.ckpt_dir / "latest.pt")
 
@@ -202,26 +200,12 @@ class Trainer:
                          "`python -m loaders.preprocess`, or run with --synthetic")
 
     def _pipeline(self):
-        d = self.cfg.data
-        self.shards = ShardSet(self.data_dir)
-        # data the model cannot take is a config error before the first step, not a crash inside it
-        if self.shards.vocab_size > self.args.vocab_size:
-            raise ConfigError(f"data.loongbin_dir: {self.data_dir} has token ids up to "
-                              f"{self.shards.vocab_size - 1} (its manifest's vocab_size {self.shards.vocab_size}), "
-                              f"at or above the model's vocab_size {self.args.vocab_size}; write the shards with the model's "
-                              f"tokenizer or use a model with a vocabulary of at least {self.shards.vocab_size}",
-                              key="data.loongbin_dir")
-        longest = int(self.shards.bucket_length.max())
-        if longest > d.seq_len:
-            raise ConfigError(f"data.loongbin_dir: {self.data_dir} has records up to {longest} tokens, longer than "
-                              f"data.seq_len={d.seq_len}; preprocess with --max-len {d.seq_len} or raise "
-                              f"data.seq_len", key="data.seq_len")
+        self.shards = self.workload.open_shards(self.data_dir)  # data the model cannot take: a ConfigError now
         return self._new_pipeline(self.cfg)
 
     def _new_pipeline(self, cfg: Config) -> BatchPipeline:
-        d, io, mem = cfg.data, cfg.loongforge.io_domain, cfg.loongforge.memory_domain
-        return BatchPipeline.from_config(d, io, mem, seed=d.seed + 1_000_003 * self.rank, device=self.device,
-                                         shards=self.shards)
+        return self.workload.pipeline(cfg, self.shards, seed=cfg.data.seed + 1_000_003 * self.rank,
+                                      device=self.device)
 
     def _lr(self, step: int) -> float:
         t = self.cfg.training
@@ -240,12 +224,6 @@ class Trainer:
             else:
                 g["lr"] = lr
 
-    def _flops(self, seq_len: int) -> int:
-        f = self._flops_cache.get(seq_len)
-        if f is None:
-            f = self._flops_cache[seq_len] = flops_per_token(self.args, seq_len)
-        return f
-
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[StepRecord, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its record and device loss (hand them to
@@ -259,25 +237,25 @@ class Trainer:
                 batch = next(self.pipeline)  # blocks only if the loader fell behind
             with timer.phase("h2d"):
                 batch.ready()  # the current stream waits on the side-stream copy; no host sync
-                ids, pos, mask = batch.input_ids, batch.position_ids, batch.loss_mask
+                inputs = self.workload.inputs(batch)
             # no gradient communication on accumulation micro-steps; under CUDA graphs the scheduler
             # all-reduces every bucket after the replay (workbench/train/overlap.py says why)
             quiet = self.comm is not None and (micro < self.grad_accum - 1 or self.graphs_on)
             with self.comm.no_sync() if quiet else nullcontext():
                 if self.graphs_on:
                     with timer.phase("forward"):  # forward + backward: one graph replay
-                        loss_sum, n_tok = self._graph_fwd_bwd(ids, pos, mask)
+                        loss_sum, n_tok = self._graph_fwd_bwd(inputs)
                 else:
                     with timer.phase("forward"), torch.autocast(self.device.type, self.amp_dtype,
                                                                 enabled=self.amp_dtype is not None):
-                        loss_sum, n_tok = self.compute(ids, pos, mask)
+                        loss_sum, n_tok = self.compute(*inputs)
                         loss = loss_sum / n_tok.clamp(min=1) / self.grad_accum
                     with timer.phase("backward"):
                         loss.backward()
             loss_acc += loss_sum.detach() / n_tok.clamp(min=1) / self.grad_accum
             batch.release()  # CPU path: the staging block may be refilled now
-            real, padded = real + batch.real_tokens, padded + batch.padded_tokens
-            flops += batch.real_tokens * self._flops(batch.seq_len)
+            r, p, f = self.workload.counts(batch)
+            real, padded, flops = real + r, padded + p, flops + f
         with timer.phase("grad_sync"):  # the exposed communication
             if self.comm is not None:
                 self.comm.finish()  # launch the buckets not yet in flight, wait for all (device-side on CUDA)
@@ -316,15 +294,13 @@ class Trainer:
         with self.comm.no_sync() if self.comm is not None else nullcontext():
             for T in lengths:
                 graphs, done = counters["stats"]["unique_graphs"], done + 1
-                ids = torch.zeros(B, T, dtype=torch.int32, device=self.device)
-                pos = torch.arange(T, dtype=torch.int32, device=self.device).expand(B, T).contiguous()
-                mask = torch.ones(B, T, dtype=torch.uint8, device=self.device)
+                inputs = self.workload.dummy_inputs(B, T, self.device)
                 if self.graphs_on:
-                    if (B, T) not in self._graphs:
-                        self._capture(ids, pos, mask)  # restores the gradients it accumulated
+                    if _shape_key(inputs) not in self._graphs:
+                        self._capture(inputs)  # restores the gradients it accumulated
                     continue
                 with torch.autocast(self.device.type, self.amp_dtype, enabled=self.amp_dtype is not None):
-                    loss_sum, n_tok = self.compute(ids, pos, mask)
+                    loss_sum, n_tok = self.compute(*inputs)
                 (loss_sum / n_tok.clamp(min=1)).backward()
                 if one_for_all and done >= 2 and counters["stats"]["unique_graphs"] == graphs:
                     break
@@ -339,14 +315,12 @@ class Trainer:
         return elapsed
 
     # ------------------------------------------------------------------ CUDA graphs
-    def _graph_fwd_bwd(self, ids, pos, mask):
-        key = tuple(ids.shape)
-        g = self._graphs.get(key)
+    def _graph_fwd_bwd(self, inputs: tuple[torch.Tensor, ...]):
+        g = self._graphs.get(_shape_key(inputs))
         if g is None:
-            g = self._capture(ids, pos, mask)
-        g.inputs[0].copy_(ids)
-        g.inputs[1].copy_(pos)
-        g.inputs[2].copy_(mask)
+            g = self._capture(inputs)
+        for static, x in zip(g.inputs, inputs):
+            static.copy_(x)
         t0 = time.perf_counter()
         g.graph.replay()  # asynchronous: the host time is the launch, not the graph's work
         self.launch.observe((time.perf_counter() - t0) * 1e6)
@@ -357,9 +331,9 @@ class Trainer:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
 
-    def _capture(self, ids, pos, mask) -> _Graph:
+    def _capture(self, inputs: tuple[torch.Tensor, ...]) -> _Graph:
         self._ensure_static_grads()
-        static = (ids.clone(), pos.clone(), mask.clone())
+        static = tuple(x.clone() for x in inputs)
         grads = [p.grad.clone() for p in self.model.parameters()]
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -379,7 +353,7 @@ class Trainer:
                 ls, nt = self.compute(*static)
             (ls / nt.clamp(min=1) / self.grad_accum).backward()
         g = _Graph(graph, static, ls, nt)
-        self._graphs[tuple(ids.shape)] = g
+        self._graphs[_shape_key(inputs)] = g
         return g
 
     def _graph_optimizer(self) -> None:
@@ -497,14 +471,18 @@ class Trainer:
             "ops/backends": dict(self.model.ops.backends),
             "fp8/recipe": self.cfg.loongforge.compute_domain.fp8,
             "fp8/converted_linears": len(self.fp8_linears),
-            "training/checkpointed_blocks": len(self.model.checkpointed_blocks),
+            "training/checkpointed_blocks": self.workload.checkpointed_blocks(),
+            "workload": self.workload.name,
             **_compile_cache_counts(),
             "kernels/launch": sys.modules["kernels"].launch_record() if "kernels" in sys.modules else [],
         })
-        # the memory model's prediction beside the measured peak (on the CPU the tensors' share of the RSS)
-        s.update(summary_fields(predict_peak(self.cfg, self.args, autocast=self.amp_dtype is not None,
-                                             backends=self.model.ops.backends)))
+        # the memory model's prediction beside the measured peak (on the CPU the tensors' share of the RSS); it
+        # models the language model only
+        if self.workload.name == "language_model":
+            s.update(summary_fields(predict_peak(self.cfg, self.args, autocast=self.amp_dtype is not None,
+                                                 backends=self.model.ops.backends)))
         s.update(self.pipeline.metrics())
+        s.update(self.workload.summary_fields(s))
         if self.comm is not None:
             s.update(self.comm.describe())
         return s
