@@ -1,5 +1,6 @@
 """Publishing a shard directory atomically: the writer's temporary and moved-aside directories, the rename into
-place (``renameat2(RENAME_EXCHANGE)`` where the kernel has it), durable writes, and ``remove_stale_partials``.
+place (``renameat2(RENAME_EXCHANGE)`` where the kernel has it), durable writes, ``remove_stale_partials``, and
+``_atomic_write`` for a single file (the synthetic corpora's).
 
 See docs/loaders.md ("The shard format", directory layout); ``loaders.format`` re-exports
 ``remove_stale_partials``.
@@ -12,7 +13,9 @@ import json
 import os
 import shutil
 import socket
+import tempfile
 from pathlib import Path
+from typing import IO, Callable
 
 _PARTIAL = ".partial-"  # temporary directory: .<name>.partial-<pid>@<host>-<random>
 _OLD = ".old-"          # previous directory moved aside (fallback overwrite path): .<name>.old-<pid>@<host>
@@ -133,3 +136,28 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_UMASK = os.umask(0)  # read once at import (os.umask can only be read by setting it)
+os.umask(_UMASK)
+
+
+def _atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
+    """Write via ``write(fileobj)`` to a temp file next to ``path``, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; use the usual mode
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path

@@ -1,5 +1,5 @@
-"""``BatchPipeline``'s settings: the bounds of its arguments, where each comes from in the workbench config, and
-errors that name the config's keys.
+"""``BatchPipeline``'s and ``VLAPipeline``'s settings: the bounds of their arguments, where each comes from in the
+workbench config, and errors that name the config's keys.
 
 loaders sits below workbench (import-linter's layers), so the config sections are read duck-typed, by their
 attribute names; ``CONFIG_FIELDS`` is the one place those names live. See docs/loaders.md ("From a config").
@@ -35,6 +35,16 @@ CONFIG_FIELDS = {
     "pinned_block_kb": ("memory", "pinned_block_kb"),
 }
 
+# VLAPipeline argument -> (section, the section's attribute): the token pipeline's loader settings, no packing,
+# and the vla shapes and augmentation (``data.augment``: an object with ``AugmentSettings``' field names).
+VLA_CONFIG_FIELDS = {
+    **{k: v for k, v in CONFIG_FIELDS.items() if k not in ("bucket_width", "packing", "seq_len")},
+    "image_size": ("data", "image_size"),
+    "text_len": ("data", "text_len"),
+    "action_shape": ("data", "action_shape"),
+    "augment": ("data", "augment"),
+}
+
 
 def check_arguments(*, micro_batch: int, seed: int, num_workers: int, ring_depth: int, read_threads: int,
                     prefetch_batches: int, shuffle_window_frames: int, num_staging_blocks: int, start_epoch: int,
@@ -63,6 +73,33 @@ def check_arguments(*, micro_batch: int, seed: int, num_workers: int, ring_depth
         raise ValueError(f"io_backend={io_backend!r}: expected one of {', '.join(BACKENDS)}")
 
 
+def _shape(value: Any, n: int) -> tuple[int, ...] | None:
+    """``value`` as a tuple of ``n`` positive ints, or None when it is not one."""
+    try:
+        out = tuple(value)
+    except TypeError:
+        return None
+    ok = len(out) == n and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in out)
+    return out if ok else None
+
+
+def check_vla_arguments(*, text_len: Any, image_size: Any, action_shape: Any) -> tuple[Any, Any, Any]:
+    """``VLAPipeline``'s shape arguments checked and normalised: ``text_len`` None or an int >= 1, ``image_size``
+    None, an int (square) or (H, W), ``action_shape`` None or (K, A); returns (text_len, (H, W) | None,
+    (K, A) | None)."""
+    if text_len is not None and (not isinstance(text_len, int) or isinstance(text_len, bool) or text_len < 1):
+        raise ValueError(f"text_len={text_len!r}: expected None (the shard set's) or an int >= 1")
+    size = image_size
+    if isinstance(image_size, int) and not isinstance(image_size, bool):
+        size = (image_size, image_size)
+    if size is not None and _shape(size, 2) is None:
+        raise ValueError(f"image_size={image_size!r}: expected None (the shard set's), an int or [height, width]")
+    if action_shape is not None and _shape(action_shape, 2) is None:
+        raise ValueError(f"action_shape={action_shape!r}: expected None (the shard set's) or [steps, dims]")
+    return (text_len, None if size is None else tuple(size),
+            None if action_shape is None else tuple(action_shape))
+
+
 def _key(section: str, attr: str) -> str:
     return f"{SECTION_KEYS[section]}.{attr}"
 
@@ -75,11 +112,13 @@ def _read(sections: dict[str, Any], section: str, attr: str) -> Any:
                         f"({type(sections[section]).__name__}) has no attribute {attr!r}") from None
 
 
-def config_arguments(data: Any, io: Any, memory: Any) -> tuple[dict[str, Any], dict[str, str]]:
-    """BatchPipeline's arguments read from the three sections, and the config key each one came from."""
+def config_arguments(data: Any, io: Any, memory: Any, table: dict[str, tuple[str, str]] = CONFIG_FIELDS,
+                     ) -> tuple[dict[str, Any], dict[str, str]]:
+    """A pipeline's arguments read from the three sections (``table``: ``CONFIG_FIELDS`` or
+    ``VLA_CONFIG_FIELDS``), and the config key each one came from."""
     sections = {"data": data, "io": io, "memory": memory}
-    kwargs = {arg: _read(sections, section, attr) for arg, (section, attr) in CONFIG_FIELDS.items()}
-    return kwargs, {arg: _key(section, attr) for arg, (section, attr) in CONFIG_FIELDS.items()}
+    kwargs = {arg: _read(sections, section, attr) for arg, (section, attr) in table.items()}
+    return kwargs, {arg: _key(section, attr) for arg, (section, attr) in table.items()}
 
 
 def config_shards(data: Any) -> Any:

@@ -1,5 +1,6 @@
 """``ShardSet``: a complete shard directory opened for random access by frame, checked on open (manifest, index
-header and checksum, structure) and on every frame read; ``Frame``, one decoded frame.
+header and checksum, structure) and on every frame read; ``Frame``, one decoded frame of token records, and
+``VLAFrame``, one of vla records.
 
 The format and its integrity layers are described in docs/loaders.md ("The shard format"); import these names
 from ``loaders.format``.
@@ -20,7 +21,8 @@ import numpy as np
 import xxhash
 import zstandard as zstd
 
-from ._layout import (_COLDIR, _DTYPES, _HEADER, _HEADER_SIZE, FORMAT_VERSION, INDEX_NAME, MAGIC, MANIFEST_NAME,
+from ._layout import (_COLDIR, _DTYPES, _HEADER, _HEADER_EXT, _HEADER_EXT_AT, _HEADER_EXT_CRC_AT, _HEADER_SIZE,
+                      ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAGIC, MANIFEST_NAME, RECORD_KINDS,
                       ShardFormatError, _align, _file_xxh3, bucket_length)
 
 # Frames whose index rows are checked per step when a directory is opened (bounds the memory on huge ones).
@@ -43,6 +45,24 @@ class Frame:
         return self.tokens[a:b], self.position_ids[a:b], self.loss_mask[a:b]
 
 
+@dataclass(frozen=True)
+class VLAFrame:
+    """One decoded frame of vla records: flat token ids plus each record's slice, and one image and one action
+    chunk per record (read-only views of the decompressed frame, unless a pipeline replaced ``images`` by
+    augmented copies)."""
+
+    tokens: np.ndarray           # the records' token ids, back to back
+    images: np.ndarray           # uint8 [n, C, H, W]
+    actions: np.ndarray          # float32 [n, K, A]
+    rec_offset: np.ndarray
+    rec_length: np.ndarray
+
+    def record(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Record ``i`` of the frame: (image [C, H, W], token ids [L], actions [K, A])."""
+        a = int(self.rec_offset[i])
+        return self.images[i], self.tokens[a:a + int(self.rec_length[i])], self.actions[i]
+
+
 def _decompressor(root: Path, dict_id: int) -> zstd.ZstdDecompressor:
     if dict_id < 0:
         return zstd.ZstdDecompressor()
@@ -60,6 +80,12 @@ class ShardSet:
     The index columns are memory-mapped numpy arrays (``self.col("frame.offset")``
     and friends, or the attributes below). Decompressors are per thread, so
     ``decode_frame`` may be called from several threads at once.
+
+    ``record_kind`` says what the records are (``"tokens"``: ``decode_frame``
+    returns a ``Frame``; ``"vla"``: a ``VLAFrame``, and ``image_shape`` (C, H, W)
+    and ``action_shape`` (K, A) are set; None for tokens). A frame of ``t``
+    tokens and ``n`` records decompresses to ``t x bytes_per_token + n x
+    bytes_per_record`` bytes.
     """
 
     def __init__(self, root: str | os.PathLike) -> None:
@@ -130,6 +156,7 @@ class ShardSet:
         self.version, self.vocab_size, self.bucket_width = version, vocab, width
         self.tok_dtype = np.dtype(f"<u{ti}")
         self.pos_dtype = np.dtype(f"<u{pi}")
+        self._read_kind(path, head)
         self.n_buckets, self.n_dicts, self.n_frames, self.n_records = nb, nd, nf, nr
         rows = {"bucket": nb, "frame": nf, "rec": nr}
         self._cols: dict[str, np.ndarray] = {}
@@ -173,6 +200,36 @@ class ShardSet:
         self.frame_xxh3 = c["frame.xxh3"]
         self.rec_offset, self.rec_length = c["rec.offset"], c["rec.length"]
 
+    def _read_kind(self, path: Path, head: bytes) -> None:
+        """The record kind and the vla shapes: version 1 holds tokens; version 2 says so in bytes 64..127."""
+        kind, C, H, W, K, A = 0, 0, 0, 0, 0, 0
+        if self.version >= 2:
+            ext = head[_HEADER_EXT_AT:_HEADER_EXT_CRC_AT]
+            (crc,) = struct.unpack_from("<I", head, _HEADER_EXT_CRC_AT)
+            if crc != zlib.crc32(ext):
+                raise ShardFormatError(f"{path}: header extension checksum mismatch (corrupt index)")
+            kind, C, H, W, K, A = _HEADER_EXT.unpack_from(ext)
+            if kind >= len(RECORD_KINDS):
+                raise ShardFormatError(f"{path}: record kind {kind} is unknown to this reader (it knows "
+                                       f"{', '.join(f'{i} {k}' for i, k in enumerate(RECORD_KINDS))})")
+        self.record_kind = RECORD_KINDS[kind]
+        want = self.manifest.get("record_kind", "tokens")
+        if want != self.record_kind:
+            raise ShardFormatError(f"{path}: the index holds {self.record_kind} records, {MANIFEST_NAME} says "
+                                   f"record_kind={want!r}")
+        if self.record_kind == "vla":
+            if min(C, H, W, K, A) < 1:
+                raise ShardFormatError(f"{path}: vla shapes: image {C} x {H} x {W}, actions {K} x {A}; expected "
+                                       f"positive sizes")
+            self.image_shape: tuple[int, int, int] | None = (C, H, W)
+            self.action_shape: tuple[int, int] | None = (K, A)
+            self.bytes_per_token = self.tok_dtype.itemsize
+            self.bytes_per_record = C * H * W * IMAGE_DTYPE.itemsize + K * A * ACTION_DTYPE.itemsize
+        else:
+            self.image_shape = self.action_shape = None
+            self.bytes_per_token = self.tok_dtype.itemsize + self.pos_dtype.itemsize + 1
+            self.bytes_per_record = 0
+
     def _check_index_checksum(self, path: Path) -> None:
         """The index file against the manifest's xxh3-64 of it (a directory written before the manifest held
         checksums is checked by the structure alone)."""
@@ -207,7 +264,7 @@ class ShardSet:
                           f"starting at {want_f0[b]}")
         if int(nfr.sum()) != nf:
             raise bad(f"bucket.nframes add up to {int(nfr.sum())}, the header says {nf} frames")
-        per_tok = self.tok_dtype.itemsize + self.pos_dtype.itemsize + 1
+        per_tok, per_rec = self.bytes_per_token, self.bytes_per_record
 
         for b in range(nb):  # frames of a bucket are back to back and fill its data file exactly
             a, z = int(f0[b]), int(f0[b] + nfr[b])
@@ -257,10 +314,12 @@ class ShardSet:
                           f"{blen[i]} (expected bucket {bucket_length(max(int(rlen[i]), 1), self.bucket_width, max_len)})")
             toks = np.add.reduceat(rlen, first - ra)
             dlen = np.asarray(self.frame_dlen[fa:fz], np.int64)
-            if np.any(dlen != toks * per_tok):
-                i = int(np.flatnonzero(dlen != toks * per_tok)[0])
-                raise bad(f"frame {fa + i}: frame.dlen {dlen[i]}, its records hold {toks[i]} tokens = "
-                          f"{toks[i] * per_tok} bytes")
+            want_dlen = toks * per_tok + nrec * per_rec
+            if np.any(dlen != want_dlen):
+                i = int(np.flatnonzero(dlen != want_dlen)[0])
+                held = f" and {nrec[i]} records x {per_rec} bytes" if per_rec else ""
+                raise bad(f"frame {fa + i}: frame.dlen {dlen[i]}, its records hold {toks[i]} tokens{held} = "
+                          f"{want_dlen[i]} bytes")
         if next_rec != nr:
             raise bad(f"frames hold {next_rec} records, the header says {nr}")
 
@@ -320,8 +379,9 @@ class ShardSet:
             d = cache[dict_id] = _decompressor(self.root, dict_id)
         return d
 
-    def decode_frame(self, frame: int, raw: bytes | bytearray | memoryview) -> Frame:
-        """Verify and decompress one frame's bytes; every check names the file and frame."""
+    def decode_frame(self, frame: int, raw: bytes | bytearray | memoryview) -> Frame | VLAFrame:
+        """Verify and decompress one frame's bytes; every check names the file and frame. A ``Frame`` of token
+        records, or a ``VLAFrame`` of vla records (``record_kind``)."""
         where = f"{self.data_path(frame)}: frame {frame}"
         if len(raw) != int(self.frame_clen[frame]):
             raise ShardFormatError(f"{where}: {len(raw)} bytes, the index says {int(self.frame_clen[frame])} "
@@ -336,24 +396,33 @@ class ShardSet:
             raise ShardFormatError(f"{where}: zstd error: {e}") from None
         if len(payload) != dlen:
             raise ShardFormatError(f"{where}: decompressed to {len(payload)} bytes, expected {dlen}")
-        per_tok = self.tok_dtype.itemsize + self.pos_dtype.itemsize + 1
-        if dlen % per_tok:
-            raise ShardFormatError(f"{where}: size {dlen} is not a whole number of tokens")
-        n = dlen // per_tok
-        buf = np.frombuffer(payload, np.uint8)
-        a = n * self.tok_dtype.itemsize
-        b = a + n * self.pos_dtype.itemsize
-        tokens = buf[:a].view(self.tok_dtype)
         first, nrec = int(self.frame_first_rec[frame]), int(self.frame_n_rec[frame])
+        body = dlen - nrec * self.bytes_per_record  # the token columns' bytes
+        if body < 0 or body % self.bytes_per_token:
+            raise ShardFormatError(f"{where}: size {dlen} is not a whole number of tokens")
+        n = body // self.bytes_per_token
         rec_offset = np.asarray(self.rec_offset[first:first + nrec], np.int64)
         rec_length = np.asarray(self.rec_length[first:first + nrec], np.int64)
         if nrec == 0 or rec_offset[-1] + rec_length[-1] != n:
             raise ShardFormatError(f"{where}: records do not cover the frame's {n} tokens")
+        buf = np.frombuffer(payload, np.uint8)
+        if self.record_kind == "vla":  # actions [n, K, A], then the tokens, then images [n, C, H, W]
+            a = nrec * self.action_shape[0] * self.action_shape[1] * ACTION_DTYPE.itemsize
+            b = a + n * self.tok_dtype.itemsize
+            tokens = buf[a:b].view(self.tok_dtype)
+            fr: Frame | VLAFrame = VLAFrame(tokens, buf[b:].reshape(nrec, *self.image_shape),
+                                            buf[:a].view(ACTION_DTYPE).reshape(nrec, *self.action_shape),
+                                            rec_offset, rec_length)
+        else:  # tokens, positions, loss mask
+            a = n * self.tok_dtype.itemsize
+            b = a + n * self.pos_dtype.itemsize
+            tokens = buf[:a].view(self.tok_dtype)
+            fr = Frame(tokens, buf[a:b].view(self.pos_dtype), buf[b:], rec_offset, rec_length)
         if n and int(tokens.max()) >= self.vocab_size:
             raise ShardFormatError(f"{where}: token id {int(tokens.max())} >= vocab_size {self.vocab_size}")
-        return Frame(tokens, buf[a:b].view(self.pos_dtype), buf[b:], rec_offset, rec_length)
+        return fr
 
-    def load_frame(self, frame: int) -> Frame:
+    def load_frame(self, frame: int) -> Frame | VLAFrame:
         return self.decode_frame(frame, self.read_frame_bytes(frame))
 
     def frames_of_bucket(self, bucket: int) -> range:
@@ -361,7 +430,8 @@ class ShardSet:
         return range(a, a + int(self.bucket_n_frames[bucket]))
 
     def iter_records(self) -> Iterable[tuple[int, np.ndarray, np.ndarray, np.ndarray]]:
-        """(bucket length, tokens, position ids, loss mask) of every record, in storage order."""
+        """(bucket length, tokens, position ids, loss mask) of every record, in storage order; for vla records
+        (bucket length, image, tokens, actions)."""
         for f in range(self.n_frames):
             fr = self.load_frame(f)
             L = int(self.bucket_length[self.frame_bucket[f]])

@@ -159,6 +159,10 @@ class ShardWriter:
     def per_token_bytes(self) -> int:
         return self.tok_dtype.itemsize + self.pos_dtype.itemsize + 1
 
+    def _record_bytes(self, lens: np.ndarray) -> np.ndarray:
+        """Decompressed bytes of each record of ``lens`` tokens (a record kind with fixed-size parts adds them)."""
+        return lens.astype(np.int64) * self.per_token_bytes
+
     def add(self, tokens: np.ndarray, loss_mask: np.ndarray | None = None,
             position_ids: np.ndarray | None = None) -> None:
         """Append one record (1-D arrays of equal length, 1..max_len tokens)."""
@@ -203,18 +207,18 @@ class ShardWriter:
         are split in halves, so only a bucket smaller than ``MIN_FRAME_BYTES``
         has a frame under it.
         """
-        per_tok = self.per_token_bytes
+        sizes = self._record_bytes(lens)
         frames, first, size = [], 0, 0
-        for i, n in enumerate(lens.tolist()):
-            if size and size + n * per_tok > self.frame_bytes:
+        for i, n in enumerate(sizes.tolist()):
+            if size and size + n > self.frame_bytes:
                 frames.append((first, i - first))
                 first, size = i, 0
-            size += n * per_tok
+            size += n
         if len(lens) > first:
             frames.append((first, len(lens) - first))
         if len(frames) >= 2:
             (f1, n1), (f2, n2) = frames[-2], frames[-1]
-            rec_bytes = lens[f1:f2 + n2].astype(np.int64) * per_tok
+            rec_bytes = sizes[f1:f2 + n2]
             if int(rec_bytes[n1:].sum()) < MIN_FRAME_BYTES:
                 if int(rec_bytes.sum()) <= MAX_FRAME_BYTES:
                     frames[-2:] = [(f1, n1 + n2)]
@@ -394,9 +398,13 @@ class ShardWriter:
             "rec.offset": np.concatenate(rec_off).astype(np.uint32),
             "rec.length": np.concatenate([b.lens for b in buckets]).astype(np.uint32),
         }
-        write_index(self.tmp / INDEX_NAME, cols, tok_itemsize=self.tok_dtype.itemsize,
-                    pos_itemsize=self.pos_dtype.itemsize, bucket_width=self.bucket_width,
-                    vocab_size=self.vocab_size, n_dicts=sum(b.dict_id >= 0 for b in buckets))
+        write_index(self.tmp / INDEX_NAME, cols, **self._index_header(buckets))
+
+    def _index_header(self, buckets: list[_Bucket]) -> dict:
+        """The index header's fields (``write_index``'s keyword arguments); a record kind adds its own."""
+        return {"tok_itemsize": self.tok_dtype.itemsize, "pos_itemsize": self.pos_dtype.itemsize,
+                "bucket_width": self.bucket_width, "vocab_size": self.vocab_size,
+                "n_dicts": sum(b.dict_id >= 0 for b in buckets)}
 
     def _manifest(self, buckets: list[_Bucket], baselines: dict, timing: dict, extra: dict) -> dict:
         rows = []

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ._plans import PACKINGS, EpochPlan, FillPlan, plan_buckets, record_frames
-from ._settings import check_arguments, config_arguments, config_error, config_shards
+from ._settings import CONFIG_FIELDS, check_arguments, config_arguments, config_error, config_shards
 from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _batch_bytes, _fill_row, _fill_span,
                        bytes_per_sample, default_block_bytes)
 from .format import Frame, ShardSet
@@ -82,7 +82,14 @@ class BatchPipeline:
     Attributes: ``batches_per_epoch``; ``batch_lengths()`` the distinct ``T`` it hands out; fill packing:
     ``seq_len`` and ``dropped_tokens_per_epoch`` (the stream's tail short of a whole batch; None under bucket
     packing, whose plans count ``dropped_records`` per bucket).
+
+    Token records only; a shard set of vla records is refused (``loaders.vla.VLAPipeline`` reads those).
     """
+
+    RECORD_KIND = "tokens"
+    """The shards' ``record_kind`` this pipeline assembles."""
+    _CONFIG_FIELDS = CONFIG_FIELDS
+    """Constructor argument -> (section, attribute) read by ``from_config``."""
 
     def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch: int, seed: int = 0,
                  num_workers: int = 2, io_backend: str = "auto", ring_depth: int = 64, read_threads: int = 4,
@@ -146,22 +153,31 @@ class BatchPipeline:
         further arguments of the constructor, or replace a value of the config. A bad value is a ``ValueError``
         naming the config key it came from (``data.micro_batch_size=...``).
         """
-        kwargs, keys = config_arguments(data, io, memory)
+        kwargs, keys = config_arguments(data, io, memory, cls._CONFIG_FIELDS)
         for name in overrides:
             keys.pop(name, None)
         try:
-            return cls(config_shards(data) if shards is None else shards, seed=seed, device=device,
-                       **{**kwargs, **overrides})
+            kwargs = cls._config_values({**kwargs, **overrides}, keys)
+            return cls(config_shards(data) if shards is None else shards, seed=seed, device=device, **kwargs)
         except ValueError as e:
             renamed = config_error(e, keys)
             if renamed is None:
                 raise
             raise renamed from e
 
+    @classmethod
+    def _config_values(cls, kwargs: dict[str, Any], keys: dict[str, str]) -> dict[str, Any]:
+        """The constructor's arguments from the values read (``keys``: argument -> config key, for errors)."""
+        return kwargs
+
     def _setup(self, micro_batch: int, seed: int, num_workers: int, prefetch_batches: int,
                shuffle_window_frames: int, num_staging_blocks: int, pinned_block_kb: int | None,
                start_epoch: int, bucket_width: int | None, packing: str, seq_len: int | None,
                guard: bool) -> None:
+        if self.shards.record_kind != self.RECORD_KIND:
+            other = {"tokens": "loaders.pipeline.BatchPipeline", "vla": "loaders.vla.VLAPipeline"}
+            raise ValueError(f"{self.shards.root}: holds {self.shards.record_kind} records, {type(self).__name__} "
+                             f"reads {self.RECORD_KIND} records; use {other[self.shards.record_kind]}")
         self.micro_batch, self.seed, self.bucket_width = micro_batch, seed, bucket_width
         self.packing = packing
         self.seq_len = seq_len if packing == "fill" else None  # the fill row length; None: bucket packing
@@ -187,18 +203,24 @@ class BatchPipeline:
             raise ValueError(f"micro_batch={micro_batch}: no bucket holds that many records, an epoch has no "
                              f"batch (records per bucket: "
                              f"{(plan.batches_per_bucket * micro_batch + plan.dropped_records).tolist()})")
-        # staging: the default size follows the seed's formula; a block too small for the largest batch is an error
+        block = self._staging_block_bytes(pinned_block_kb)
+        self.ring = StagingRing(num_staging_blocks, block, pin=self._cuda, guard=guard)
+        self._ring_acquires = self._ring_fresh = 0  # of the rings replaced on a restart
+
+    def _staging_block_bytes(self, pinned_block_kb: int | None) -> int:
+        """The staging block size: ``pinned_block_kb``, or by default the seed's formula; a block too small for
+        the largest batch is an error naming the least ``pinned_block_kb`` that fits."""
+        micro_batch = self.micro_batch
         longest = int(self._bucket_len.max())
-        max_len = int(self.shards.manifest.get("max_len", longest)) if packing == "bucket" else longest
+        max_len = int(self.shards.manifest.get("max_len", longest)) if self.packing == "bucket" else longest
         block = pinned_block_kb * 1024 if pinned_block_kb is not None else default_block_bytes(max_len, micro_batch)
         if block < _batch_bytes(micro_batch, longest):
-            what = "the packed rows" if packing == "fill" else "the largest bucket"
+            what = "the packed rows" if self.packing == "fill" else "the largest bucket"
             raise ValueError(f"pinned_block_kb={pinned_block_kb}: a staging block of {block} bytes is too small for "
                              f"{what} ({micro_batch} x {longest} tokens x {_STAGED_BYTES_PER_TOKEN} "
                              f"bytes = {_batch_bytes(micro_batch, longest)} bytes); need pinned_block_kb >= "
                              f"{math.ceil(default_block_bytes(longest, micro_batch) / 1024)}")
-        self.ring = StagingRing(num_staging_blocks, block, pin=self._cuda, guard=guard)
-        self._ring_acquires = self._ring_fresh = 0  # of the rings replaced on a restart
+        return block
 
     def batch_lengths(self) -> list[int]:
         """The lengths ``T`` of the batches this pipeline can hand out, distinct, longest first: the plan buckets'
@@ -313,7 +335,8 @@ class BatchPipeline:
         e0, k0 = self._start
         return (epoch - e0) * self.batches_per_epoch + k - k0
 
-    def _decode(self, frame: int, raw: memoryview | bytes) -> Frame:
+    def _decode(self, epoch: int, frame: int, raw: memoryview | bytes) -> Frame:
+        """Decode one frame (in a decode worker) for ``epoch`` (a record kind may use it: vla seeds augmentation)."""
         t = time.perf_counter()
         fr = self.shards.decode_frame(frame, raw)
         dt = time.perf_counter() - t
@@ -345,11 +368,11 @@ class BatchPipeline:
                 if self._stop.is_set():
                     return
                 if self._decode_pool is not None:
-                    fut = self._decode_pool.submit(self._decode, frame, data)
+                    fut = self._decode_pool.submit(self._decode, epoch, frame, data)
                 else:
                     fut = Future()
                     try:
-                        fut.set_result(self._decode(frame, data))
+                        fut.set_result(self._decode(epoch, frame, data))
                     except Exception as e:
                         fut.set_exception(e)
                 pending.append(fut)

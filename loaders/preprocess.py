@@ -1,11 +1,14 @@
-"""Tokenized documents -> a loongbin shard directory (``python -m loaders.preprocess``).
+"""Tokenized documents (or VLA samples) -> a loongbin shard directory (``python -m loaders.preprocess``).
 
     python -m loaders.preprocess --input corpus.bin --output shards/ --eos-id 50256 \\
         --vocab-size 50304 --bucket-width 128 --min-len 512 --max-len 2048
+    python -m loaders.preprocess --kind vla --input data.npz --output vla/ --vocab-size 4096 --text-len 256
 
 Inputs (.npz, .npy, .bin: see loaders.inputs), how documents become records
 (--short pack | fill | drop | keep), the manifest's preprocess section and
-atomicity are described in docs/loaders.md ("Preprocessing").
+atomicity are described in docs/loaders.md ("Preprocessing"). --kind vla reads
+.npz files of images, tokens (padded, with lengths, or an object array) and
+actions into vla records (docs/loaders.md, "VLA records").
 
 Exit status: 0 done; 2 bad input or arguments (one line naming the file, key
 or value); 130 / 143 interrupted (SIGINT / SIGTERM); 1 other errors.
@@ -32,12 +35,21 @@ from loaders.format import (
     ShardWriter,
     remove_stale_partials,
 )
+from loaders._vla_preprocess import IMAGE_LAYOUTS, preprocess_vla
 from loaders.inputs import BIN_DTYPES, InputFile, open_input
 from loaders.verify import format_summary
 
-__all__ = ["PreprocessConfig", "preprocess", "main", "SHORT_POLICIES"]
+__all__ = ["PreprocessConfig", "preprocess", "preprocess_vla", "main", "SHORT_POLICIES", "KINDS"]
 
 SHORT_POLICIES = ("pack", "fill", "drop", "keep")
+KINDS = ("tokens", "vla")
+# Per-kind defaults of the flags both kinds take. vla: images compress no better above level 3 (the synthetic
+# corpus 1.55x at 3 and 12, a photo 1.70x vs 1.68x) and level 12 compresses 4x slower; frames of 1 MiB hold
+# ~6 records of 3 x 224 x 224 (docs/loaders.md, "VLA records").
+_KIND_DEFAULTS = {"tokens": {"zstd_level": 12, "frame_kb": 256}, "vla": {"zstd_level": 3, "frame_kb": 1024}}
+# Flags of one kind only (the argparse dest); given with the other kind they are an error, not ignored.
+_TOKEN_ONLY = ("bucket_width", "min_len", "max_len", "eos_id", "bin_dtype", "dict_size", "short")
+_VLA_ONLY = ("text_len", "image_layout", "allow_pickle")
 # Largest record length accepted: position ids are stored as uint32 at most,
 # and one record must fit a frame's uint32 byte count.
 _MAX_LEN_LIMIT = 1 << 24
@@ -371,6 +383,9 @@ def _parser() -> argparse.ArgumentParser:
     doc = __doc__.split("\n\n", 2)
     p = argparse.ArgumentParser(prog="python -m loaders.preprocess", description=doc[0],
                                 epilog=doc[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kind", choices=KINDS, default="tokens",
+                   help="record kind: tokens (default; .bin/.npy/.npz token ids) or vla (.npz of images, tokens, "
+                        "actions)")
     p.add_argument("--input", nargs="+", required=True, metavar="X", help="input files: .bin, .npy or .npz")
     p.add_argument("--output", required=True, metavar="DIR", help="shard directory to write")
     p.add_argument("--bucket-width", type=int, default=128, help="bucket granularity in tokens (default 128)")
@@ -378,7 +393,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-len", type=int, default=2048,
                    help="longest record; longer documents are chunked (default 2048)")
     p.add_argument("--num-workers", type=int, default=1, help="compression threads (default 1)")
-    p.add_argument("--zstd-level", type=int, default=12, help="zstd level 1..22 (default 12)")
+    p.add_argument("--zstd-level", type=int, default=None, help="zstd level 1..22 (default 12; --kind vla 3)")
     p.add_argument("--vocab-size", type=int, default=None,
                    help="ids >= this are an error (default: max id + 1, with a warning)")
     p.add_argument("--eos-id", type=int, default=None,
@@ -386,13 +401,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--bin-dtype", choices=BIN_DTYPES, default="uint16", help="token dtype of .bin inputs (default uint16)")
     p.add_argument("--dict-size", type=int, default=262144,
                    help="bytes per bucket dictionary (default 256 KiB; see loaders.format.DEFAULT_DICT_SIZE)")
-    p.add_argument("--frame-kb", type=int, default=256, help="decompressed KiB per frame, 64..1024 (default 256)")
+    p.add_argument("--frame-kb", type=int, default=None,
+                   help="decompressed KiB per frame, 64..1024 (default 256; --kind vla 1024)")
     p.add_argument("--short", choices=SHORT_POLICIES, default="pack",
                    help="pieces under --min-len: pack (default), fill (pack, splitting pieces to fill records), "
                         "drop or keep")
     p.add_argument("--tokenizer", metavar="NAME", default=None,
                    help="the tokenizer that produced the ids (an HF name or path), recorded in the manifest "
                         "(default: not recorded)")
+    p.add_argument("--text-len", type=int, default=None,
+                   help="--kind vla: longest instruction in tokens, the set's text length (default: the inputs' "
+                        "padded width)")
+    p.add_argument("--image-layout", choices=IMAGE_LAYOUTS, default="auto",
+                   help="--kind vla: images are [N, 3, H, W] (nchw) or [N, H, W, 3] (nhwc); auto: by which axis is 3")
+    p.add_argument("--allow-pickle", action="store_true",
+                   help="--kind vla: read a tokens object array (runs pickle: trusted files only)")
     p.add_argument("--overwrite", action="store_true", help="replace DIR if it exists (atomically, at the end)")
     p.add_argument("--no-compare", action="store_true",
                    help="skip the global-dict / no-dict / whole-file compression baselines")
@@ -401,7 +424,15 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    wrong = _VLA_ONLY if args.kind == "tokens" else _TOKEN_ONLY
+    for name in wrong:  # a flag of the other kind would be ignored: refuse it
+        if getattr(args, name) != parser.get_default(name):
+            parser.error(f"--{name.replace('_', '-')} applies to --kind {'vla' if args.kind == 'tokens' else 'tokens'}")
+    for name, value in _KIND_DEFAULTS[args.kind].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     old_format, old_term = warnings.formatwarning, signal.getsignal(signal.SIGTERM)
     warnings.formatwarning = lambda msg, *a, **k: f"warning: {msg}\n"
     try:
@@ -418,12 +449,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(args: argparse.Namespace) -> int:
     try:
-        manifest = preprocess(
-            args.input, args.output, bucket_width=args.bucket_width, min_len=args.min_len,
-            max_len=args.max_len, num_workers=args.num_workers, zstd_level=args.zstd_level,
-            vocab_size=args.vocab_size, eos_id=args.eos_id, dict_size=args.dict_size,
-            frame_kb=args.frame_kb, short=args.short, overwrite=args.overwrite,
-            compare=not args.no_compare, quiet=args.quiet, bin_dtype=args.bin_dtype, tokenizer=args.tokenizer)
+        if args.kind == "vla":
+            manifest = preprocess_vla(
+                args.input, args.output, text_len=args.text_len, vocab_size=args.vocab_size,
+                image_layout=args.image_layout, zstd_level=args.zstd_level, frame_kb=args.frame_kb,
+                num_workers=args.num_workers, overwrite=args.overwrite, compare=not args.no_compare,
+                quiet=args.quiet, allow_pickle=args.allow_pickle, tokenizer=args.tokenizer)
+        else:
+            manifest = preprocess(
+                args.input, args.output, bucket_width=args.bucket_width, min_len=args.min_len,
+                max_len=args.max_len, num_workers=args.num_workers, zstd_level=args.zstd_level,
+                vocab_size=args.vocab_size, eos_id=args.eos_id, dict_size=args.dict_size,
+                frame_kb=args.frame_kb, short=args.short, overwrite=args.overwrite,
+                compare=not args.no_compare, quiet=args.quiet, bin_dtype=args.bin_dtype, tokenizer=args.tokenizer)
     except KeyboardInterrupt as e:
         what = "terminated" if isinstance(e, _Terminated) else "interrupted"
         print(f"{what}: {args.output} was not written (left as it was)", file=sys.stderr)

@@ -5,10 +5,16 @@ tokens and words, recurring phrases, topic words, a mixture of document lengths)
 and writers for the three input formats of the preprocessor. The model of text and its consequences are
 described in docs/loaders.md ("The synthetic corpus").
 
+Its VLA variant (``VLASynthSpec``, ``generate_vla``, ``write_vla_npz``, ``write_vla_shards``, defined in
+``loaders._vla_synth``): tabletop images, pick-up instructions and action chunks that follow from both
+(docs/loaders.md, "VLA records").
+
 CLI::
 
     python -m loaders.synth --output data/synth.bin [--format bin|npz|npy]
         [--docs N] [--vocab V] [--mean-len L] [--seed S]
+    python -m loaders.synth --kind vla --output data/vla.npz [--samples N] [--image-size H [W]]
+        [--text-len T] [--action-shape K A] [--layout nchw|nhwc] [--vocab V] [--seed S]
 """
 
 from __future__ import annotations
@@ -18,16 +24,27 @@ import json
 import math
 import os
 import sys
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import numpy as np
 
+from ._publish import _atomic_write
+from ._vla_synth import (VLA_COLOURS, VLA_SHAPES, VLA_WORDS, VLASynthSpec, generate_vla, iter_vla_samples,
+                         write_vla_npz, write_vla_shards)
+
 __all__ = [
     "SynthSpec",
+    "VLASynthSpec",
+    "VLA_COLOURS",
+    "VLA_SHAPES",
+    "VLA_WORDS",
+    "generate_vla",
+    "iter_vla_samples",
+    "write_vla_npz",
+    "write_vla_shards",
     "generate_documents",
     "write_bin",
     "write_npz",
@@ -310,31 +327,6 @@ def generate_documents(spec: SynthSpec) -> list[np.ndarray]:
 # ---------------------------------------------------------------------------
 # Writers
 # ---------------------------------------------------------------------------
-_UMASK = os.umask(0)  # read once at import (os.umask can only be read by setting it)
-os.umask(_UMASK)
-
-
-def _atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
-    """Write via ``write(fileobj)`` to a temp file next to ``path``, then os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; use the usual mode
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
-
-
 def _as_docs(docs: Sequence[np.ndarray]) -> list[np.ndarray]:
     out = []
     for i, d in enumerate(docs):
@@ -472,8 +464,15 @@ _FORMATS = ("bin", "npz", "npy")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point: generate a corpus, write it, print stats as JSON."""
+    kind = argparse.ArgumentParser(add_help=False)
+    kind.add_argument("--kind", choices=("tokens", "vla"), default="tokens")
+    known, rest = kind.parse_known_args(argv)
+    if known.kind == "vla":  # its own flags (and --help)
+        return _main_vla(rest)
     p = argparse.ArgumentParser(prog="python -m loaders.synth",
-                                description="Write a deterministic synthetic tokenized corpus.")
+                                description="Write a deterministic synthetic tokenized corpus "
+                                            "(--kind vla: a VLA one; --kind vla --help for its flags).")
+    p.add_argument("--kind", choices=("tokens", "vla"), default="tokens", help="tokens (default) or vla")
     p.add_argument("--output", required=True, help="output file (.bin, .npz or .npy)")
     p.add_argument("--format", choices=_FORMATS, default=None,
                    help="output format (default: from the --output extension)")
@@ -508,6 +507,45 @@ def main(argv: Sequence[str] | None = None) -> int:
         path = write_npz(docs, args.output)
     stats = {"path": str(path), "format": fmt, "vocab_size": spec.vocab_size,
              "eos_id": spec.resolved_eos_id, "seed": spec.seed, **corpus_stats(docs)}
+    json.dump(stats, sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def _main_vla(argv: list[str]) -> int:
+    """``--kind vla``: generate a VLA corpus, write its .npz, print its figures as JSON."""
+    d = VLASynthSpec()
+    p = argparse.ArgumentParser(prog="python -m loaders.synth --kind vla",
+                                description="Write a deterministic synthetic VLA corpus (.npz: images, tokens, "
+                                            "lengths, actions) for python -m loaders.preprocess --kind vla.")
+    p.add_argument("--output", required=True, help="output .npz")
+    p.add_argument("--samples", type=int, default=d.num_samples, help="samples (default %(default)s)")
+    p.add_argument("--image-size", type=int, nargs="+", default=list(d.image_size), metavar="PX",
+                   help="H [W] (default %(default)s)")
+    p.add_argument("--text-len", type=int, default=d.text_len, help="padded instruction width (default %(default)s)")
+    p.add_argument("--action-shape", type=int, nargs=2, default=list(d.action_shape), metavar=("K", "A"),
+                   help="steps and dims of an action chunk (default %(default)s)")
+    p.add_argument("--layout", choices=("nchw", "nhwc"), default="nchw", help="images axis order (default nchw)")
+    p.add_argument("--vocab", type=int, default=d.vocab_size, help="vocabulary size (default %(default)s)")
+    p.add_argument("--noise", type=float, default=d.noise, help="pixel noise std (default %(default)s)")
+    p.add_argument("--seed", type=int, default=d.seed, help="generator seed (default %(default)s)")
+    args = p.parse_args(argv)
+    if not args.output.endswith(".npz"):
+        p.error(f"--output {args.output!r}: the VLA corpus is an .npz")
+    size = args.image_size * 2 if len(args.image_size) == 1 else args.image_size
+    try:
+        spec = VLASynthSpec(num_samples=args.samples, image_size=tuple(size), text_len=args.text_len,
+                            action_steps=args.action_shape[0], action_dim=args.action_shape[1],
+                            vocab_size=args.vocab, noise=args.noise, seed=args.seed)
+    except ValueError as e:
+        p.error(str(e))
+    data = generate_vla(spec)
+    path = write_vla_npz(data, args.output, layout=args.layout)
+    lens = data["lengths"]
+    stats = {"path": str(path), "kind": "vla", "samples": spec.num_samples, "image_shape": list(spec.image_shape),
+             "layout": args.layout, "text_len": spec.text_len, "action_shape": list(spec.action_shape),
+             "vocab_size": spec.vocab_size, "seed": spec.seed, "mean_text_len": float(lens.mean()),
+             "max_text_len": int(lens.max())}
     json.dump(stats, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

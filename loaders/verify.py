@@ -18,6 +18,12 @@ Checks, in order, stopping at the first bad item:
    size, token ids < vocabulary size, position ids restarting at 0 at every
    record and counting up by one, loss mask values 0/1.
 
+A shard set of vla records (``record_kind: vla``) gets the same checks, with
+its own structure (record kind and shapes in the index header, each frame's
+size = its tokens plus its records' images and actions), the manifest's
+kind, shapes and text length against the index in 3, and in 4 every action
+finite instead of the position and mask checks.
+
 Prints the summary (buckets, records, real tokens, padding ratio, compression
 ratios) and ``OK``; ``--json`` prints the summary as JSON instead. On the
 first bad item, prints one line naming the file and the frame (or the index
@@ -35,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from loaders._layout import _file_xxh3
-from loaders.format import MANIFEST_NAME, ShardFormatError, ShardSet
+from loaders.format import MANIFEST_NAME, ShardFormatError, ShardSet, VLAFrame
 
 __all__ = ["verify", "summary", "format_summary", "main"]
 
@@ -83,6 +89,11 @@ def _check_manifest(s: ShardSet) -> None:
     ratio = 1 - expect["real_tokens"] / expect["padded_tokens"]
     if abs(m.get("padding_ratio", -1) - ratio) > 1e-6:
         raise ShardFormatError(f"{mp}: padding_ratio {m.get('padding_ratio')!r}, the index gives {ratio:.6f}")
+    if s.record_kind == "vla":
+        for key, want in (("image_shape", list(s.image_shape)), ("action_shape", list(s.action_shape)),
+                          ("text_len", int(s.bucket_length[0]))):
+            if m.get(key) != want:
+                raise ShardFormatError(f"{mp}: {key} is {m.get(key)!r}, the index says {want}")
     comp = m.get("compression", {})
     for key, col in (("raw_bytes", s.frame_dlen), ("per_bucket_dict_bytes", s.frame_clen)):
         total = int(np.asarray(col, np.int64).sum())
@@ -94,6 +105,13 @@ def _check_frame(s: ShardSet, f: int) -> int:
     """Decode one frame with every check; returns its token count."""
     fr = s.load_frame(f)  # size, xxh3, zstd (with content checksum), dlen, coverage, ids < vocab
     where = f"{s.data_path(f)}: frame {f}"
+    if isinstance(fr, VLAFrame):
+        finite = np.isfinite(fr.actions).reshape(len(fr.actions), -1).all(1)
+        if not finite.all():
+            i = int(np.flatnonzero(~finite)[0])
+            raise ShardFormatError(f"{where}: record {int(s.frame_first_rec[f]) + i}: actions hold a NaN or an "
+                                   f"infinity")
+        return len(fr.tokens)
     pos = fr.position_ids.astype(np.int64)
     starts = np.zeros(len(pos), bool)
     starts[fr.rec_offset] = True
@@ -155,6 +173,10 @@ def summary(manifest: dict, root: str | os.PathLike | None = None, *, frames: in
     for k in ("ratio_global_dict", "ratio_no_dict", "ratio_whole_file"):
         if k in c:
             out[k] = c[k]
+    out["record_kind"] = manifest.get("record_kind", "tokens")
+    if out["record_kind"] == "vla":
+        out.update({k: manifest.get(k) for k in ("text_len", "image_shape", "action_shape")})
+        out.update({k: c.get(k) for k in ("input_bytes", "ratio_images", "ratio_actions", "ratio_tokens")})
     p = manifest.get("preprocess")
     if p:
         out.update({k: p[k] for k in ("documents_read", "pieces_dropped", "tokens_dropped", "elapsed_s",
@@ -169,6 +191,8 @@ def _mb(n: int) -> str:
 def format_summary(manifest: dict, root: str | os.PathLike | None = None) -> str:
     """A few human-readable lines about a shard directory's manifest."""
     s = summary(manifest, root)
+    if s["record_kind"] == "vla":
+        return _format_vla(manifest, s)
     L = s["bucket_lengths"]
     lines = [f"{s['dir'] or 'shards'}: {s['buckets']} buckets ({L[0]}..{L[-1]} tokens), {s['records']:,} records "
              f"in {s['frames']:,} frames, vocab {s['vocab_size']:,} ({s['token_dtype']})",
@@ -192,6 +216,26 @@ def format_summary(manifest: dict, root: str | os.PathLike | None = None) -> str
                      f"{p['documents_chunked']:,}, packed {p['pieces_packed']:,} pieces into "
                      f"{p['records_packed']:,} records, dropped {p['pieces_dropped']:,} pieces "
                      f"({p['tokens_dropped']:,} tokens)")
+    return "\n".join(lines)
+
+
+def _format_vla(manifest: dict, s: dict) -> str:
+    C, H, W = s["image_shape"]
+    K, A = s["action_shape"]
+    lines = [f"{s['dir'] or 'shards'}: {s['records']:,} vla records in {s['frames']:,} frames: images {C} x {H} x {W} "
+             f"uint8, instructions up to {s['text_len']} tokens (vocab {s['vocab_size']:,}, {s['token_dtype']}), "
+             f"actions {K} x {A} float32",
+             f"tokens: {s['real_tokens']:,} real, {s['padded_tokens']:,} padded to text_len: padding ratio "
+             f"{s['padding_ratio']:.2%}"]
+    if s["compression_ratio"] is not None:
+        apart = [f"{name} {s[k]:.2f}x" for name, k in (("images", "ratio_images"), ("actions", "ratio_actions"),
+                                                        ("tokens", "ratio_tokens")) if s.get(k)]
+        lines.append(f"compression: {s['compression_ratio']:.2f}x ({_mb(s['input_bytes'])} -> {_mb(s['stored_bytes'])})"
+                     + (f"; each column alone: {', '.join(apart)}" if apart else ""))
+    p = manifest.get("preprocess")
+    if p and "elapsed_s" in p:
+        lines.append(f"preprocess: {p['samples']:,} samples in {p['elapsed_s']:.1f} s ({p['samples_per_s']:,.0f} "
+                     f"samples/s)")
     return "\n".join(lines)
 
 

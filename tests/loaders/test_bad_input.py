@@ -16,7 +16,7 @@ import pytest
 import xxhash
 import zstandard as zstd
 
-from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet, write_index
+from loaders.format import FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet, write_index
 from loaders.inputs import iter_documents, open_input
 from loaders.preprocess import main as preprocess_main
 from loaders.preprocess import preprocess
@@ -138,10 +138,10 @@ def test_wrong_magic(shards):
 
 
 def test_newer_version(shards):
-    _patch(shards / INDEX_NAME, 8, struct.pack("<I", 2))
+    _patch(shards / INDEX_NAME, 8, struct.pack("<I", FORMAT_VERSION + 1))
     _fix_header_crc(shards / INDEX_NAME)
-    with pytest.raises(ShardFormatError, match=r"index\.lbx: format version 2 is newer than this reader "
-                                               r"supports \(1\); upgrade"):
+    with pytest.raises(ShardFormatError, match=rf"index\.lbx: format version {FORMAT_VERSION + 1} is newer than "
+                                               rf"this reader supports \({FORMAT_VERSION}\); upgrade"):
         ShardSet(shards)
 
 
