@@ -11,16 +11,18 @@ from typing import Any
 
 
 from loaders.preprocess import preprocess
-from loaders.synth import SynthSpec, generate_documents, write_npy
+from loaders.synth import SynthSpec, VLASynthSpec, generate_documents, write_npy, write_vla_shards
 from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, load_config, merge_overrides, parse_overrides,
                               preset_config)
 from workbench.train.hf import save_hf
 from workbench.train.reload import ConfigSource
 from workbench.train.session import classify_exception
 from workbench.train.trainer import Trainer, build_model_args
+from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
 from workbench.vocab import REAL_TOKENS_PER_S
 
-__all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir"]
+__all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir",
+           "synthetic_vla_dir"]
 
 # A synthetic corpus is stored at a fine bucket width; the run's data.bucket_width
 # groups stored buckets, so tuning the width needs no re-preprocessing.
@@ -62,6 +64,26 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
     return out
 
 
+def synthetic_vla_dir(args: VLAArgs, *, num_samples: int = 512, seed: int = 0) -> Path:
+    """The synthetic VLA corpus of a VLA model's shapes (images, instruction length, action chunk), written once per
+    shapes and seed under the cache, as :func:`synthetic_data_dir` does for tokens."""
+    spec = VLASynthSpec(num_samples=num_samples, image_size=(args.image_size, args.image_size),
+                        text_len=args.text_tokens, action_steps=args.action_horizon, action_dim=args.action_dim,
+                        vocab_size=min(args.backbone.vocab_size, 65535), seed=seed)
+    key = (f"synth-vla-i{args.image_size}-t{args.text_tokens}-a{args.action_horizon}x{args.action_dim}"
+           f"-v{spec.vocab_size}-n{num_samples}-s{seed}")
+    root = cache_root()
+    out = root / key
+    if (out / "manifest.json").exists():
+        return out
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one generator at a time; the others wait, then reuse
+        if not (out / "manifest.json").exists():
+            write_vla_shards(spec, out)
+    return out
+
+
 def load_run_config(args: argparse.Namespace):
     cfg = load_config(args.config) if args.config else preset_config(args.preset)
     overrides: dict[str, Any] = parse_overrides(args.set)
@@ -93,10 +115,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.synthetic:
             raise SystemExit("data.loongbin_dir is not set: pass --synthetic to generate a synthetic corpus, "
                              "or point data.loongbin_dir at `python -m loaders.preprocess` output")
-        margs = build_model_args(cfg)
-        data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
-                                      min_len=cfg.data.min_len, short=args.synthetic_packing,
-                                      seed=cfg.data.seed)
+        if cfg.model.name in VLA_PRESETS:
+            data_dir = synthetic_vla_dir(get_vla_preset(cfg.model.name), seed=cfg.data.seed)
+        else:
+            margs = build_model_args(cfg)
+            data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
+                                          min_len=cfg.data.min_len, short=args.synthetic_packing,
+                                          seed=cfg.data.seed)
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source)
