@@ -96,6 +96,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         timeout_s: float | None = None,
         worker: bool = False,
         report: Callable[[Path, str, str], Path] | None = None,
+        lifetimes: Callable[[Any, Path], str] | None = None,
         progress: bool = True,
         launch: Launcher = launch_command,
     ) -> None:
@@ -109,6 +110,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.timeout_override = timeout_s
         self.worker = worker
         self.report = report or None  # report.html's builder (the CLI passes reports.build_report); None builds none
+        self.lifetimes = lifetimes  # lifetimes.json's writer (workbench.memory.lifetimes.study_lifetimes), or None
         self.progress_enabled = progress
         self.launch = launch  # builds each trial's command line (workbench.tune.trial.launch_command)
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "start": proc_start(os.getpid()),
@@ -580,6 +582,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 self._remove_stale_attempts()
                 self._write_tune_json(started, None)
                 self.run_baseline()
+                self.write_lifetimes()  # the base config's gradient lifetimes, once (no device: fake tensors)
                 self._write_tune_json(started, None)
             self.search()
             if self.worker:
