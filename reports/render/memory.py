@@ -111,6 +111,78 @@ def _memory(s: Memory, figs: _Figures) -> str:
         out.append("<ul>" + "".join(f"<li>{_esc(x)}</li>" for x in s.suggestions) + "</ul>")
     if s.analysis_message:
         out.append(_missing(s.analysis_message))
+    if s.lifetimes is not None or s.lifetimes_message:  # a study without lifetimes.json shows none of this
+        out.append("<h3>Gradient lifetimes</h3>")
+        if s.lifetimes is not None:
+            out.append(_lifetimes(s, figs))
+        if s.lifetimes_message:
+            out.append(_missing(s.lifetimes_message))
+    return "\n".join(out)
+
+
+_SLOT_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f")
+
+
+def _lifetimes(s: Memory, figs: _Figures) -> str:
+    """The buckets' lifetimes over the backward, live gradient bytes under both plans, the summary and notes."""
+    lt, tl = s.lifetimes, s.lifetimes_timeline
+    out = []
+
+    def draw():
+        n = len(lt)
+        fig = _figure(FULL_W, min(7.0, 1.6 + 0.16 * n))
+        left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1.0], "wspace": 0.25})
+        y = np.arange(n)
+        colors = [_SLOT_COLORS[int(v) % len(_SLOT_COLORS)] if np.isfinite(v) else "#8c8c8c" for v in lt["slot"]]
+        carried = lt["first_tick"] - lt["alloc_tick"]  # > 0 only with accumulation: live from the micro-batch before
+        left.barh(y, carried.clip(lower=0), left=lt["alloc_tick"], height=0.7, color="#d9d9d9")
+        left.barh(y, lt["ready_tick"] - lt["first_tick"] + 1, left=lt["first_tick"], height=0.7, color=colors)
+        left.barh(y, lt["release_tick"] - lt["ready_tick"], left=lt["ready_tick"] + 1, height=0.7, color=colors,
+                  alpha=0.35)
+        step = max(1, n // 24)
+        left.set_yticks(y[::step], [str(v) for v in lt["layers"]][::step], fontsize=7)
+        left.set_ylim(n - 0.5, -0.5)
+        left.set_xlim(0, float((lt["release_tick"] + 1).max()))
+        left.set_xlabel("tick (one gradient produced per tick, in production order)")
+        left.set_title("Gradient buckets over the backward")
+        left.grid(axis="y", visible=False)
+        from matplotlib.patches import Patch
+
+        handles = [Patch(color=_SLOT_COLORS[0], label="filling (colour: buffer slot)"),
+                   Patch(color=_SLOT_COLORS[0], alpha=0.35, label="all-reduce and update, until freed")]
+        if (carried > 0).any():
+            handles.append(Patch(color="#d9d9d9", label="kept from the micro-batch before"))
+        if tl is not None and len(tl):
+            right.step(tl["tick"], tl["today_mib"], where="post", color="#8c8c8c", label="today's plan")
+            right.step(tl["tick"], tl["lifetime_mib"], where="post", color="#4e79a7", label="lifetime-aware plan")
+            right.set_xlim(0, float(tl["tick"].max()) + 1)
+            right.set_ylim(0, float(tl["today_mib"].max()) * 1.05)
+            right.legend(fontsize=8, loc="upper left")
+        right.set_xlabel("tick")
+        right.set_ylabel("live gradient MiB")
+        right.set_title("Live gradient memory")
+        fig.subplots_adjust(bottom=0.8 / fig.get_figheight())  # the x labels, then the legend below them
+        fig.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.1, 0.0), ncol=len(handles), fontsize=8)
+        return fig
+
+    out.append(figs.svg(draw, "From lifetimes.json (<code>python -m workbench.memory lifetimes</code> on the base "
+                              "config): the production order is the autograd engine's schedule replayed on the "
+                              "model's backward graph; buckets are the training loop's (overlap.py)."))
+    if s.lifetimes_summary is not None and len(s.lifetimes_summary):
+        out.append('<div class="cols"><div>')
+        out.append(_table(s.lifetimes_summary, cls="compact"))
+        out.append('<p class="note">Today every gradient lives until the optimizer step. The lifetime-aware plan '
+                   "gives each bucket one buffer, freed once its all-reduce and a per-bucket optimizer update are "
+                   "done, with one bucket in flight while the next fills; buffers whose lifetimes do not overlap "
+                   "share a slot (docs/memory.md).</p>")
+        if s.lifetimes_notes:
+            out.append("<ul>" + "".join(f"<li>No saving at this config: {_esc(x)}.</li>"
+                                        for x in s.lifetimes_notes) + "</ul>")
+        out.append("</div><div>")
+        out.append(_table(lt, cls="compact", headers={
+            "mib": "MiB", "first_tick": "first", "ready_tick": "last", "alloc_tick": "buffer from",
+            "release_tick": "freed at"}))
+        out.append("</div></div>")
     return "\n".join(out)
 
 

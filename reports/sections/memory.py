@@ -1,7 +1,9 @@
-"""The Memory section: peaks per arm and per trial, fragmentation against the memory knobs, memory_analysis.json."""
+"""The Memory section: peaks per arm and per trial, fragmentation against the memory knobs, memory_analysis.json,
+and the gradient lifetimes of lifetimes.json."""
 
 from __future__ import annotations
 
+import json
 import math
 from typing import NamedTuple
 
@@ -53,6 +55,21 @@ class Memory(NamedTuple):
     """Each memory knob's kind from its Optuna distribution: categorical, int or float."""
     knob_choices: dict[str, list] = {}
     """The choices of each categorical memory knob, in the space's order."""
+    lifetimes: pd.DataFrame | None = None
+    """The gradient buckets in launch order, from the study directory's lifetimes.json (``python -m
+    workbench.memory lifetimes``, workbench/memory/lifetimes.py): bucket, layers, params, mib, first_tick,
+    ready_tick, alloc_tick, release_tick, slot. A tick is one gradient's production, in production order; ticks
+    past the backward are buckets launched after it."""
+    lifetimes_summary: pd.DataFrame | None = None
+    """metric, value: gradient MiB, buckets, peak live gradient MiB under today's plan and the lifetime-aware one,
+    its buffer slots and buffer MiB, the MiB saved at this config (and without the reasons it does not apply)."""
+    lifetimes_timeline: pd.DataFrame | None = None
+    """tick, today_mib, lifetime_mib: live gradient MiB at each tick under the two plans."""
+    lifetimes_notes: list[str] = []
+    """Why the lifetime-aware plan saves nothing at this config (lifetimes.json's ``lifetime.blocked_by``)."""
+    lifetimes_message: str | None = None
+    """One line when lifetimes.json is there but unusable; None when it is absent (the section then shows no
+    gradient lifetimes at all, as before the analysis existed) or read."""
 
 
 _MEM_KEYS = ("memory/max_allocated_gib", "memory/max_reserved_gib", "memory/max_rss_gib",
@@ -99,13 +116,16 @@ def memory_section(data: StudyData) -> Memory:
                    + ", ".join(f"{arm} {v:.2f} GiB" for arm, v in peaks_df["max_rss_gib"].items()
                                if math.isfinite(v)) + ").")
     summary, timeline, suggested = _analysis_tables(doc)
+    lifetimes, lt_summary, lt_timeline, lt_notes, lt_msg = _lifetimes(data)
     kinds, choices = knob_kinds(data)
     return Memory(peaks=peaks_df, by_trial=by_trial, memory_knobs=mem_knobs,
                   log_knobs=[k for k in _log_knobs(data) if k in mem_knobs], histogram=histogram,
                   suggestions=suggestions, analysis_source=source, analysis_message=a_msg, message=message,
                   analysis_summary=summary, fragmentation=timeline, suggested_allocator=suggested,
                   knob_kinds={k: kinds[k] for k in mem_knobs if k in kinds},
-                  knob_choices={k: choices[k] for k in mem_knobs if k in choices})
+                  knob_choices={k: choices[k] for k in mem_knobs if k in choices},
+                  lifetimes=lifetimes, lifetimes_summary=lt_summary, lifetimes_timeline=lt_timeline,
+                  lifetimes_notes=lt_notes, lifetimes_message=lt_msg)
 
 
 def _analysis_tables(doc: dict | None) -> tuple[pd.DataFrame | None, pd.DataFrame | None, dict | None]:
@@ -137,8 +157,6 @@ def _analysis_tables(doc: dict | None) -> tuple[pd.DataFrame | None, pd.DataFram
 
 def _memory_analysis(data: StudyData, number: int | None
                      ) -> tuple[pd.DataFrame | None, list[str], str | None, str | None, dict | None]:
-    import json
-
     places = [data.study_dir]
     run = data.trial_run(number) if number is not None else None
     if run is not None:
@@ -186,3 +204,55 @@ def _histogram(doc: dict) -> pd.DataFrame | None:
         df = pd.DataFrame(rows, columns=["size_bytes", "count"]).dropna()
         return df.sort_values("size_bytes", ignore_index=True) if len(df) else None
     return None
+
+
+_LIFETIME_COLUMNS = ["bucket", "layers", "params", "mib", "first_tick", "ready_tick", "alloc_tick", "release_tick",
+                     "slot"]
+
+
+def _lifetimes(data: StudyData) -> tuple[pd.DataFrame | None, pd.DataFrame | None, pd.DataFrame | None, list[str],
+                                         str | None]:
+    """The buckets, the summary, the timeline and the notes of the study directory's lifetimes.json, and a message
+    when it cannot be used (schema: workbench/memory/lifetimes.py, docs/memory.md)."""
+    path = data.study_dir / "lifetimes.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, None, None, [], None
+    except (OSError, ValueError) as e:
+        return None, None, None, [], f"lifetimes.json could not be read: {e}"
+    buckets = doc.get("buckets") if isinstance(doc, dict) else None
+    if not isinstance(buckets, list) or not buckets or not all(isinstance(b, dict) for b in buckets):
+        return None, None, None, [], "lifetimes.json has no gradient buckets."
+    mib = 1024 ** 2
+    rows = []
+    for b in buckets:
+        layers = [str(x) for x in b.get("layers") or []]
+        rows.append({"bucket": num(b.get("index")),
+                     "layers": layers[0] if len(layers) == 1 else
+                     (f"{layers[0]} … {layers[-1]} ({len(layers)})" if layers else ""),
+                     "params": num(b.get("params")), "mib": num(b.get("bytes")) / mib,
+                     **{k: num(b.get(k)) for k in _LIFETIME_COLUMNS[4:]}})
+    table = pd.DataFrame(rows, columns=_LIFETIME_COLUMNS)
+    today = doc.get("today") if isinstance(doc.get("today"), dict) else {}
+    life = doc.get("lifetime") if isinstance(doc.get("lifetime"), dict) else {}
+    summary = [("gradients MiB", num(doc.get("total_bytes")) / mib),
+               ("buckets", float(len(buckets))),
+               ("bucket size MiB (loongforge.overlap.bucket_size_mb)", num(doc.get("bucket_size_mb"))),
+               ("gradient accumulation steps", num(doc.get("grad_accum_steps"))),
+               ("peak live gradients MiB, today's plan", num(today.get("peak_live_bytes")) / mib),
+               ("peak live gradients MiB, lifetime-aware plan", num(life.get("peak_live_bytes")) / mib),
+               ("buffer slots, lifetime-aware plan", num(life.get("slots"))),
+               ("gradient buffers MiB, lifetime-aware plan", num(life.get("buffer_bytes")) / mib),
+               ("saved MiB at this config", num(doc.get("saved_bytes")) / mib)]
+    if life.get("applies") is False and num(life.get("saved_bytes")) > 0:
+        summary.append(("saved MiB without the reasons below", num(life.get("saved_bytes")) / mib))
+    summary_df = pd.DataFrame([r for r in summary if math.isfinite(r[1])], columns=["metric", "value"])
+    tl = doc.get("timeline")
+    timeline = None
+    if isinstance(tl, list) and tl and all(isinstance(x, dict) for x in tl):
+        timeline = pd.DataFrame({"tick": [num(x.get("tick")) for x in tl],
+                                 "today_mib": [num(x.get("today_bytes")) / mib for x in tl],
+                                 "lifetime_mib": [num(x.get("lifetime_bytes")) / mib for x in tl]})
+    notes = [str(x) for x in life.get("blocked_by") or []]
+    return table, summary_df, timeline, notes, None

@@ -35,8 +35,14 @@ from optuna.trial import TrialState
 import reports
 from reports import build_report, compute_sections
 from reports._load import PHASES
+from reports.render.figures import _Figures
+from reports.render.memory import _memory
+from reports.render.tables import _missing
 
 REPO = Path(__file__).resolve().parents[2]
+LIFETIMES = REPO / "tests" / "assets" / "lifetimes_gr00t-n1.6_clip0_2026-12-01.json"
+"""What ``python -m workbench.memory lifetimes --preset gr00t-n1.6 --set training.grad_clip=0`` wrote (the DAG on
+fake tensors, on the CPU): 31 buckets of whole layers at 25 MiB, a lifetime-aware plan of 2 slots."""
 SECTION_IDS = ("summary", "guide", "search", "time", "compile", "numerics", "memory", "kernels", "data",
                "trials", "environment")
 
@@ -441,6 +447,7 @@ def _make_study(root: Path, *, name: str, n_trials: int, gpus: int, multi_object
                    "torch": "2.5.1+cu124", "triton": "3.1.0", "nccl": "2.21.5", "python": "3.11.9",
                    "hostname": "gpu-node-017"}
     (d / "environment.json").write_text(json.dumps(fingerprint, indent=1))
+    shutil.copy(LIFETIMES, d / "lifetimes.json")  # the tuner's gradient-lifetime analysis of the base config
     best_cfg = _config_for(fx.params[fx.best], gpus)
     w = fx.validation.get("winner", {})
     best_cfg["provenance"] = {
@@ -611,6 +618,65 @@ def test_memory(rep, fx):
     assert len(m.by_trial) == len(fx.trial_tput)
 
 
+def test_memory_gradient_lifetimes(rep, fx):
+    """lifetimes.json in the study directory: the buckets in launch order, the two plans' peaks, the slots and the
+    saving, as the analysis wrote them."""
+    doc = json.loads(LIFETIMES.read_text())
+    m = rep.memory
+    assert m.lifetimes_message is None and m.lifetimes_notes == []
+    assert len(m.lifetimes) == len(doc["buckets"]) == 31
+    assert m.lifetimes["bucket"].tolist() == list(range(31))
+    assert m.lifetimes.loc[0, "layers"] == "lm_head" and m.lifetimes.loc[30, "layers"] == "embed_tokens"
+    assert m.lifetimes["first_tick"].is_monotonic_increasing  # buckets fill in launch order here
+    assert m.lifetimes["mib"].sum() == pytest.approx(doc["total_bytes"] / 2 ** 20)
+    summary = m.lifetimes_summary.set_index("metric")["value"]
+    assert summary["peak live gradients MiB, today's plan"] == pytest.approx(doc["total_bytes"] / 2 ** 20)
+    assert summary["peak live gradients MiB, lifetime-aware plan"] == pytest.approx(588.6, abs=0.05)
+    assert summary["buffer slots, lifetime-aware plan"] == 2
+    assert summary["saved MiB at this config"] == pytest.approx(doc["saved_bytes"] / 2 ** 20)
+    assert m.lifetimes_timeline["today_mib"].iloc[-1] == pytest.approx(doc["total_bytes"] / 2 ** 20)
+    assert m.lifetimes_timeline["lifetime_mib"].max() == pytest.approx(588.6, abs=0.05)
+
+
+def _memory_html(memory) -> str:
+    """The Memory section's HTML alone (its own figure numbering)."""
+    return _memory(memory, _Figures())
+
+
+def test_memory_without_lifetimes_renders_as_before(rep, fx, tmp_path):
+    """No lifetimes.json (a study from before the analysis): nothing of it in the data, and the section's page is
+    the one with the file less its gradient-lifetimes part; a broken file is one line."""
+    d = tmp_path / "copy"
+    shutil.copytree(fx.dir, d)
+    (d / "lifetimes.json").unlink()
+    m = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name).memory
+    assert m.lifetimes is None and m.lifetimes_summary is None and m.lifetimes_timeline is None
+    assert m.lifetimes_message is None and m.lifetimes_notes == []
+    without, with_file = _memory_html(m), _memory_html(rep.memory)
+    assert "lifetimes" not in without.lower()
+    assert with_file.startswith(without + "\n<h3>Gradient lifetimes</h3>")
+    (d / "lifetimes.json").write_text("{")
+    m = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name).memory
+    assert m.lifetimes is None and m.lifetimes_message.startswith("lifetimes.json could not be read")
+    assert _memory_html(m).endswith(f"<h3>Gradient lifetimes</h3>\n{_missing(m.lifetimes_message)}")
+
+
+def test_memory_lifetimes_that_do_not_apply_say_why(fx, tmp_path):
+    d = tmp_path / "copy"
+    shutil.copytree(fx.dir, d)
+    doc = json.loads(LIFETIMES.read_text())
+    why = "training.grad_clip=1: clipping scales every gradient by the global norm"
+    doc["lifetime"].update(applies=False, blocked_by=[why])
+    doc["saved_bytes"] = 0
+    (d / "lifetimes.json").write_text(json.dumps(doc))
+    m = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name).memory
+    summary = m.lifetimes_summary.set_index("metric")["value"]
+    assert summary["saved MiB at this config"] == 0
+    assert summary["saved MiB without the reasons below"] == pytest.approx(doc["lifetime"]["saved_bytes"] / 2 ** 20)
+    assert m.lifetimes_notes == [why]
+    assert f"No saving at this config: {why}" in _memory_html(m)
+
+
 def test_kernels_without_sweep(rep, fx):
     k = rep.kernels
     assert k.message.startswith("No kernel sweep ran")
@@ -766,6 +832,7 @@ def test_html_sections_and_content(page, fx):
         assert f"<h2>{i}. {heading}</h2>" in page
     assert 'class="section-error"' not in page and "section-error" not in page
     assert "Memory analysis not run" in page and "No kernel sweep ran" in page
+    assert "<h3>Gradient lifetimes</h3>" in page and 'data-title="Gradient buckets over the backward"' in page
     # Escaped: the config comment and a failure reason contain '<...>'.
     assert f"trial &lt;{fx.best}&gt;" in page and "&lt;after warm-up&gt;" in page
     assert "<after warm-up>" not in page

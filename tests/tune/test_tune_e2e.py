@@ -86,6 +86,9 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert cfg.data.micro_batch_size == winner.params.get("micro_batch_size", 4)
     assert cfg.training.max_steps == 16  # the base's run length, not the protocol's
     assert (sdir / "report.html").stat().st_size > 0
+    # the base config's gradient lifetimes (python -m workbench.memory lifetimes), written once after the baseline
+    lifetimes = json.loads((sdir / "lifetimes.json").read_text())
+    assert lifetimes["model"] == "tiny" and lifetimes["buckets"] and f"gradient lifetimes: {sdir}" in proc.stderr
 
     # one result, told the same everywhere: the terminal, tune.json, the exported provenance and the report
     result = tune["result"]
@@ -95,7 +98,7 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     # the report of a real study: every section there, none of them failed
     ids = set(re.findall(r'<section id="([^"]+)"', page))
     assert {"summary", "guide", "search", "time", "memory", "data", "trials", "environment"} <= ids
-    assert "section-error" not in page
+    assert "section-error" not in page and "<h3>Gradient lifetimes</h3>" in page
     base_tps = f"{result['baseline']['tokens_per_s']:,.0f}"
     assert base_tps in proc.stdout and base_tps in page  # "vs baseline N", or the noise floor's when no candidate
     assert prov.baseline_tokens_per_s_per_gpu == result["baseline"]["tokens_per_s"]

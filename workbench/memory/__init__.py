@@ -1,5 +1,6 @@
-"""The memory tool: ``python -m workbench.memory analyze`` (``__main__``) and the analysis of an allocator
-snapshot (``analysis``)."""
+"""The memory tool: ``python -m workbench.memory analyze|lifetimes`` (``__main__``), the analysis of an allocator
+snapshot (``analysis``) and the gradient lifetimes of a model's backward (``lifetimes``, imported as
+``workbench.memory.lifetimes``)."""
 
 from __future__ import annotations
 

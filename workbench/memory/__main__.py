@@ -1,8 +1,10 @@
 """``python -m workbench.memory analyze``: run the training loop, record the allocator's history over a few steps,
-and write ``memory_analysis.json`` (docs/memory.md).
+and write ``memory_analysis.json``; ``python -m workbench.memory lifetimes``: derive when each gradient is produced
+and consumed from the model's autograd graph, and write ``lifetimes.json`` (docs/memory.md).
 
     python -m workbench.memory analyze --config config.yaml [--steps N] [--out DIR] [--synthetic]
     python -m workbench.memory analyze --preset gr00t-n1.6 --synthetic --set data.micro_batch_size=8
+    python -m workbench.memory lifetimes --preset gr00t-n1.6 [--set KEY=VALUE] [--out DIR] [--rebuild-dag]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError
+from workbench.memory import lifetimes
 from workbench.memory.analysis import analyze_snapshot, format_table
 from workbench.train.run import load_run_config, synthetic_data_dir
 from workbench.train.trainer import Trainer, build_model_args
@@ -42,11 +45,37 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     a.add_argument("--max-entries", type=int, default=500_000, help="allocator history ring size (default 500000)")
     a.add_argument("--snapshot", action="store_true",
                    help="also write memory_snapshot.pickle (for https://pytorch.org/memory_viz)")
+    lt = sub.add_parser("lifetimes", help="gradient production order, bucket lifetimes and a lifetime-aware "
+                                          "buffer plan, from the model's autograd graph (no GPU needed)")
+    src = lt.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="config.yaml")
+    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6)")
+    lt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    lt.add_argument("--out", default=".", help="directory for lifetimes.json (default: the working directory)")
+    lt.add_argument("--rebuild-dag", action="store_true", help="build the autograd DAG again instead of reading "
+                                                              "it from the cache")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    return _lifetimes(args) if args.command == "lifetimes" else _analyze(args)
+
+
+def _lifetimes(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_run_config(argparse.Namespace(config=args.config, preset=args.preset, set=args.set, steps=None))
+        doc = lifetimes.analyze_lifetimes(cfg, rebuild_dag=args.rebuild_dag)
+    except ValueError as e:  # a ConfigError, or model args an HF config.json cannot give
+        print(f"error (invalid_config): {e}", file=sys.stderr)
+        return 2
+    path = lifetimes.write_lifetimes(doc, args.out)
+    print(lifetimes.format_table(doc))
+    print(f"wrote {path}")
+    return 0
+
+
+def _analyze(args: argparse.Namespace) -> int:
     if not torch.cuda.is_available():  # note: does not initialise the caching allocator
         print("workbench.memory analyze needs CUDA: torch.cuda.is_available() is False on this machine",
               file=sys.stderr)

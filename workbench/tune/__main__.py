@@ -1,7 +1,8 @@
 """``python -m workbench.tune``: search the knobs of a study, validate the best, export the winner.
 
 The CLI of the ``Tuner`` (workbench.tune.tuner); it also builds the report (``reports``, the layer above the
-tuner). docs/tuner.md describes one run.
+tuner) and hands the tuner the memory tool's gradient-lifetime writer (``workbench.memory``, its sibling).
+docs/tuner.md describes one run.
 
     python -m workbench.tune [--study NAME|PATH] [--trials N] [--timeout S] [--storage URL]
                              [--study-name NAME] [--gpus N] [--out runs/] [--worker] [--no-report]
@@ -31,6 +32,7 @@ import sqlalchemy.exc
 
 from reports import build_report
 from workbench.errors import ConfigError, TuneError
+from workbench.memory.lifetimes import study_lifetimes
 from workbench.tune.export import export_config
 from workbench.tune.storage import default_storage_url, make_storage, normalize_storage_url
 from workbench.tune.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
@@ -185,7 +187,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     spec = _resolve_spec(args)
     tuner = Tuner(spec, study_name=args.study_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, worker=args.worker, report=None if args.no_report else build_report,
-                  progress=not args.no_progress, confirm=_confirm_command(args.yes))
+                  lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes))
     try:
         tuner.run()
     except KeyboardInterrupt:

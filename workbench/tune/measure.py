@@ -1,6 +1,6 @@
 """How the Tuner measures: a run of a config in its own process (the baseline repeats, validation runs, the
-numerics guard's twins and the trace runs), each in a fresh per-attempt folder, and the numerics guard of a search
-trial."""
+numerics guard's twins and the trace runs), each in a fresh per-attempt folder, the numerics guard of a search
+trial, and the base config's gradient lifetimes."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ __all__ = ["Measurement"]
 
 
 class Measurement:
-    """The Tuner's measurement methods (the Tuner provides the spec, study, study_dir, progress and logging)."""
+    """The Tuner's measurement methods (the Tuner provides the spec, study, study_dir, progress, logging and the
+    lifetimes writer)."""
 
     def _phase(self, prefix: str) -> Any:
         def on_phase(text: str) -> None:
@@ -93,6 +94,23 @@ class Measurement:
         self._log(f"noise floor: median {nf.median:,.0f} tok/s/gpu, spread {nf.rel_spread:.1%} "
                   f"(min {nf.min:,.0f}, max {nf.max:,.0f}), cv {nf.cv:.1%} over {nf.n} runs")
         return runs
+
+    def write_lifetimes(self) -> None:
+        """``lifetimes.json`` in the study directory, once per study, through the writer the Tuner was given
+        (``Tuner(lifetimes=...)``: the CLI passes ``workbench.memory.lifetimes.study_lifetimes``, a layer this one
+        does not import): the gradient-lifetime analysis of the base config as the baseline measures it
+        (docs/memory.md), for the report's Memory section. No device and no training step: the model's graph is
+        built on fake tensors, once per model (cached). One that fails costs the study one line."""
+        spec = self.spec
+        assert spec is not None
+        if self.lifetimes is None or (self.study_dir / "lifetimes.json").exists():
+            return
+        try:
+            line = self.lifetimes(spec.measured_base_config(), self.study_dir)
+        except Exception as e:  # noqa: BLE001 - an analysis must never cost the study its measurements
+            self._log(f"gradient lifetimes: not written ({type(e).__name__}: {e})")
+            return
+        self._log(f"gradient lifetimes: {line}")
 
     def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """torch.profiler traces of the baseline and of the validated winner (``winner``: its trial and params;

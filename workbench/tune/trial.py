@@ -77,7 +77,7 @@ KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the train CLI needs no cleanup when it
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory")
 _SUMMARY_KEEP_DICTS = ("phase_s_per_step",)
 
-_ROOT = Path(__file__).resolve().parent.parent  # the checkout holding workbench/, loaders/, kernels/
+_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding workbench/, loaders/, kernels/
 
 
 def _exit_code_kinds() -> dict[int, str]:

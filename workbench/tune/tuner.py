@@ -95,6 +95,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         timeout_s: float | None = None,
         worker: bool = False,
         report: Callable[[Path, str, str], Path] | None = None,
+        lifetimes: Callable[[Any, Path], str] | None = None,
         progress: bool = True,
         launch: Launcher | None = None,
         confirm: Callable[[StudySpec], None] | None = None,
@@ -109,6 +110,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.timeout_override = timeout_s
         self.worker = worker
         self.report = report or None  # report.html's builder (the CLI passes reports.build_report); None builds none
+        self.lifetimes = lifetimes  # lifetimes.json's writer (workbench.memory.lifetimes.study_lifetimes), or None
         self.progress_enabled = progress
         self._launch = launch  # builds each trial's command line; None: the built-in loop or the spec's command
         # asked before a spec that did not come from the user's own file runs its trainer.command (the CLI asks the
@@ -603,6 +605,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 self._remove_stale_attempts()
                 self._write_tune_json(started, None)
                 self.run_baseline()
+                self.write_lifetimes()  # the base config's gradient lifetimes, once (no device: fake tensors)
                 self._write_tune_json(started, None)
             self.search()
             if self.worker:
