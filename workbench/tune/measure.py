@@ -15,6 +15,7 @@ import optuna
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError, TuneError
 from workbench.train.hf import check_model
+from workbench.train.vla import VLA_PRESETS
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
 from workbench.tune.stats import noise_floor
@@ -105,6 +106,8 @@ class Measurement:
         assert spec is not None
         if self.lifetimes is None or (self.study_dir / "lifetimes.json").exists():
             return
+        if spec.trainer is not None or spec.base_config().model.name in VLA_PRESETS:
+            return  # the analysis models the built-in language model: a loop of one's own, or the VLA, is not it
         try:
             line = self.lifetimes(spec.measured_base_config(), self.study_dir)
         except Exception as e:  # noqa: BLE001 - an analysis must never cost the study its measurements
