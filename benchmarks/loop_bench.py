@@ -100,7 +100,7 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
         sets = [f"data.micro_batch_size={a.micro_batch}", f"data.seq_len={a.seq_len}",
                 f"data.bucket_width={a.seq_len}", f"data.min_len={a.seq_len}",
                 f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
-                f"training.log_every={a.log_every}", *WB_SETS[name]]
+                f"training.log_every={a.log_every}", *WB_SETS[name], *a.wb_set]
         cmd = [sys.executable, "-m", "workbench.train", "--preset", a.preset, "--synthetic", "-q",
                "--synthetic-packing", "fill",  # full records, like the reference's token-stream windows
                "--summary", str(d / "summary.json"), "--out", str(d)]
@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wb-config-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for the wb_config, wb_base and wb_alt variants (repeatable)")
     p.add_argument("--wb-base", help="config.yaml for the wb_base variant (a study's base config)")
+    p.add_argument("--wb-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for every pinned wb_* variant (repeatable), e.g. compile_shapes=static")
     p.add_argument("--wb-alt", help="config.yaml for the wb_alt variant (a second config to compare)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step of the ref_* variants")
     p.add_argument("--reference", default="ref_compiled", help="variant the ratios table divides by")
@@ -177,6 +179,8 @@ def main(argv: list[str] | None = None) -> None:
     config = f"preset={a.preset} micro_batch={a.micro_batch} seq_len={a.seq_len} steps={a.steps} warmup={a.warmup}"
     if a.global_batch:
         config += f" global_batch={a.global_batch}"
+    if a.wb_set:
+        config += " wb_set=" + ";".join(a.wb_set)
     if a.wb_config_set:  # the overrides of wb_config / wb_base: part of what was measured
         config += " wb_config_set=" + ";".join(a.wb_config_set)
     common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
