@@ -229,8 +229,14 @@ def test_npz_errors_name_the_file_and_the_sample(tmp_path, vla_data):
     with pytest.raises(ValueError, match=rf"x\.npz: sample {long}: {T + 1} tokens > --text-len {T}"):
         preprocess_vla([str(tmp_path / "x.npz")], str(tmp_path / "s"), vocab_size=VLA_SPEC.vocab_size, text_len=T)
     with pytest.raises(ValueError, match=r"x\.npz: sample \d+: token id \d+ outside 0\.\.9"):
-        preprocess_vla([str(tmp_path / "x.npz")], str(tmp_path / "s"), vocab_size=10)
-    assert not (tmp_path / "s").exists()
+        preprocess_vla([str(tmp_path / "x.npz")], str(tmp_path / "a" / "b" / "s"), vocab_size=10)
+    assert not (tmp_path / "a").exists()  # nor the directories it would have made
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not shards")
+    with pytest.raises(FileExistsError, match=r"mine: exists and is not a shard directory"):
+        preprocess_vla([str(tmp_path / "x.npz")], str(tmp_path / "mine"), vocab_size=VLA_SPEC.vocab_size,
+                       overwrite=True)
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "not shards"
 
 
 def test_preprocess_cli_kind_vla(tmp_path, vla_data):
