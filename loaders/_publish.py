@@ -1,6 +1,6 @@
 """Publishing a shard directory atomically: the writer's temporary and moved-aside directories, the rename into
 place (``renameat2(RENAME_EXCHANGE)`` where the kernel has it), durable writes, ``remove_stale_partials``, and
-``_atomic_write`` for a single file (the synthetic corpora's).
+``_atomic_write`` for a single file (the synthetic corpora's), and the preprocessors' checks of an output path.
 
 See docs/loaders.md ("The shard format", directory layout); ``loaders.format`` re-exports
 ``remove_stale_partials``.
@@ -16,6 +16,8 @@ import socket
 import tempfile
 from pathlib import Path
 from typing import IO, Callable
+
+from ._layout import INDEX_NAME, MANIFEST_NAME
 
 _PARTIAL = ".partial-"  # temporary directory: .<name>.partial-<pid>@<host>-<random>
 _OLD = ".old-"          # previous directory moved aside (fallback overwrite path): .<name>.old-<pid>@<host>
@@ -161,3 +163,25 @@ def _atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], Non
             pass
         raise
     return path
+
+
+def _check_output(out: Path, overwrite: bool) -> None:
+    if not out.exists() and not out.is_symlink():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{out}: already exists (pass --overwrite to replace it)")
+    if not out.is_dir():
+        raise FileExistsError(f"{out}: exists and is not a directory; refusing to replace it")
+    if any(out.iterdir()) and not ((out / MANIFEST_NAME).exists() or (out / INDEX_NAME).exists()):
+        raise FileExistsError(f"{out}: exists and is not a shard directory (no {MANIFEST_NAME} or "
+                              f"{INDEX_NAME}); refusing to replace it with --overwrite")
+
+
+def _missing_ancestors(path: Path) -> list[Path]:
+    """Directories above ``path`` that do not exist yet, deepest first."""
+    missing = []
+    p = path.parent
+    while not p.exists() and p != p.parent:
+        missing.append(p)
+        p = p.parent
+    return missing

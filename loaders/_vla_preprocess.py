@@ -19,6 +19,7 @@ from typing import Iterator
 
 import numpy as np
 
+from ._publish import _check_output, _missing_ancestors
 from .format import MAX_FRAME_BYTES, MIN_FRAME_BYTES, VLAShardWriter, remove_stale_partials
 from .inputs import _read_npy_header
 
@@ -228,6 +229,8 @@ def preprocess_vla(inputs: list[str], output: str, *, text_len: int | None = Non
     if not (isinstance(frame_kb, int) and MIN_FRAME_BYTES <= frame_kb * 1024 <= MAX_FRAME_BYTES):
         raise ValueError(f"frame_kb={frame_kb!r}: expected an integer in {MIN_FRAME_BYTES // 1024}.."
                          f"{MAX_FRAME_BYTES // 1024}")
+    out = Path(output)
+    _check_output(out, overwrite)  # an existing directory is replaced only when it is a shard directory
     files = [open_vla_npz(p, image_layout=image_layout, allow_pickle=allow_pickle) for p in inputs]
     for f in files[1:]:
         if (f.image_shape, f.action_shape) != (files[0].image_shape, files[0].action_shape):
@@ -241,10 +244,26 @@ def preprocess_vla(inputs: list[str], output: str, *, text_len: int | None = Non
         vocab = max(f.max_id() for f in files) + 1
         warnings.warn(f"--vocab-size not given: inferred {vocab} (max id + 1) from the inputs; pass --vocab-size "
                       f"to fix the token dtype and reject out-of-range ids", stacklevel=2)
-    for p in remove_stale_partials(output):
+    for p in remove_stale_partials(out):
         if not quiet:
             print(f"removed {p} (left by an interrupted run)", file=sys.stderr)
-    with VLAShardWriter(output, vocab_size=vocab, text_len=T, image_shape=files[0].image_shape,
+    created = _missing_ancestors(out)
+    try:
+        return _write(files, out, vocab, vocab_size is None, T, image_layout, zstd_level, frame_kb, num_workers,
+                      overwrite, compare, tokenizer, t0)
+    except BaseException:
+        for d in created:  # directories this run created above the output, if left empty
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _write(files: list[VLAInput], out: Path, vocab: int, inferred: bool, T: int, image_layout: str, zstd_level: int,
+           frame_kb: int, num_workers: int, overwrite: bool, compare: bool, tokenizer: str | None, t0: float) -> dict:
+    """The samples of ``files`` through a ``VLAShardWriter`` into ``out``; returns the manifest."""
+    with VLAShardWriter(out, vocab_size=vocab, text_len=T, image_shape=files[0].image_shape,
                         action_shape=files[0].action_shape, zstd_level=zstd_level, frame_bytes=frame_kb * 1024,
                         num_workers=num_workers, overwrite=overwrite, compare_baselines=compare) as w:
         for f in files:
@@ -261,7 +280,7 @@ def preprocess_vla(inputs: list[str], output: str, *, text_len: int | None = Non
             "kind": "vla",
             "inputs": [{"path": str(f.path.resolve()), "format": "npz", "bytes": f.nbytes, "samples": f.samples,
                         "image_layout": f.layout, "tokens": f.tokens_format} for f in files],
-            "flags": {"text_len": T, "vocab_size": vocab, "vocab_size_inferred": vocab_size is None,
+            "flags": {"text_len": T, "vocab_size": vocab, "vocab_size_inferred": inferred,
                       "image_layout": image_layout, "zstd_level": zstd_level, "frame_kb": frame_kb,
                       "num_workers": num_workers, "overwrite": overwrite, "compare": compare},
             "samples": samples, "read_s": round(t_read, 3)}, "tokenizer": tokenizer}

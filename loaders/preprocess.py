@@ -27,9 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
+from loaders._publish import _check_output, _missing_ancestors
 from loaders.format import (
-    INDEX_NAME,
-    MANIFEST_NAME,
     MAX_FRAME_BYTES,
     MIN_FRAME_BYTES,
     ShardWriter,
@@ -208,28 +207,6 @@ class _Records:
         if len(tokens) < self.cfg.min_len:
             self.c.records_below_min_len += 1
         self.w.add(tokens, mask, pos)
-
-
-def _check_output(out: Path, overwrite: bool) -> None:
-    if not out.exists() and not out.is_symlink():
-        return
-    if not overwrite:
-        raise FileExistsError(f"{out}: already exists (pass --overwrite to replace it)")
-    if not out.is_dir():
-        raise FileExistsError(f"{out}: exists and is not a directory; refusing to replace it")
-    if any(out.iterdir()) and not ((out / MANIFEST_NAME).exists() or (out / INDEX_NAME).exists()):
-        raise FileExistsError(f"{out}: exists and is not a shard directory (no {MANIFEST_NAME} or "
-                              f"{INDEX_NAME}); refusing to replace it with --overwrite")
-
-
-def _missing_ancestors(path: Path) -> list[Path]:
-    """Directories above ``path`` that do not exist yet, deepest first."""
-    missing = []
-    p = path.parent
-    while not p.exists() and p != p.parent:
-        missing.append(p)
-        p = p.parent
-    return missing
 
 
 def _log(quiet: bool, msg: str) -> None:
