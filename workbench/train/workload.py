@@ -176,7 +176,12 @@ class VisionLanguageAction(Workload):
     def pipeline(self, cfg: Config, shards: ShardSet, *, seed: int, device: torch.device) -> BatchPipeline:
         a = self.vla_args
         d, io, mem = cfg.data, cfg.loongforge.io_domain, cfg.loongforge.memory_domain
-        p = VLAPipeline.from_config(d, io, mem, seed=seed, device=device, shards=shards)
+        try:
+            p = VLAPipeline.from_config(d, io, mem, seed=seed, device=device, shards=shards)
+        except ConfigError:
+            raise
+        except ValueError as e:  # the loader names the config key: a config the data cannot serve
+            raise ConfigError(str(e)) from None
         want = ((a.channels, a.image_size, a.image_size), (a.action_horizon, a.action_dim))
         if (tuple(p.image_shape), tuple(p.action_shape)) != want or p.text_len > a.text_tokens:
             p.close()
