@@ -14,4 +14,4 @@ fi
 export REPORT_ARTIFACT_DIR=${REPORT_ARTIFACT_DIR:-$PWD/runs/ci-artifacts}
 # the one-way import ladder (pyproject.toml, docs/architecture.md)
 .venv/bin/lint-imports --no-cache
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"

@@ -18,7 +18,7 @@ EXAMPLES = ROOT / "examples"
 
 # the examples' own protocol, cut to what shows every part working on 2 cores: 1 baseline run, a grid of the loop's
 # knobs (2 trials of the plain loop, 1 of the HF run, whose every process imports transformers; compile stays off:
-# inductor's CPU compile would double the test), 2 A/B pairs, 1 traced step of the plain loop
+# inductor's CPU compile would double the test), 2 A/B pairs, no trace runs
 SMALL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_repeats": 1, "top_k": 1, "ab_min_rounds": 2,
          "ab_rounds": 2, "trial_timeout_s": 240, "heartbeat_timeout_s": 60, "profile_steps": 1}
 
@@ -71,9 +71,11 @@ def test_plain_loop_tunes_end_to_end(tmp_path, subprocess_env):
     space = {"micro_batch_size": {"choices": [1, 8]}, "compile": {"choices": ["none"]},
              "user.attention": {"choices": ["manual", "sdpa"]}}
     spec = _small_spec(tmp_path, "plain_loop", space, {"data": {"seq_len": 64, "micro_batch_size": 1},
-                                                       "training": {"global_batch_size": 8}}, trials=2)
+                                                       "training": {"global_batch_size": 8}}, trials=2,
+                       profile_steps=0)  # the run API's trace: tests/train/test_session.py
     r, study = _tune(tmp_path, spec, subprocess_env)
-    result = _check_study(r, study, ["python", "plain_loop.py"], {"micro_batch_size", "compile", "user.attention"})
+    result = _check_study(r, study, ["python", "plain_loop.py"], {"micro_batch_size", "compile", "user.attention"},
+                          traces=False)
     exported = load_config(study / "config.yaml")
     params = result["exported"]["params"]
     assert exported.user.get("attention") == params.get("user.attention", None) or not params

@@ -87,7 +87,7 @@ def test_a_trial_killed_from_outside_is_run_once_more(study_spec_file, tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     heartbeat = tmp_path / "runs" / "ext" / "trials" / "0" / "heartbeat"
     end = time.monotonic() + 240
-    while not heartbeat.exists() and time.monotonic() < end:  # the trial's first step
+    while not heartbeat.exists() and time.monotonic() < end:  # the trial reports (0 at its start)
         assert proc.poll() is None, proc.communicate()
         time.sleep(0.2)
     study = optuna.load_study(study_name="ext", storage=url)

@@ -26,11 +26,13 @@ def _study(url: str) -> optuna.Study | None:
 
 
 def _running_trial(proc, url, trial_dir, timeout=240):
-    """The trial whose directory has a heartbeat (its first step ran), with its process group from the storage."""
+    """The trial whose heartbeat says its first step ran (0 is written at its start), with its process group from
+    the storage."""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
         assert proc.poll() is None, proc.communicate()
-        if (trial_dir / "heartbeat").exists():
+        beat = (trial_dir / "heartbeat").read_text().strip() if (trial_dir / "heartbeat").exists() else ""
+        if beat.isdigit() and int(beat) >= 1:
             study = _study(url)
             trial = study.trials[int(trial_dir.name)] if study is not None and \
                 len(study.trials) > int(trial_dir.name) else None

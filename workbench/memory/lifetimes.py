@@ -347,7 +347,7 @@ def analyze_lifetimes(cfg: Config, *, rebuild_dag: bool = False, cache_dir: str 
     buckets = [Bucket(tuple(b.layers), tuple(by_id[id(p)] for p in b.params)) for b in plans]
     nbytes = {n: x.numel() * x.element_size() for n, x in tensors.items()}
     # under graph capture the loop all-reduces every bucket after the replay (Trainer.__init__)
-    ratio = 0.0 if cd.graph_capture else ov.overlap_ratio
+    ratio = 0.0 if cd.captures else ov.overlap_ratio
     n_overlap, accum = overlap_count(len(buckets), ratio), cfg.effective_grad_accum_steps()
     plan = plan_lifetimes(order, nbytes, buckets, n_overlap=n_overlap, grad_accum=accum)
     blocked = []
