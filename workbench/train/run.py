@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +34,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("LOONGFORGE_CACHE", Path.home() / ".cache" / "loongforge-workbench"))
 
 
-def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, seed: int = 0,
-                       min_len: int = 64, short: str = "pack", zstd_level: int = 12,
-                       dict_size: int = 262144) -> Path:
-    """Generate and preprocess the synthetic corpus once per parameters; return its shard dir.
-
-    Concurrent callers (parallel trials) serialise on a lock file; the writer's
-    atomic rename means a reader never sees a half-written directory.
-    """
-    min_len = min(min_len, seq_len)
-    key = (f"synth-v{vocab_size}-L{seq_len}-m{min_len}-{short}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}"
-           f"-z{zstd_level}")
+def _cached_corpus(key: str, write: Callable[[Path, Path], None]) -> Path:
+    """``cache_root()/key``, written once by ``write(out, root)`` unless its manifest is there. Concurrent callers
+    (parallel trials) serialise on a lock file; the writers' atomic rename means a reader never sees a half-written
+    directory."""
     root = cache_root()
     out = root / key
     if (out / "manifest.json").exists():
@@ -51,8 +45,20 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
     root.mkdir(parents=True, exist_ok=True)
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one generator at a time; the others wait, then reuse
-        if (out / "manifest.json").exists():
-            return out
+        if not (out / "manifest.json").exists():
+            write(out, root)
+    return out
+
+
+def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, seed: int = 0,
+                       min_len: int = 64, short: str = "pack", zstd_level: int = 12,
+                       dict_size: int = 262144) -> Path:
+    """Generate and preprocess the synthetic corpus once per parameters; return its shard dir."""
+    min_len = min(min_len, seq_len)
+    key = (f"synth-v{vocab_size}-L{seq_len}-m{min_len}-{short}-w{SYNTH_STORED_WIDTH}-n{num_docs}-s{seed}"
+           f"-z{zstd_level}")
+
+    def write(out: Path, root: Path) -> None:
         docs = generate_documents(SynthSpec(vocab_size=vocab_size, num_docs=num_docs, seed=seed))
         src = root / f"{key}.npy"
         eos = vocab_size - 1
@@ -61,7 +67,8 @@ def synthetic_data_dir(*, vocab_size: int, seq_len: int, num_docs: int = 2000, s
                    max_len=seq_len, num_workers=2, zstd_level=zstd_level, vocab_size=vocab_size, eos_id=eos,
                    dict_size=dict_size, short=short, compare=False, quiet=True)
         src.unlink()
-    return out
+
+    return _cached_corpus(key, write)
 
 
 def synthetic_vla_dir(args: VLAArgs, *, num_samples: int = 512, seed: int = 0) -> Path:
@@ -72,16 +79,7 @@ def synthetic_vla_dir(args: VLAArgs, *, num_samples: int = 512, seed: int = 0) -
                         vocab_size=min(args.backbone.vocab_size, 65535), seed=seed)
     key = (f"synth-vla-i{args.image_size}-t{args.text_tokens}-a{args.action_horizon}x{args.action_dim}"
            f"-v{spec.vocab_size}-n{num_samples}-s{seed}")
-    root = cache_root()
-    out = root / key
-    if (out / "manifest.json").exists():
-        return out
-    root.mkdir(parents=True, exist_ok=True)
-    with open(root / f"{key}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one generator at a time; the others wait, then reuse
-        if not (out / "manifest.json").exists():
-            write_vla_shards(spec, out)
-    return out
+    return _cached_corpus(key, lambda out, root: write_vla_shards(spec, out))
 
 
 def load_run_config(args: argparse.Namespace):
