@@ -18,10 +18,8 @@ if ! python -c "import torch" 2>/dev/null; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     python -m pip install -q torch
   else
-    python -m pip install -q --no-compile torch==2.13.0  # the CPU build
+    python -m pip install -q torch==2.13.0  # the CPU build
   fi
 fi
-# --no-compile: a module's bytecode is written when it is first imported, not for every file of every package
-# (transformers alone is thousands of files the tests never import)
-python -m pip install -q --no-compile -e ".${EXTRAS}"
+python -m pip install -q -e ".${EXTRAS}"
 python -c "import torch, optuna, zstandard; print(f'setup ok: torch {torch.__version__}, optuna {optuna.__version__}, zstandard {zstandard.__version__}')"
