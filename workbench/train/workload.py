@@ -134,9 +134,6 @@ class LanguageModel(Workload):
             f = self._flops[batch.seq_len] = flops_per_token(self.args, batch.seq_len)
         return batch.real_tokens, batch.padded_tokens, float(batch.real_tokens * f)
 
-    def flops_per_token(self, seq_len: int) -> int:
-        return flops_per_token(self.args, seq_len)
-
     def compile_units(self) -> list[nn.Module]:
         return list(self.model.layers)  # type: ignore[union-attr]
 
