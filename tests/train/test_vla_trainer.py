@@ -3,6 +3,8 @@ samples/s out; the config's vla keys reach the loader."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from workbench.config import ConfigError, merge_overrides, preset_config
@@ -38,3 +40,21 @@ def test_vla_shapes_are_checked_against_the_shards(tmp_path, monkeypatch):
     data = synthetic_vla_dir(get_vla_preset("tiny-vla"), num_samples=64)
     with pytest.raises(ConfigError, match="data.image_size"):
         Trainer(_cfg(tmp_path, **{"data.image_size": 64}), data_dir=data)
+
+
+def test_a_vla_study_measures_its_baseline_through_the_tuner(tmp_path, study_spec_file, monkeypatch):
+    """The tuner's model check before the first run knows the VLA presets (it used to read every model as a
+    language model and refused them)."""
+    from workbench.tune import Tuner
+    from workbench.tune.study import load_study_spec
+
+    monkeypatch.setenv("LOONGFORGE_CACHE", str(tmp_path / "cache"))
+    path = study_spec_file("vla", protocol={"baseline_repeats": 1, "warmup_steps": 1, "window_steps": 2,
+                                            "windows": 1})
+    path.write_text(path.read_text().replace("model: tiny", "model: tiny-vla"))
+    tuner = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False, report=None)
+    tuner.open()
+    (tput,) = tuner.run_baseline()
+    assert tput > 0
+    summary = json.loads((tmp_path / "runs" / "vla" / "baseline" / "0" / "summary.json").read_text())
+    assert summary["workload"] == "vision_language_action" and summary["throughput/samples_per_s_per_gpu"] > 0

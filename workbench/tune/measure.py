@@ -14,7 +14,7 @@ import optuna
 
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError, TuneError
-from workbench.train.hf import check_model
+from workbench.train.workload import workload_for
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
@@ -67,7 +67,7 @@ class Measurement:
         cfg = spec.measured_base_config()
         try:  # a model the loop cannot build, or weights that do not fit it, stop the study before any run
             if spec.trainer is None:  # (a loop of one's own builds its own model)
-                check_model(cfg)
+                workload_for(cfg)  # reads and checks the model's args (a VLA preset or the language model)
         except ConfigError as e:
             raise TuneError(f"the study's model is rejected: {e}") from None
         h = config_hash(cfg)
