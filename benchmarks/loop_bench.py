@@ -25,8 +25,8 @@ Variants:
   wb_base                          --wb-base PATH as it is, plus --wb-config-set: a study's untuned base config
                                    (runs/<study>/baseline/0/config.yaml, what the tuner measures its gains against)
   wb_config                        --wb-config PATH (an exported config.yaml) as it is, plus --wb-config-set
-  wb_alt                           --wb-alt PATH as it is, plus --wb-config-set: a second config to compare
-                                   (e.g. the winner with FP8 off)
+  wb_alt                           --wb-alt PATH as it is, plus --wb-config-set and --wb-alt-set: a second config
+                                   to compare (e.g. the winner with FP8 off, or the study's base with compile on)
                                    overrides (e.g. model.config_path=null model.name=gr00t-n1.6 to re-validate a
                                    proxy study's winner at full depth)
 
@@ -62,10 +62,13 @@ WB_SETS = {
     "wb_compiled_triton": ["loongforge.compute_domain.compile=default", "loongforge.compute_domain.triton_fusion=true",
                            "loongforge.compute_domain.compile_shapes=static"],
 }
+LAUNCH_KEYS = ("launch_calls_per_step", "launch_call_ms_per_step", "device_busy_ms_per_step",
+               "device_idle_ms_per_step")
+"""The ``profile/*`` keys of ``launch_overhead`` a ``--launch-profile`` run adds to its variant's row."""
 AS_IS = ("wb_default", "wb_base", "wb_config", "wb_alt")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss", "time/compile_s",
-           "data/padding_ratio", "throughput/samples_per_s_per_gpu", "launch_ms_per_step"]
+           "data/padding_ratio", "throughput/samples_per_s_per_gpu", *(f"profile/{k}" for k in LAUNCH_KEYS)]
 
 
 def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
@@ -89,7 +92,7 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
             if not path:
                 raise SystemExit(f"loop_bench: variant {name} needs --{name.replace('_', '-')} PATH")
             src = ["--config", str(Path(path).resolve())]
-            sets += list(a.wb_config_set)
+            sets += list(a.wb_config_set) + (list(a.wb_alt_set) if name == "wb_alt" else [])
         else:
             src = ["--preset", a.preset]
         cmd = [sys.executable, "-m", "workbench.train", *src, "--synthetic", "-q",
@@ -122,24 +125,14 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
                 "--set", f"training.max_steps={a.warmup + a.launch_profile}",
                 "--set", f"training.log_every={a.launch_profile}", "--profile", str(a.launch_profile)]
         if run_logged(prof, d / "profile.log", env=env, timeout=a.timeout, who="loop_bench") == 0:
-            res["launch_ms_per_step"] = launch_ms_per_step(p / "trace.json", a.launch_profile)
+            ps = json.loads((p / "summary.json").read_text())  # the profiler's launch_overhead of the trace
+            res.update({f"profile/{k}": ps[f"profile/{k}"] for k in LAUNCH_KEYS if f"profile/{k}" in ps})
+            (p / "trace.json").unlink(missing_ok=True)  # tens of MB per variant; the summary keeps its figures
     return res
-
-
-_LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch",
-                 "cudaMemcpyAsync", "cudaMemsetAsync")
 
 
 def _sets(cmd: list[str]) -> list[str]:
     return [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
-
-
-def launch_ms_per_step(trace: Path, steps: int) -> float:
-    """Host time spent in the CUDA launch calls (kernels, graph launches, async copies and sets) per step of a
-    torch.profiler trace: the launch overhead a CUDA graph replaces with one call."""
-    events = json.loads(trace.read_text())["traceEvents"]
-    us = sum(e.get("dur", 0) for e in events if e.get("ph") == "X" and e.get("name") in _LAUNCH_CALLS)
-    return us / 1e3 / steps
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -160,11 +153,13 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wb-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for every pinned wb_* variant (repeatable), e.g. compile_shapes=static")
     p.add_argument("--wb-alt", help="config.yaml for the wb_alt variant (a second config to compare)")
+    p.add_argument("--wb-alt-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override for the wb_alt variant only, after --wb-config-set (repeatable)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step of the ref_* variants")
     p.add_argument("--reference", default="ref_compiled", help="variant the ratios table divides by")
     p.add_argument("--launch-profile", type=int, default=0, metavar="N",
                    help="after each workbench variant, a run of its own tracing N steps after the warm-up: "
-                        "launch_ms_per_step, the host time in CUDA launch calls per step")
+                        "the launch calls, their host time and the device idle time per step (workbench.train.profiling)")
     a = p.parse_args(argv)
     unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
                and v.partition("@")[0] not in ("ref_eager", "ref_compiled")]
@@ -212,7 +207,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     wide = df.pivot_table(index="variant", columns="metric", values="value", aggfunc="median")
     cols = [c for c in ["throughput/real_tokens_per_s_per_gpu", "throughput/samples_per_s_per_gpu",
-                        "launch_ms_per_step", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
+                        "profile/device_idle_ms_per_step", "profile/launch_calls_per_step",
+                        "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
                         "time/step_s", "memory/max_reserved_gib", "time/data_wait_s", "time/forward_s",
                         "time/backward_s", "time/optimizer_s"] if c in wide.columns]
     print(f"\n{ver}\n{config}")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from workbench.errors import ConfigError
-from workbench.train.profiling import StepProfiler
+from workbench.train.profiling import StepProfiler, launch_overhead
 from workbench.train.timing import PhaseTimer
 
 NAMED_PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer")
@@ -91,3 +91,31 @@ def test_cuda_profile_writes_a_memory_snapshot(tmp_path):
     assert "segments" in snap and "device_traces" in snap
     trace = json.loads((tmp_path / "trace.json").read_text())
     assert any(e.get("cat") == "kernel" for e in trace["traceEvents"])
+    assert s["profile/launch_calls_per_step"] >= 1 and s["profile/device_busy_ms_per_step"] > 0
+
+
+def _x(cat: str, name: str, ts: float, dur: float) -> dict:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+
+
+def test_launch_overhead_counts_launches_and_device_idle_per_step():
+    events = [
+        _x("user_annotation", "step 3", 0, 100), _x("user_annotation", "step 4", 100, 100),
+        # step 3: two launches; kernels on two streams overlap over [10, 40] and [30, 50] -> busy 40
+        _x("cuda_runtime", "cudaLaunchKernel", 5, 4), _x("cuda_runtime", "cudaLaunchKernel", 25, 4),
+        _x("kernel", "k1", 10, 30), _x("kernel", "k2", 30, 20),
+        # step 4: a graph launch and a copy; the copy runs past the host range's end (to 230)
+        _x("cuda_runtime", "cudaGraphLaunch", 105, 60), _x("cuda_driver", "cuLaunchKernelEx", 170, 2),
+        _x("gpu_memcpy", "Memcpy HtoD", 150, 80),
+        _x("cuda_runtime", "cudaEventSynchronize", 180, 20),  # not a launch
+        _x("kernel", "before the steps", -50, 10),  # outside the span: not counted
+        {"ph": "i", "cat": "kernel", "name": "instant", "ts": 60},
+    ]
+    r = launch_overhead(events, 2)
+    assert r["launch_calls_per_step"] == 2.0  # 4 launches over 2 steps; the sync is not one
+    assert r["launch_call_ms_per_step"] == pytest.approx((4 + 4 + 60 + 2) / 2 / 1e3)
+    assert r["step_span_ms"] == pytest.approx(230 / 2 / 1e3)
+    assert r["device_busy_ms_per_step"] == pytest.approx((40 + 80) / 2 / 1e3)
+    assert r["device_idle_ms_per_step"] == pytest.approx((230 - 120) / 2 / 1e3)
+    with pytest.raises(ValueError, match="step <n>"):
+        launch_overhead([_x("kernel", "k", 0, 1)], 1)

@@ -7,6 +7,12 @@ so an unprofiled step pays nothing), beside the NVTX ranges Nsight shows. The tr
 ``export_chrome_trace`` to ``<out_dir>/trace.json`` (https://ui.perfetto.dev opens it); on CUDA the allocator's
 history over the same steps is dumped to ``<out_dir>/memory_snapshot.pickle`` (https://pytorch.org/memory_viz).
 
+On CUDA the trace also gives the step's launch overhead (``launch_overhead``, the summary's ``profile/*`` keys): the
+launch calls per step and their host time, and the time per step the device ran no kernel, copy or set. A
+launch-bound loop (many small kernels) pays its launch overhead as that device idle time, so it is the figure a
+CUDA graph should shrink; the host time in launch calls is not, because a graph launch blocks while the device's
+queue is full, and that wait is counted as launch-call time.
+
 Stopping the profiler and writing the trace takes host time (and a device sync on CUDA): the trainer stops it at
 a window boundary, after the window's flush, and restarts the phase timer's clock afterwards, so that time is
 charged to no step. The profiled steps still carry the profiler's own overhead in their timings; the tuner
@@ -16,7 +22,9 @@ therefore traces in runs of their own, never in a measured one. Only rank 0 prof
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +32,68 @@ import torch
 
 from workbench.errors import ConfigError
 
-__all__ = ["StepProfiler"]
+__all__ = ["LAUNCH_CALLS", "StepProfiler", "launch_overhead"]
 
 log = logging.getLogger("workbench")
 
 MEMORY_HISTORY_ENTRIES = 100_000
 """Allocator events kept for the memory snapshot (the docs' example size; a few steps of a large model fit)."""
+
+
+LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
+                          "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync"})
+"""CUDA runtime and driver calls that put work on a stream: what a captured graph replaces with one launch."""
+_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+"""Trace categories of device activity."""
+
+
+def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str, float]:
+    """Launch calls, their host time, and device busy and idle time per step, from a trace's ``traceEvents``.
+
+    The span is the profiled steps': from the start of the first ``step <n>`` range to the later of the last
+    range's end and the end of the last device activity that started within the steps (a step's work may run on
+    after its host range). Device busy time is the union of the kernel, copy and set intervals inside the span
+    (overlapping streams count once); idle is the rest. All figures are per step. Raises ValueError when the
+    trace has no step ranges.
+    """
+    calls = 0
+    call_us = 0.0
+    work: list[tuple[float, float]] = []
+    step_ranges: list[tuple[float, float]] = []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat"), e.get("name", "")
+        ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+        if cat in ("cuda_runtime", "cuda_driver") and name in LAUNCH_CALLS:
+            calls += 1
+            call_us += dur
+        elif cat in _DEVICE_WORK:
+            work.append((ts, ts + dur))
+        elif cat == "user_annotation" and name.startswith("step "):
+            step_ranges.append((ts, ts + dur))
+    if not step_ranges or steps <= 0:
+        raise ValueError("the trace has no 'step <n>' ranges to measure the launch overhead over")
+    begin = min(s for s, _ in step_ranges)
+    host_end = max(e for _, e in step_ranges)
+    inside = sorted((s, e) for s, e in work if begin <= s <= host_end)
+    end = max([host_end, *(e for _, e in inside)])
+    busy = 0.0
+    cur_s = cur_e = None
+    for s, e in inside:  # union of intervals
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    span = end - begin
+    ms = 1e-3 / steps
+    return {"launch_calls_per_step": calls / steps, "launch_call_ms_per_step": call_us * ms,
+            "device_busy_ms_per_step": busy * ms, "device_idle_ms_per_step": (span - busy) * ms,
+            "step_span_ms": span * ms}
 
 
 class StepProfiler:
@@ -51,6 +115,7 @@ class StepProfiler:
         self._memory = False
         self.trace_path: Path | None = None
         self.memory_path: Path | None = None
+        self.launch: dict[str, float] = {}
 
     @property
     def active(self) -> bool:
@@ -93,6 +158,9 @@ class StepProfiler:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             self.trace_path = self.out_dir / "trace.json"
             prof.export_chrome_trace(str(self.trace_path))
+            if self.cuda and self._profiled:
+                with open(self.trace_path) as f:
+                    self.launch = launch_overhead(json.load(f)["traceEvents"], self._profiled)
             if self._memory:
                 self.memory_path = self.out_dir / "memory_snapshot.pickle"
                 torch.cuda.memory._dump_snapshot(str(self.memory_path))
@@ -108,4 +176,5 @@ class StepProfiler:
             return {}
         return {"profile/steps": self._profiled, "profile/first_step": self.first if self._profiled else None,
                 "profile/trace_path": str(self.trace_path) if self.trace_path else None,
-                "profile/memory_snapshot_path": str(self.memory_path) if self.memory_path else None}
+                "profile/memory_snapshot_path": str(self.memory_path) if self.memory_path else None,
+                **{f"profile/{k}": v for k, v in self.launch.items()}}
