@@ -9,6 +9,11 @@
 #   bash benchmarks/campaign.sh quick    RUNS OUT   # a quick look: the 4-block proxy study (not the full model)
 #   bash benchmarks/campaign.sh grid     RUNS OUT   # the 18-configuration grid of the proxy (resumable)
 #   bash benchmarks/campaign.sh replay   RUNS OUT   # CPU: the samplers replayed against the measured grid
+#   bash benchmarks/campaign.sh vla-search  RUNS OUT  # the gr00t-n1.6-vla study (resumable, as search is)
+#   bash benchmarks/campaign.sh vla-compare RUNS OUT  # side by side: its exported config, the base eager and
+#                                                     # the base under torch.compile, launch overhead profiled
+#   bash benchmarks/campaign.sh vla-fit     RUNS OUT  # the largest micro-batch that fits, default and
+#                                                     # suggested allocator settings
 #
 # RUNS: the tuner's --out (studies, trials, exported config.yaml, report.html); OUT: benchmark results.
 # Each phase prints a short table last; the CSVs land under OUT.
@@ -50,8 +55,27 @@ replay)
     python benchmarks/sampler_efficiency.py --grid "$RUNS/gr00t-n1.6-grid" --spec gr00t-n1.6-proxy --seeds 200 \
         --out "$OUT/sampler_efficiency"
     ;;
+vla-search)
+    python -m workbench.tune --study gr00t-n1.6-vla --out "$RUNS" --timeout "${SEARCH_S:-380}" --no-progress
+    cp "$RUNS/gr00t-n1.6-vla/config.yaml" "$OUT/exported-config-vla.yaml"
+    ;;
+vla-compare)
+    # a process each, interleaved: the exported config and the base under torch.compile twice each (their ratio
+    # per pair gives the interval), the base eager once; the same data, global batch and warm-up for all, each
+    # traced afterwards in a run of its own for the launch overhead (workbench.train.profiling.launch_overhead)
+    base="$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml"
+    python benchmarks/loop_bench.py --preset gr00t-n1.6-vla --micro-batch 16 --seq-len 512 --steps 10 --warmup 4 \
+        --log-every 5 --timeout 280 --launch-profile 2 --wb-config "$RUNS/gr00t-n1.6-vla/config.yaml" \
+        --wb-base "$base" --wb-alt "$base" --wb-alt-set loongforge.compute_domain.compile=default \
+        --reference wb_alt --variants wb_alt,wb_config,wb_base,wb_alt,wb_config --out "$OUT/compare-vla"
+    ;;
+vla-fit)
+    python -m workbench.memory fit --config "$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml" --suggest \
+        --multiple 8 --steps 2 --timeout 240 --out "$OUT/fit-vla"
+    ;;
 *)
-    echo "campaign.sh: unknown phase '$phase' (search, compare, converge, quick, grid, replay)" >&2
+    echo "campaign.sh: unknown phase '$phase' (search, compare, converge, quick, grid, replay, vla-search," \
+         "vla-compare, vla-fit)" >&2
     exit 2
     ;;
 esac

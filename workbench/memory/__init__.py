@@ -1,6 +1,6 @@
-"""The memory tool: ``python -m workbench.memory analyze|lifetimes`` (``__main__``), the analysis of an allocator
-snapshot (``analysis``) and the gradient lifetimes of a model's backward (``lifetimes``, imported as
-``workbench.memory.lifetimes``)."""
+"""The memory tool: ``python -m workbench.memory analyze|lifetimes|fit`` (``__main__``), the analysis of an allocator
+snapshot (``analysis``), the gradient lifetimes of a model's backward (``lifetimes``) and the largest micro-batch
+that fits (``fit``); the last two are imported as ``workbench.memory.lifetimes`` and ``workbench.memory.fit``."""
 
 from __future__ import annotations
 

@@ -5,6 +5,10 @@ and consumed from the model's autograd graph, and write ``lifetimes.json`` (docs
     python -m workbench.memory analyze --config config.yaml [--steps N] [--out DIR] [--synthetic]
     python -m workbench.memory analyze --preset gr00t-n1.6 --synthetic --set data.micro_batch_size=8
     python -m workbench.memory lifetimes --preset gr00t-n1.6 [--set KEY=VALUE] [--out DIR] [--rebuild-dag]
+    python -m workbench.memory fit --preset gr00t-n1.6-vla [--suggest] [--multiple 8] [--out DIR]
+
+``fit`` finds the largest micro-batch that fits (workbench/memory/fit.py), with ``--suggest`` also under the
+allocator settings ``analyze`` suggests at that micro-batch, and writes ``fit.json``.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ import torch
 
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError
-from workbench.memory import lifetimes
+from workbench.memory import fit, lifetimes
 from workbench.memory.analysis import analyze_snapshot, format_table
-from workbench.train.run import load_run_config, synthetic_data_dir
-from workbench.train.trainer import Trainer, build_model_args
+from workbench.train.run import load_run_config, synthetic_dir_for
+from workbench.train.trainer import Trainer
 from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["main"]
@@ -54,12 +58,53 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     lt.add_argument("--out", default=".", help="directory for lifetimes.json (default: the working directory)")
     lt.add_argument("--rebuild-dag", action="store_true", help="build the autograd DAG again instead of reading "
                                                               "it from the cache")
+    f = sub.add_parser("fit", help="the largest micro-batch that fits, by probe runs; with --suggest also under "
+                                   "the allocator settings analyze suggests")
+    src = f.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="config.yaml")
+    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6-vla)")
+    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    f.add_argument("--out", default="fit", help="directory for fit.json and the probes' runs (default: ./fit)")
+    f.add_argument("--start", type=int, help="first micro-batch probed (default data.micro_batch_size)")
+    f.add_argument("--multiple", type=int, default=8, help="probe multiples of this (default 8)")
+    f.add_argument("--limit", type=int, default=4096, help="largest micro-batch probed (default 4096)")
+    f.add_argument("--steps", type=int, default=3, help="steps per probe (default 3: the optimizer state exists "
+                                                        "from the second)")
+    f.add_argument("--timeout", type=float, default=600, help="seconds per probe (default 600)")
+    f.add_argument("--suggest", action="store_true", help="analyze at the largest fitting micro-batch and search "
+                                                          "again under the suggested allocator settings")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
-    return _lifetimes(args) if args.command == "lifetimes" else _analyze(args)
+    return {"lifetimes": _lifetimes, "fit": _fit}.get(args.command, _analyze)(args)
+
+
+def _fit(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_run_config(argparse.Namespace(config=args.config, preset=args.preset, set=args.set, steps=None))
+    except ValueError as e:
+        print(f"error (invalid_config): {e}", file=sys.stderr)
+        return 2
+    source = ["--config", str(Path(args.config).resolve())] if args.config else ["--preset", args.preset]
+    try:
+        doc = fit.run_fit(source, start=args.start or cfg.data.micro_batch_size, multiple=args.multiple,
+                          limit=args.limit, steps=args.steps, timeout=args.timeout, sets=args.set,
+                          suggest=args.suggest, out=Path(args.out))
+    except (fit.ProbeError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"largest micro-batch that fits: {doc['config']['largest_micro_batch']} (the config's allocator settings)")
+    if "analysis" in doc:
+        settings = doc["analysis"]["suggested_allocator"]
+        print("suggested allocator settings: "
+              + (", ".join(f"{k}: {v}" for k, v in settings.items()) if settings else "none (no change suggested)"))
+    if "suggested" in doc:
+        print(f"largest micro-batch that fits: {doc['suggested']['largest_micro_batch']} (suggested settings), "
+              f"{doc['ratio']:.2f}x")
+    print(f"wrote {Path(args.out) / 'fit.json'}")
+    return 0
 
 
 def _lifetimes(args: argparse.Namespace) -> int:
@@ -95,9 +140,7 @@ def _analyze(args: argparse.Namespace) -> int:
         if not args.synthetic:
             print("data.loongbin_dir is not set: pass --synthetic", file=sys.stderr)
             return 2
-        margs = build_model_args(cfg)
-        data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
-                                      min_len=cfg.data.min_len, seed=cfg.data.seed)
+        data_dir = synthetic_dir_for(cfg)
     try:
         trainer = Trainer(cfg, out_dir=out / "run", data_dir=data_dir)  # applies the allocator settings
     except ConfigError as e:

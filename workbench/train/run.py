@@ -23,7 +23,7 @@ from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
 from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir",
-           "synthetic_vla_dir"]
+           "synthetic_dir_for", "synthetic_vla_dir"]
 
 # A synthetic corpus is stored at a fine bucket width; the run's data.bucket_width
 # groups stored buckets, so tuning the width needs no re-preprocessing.
@@ -82,6 +82,16 @@ def synthetic_vla_dir(args: VLAArgs, *, num_samples: int = 512, seed: int = 0) -
     return _cached_corpus(key, lambda out, root: write_vla_shards(spec, out))
 
 
+def synthetic_dir_for(cfg: Config, packing: str = "pack") -> Path:
+    """The synthetic corpus a config trains on when it names no shards: VLA records for a VLA preset, else
+    token documents of the model's vocabulary at ``data.seq_len`` (``packing``: how short documents are stored)."""
+    if cfg.model.name in VLA_PRESETS:
+        return synthetic_vla_dir(get_vla_preset(cfg.model.name), seed=cfg.data.seed)
+    margs = build_model_args(cfg)
+    return synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
+                              min_len=cfg.data.min_len, short=packing, seed=cfg.data.seed)
+
+
 def load_run_config(args: argparse.Namespace):
     cfg = load_config(args.config) if args.config else preset_config(args.preset)
     overrides: dict[str, Any] = parse_overrides(args.set)
@@ -113,13 +123,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if not args.synthetic:
             raise SystemExit("data.loongbin_dir is not set: pass --synthetic to generate a synthetic corpus, "
                              "or point data.loongbin_dir at `python -m loaders.preprocess` output")
-        if cfg.model.name in VLA_PRESETS:
-            data_dir = synthetic_vla_dir(get_vla_preset(cfg.model.name), seed=cfg.data.seed)
-        else:
-            margs = build_model_args(cfg)
-            data_dir = synthetic_data_dir(vocab_size=min(margs.vocab_size, 65535), seq_len=cfg.data.seq_len,
-                                          min_len=cfg.data.min_len, short=args.synthetic_packing,
-                                          seed=cfg.data.seed)
+        data_dir = synthetic_dir_for(cfg, args.synthetic_packing)
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source)
