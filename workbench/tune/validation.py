@@ -78,32 +78,52 @@ class Validation:
         return out, skipped
 
     def ab_pairs(self, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *, max_pairs: int,
-                 min_pairs: int, confidence: float, what: str) -> dict[int, dict[str, Any]]:
+                 min_pairs: int, confidence: float, what: str, resume: bool = False) -> dict[int, dict[str, Any]]:
         """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
         baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
         ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
         1.0; the rest stop at ``max_pairs``. Returns per arm: runs, baseline_runs, run_dirs, baseline_dirs,
-        failures and ``stopped`` ("interval excludes 1.0" or "cap")."""
+        failures and ``stopped`` ("interval excludes 1.0" or "cap").
+
+        Each finished pair is stored in the study (user attr ``ab_pairs``, keyed by folder and round, with both
+        configs' hashes). With ``resume`` a stored pair of the same configs whose folders are still in place is
+        taken as measured, so a validation stopped part-way goes on from its next pair; ``verify`` never
+        resumes (it exists to measure again)."""
         results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                        "stopped": "cap"} for k in arms}
         settled: set[int] = set()
+        study = self.study
+        assert study is not None
+        base_hash = config_hash(base_cfg)
         for r in range(max_pairs):
             for k, cfg in arms.items():
                 res = results[k]
                 if k in settled:
                     continue
                 self._check_lease()
-                prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
-                a = self._measure(base_cfg, vdir / f"baseline-{k}-{r}", prefix + ", baseline")
-                b = self._measure(cfg, vdir / f"trial-{k}-{r}", prefix + ", candidate")
-                if a.status == "ok" and b.status == "ok" and a.value and b.value:
-                    res["runs"].append(b.value)
-                    res["baseline_runs"].append(a.value)
-                    res["run_dirs"].append(str(b.trial_dir))
-                    res["baseline_dirs"].append(str(a.trial_dir))
+                key, hashes = f"{vdir.name}/{k}-{r}", [base_hash, config_hash(cfg)]
+                dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
+                stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
+                if stored and stored["hashes"] == hashes and all(d.is_dir() for d in dirs):
+                    self._log(f"{what} #{k}: pair {len(res['runs']) + 1} taken from the study (measured "
+                              f"{stored['finished']})")
+                    a_value, b_value = stored["values"]
                 else:
-                    res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
-                                            "reason": a.failure_reason or b.failure_reason})
+                    prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
+                    a = self._measure(base_cfg, dirs[0], prefix + ", baseline")
+                    b = self._measure(cfg, dirs[1], prefix + ", candidate")
+                    if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
+                        res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
+                                                "reason": a.failure_reason or b.failure_reason})
+                        continue
+                    a_value, b_value = a.value, b.value
+                    pairs = dict(study.user_attrs.get("ab_pairs", {}))
+                    pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": _now()}
+                    study.set_user_attr("ab_pairs", pairs)
+                res["runs"].append(b_value)
+                res["baseline_runs"].append(a_value)
+                res["run_dirs"].append(str(dirs[1]))
+                res["baseline_dirs"].append(str(dirs[0]))
                 if len(res["runs"]) >= max(2, min_pairs):
                     iv = speedup_interval(pair_ratios(res["runs"], res["baseline_runs"]), confidence)
                     if (iv.low > 1.0 or iv.high < 1.0) and len(res["runs"]) < max_pairs:
@@ -141,7 +161,7 @@ class Validation:
                       f"pairs each: " + ", ".join(f"#{t.number}" for t in cands))
         pairs = self.ab_pairs(spec.measured_base_config(), {t.number: spec.trial_config(t.params) for t in cands},
                               self.study_dir / "validation", max_pairs=rounds, min_pairs=min_rounds,
-                              confidence=confidence, what="validating")
+                              confidence=confidence, what="validating", resume=True)
         candidates = []
         for t in cands:
             res = {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], **pairs[t.number],

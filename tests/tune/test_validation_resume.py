@@ -1,0 +1,76 @@
+"""A validation stopped part-way goes on from its next A/B pair (``Validation.ab_pairs(resume=True)``): finished
+pairs are stored in the study with both configs' hashes and taken as measured; a changed config, a pair whose
+folders are gone, or ``verify`` (no resume) measures again."""
+
+from __future__ import annotations
+
+import shutil
+
+import optuna
+import pytest
+
+from workbench.config import Config, merge_overrides
+from workbench.tune.trial import TrialOutcome
+from workbench.tune.validation import Validation
+
+
+class Stub(Validation):
+    """The Tuner's parts ab_pairs uses: a study, a lease check, a log, and a measurement that records its calls."""
+
+    def __init__(self, study, values, stop_at=None):
+        self.study, self.values, self.stop_at = study, values, stop_at
+        self.measured: list[str] = []
+        self.lines: list[str] = []
+
+    def _check_lease(self):
+        pass
+
+    def _log(self, line):
+        self.lines.append(line)
+
+    def _measure(self, cfg, run_dir, prefix):
+        if run_dir.name == self.stop_at:
+            raise KeyboardInterrupt  # the call's time ran out here
+        self.measured.append(run_dir.name)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return TrialOutcome("ok", run_dir, value=self.values[run_dir.name.split("-")[0]])
+
+
+BASE = Config()
+ARM = merge_overrides(BASE, {"data.micro_batch_size": 8})
+
+
+def _pairs(v, vdir, arm=ARM, resume=True):
+    return v.ab_pairs(BASE, {3: arm}, vdir, max_pairs=3, min_pairs=3, confidence=0.95, what="validating",
+                      resume=resume)[3]
+
+
+def test_a_stopped_validation_resumes_from_its_next_pair(tmp_path):
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
+    values = {"baseline": 100.0, "trial": 150.0}
+    first = Stub(study, values, stop_at="trial-3-1")
+    with pytest.raises(KeyboardInterrupt):
+        _pairs(first, tmp_path / "validation")
+    assert first.measured == ["baseline-3-0", "trial-3-0", "baseline-3-1"]
+
+    # a new process on the same storage: pair 0 is taken, pairs 1 and 2 are measured
+    study = optuna.load_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
+    again = Stub(study, {"baseline": 100.0, "trial": 140.0})
+    res = _pairs(again, tmp_path / "validation")
+    assert again.measured == ["baseline-3-1", "trial-3-1", "baseline-3-2", "trial-3-2"]
+    assert res["runs"] == [150.0, 140.0, 140.0] and res["baseline_runs"] == [100.0] * 3
+    assert any("pair 1 taken from the study" in line for line in again.lines)
+
+    # every pair stored now: nothing runs again, unless a folder is gone or the arm's config changed
+    third = Stub(study, values)
+    assert _pairs(third, tmp_path / "validation")["runs"] == [150.0, 140.0, 140.0] and third.measured == []
+    shutil.rmtree(tmp_path / "validation" / "trial-3-1")
+    fourth = Stub(study, values)
+    _pairs(fourth, tmp_path / "validation")
+    assert fourth.measured == ["baseline-3-1", "trial-3-1"]
+    other = Stub(study, values)
+    _pairs(other, tmp_path / "validation", arm=merge_overrides(BASE, {"data.micro_batch_size": 2}))
+    assert len(other.measured) == 6
+    fresh = Stub(study, values)  # verify: measures every pair again
+    _pairs(fresh, tmp_path / "validation", resume=False)
+    assert len(fresh.measured) == 6
