@@ -56,7 +56,8 @@ replay)
         --out "$OUT/sampler_efficiency"
     ;;
 vla-search)
-    python -m workbench.tune --study gr00t-n1.6-vla --out "$RUNS" --timeout "${SEARCH_S:-380}" --no-progress
+    python -m workbench.tune --study gr00t-n1.6-vla --out "$RUNS" --timeout "${SEARCH_S:-380}" --no-progress \
+        ${TRIALS:+--trials "$TRIALS"}  # TRIALS: a smaller budget than the spec's, to end the study in this call
     cp "$RUNS/gr00t-n1.6-vla/config.yaml" "$OUT/exported-config-vla.yaml"
     ;;
 vla-compare)

@@ -62,7 +62,7 @@ def test_fit_on_the_cpu_probes_real_runs_up_to_the_limit(tmp_path, subprocess_en
                        env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     doc = json.loads((tmp_path / "fit" / "fit.json").read_text())
-    assert doc["config"]["largest_micro_batch"] == 4
+    assert doc["config"]["largest_micro_batch"] == 4 and doc["complete"] is True
     probes = doc["config"]["probes"]
     assert [p["micro_batch"] for p in probes] == [2, 4] and all(p["returncode"] == 0 for p in probes)
     assert all(p[REAL_TOKENS_PER_S] > 0 for p in probes)
@@ -74,4 +74,5 @@ def test_a_probe_that_fails_for_another_reason_stops_the_search(tmp_path, subpro
         run_fit(["--preset", "tiny"], start=2, limit=4, multiple=2, steps=2, out=tmp_path,
                 sets=[*SMALL, "training.learning_rate=-1"], env=subprocess_env)
     assert "learning_rate" in (tmp_path / "config-mb2" / "log.txt").read_text()
-    assert not (tmp_path / "fit.json").exists()
+    doc = json.loads((tmp_path / "fit.json").read_text())  # the probes so far are kept
+    assert doc["complete"] is False and doc["config"]["probes"][0]["returncode"] == 2

@@ -101,8 +101,10 @@ def probe_command(source: Sequence[str], micro_batch: int, *, steps: int, alloca
 
 def _search(source: Sequence[str], *, start: int, multiple: int, limit: int, steps: int, timeout: float,
             allocator: Mapping[str, Any], sets: Sequence[str], out: Path, label: str,
-            env: Mapping[str, str]) -> dict[str, Any]:
+            env: Mapping[str, str], record: dict[str, Any], save: Callable[[], None]) -> dict[str, Any]:
+    """Fills ``record`` (allocator, probes, then largest_micro_batch) and calls ``save`` after every probe."""
     probes: list[dict[str, Any]] = []
+    record.update({"allocator": dict(allocator), "largest_micro_batch": None, "probes": probes})
 
     def fits(m: int) -> bool:
         d = out / f"{label}-mb{m}"
@@ -121,6 +123,7 @@ def _search(source: Sequence[str], *, start: int, multiple: int, limit: int, ste
                                               REAL_TOKENS_PER_S,
                                               "throughput/samples_per_s_per_gpu", "time/step_s")})
         probes.append(row)
+        save()
         print(f"  {label}: micro-batch {m}: "
               + ("fits" if rc == 0 else "out of memory" if rc == EXIT_CODES["oom"] else f"failed ({rc})"),
               flush=True)
@@ -129,20 +132,29 @@ def _search(source: Sequence[str], *, start: int, multiple: int, limit: int, ste
                              f"see {d / 'log.txt'}")
         return rc == 0
 
-    best = largest_fitting(fits, start=start, multiple=multiple, limit=limit)
-    return {"allocator": dict(allocator), "largest_micro_batch": best, "probes": probes}
+    record["largest_micro_batch"] = largest_fitting(fits, start=start, multiple=multiple, limit=limit)
+    save()
+    return record
 
 
 def run_fit(source: Sequence[str], *, start: int, multiple: int = 8, limit: int = 4096, steps: int = 3,
             timeout: float = 600, sets: Sequence[str] = (), suggest: bool = False, out: Path,
             env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """The search (and with ``suggest`` the analysis and the second search); writes and returns ``fit.json``."""
+    """The search (and with ``suggest`` the analysis and the second search); returns ``fit.json``, which is
+    rewritten after every probe (a search cut short keeps its probes; ``complete`` says whether it ended)."""
     env = dict(os.environ if env is None else env)
     out.mkdir(parents=True, exist_ok=True)
     doc: dict[str, Any] = {"source": list(source), "sets": list(sets), "steps": steps, "multiple": multiple,
-                           "limit": limit}
-    doc["config"] = base = _search(source, start=start, multiple=multiple, limit=limit, steps=steps,
-                                   timeout=timeout, allocator={}, sets=sets, out=out, label="config", env=env)
+                           "limit": limit, "complete": False}
+
+    def save() -> None:
+        tmp = out / "fit.json.tmp"
+        tmp.write_text(json.dumps(doc, indent=1) + "\n")
+        os.replace(tmp, out / "fit.json")
+
+    doc["config"] = base = {}
+    _search(source, start=start, multiple=multiple, limit=limit, steps=steps, timeout=timeout, allocator={},
+            sets=sets, out=out, label="config", env=env, record=base, save=save)
     if suggest and base["largest_micro_batch"]:
         m0 = base["largest_micro_batch"]
         a_dir = out / f"analyze-mb{m0}"
@@ -160,12 +172,12 @@ def run_fit(source: Sequence[str], *, start: int, multiple: int = 8, limit: int 
         doc["analysis"] = {"micro_batch": m0, "path": str(a_dir / "memory_analysis.json"),
                            "suggestions": [s["text"] for s in analysis.get("suggestions", [])],
                            "suggested_allocator": settings}
+        save()
         if settings:
-            doc["suggested"] = tuned = _search(source, start=m0, multiple=multiple, limit=limit, steps=steps,
-                                               timeout=timeout, allocator=settings, sets=sets, out=out,
-                                               label="suggested", env=env)
+            doc["suggested"] = tuned = {}
+            _search(source, start=m0, multiple=multiple, limit=limit, steps=steps, timeout=timeout,
+                    allocator=settings, sets=sets, out=out, label="suggested", env=env, record=tuned, save=save)
             doc["ratio"] = tuned["largest_micro_batch"] / m0
-    tmp = out / "fit.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out / "fit.json")
+    doc["complete"] = True
+    save()
     return doc
