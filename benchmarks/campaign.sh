@@ -63,12 +63,15 @@ vla-search)
 vla-compare)
     # a process each, interleaved: the exported config and the base under torch.compile twice each (their ratio
     # per pair gives the interval), the base eager once; the same data, global batch and warm-up for all, each
-    # traced afterwards in a run of its own for the launch overhead (workbench.train.profiling.launch_overhead)
+    # traced afterwards in a run of its own for the launch overhead (workbench.train.profiling.launch_overhead;
+    # PROFILE=0: no traces). Compiles read the study's compile cache, as its trials did.
     base="$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml"
+    export TORCHINDUCTOR_CACHE_DIR="$RUNS/gr00t-n1.6-vla/compile-cache/inductor" \
+        TRITON_CACHE_DIR="$RUNS/gr00t-n1.6-vla/compile-cache/triton"
     python benchmarks/loop_bench.py --preset gr00t-n1.6-vla --micro-batch 16 --seq-len 512 --steps 10 --warmup 4 \
-        --log-every 5 --timeout 280 --launch-profile 2 --wb-config "$RUNS/gr00t-n1.6-vla/config.yaml" \
+        --log-every 5 --timeout 280 --launch-profile "${PROFILE:-2}" --wb-config "$RUNS/gr00t-n1.6-vla/config.yaml" \
         --wb-base "$base" --wb-alt "$base" --wb-alt-set loongforge.compute_domain.compile=default \
-        --reference wb_alt --variants wb_alt,wb_config,wb_base,wb_alt,wb_config --out "$OUT/compare-vla"
+        --reference wb_alt --variants "${VARIANTS:-wb_alt,wb_config,wb_base,wb_alt,wb_config}" --out "$OUT/compare-vla"
     ;;
 vla-fit)
     python -m workbench.memory fit --config "$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml" --suggest \
