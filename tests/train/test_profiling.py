@@ -94,28 +94,40 @@ def test_cuda_profile_writes_a_memory_snapshot(tmp_path):
     assert s["profile/launch_calls_per_step"] >= 1 and s["profile/device_busy_ms_per_step"] > 0
 
 
-def _x(cat: str, name: str, ts: float, dur: float) -> dict:
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+def _x(cat: str, name: str, ts: float, dur: float, corr: int | None = None) -> dict:
+    e = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur}
+    if corr is not None:
+        e["args"] = {"correlation": corr}
+    return e
 
 
 def test_launch_overhead_counts_launches_and_device_idle_per_step():
     events = [
         _x("user_annotation", "step 3", 0, 100), _x("user_annotation", "step 4", 100, 100),
-        # step 3: two launches; kernels on two streams overlap over [10, 40] and [30, 50] -> busy 40
-        _x("cuda_runtime", "cudaLaunchKernel", 5, 4), _x("cuda_runtime", "cudaLaunchKernel", 25, 4),
-        _x("kernel", "k1", 10, 30), _x("kernel", "k2", 30, 20),
-        # step 4: a graph launch and a copy; the copy runs past the host range's end (to 230)
-        _x("cuda_runtime", "cudaGraphLaunch", 105, 60), _x("cuda_driver", "cuLaunchKernelEx", 170, 2),
-        _x("gpu_memcpy", "Memcpy HtoD", 150, 80),
+        # step 3: two launches; their kernels overlap on two streams over [10, 40] and [30, 50] -> busy 40
+        _x("cuda_runtime", "cudaLaunchKernel", 5, 4, corr=1), _x("cuda_runtime", "cudaLaunchKernel", 25, 4, corr=2),
+        _x("kernel", "k1", 10, 30, corr=1), _x("kernel", "k2", 30, 20, corr=2),
+        # step 4: a graph launch whose kernels run on after the host range ends (to 260), and a copy
+        _x("cuda_runtime", "cudaGraphLaunch", 105, 60, corr=3), _x("cuda_driver", "cuLaunchKernelEx", 170, 2, corr=4),
+        _x("kernel", "graph k1", 150, 50, corr=3), _x("kernel", "graph k2", 210, 50, corr=3),
+        _x("gpu_memcpy", "Memcpy HtoD", 172, 10, corr=4),
         _x("cuda_runtime", "cudaEventSynchronize", 180, 20),  # not a launch
-        _x("kernel", "before the steps", -50, 10),  # outside the span: not counted
+        # before the steps: launched outside them, though it runs inside the span; and uncorrelated work outside
+        _x("cuda_runtime", "cudaLaunchKernel", -60, 4, corr=9), _x("kernel", "earlier", 0, 5, corr=9),
+        _x("kernel", "no correlation, before", -50, 10),
         {"ph": "i", "cat": "kernel", "name": "instant", "ts": 60},
     ]
     r = launch_overhead(events, 2)
-    assert r["launch_calls_per_step"] == 2.0  # 4 launches over 2 steps; the sync is not one
+    assert r["launch_calls_per_step"] == 2.0  # the 4 launches in the steps; the sync and the earlier launch not
     assert r["launch_call_ms_per_step"] == pytest.approx((4 + 4 + 60 + 2) / 2 / 1e3)
-    assert r["step_span_ms"] == pytest.approx(230 / 2 / 1e3)
-    assert r["device_busy_ms_per_step"] == pytest.approx((40 + 80) / 2 / 1e3)
-    assert r["device_idle_ms_per_step"] == pytest.approx((230 - 120) / 2 / 1e3)
+    assert r["step_span_ms"] == pytest.approx(260 / 2 / 1e3)  # to the end of the graph's last kernel
+    busy = 40 + 50 + 50  # [10, 50], [150, 200] with the copy inside it, [210, 260]
+    assert r["device_busy_ms_per_step"] == pytest.approx(busy / 2 / 1e3)
+    assert r["device_idle_ms_per_step"] == pytest.approx((260 - busy) / 2 / 1e3)
+    # without correlation ids, device work counts when it starts within the steps' host ranges
+    plain = [{k: v for k, v in e.items() if k != "args"} for e in events if e.get("name") != "earlier"]
+    p = launch_overhead(plain, 2)
+    assert p["device_busy_ms_per_step"] == pytest.approx((40 + 50) / 2 / 1e3)
+    assert p["step_span_ms"] == pytest.approx(200 / 2 / 1e3)
     with pytest.raises(ValueError, match="step <n>"):
         launch_overhead([_x("kernel", "k", 0, 1)], 1)

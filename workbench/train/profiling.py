@@ -50,33 +50,35 @@ _DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str, float]:
     """Launch calls, their host time, and device busy and idle time per step, from a trace's ``traceEvents``.
 
-    The span is the profiled steps': from the start of the first ``step <n>`` range to the later of the last
-    range's end and the end of the last device activity that started within the steps (a step's work may run on
-    after its host range). Device busy time is the union of the kernel, copy and set intervals inside the span
-    (overlapping streams count once); idle is the rest. All figures are per step. Raises ValueError when the
-    trace has no step ranges.
+    The steps are the ``step <n>`` ranges; their work is every kernel, copy and set whose launch call (matched by
+    the trace's ``correlation`` id) was made within them, or, for device activity without one, that started within
+    them. The span runs from the first range's start to the later of the last range's end and the end of that
+    work: a captured graph's kernels run on after the host has left the step, and their time is the step's.
+    Busy time is the union of the work's intervals (overlapping streams count once); idle is the rest of the
+    span. All figures are per step. Raises ValueError when the trace has no step ranges.
     """
-    calls = 0
-    call_us = 0.0
-    work: list[tuple[float, float]] = []
+    launches: list[tuple[float, float, Any]] = []
+    work: list[tuple[float, float, Any]] = []
     step_ranges: list[tuple[float, float]] = []
     for e in events:
         if e.get("ph") != "X":
             continue
         cat, name = e.get("cat"), e.get("name", "")
         ts, dur = float(e.get("ts", 0.0)), float(e.get("dur", 0.0))
+        corr = (e.get("args") or {}).get("correlation")
         if cat in ("cuda_runtime", "cuda_driver") and name in LAUNCH_CALLS:
-            calls += 1
-            call_us += dur
+            launches.append((ts, dur, corr))
         elif cat in _DEVICE_WORK:
-            work.append((ts, ts + dur))
+            work.append((ts, ts + dur, corr))
         elif cat == "user_annotation" and name.startswith("step "):
             step_ranges.append((ts, ts + dur))
     if not step_ranges or steps <= 0:
         raise ValueError("the trace has no 'step <n>' ranges to measure the launch overhead over")
     begin = min(s for s, _ in step_ranges)
     host_end = max(e for _, e in step_ranges)
-    inside = sorted((s, e) for s, e in work if begin <= s <= host_end)
+    mine = [(ts, dur, c) for ts, dur, c in launches if begin <= ts <= host_end]
+    ids = {c for _, _, c in mine if c is not None}
+    inside = sorted((s, e) for s, e, c in work if (c in ids if c is not None else begin <= s <= host_end))
     end = max([host_end, *(e for _, e in inside)])
     busy = 0.0
     cur_s = cur_e = None
@@ -91,7 +93,7 @@ def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str
         busy += cur_e - cur_s
     span = end - begin
     ms = 1e-3 / steps
-    return {"launch_calls_per_step": calls / steps, "launch_call_ms_per_step": call_us * ms,
+    return {"launch_calls_per_step": len(mine) / steps, "launch_call_ms_per_step": sum(d for _, d, _ in mine) * ms,
             "device_busy_ms_per_step": busy * ms, "device_idle_ms_per_step": (span - busy) * ms,
             "step_span_ms": span * ms}
 
