@@ -124,15 +124,19 @@ def test_exported_base_config_loads(tmp_path):
 
 
 def test_gpu_studies_search_the_memory_domain_and_the_multi_gpu_ones_the_overlap_knobs():
-    for name in ("gr00t-n1.6", "gr00t-n1.6-bf16", "gr00t-n1.6-proxy", "gr00t-n1.6-2gpu", "gr00t-n1.6-8gpu"):
+    for name in ("gr00t-n1.6", "gr00t-n1.6-bf16", "gr00t-n1.6-proxy", "gr00t-n1.6-2gpu", "gr00t-n1.6-8gpu",
+                 "gr00t-n1.6-vla", "gr00t-n1.6-vla-2gpu"):
         spec = load_study_spec(name)
         assert spec.base_config().hardware.device == "cuda"
-        # the full-depth studies leave out pinned staging blocks: data wait is 0.5 ms of a 1 s step there
-        memory = {"expandable_segments"} if name in ("gr00t-n1.6", "gr00t-n1.6-bf16") else \
+        # the full-depth and VLA studies leave out pinned staging blocks: data wait is 0.5 ms of a 1 s step there
+        memory = {"expandable_segments"} if name in ("gr00t-n1.6", "gr00t-n1.6-bf16") or "vla" in name else \
             {"pinned_block_kb", "expandable_segments"}
         assert memory <= set(spec.space), name
         multi = {"bucket_size_mb", "overlap_ratio"} <= set(spec.space)
         assert multi == (spec.gpus > 1), name
+        if "vla" in name:  # the VLA's levers: capture and compile of each block, at static shapes
+            assert {"graph_capture", "compile", "micro_batch_size"} <= set(spec.space), name
+            assert spec.base_config().loongforge.compute_domain.compile_shapes == "static"
     two = load_study_spec("gr00t-n1.6-2gpu")
     assert two.gpus == 2 and two.space["bucket_size_mb"].log
     cfg = two.trial_config({"bucket_size_mb": 37.5, "overlap_ratio": 0.25})
