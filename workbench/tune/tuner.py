@@ -22,7 +22,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from workbench.config import ConfigError
+from workbench.config import ConfigError, config_hash
 from workbench.errors import TuneError
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.export import export_config
@@ -80,6 +80,15 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
     def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
         return None
 
+
+
+def _outcome_of(t: FrozenTrial) -> TrialOutcome:
+    """A finished trial's outcome as it was told (for a later trial of the same config)."""
+    a = t.user_attrs
+    return TrialOutcome(a.get("status", "ok"), Path(a.get("trial_dir", "")),
+                        Path(a["config_path"]) if a.get("config_path") else None, list(a.get("windows", [])),
+                        t.values[0] if t.state == TrialState.COMPLETE and t.values else None, a.get("summary"),
+                        a.get("failure_reason", ""), a.get("log_tail", ""), wall_s=0.0)
 
 class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecords):
     """One tuner process (coordinator or worker) on one study; see the module docstring."""
@@ -438,14 +447,34 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 if too_big:
                     out = not_launched_outcome(tdir, too_big, kind="oom")
             if out is None:
-                out = self._run_search_trial(trial, cfg, tdir, on_window)
-                if out.status == "ok":
-                    self._guard_numerics(trial, params, cfg, out)
+                h = config_hash(cfg)
+                trial.set_user_attr("config_hash", h)
+                twin = self._measured_twin(h, n)
+                if twin is not None:  # the sampler asked for a config already measured: its result, no run
+                    out = _outcome_of(twin)
+                    trial.set_user_attr("duplicate_of", twin.number)
+                    if "numerics" in twin.user_attrs:
+                        trial.set_user_attr("numerics", twin.user_attrs["numerics"])
+                    self._log(f"trial {n}: the same config as trial {twin.number}; its result is reused, "
+                              "nothing runs")
+                else:
+                    out = self._run_search_trial(trial, cfg, tdir, on_window)
+                    if out.status == "ok":
+                        self._guard_numerics(trial, params, cfg, out)
         except KeyboardInterrupt:
             self._mark_interrupted(trial)
             raise
         self._tell(trial, out)
         return out
+
+    def _measured_twin(self, h: str, number: int) -> FrozenTrial | None:
+        """The earliest finished search trial of config hash ``h`` whose result is the config's: complete and ok,
+        or failed out of memory (not a timeout, crash or interrupt, which may be the machine's doing)."""
+        for t in self._trials((TrialState.COMPLETE, TrialState.FAIL)):
+            if (t.number != number and t.user_attrs.get("config_hash") == h and "duplicate_of" not in t.user_attrs
+                    and (_feasible(t) or t.user_attrs.get("status") == "oom")):
+                return t
+        return None
 
     def _run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
         """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
