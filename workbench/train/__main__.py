@@ -38,7 +38,6 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from workbench.errors import ConfigError  # noqa: E402
-from workbench.train.run import classify_exception, print_summary, run  # noqa: E402
 from workbench.vocab import EXIT_CODES  # noqa: E402
 
 __all__ = ["main", "parse_args"]
@@ -77,6 +76,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.heartbeat:
+        # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of
+        # torch and the loop, which take seconds on a loaded host; compiling may take a while after it
+        Path(args.heartbeat).write_text("0")
+    from workbench.train.run import classify_exception, print_summary, run
+
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(name)s: %(message)s")
     out = Path(args.out) if args.out else None
     try:

@@ -115,8 +115,6 @@ def load_run_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    if args.heartbeat:  # step 0: the process reports (the tuner's no_report watchdog); compiling may take a while
-        Path(args.heartbeat).write_text("0")
     cfg = load_run_config(args)
     data_dir = None
     if not cfg.data.loongbin_dir:
