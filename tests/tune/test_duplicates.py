@@ -19,7 +19,7 @@ mb = cfg["data"]["micro_batch_size"]
 with open(d / "metrics.jsonl", "w") as f:
     for step in (4, 6):
         f.write(json.dumps({"step": step, "throughput/real_tokens_per_s_per_gpu": 1000.0 * mb}) + "\\n")
-(d / "summary.json").write_text(json.dumps({"last_loss": 1.0, "memory/max_rss_gib": 0.1}))
+(d / "summary.json").write_text(json.dumps({"last_loss": 1.0, "memory/max_rss_gib": 0.1, "windows": 2}))
 with open(sys.argv[3], "a") as log:
     log.write(f"{d.name} {mb}\\n")
 """

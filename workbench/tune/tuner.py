@@ -85,8 +85,10 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
 def _outcome_of(t: FrozenTrial) -> TrialOutcome:
     """A finished trial's outcome as it was told (for a later trial of the same config)."""
     a = t.user_attrs
+    windows = a.get("windows")  # the summary's flat keys are stored over it: its count of windows, there
     return TrialOutcome(a.get("status", "ok"), Path(a.get("trial_dir", "")),
-                        Path(a["config_path"]) if a.get("config_path") else None, list(a.get("windows", [])),
+                        Path(a["config_path"]) if a.get("config_path") else None,
+                        list(windows) if isinstance(windows, list) else [],
                         t.values[0] if t.state == TrialState.COMPLETE and t.values else None, a.get("summary"),
                         a.get("failure_reason", ""), a.get("log_tail", ""), wall_s=0.0)
 
