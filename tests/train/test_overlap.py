@@ -25,7 +25,8 @@ import torch.nn as nn
 from workbench.config import ConfigError, merge_overrides, preset_config
 from workbench.tune.knobs import get_knob
 from workbench.train.model import Llama, ModelArgs, get_preset
-from workbench.train.overlap import _union_s, layer_units, overlap_count, plan_buckets
+from workbench.train.overlap import layer_units, overlap_count, plan_buckets
+from workbench.train.timing import interval_union
 
 WORLD = 2
 # untied, 3 blocks: 6 layers (embed, 3 blocks, norm, lm_head); a block is 9,280 fp32 parameters = 37,120 bytes
@@ -81,8 +82,8 @@ def test_overlap_count_and_interval_union():
     assert overlap_count(1, 0.5) == 1 and overlap_count(3, 0.5) == 2 and overlap_count(0, 1) == 0
     with pytest.raises(ValueError):
         overlap_count(4, 1.5)
-    assert _union_s([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
-    assert _union_s([]) == 0.0
+    assert interval_union([(0, 2), (1, 3), (5, 6)]) == pytest.approx(4.0)
+    assert interval_union([]) == 0.0
 
 
 # --------------------------------------------------------------------------- two processes

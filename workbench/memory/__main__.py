@@ -32,38 +32,36 @@ from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["main"]
 
+
+def _source(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """A subcommand's config: --config or --preset, with --set on top."""
+    src = parser.add_mutually_exclusive_group(required=True)
+    src.add_argument("--config", help="config.yaml")
+    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6, gr00t-n1.6-vla)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    return parser
+
+
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workbench.memory", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("analyze", help="record the allocator over N training steps and suggest settings")
-    src = a.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="config.yaml")
-    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6)")
+    a = _source(sub.add_parser("analyze", help="record the allocator over N training steps and suggest settings"))
     a.add_argument("--steps", type=int, default=5, help="recorded steps (default 5)")
     a.add_argument("--warmup", type=int, default=None,
                    help="steps before recording (default training.warmup_measure_steps)")
     a.add_argument("--out", default=".", help="directory for memory_analysis.json and the run's metrics (default: the working directory)")
-    a.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     a.add_argument("--synthetic", action="store_true", help="generate a synthetic corpus when data.loongbin_dir "
                                                             "is not set")
     a.add_argument("--max-entries", type=int, default=500_000, help="allocator history ring size (default 500000)")
     a.add_argument("--snapshot", action="store_true",
                    help="also write memory_snapshot.pickle (for https://pytorch.org/memory_viz)")
-    lt = sub.add_parser("lifetimes", help="gradient production order, bucket lifetimes and a lifetime-aware "
-                                          "buffer plan, from the model's autograd graph (no GPU needed)")
-    src = lt.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="config.yaml")
-    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6)")
-    lt.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    lt = _source(sub.add_parser("lifetimes", help="gradient production order, bucket lifetimes and a lifetime-aware "
+                                                  "buffer plan, from the model's autograd graph (no GPU needed)"))
     lt.add_argument("--out", default=".", help="directory for lifetimes.json (default: the working directory)")
     lt.add_argument("--rebuild-dag", action="store_true", help="build the autograd DAG again instead of reading "
                                                               "it from the cache")
-    f = sub.add_parser("fit", help="the largest micro-batch that fits, by probe runs; with --suggest also under "
-                                   "the allocator settings analyze suggests")
-    src = f.add_mutually_exclusive_group(required=True)
-    src.add_argument("--config", help="config.yaml")
-    src.add_argument("--preset", help="a model preset's default config (tiny, gr00t-n1.6-vla)")
-    f.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    f = _source(sub.add_parser("fit", help="the largest micro-batch that fits, by probe runs; with --suggest also "
+                                           "under the allocator settings analyze suggests"))
     f.add_argument("--out", default="fit", help="directory for fit.json and the probes' runs (default: ./fit)")
     f.add_argument("--start", type=int, help="first micro-batch probed (default data.micro_batch_size)")
     f.add_argument("--multiple", type=int, default=8, help="probe multiples of this (default 8)")

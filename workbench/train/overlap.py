@@ -20,6 +20,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from workbench.train.timing import interval_union
+
 __all__ = [
     "BucketPlan",
     "DDPCommTimer",
@@ -114,21 +116,6 @@ def overlap_count(n_buckets: int, overlap_ratio: float) -> int:
 
 
 # --------------------------------------------------------------------------- timing helpers
-
-
-def _union_s(intervals: list[tuple[float, float]]) -> float:
-    """Length of the union of [start, end] intervals (seconds)."""
-    total, cur_s, cur_e = 0.0, None, None
-    for s, e in sorted(intervals):
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        total += cur_e - cur_s
-    return total
 
 
 class _Intervals:
@@ -281,7 +268,7 @@ class OverlapScheduler:
     def flush(self) -> list[dict[str, float | None]]:
         """Per step since the last flush: ``total_s`` (union of all-reduce time), ``exposed_s`` None
         (the loop's grad_sync phase is the exposed part). Call after the window's sync."""
-        return [{"total_s": _union_s(iv), "exposed_s": None} for iv in self._timing.flush()]
+        return [{"total_s": interval_union(iv), "exposed_s": None} for iv in self._timing.flush()]
 
     def describe(self) -> dict[str, Any]:
         """The bucket plan, for the run summary."""
@@ -410,7 +397,7 @@ class DDPCommTimer:
                 out.append({"total_s": 0.0, "exposed_s": 0.0})
                 continue
             tail = max(e for _, e in iv) - max(s for s, _ in iv)
-            out.append({"total_s": _union_s(iv), "exposed_s": max(0.0, tail)})
+            out.append({"total_s": interval_union(iv), "exposed_s": max(0.0, tail)})
         return out
 
     def describe(self) -> dict[str, Any]:

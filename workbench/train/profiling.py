@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from workbench.errors import ConfigError
+from workbench.train.timing import interval_union
 
 __all__ = ["LAUNCH_CALLS", "StepProfiler", "launch_overhead"]
 
@@ -78,19 +79,9 @@ def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str
     host_end = max(e for _, e in step_ranges)
     mine = [(ts, dur, c) for ts, dur, c in launches if begin <= ts <= host_end]
     ids = {c for _, _, c in mine if c is not None}
-    inside = sorted((s, e) for s, e, c in work if (c in ids if c is not None else begin <= s <= host_end))
+    inside = [(s, e) for s, e, c in work if (c in ids if c is not None else begin <= s <= host_end)]
     end = max([host_end, *(e for _, e in inside)])
-    busy = 0.0
-    cur_s = cur_e = None
-    for s, e in inside:  # union of intervals
-        if cur_e is None or s > cur_e:
-            if cur_e is not None:
-                busy += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_e is not None:
-        busy += cur_e - cur_s
+    busy = interval_union(inside)
     span = end - begin
     ms = 1e-3 / steps
     return {"launch_calls_per_step": len(mine) / steps, "launch_call_ms_per_step": sum(d for _, d, _ in mine) * ms,

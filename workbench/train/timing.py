@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover - exercised only where nvtx is missing
 
 from workbench.vocab import PHASES
 
-__all__ = ["PHASES", "PhaseTimer"]
+__all__ = ["PHASES", "PhaseTimer", "interval_union"]
 
 _INDEX = {p: i for i, p in enumerate(PHASES)}
 _OTHER = _INDEX["other"]
@@ -179,3 +179,18 @@ class PhaseTimer:
         if self.cuda:
             return a.elapsed_time(b) / 1e3  # type: ignore[union-attr]
         return (b - a) / 1e9  # type: ignore[operator]
+
+
+def interval_union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals (overlapping ones count once), in their unit."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    if cur_e is not None:
+        total += cur_e - cur_s
+    return total
