@@ -70,6 +70,11 @@ FAULT_SCRIPTS = {
     "hang": "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(3600)",
     # never a step: the per-trial time limit must fire
     "hang-start": "import time; time.sleep(3600)",
+    # 8 beats, each written as Path.write_text does (truncate, then write) with the file left empty for 0.25 s,
+    # then silence: the empty reads must not count as a process that never reported
+    "rewrite-then-hang": ("import sys, time\nfor i in range(1, 9):\n    with open(sys.argv[1], 'w') as f:\n"
+                          "        f.flush(); time.sleep(0.25); f.write(str(i))\n    time.sleep(0.05)\n"
+                          "time.sleep(3600)"),
     "crash": "raise RuntimeError('deliberate crash (a test fault)')",
     "sigkill": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
 }
