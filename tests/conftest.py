@@ -21,9 +21,9 @@ FAST_PROTOCOL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_r
                  "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60, "profile_steps": 0}
 
 
-# The files that take longest, longest first (seconds of one 2-worker run of the suite on 2 cores, in the order of
-# their totals): scripts/test.sh runs the suite on two workers, a file at a time each, in collection order
-# (--no-loadscope-reorder); handing out the long files first leaves the short ones to even out the two workers' ends.
+# The files that take longest, longest first (by their totals in a 2-worker run of the suite on 2 cores):
+# scripts/test.sh runs the suite on pytest-xdist workers, a file at a time each, in collection order
+# (--no-loadscope-reorder); handing out the long files first leaves the short ones to even out the workers' ends.
 # A file missing here only runs later; keep the order roughly right when a file's cost changes a lot.
 LONGEST_FIRST = [
     "tests/train/test_train.py",
