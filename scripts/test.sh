@@ -14,4 +14,7 @@ fi
 export REPORT_ARTIFACT_DIR=${REPORT_ARTIFACT_DIR:-$PWD/runs/ci-artifacts}
 # the one-way import ladder (pyproject.toml, docs/architecture.md)
 .venv/bin/lint-imports --no-cache
-exec .venv/bin/python -m pytest -q --durations=25 "$@"
+# three workers (pytest-xdist), one test file each at a time, the longest files first (tests/conftest.py): most of
+# the suite waits on processes it starts (trials, the CLIs, their imports, watchdog timeouts), so on 2 cores a third
+# worker fills the time the other two wait; `-n 0` after it runs the suite in one process
+exec .venv/bin/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations=25 "$@"

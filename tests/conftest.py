@@ -21,6 +21,41 @@ FAST_PROTOCOL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_r
                  "ab_rounds": 2, "trial_timeout_s": 180, "heartbeat_timeout_s": 60, "profile_steps": 0}
 
 
+# The files that take longest, longest first (by their totals in a 2-worker run of the suite on 2 cores):
+# scripts/test.sh runs the suite on pytest-xdist workers, a file at a time each, in collection order
+# (--no-loadscope-reorder); handing out the long files first leaves the short ones to even out the workers' ends.
+# A file missing here only runs later; keep the order roughly right when a file's cost changes a lot.
+LONGEST_FIRST = [
+    "tests/train/test_train.py",
+    "tests/kernels/test_kernels_bench.py",
+    "tests/examples/test_examples.py",
+    "tests/tune/test_tune_signals.py",
+    "tests/tune/test_tune_coordinator.py",
+    "tests/tune/test_tune_e2e.py",
+    "tests/tune/test_sampler_efficiency.py",
+    "tests/tune/test_tune_resume.py",
+    "tests/tune/test_numerics.py",
+    "tests/train/test_compile_cache.py",
+    "tests/benchmarks/test_loop_bench.py",
+    "tests/tune/test_tune_failures.py",
+    "tests/tune/test_traces.py",
+    "tests/tune/test_tune_faults.py",
+    "tests/kernels/test_kernel_ops.py",
+    "tests/tune/test_tune_postgres.py",
+    "tests/tune/test_optuna_tools.py",
+    "tests/train/test_overlap.py",
+    "tests/reports/test_report.py",
+    "tests/reports/test_report_browser.py",
+    "tests/tune/test_tune_trial.py",
+    "tests/kernels/test_rmsnorm.py",
+]
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: a file keeps its order
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
@@ -70,6 +105,11 @@ FAULT_SCRIPTS = {
     "hang": "import pathlib, sys, time; pathlib.Path(sys.argv[1]).write_text('1'); time.sleep(3600)",
     # never a step: the per-trial time limit must fire
     "hang-start": "import time; time.sleep(3600)",
+    # 8 beats, each written as Path.write_text does (truncate, then write) with the file left empty for 0.25 s,
+    # then silence: the empty reads must not count as a process that never reported
+    "rewrite-then-hang": ("import sys, time\nfor i in range(1, 9):\n    with open(sys.argv[1], 'w') as f:\n"
+                          "        f.flush(); time.sleep(0.25); f.write(str(i))\n    time.sleep(0.05)\n"
+                          "time.sleep(3600)"),
     "crash": "raise RuntimeError('deliberate crash (a test fault)')",
     "sigkill": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",
 }

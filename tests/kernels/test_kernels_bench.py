@@ -3,6 +3,7 @@ isolation and pairing."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import sys
 from pathlib import Path
@@ -33,6 +34,16 @@ def _kbench(name: str):
     the tests patch are looked up."""
     _kernels_bench()
     return importlib.import_module(f"_kbench_{name}")
+
+
+def _one_block_e2e(monkeypatch, setup) -> None:
+    """The in-process end-to-end step on the tiny preset cut to one block (its dims, every op of a block, a quarter
+    of the Triton interpreter's work): the tests check the benchmark's plumbing, not a deep model. A worker process
+    (--e2e-isolation process) looks its preset up by name, so the test of those keeps "tiny"."""
+    from workbench.train import model
+
+    monkeypatch.setitem(model.PRESETS, "tiny-1block", dataclasses.replace(model.TINY, num_hidden_layers=1))
+    monkeypatch.setattr(setup, "E2E_PRESET", "tiny-1block")
 
 
 def test_bench_needs_cuda_and_says_so(capsys):
@@ -76,7 +87,7 @@ def test_bench_smoke_run_on_the_interpreter(tmp_path, monkeypatch):
     # the tiny preset's dims, so the launch parameters picked at these shapes fit its end-to-end step too
     monkeypatch.setattr(setup, "MODELS", {"toy": dict(hidden=128, ffn=384, heads=4, kv_heads=2, vocab=4096)})
     monkeypatch.setattr(setup, "MAIN_MODEL", "toy")
-    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    _one_block_e2e(monkeypatch, setup)
     monkeypatch.setattr(setup, "BATCH", 1)
     monkeypatch.setattr(setup, "SEQ", 6)
     monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)
@@ -132,7 +143,7 @@ def test_bench_e2e_keeps_the_variants_measured_before_one_fails(tmp_path, monkey
             raise RuntimeError("boom in the compiled step")
         return run
 
-    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    _one_block_e2e(monkeypatch, setup)
     monkeypatch.setattr(setup, "BATCH", 1)
     monkeypatch.setattr(setup, "SEQ", 6)
     monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)
@@ -160,7 +171,7 @@ def test_bench_e2e_pairs_interleaved_rounds_with_the_torch_ops(tmp_path, monkeyp
     bench = _kernels_bench()
     setup = _kbench("setup")
 
-    monkeypatch.setattr(setup, "E2E_PRESET", "tiny")
+    _one_block_e2e(monkeypatch, setup)
     monkeypatch.setattr(setup, "BATCH", 1)
     monkeypatch.setattr(setup, "SEQ", 6)
     monkeypatch.setattr(setup, "COPY_BYTES", 1 << 12)

@@ -119,5 +119,10 @@ def test_a_grid_study_run_by_the_tuner_is_enumerated_and_replayed(study_spec_fil
     dists, grid = se.load_grid(f"sqlite:///{out / 'grid' / 'study.db'}", "grid")
     assert set(dists) == {"micro_batch_size", "num_workers"} and len(grid) == 4
     assert grid["feasible"].all() and (grid["value"] > 0).all()
+    # which configuration measured best is up to the noise of two shared cores (micro-batch 2 and 8 run within
+    # ~15% of each other here), and whether TPE's 4 asks reach it depends on which one it is; seeded random search
+    # over 12 asks visits all 4 (seed 0), so it must find the measured best whichever it is
+    res = se.replay(dists, grid, "random", 0, n_startup=0, within=0.02, n_trials=12)
+    assert res["reached"] and res["distinct_configs_asked"] == 4 and res["best_found"] == grid["value"].max()
     res = se.replay(dists, grid, "tpe", 0, n_startup=2, within=0.02)
-    assert res["reached"] and 1 <= res["trials_to_target"] <= 4
+    assert res["best_found"] in set(grid["value"]) and res["trials_to_target"] in (None, 1, 2, 3, 4)

@@ -64,6 +64,7 @@ def test_a_real_failure_is_recorded_with_its_log_tail(spec, tmp_path):
 
 @pytest.mark.parametrize(("fault", "status", "words", "limits"), [
     ("hang", "timeout", "no step for 1.5 s", (60, 1.5)),                       # heartbeat watchdog
+    ("rewrite-then-hang", "timeout", "no step for 1.5 s (hung after step 8)", (60, 1.5)),  # empty reads: no loss
     ("hang-start", "timeout", "time limit of 2 s before its first step", (2, 60)),  # per-trial limit
     ("sigkill", "crash", "killed by SIGKILL", (60, 60)),
     ("crash", "crash", "exit code 1", (60, 60)),

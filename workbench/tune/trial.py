@@ -437,7 +437,9 @@ def run_trial(
                 break
             now = time.monotonic()
             b = _read_heartbeat(heartbeat)
-            if b != beat:
+            # an empty read is a beat being rewritten (a writer truncates the file, then writes the step), not a
+            # lost heartbeat: it keeps the last beat seen
+            if b is not None and b != beat:
                 beat, beat_at = b, now
                 if not windows:
                     in_warmup = b is not None and b.isdigit() and int(b) <= warm
