@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+from _ranks import join_or_fail
 from workbench.config import ConfigError, merge_overrides, preset_config
 from workbench.tune.knobs import get_knob
 from workbench.train.model import Llama, ModelArgs, get_preset
@@ -322,15 +323,7 @@ def dist_results(tmp_path_factory):
             os.environ["LOONGFORGE_CACHE"] = old_cache
     ctx = mp.start_processes(_worker, args=(str(root / "store"), str(root), str(data_dir)), nprocs=WORLD,
                              join=False, start_method="spawn")
-    deadline = 240  # seconds: a deadlock must fail the test run, not hang it
-    for _ in range(deadline):
-        if ctx.join(timeout=1):
-            break
-    else:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        pytest.fail(f"the two-process overlap run did not finish in {deadline} s")
+    join_or_fail(ctx, 240, "the two-process overlap run")
     return [json.loads((root / f"rank{r}.json").read_text()) for r in range(WORLD)], root
 
 

@@ -9,11 +9,11 @@ import json
 import os
 from pathlib import Path
 
-import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from _ranks import join_or_fail
 from workbench.config import merge_overrides, preset_config
 
 WORLD = 2
@@ -52,14 +52,7 @@ def test_the_vla_trains_on_two_ranks_under_the_overlap_scheduler(tmp_path, monke
     data_dir = synthetic_vla_dir(get_vla_preset("tiny-vla"), num_samples=128)
     ctx = mp.start_processes(_worker, args=(str(tmp_path / "store"), str(tmp_path), str(data_dir)), nprocs=WORLD,
                              join=False, start_method="spawn")
-    for _ in range(180):  # seconds: a deadlock must fail the test, not hang it
-        if ctx.join(timeout=1):
-            break
-    else:
-        for p in ctx.processes:
-            if p.is_alive():
-                p.kill()
-        pytest.fail("the two-rank VLA run did not finish in 180 s")
+    join_or_fail(ctx, 180, "the two-rank VLA run")
     p0, p1 = (torch.load(tmp_path / f"params-{r}.pt") for r in range(WORLD))
     assert all(torch.equal(a, b) for a, b in zip(p0, p1)), "the ranks diverged"
     for r in range(WORLD):
