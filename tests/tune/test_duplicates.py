@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 
-
 from workbench.tune import Tuner
 from workbench.tune.study import load_study_spec
 

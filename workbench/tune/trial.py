@@ -442,7 +442,7 @@ def run_trial(
             if b is not None and b != beat:
                 beat, beat_at = b, now
                 if not windows:
-                    in_warmup = b is not None and b.isdigit() and int(b) <= warm
+                    in_warmup = b.isdigit() and int(b) <= warm
                     phase(f"warm-up (step {b}/{warm})" if in_warmup else f"measuring window 1/{n_windows}")
             if beat is None and now - t0 > heartbeat_timeout_s:
                 killed_kind = "no_report"

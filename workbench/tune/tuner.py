@@ -81,7 +81,6 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
         return None
 
 
-
 def _outcome_of(t: FrozenTrial) -> TrialOutcome:
     """A finished trial's outcome as it was told (for a later trial of the same config)."""
     a = t.user_attrs
@@ -91,6 +90,7 @@ def _outcome_of(t: FrozenTrial) -> TrialOutcome:
                         list(windows) if isinstance(windows, list) else [],
                         t.values[0] if t.state == TrialState.COMPLETE and t.values else None, a.get("summary"),
                         a.get("failure_reason", ""), a.get("log_tail", ""), wall_s=0.0)
+
 
 class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecords):
     """One tuner process (coordinator or worker) on one study; see the module docstring."""
