@@ -39,8 +39,9 @@ def test_a_loop_reports_windows_phases_and_a_summary(tmp_path):
     windows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [w["step"] for w in windows] == [5, 8]  # warm-up 2, then every 3 steps
     for w in windows:
-        assert w["time/forward_s"] == pytest.approx(2 * w["time/data_wait_s"], rel=0.5)
-        assert w["time/forward_s"] >= 0.004 and w["time/backward_s"] == 0.0
+        # each phase holds at least its own sleep (a loaded machine only lengthens sleeps), so a phase's time
+        # counted to its neighbour fails one bound
+        assert w["time/data_wait_s"] >= 0.002 and w["time/forward_s"] >= 0.004 and w["time/backward_s"] == 0.0
         assert w[REAL_TOKENS_PER_S] == pytest.approx(48 / w["time/step_s"])
         assert w["data/padding_ratio"] == pytest.approx(0.25)
     assert windows[-1]["loss"] == pytest.approx(1 / 8)

@@ -60,8 +60,8 @@ def test_two_workers_share_one_study(pg_url, study_spec_file, tmp_path, subproce
                 assert t.user_attrs["status"] == "skipped_budget"
                 assert not (out / name / "trials" / str(t.number)).exists()
         roles = set()
-        for t in counted:
-            tdir = out / name / "trials" / str(t.number)
+        for t in counted:  # a config the sampler asks for again reuses its first trial's result and folder
+            tdir = out / name / "trials" / str(t.user_attrs.get("duplicate_of", t.number))
             assert t.user_attrs["trial_dir"] == str(tdir)
             assert t.user_attrs["status"] == "ok" and (tdir / "summary.json").exists(), t.user_attrs
             log = (tdir / "log.txt").read_text()
