@@ -87,11 +87,13 @@ def test_a_trial_killed_from_outside_is_run_once_more(study_spec_file, tmp_path,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     heartbeat = tmp_path / "runs" / "ext" / "trials" / "0" / "heartbeat"
     end = time.monotonic() + 240
-    while not heartbeat.exists() and time.monotonic() < end:  # the trial reports (0 at its start)
+    pgid = None
+    while pgid is None and time.monotonic() < end:  # the trial reports (0 at its start), its pgid is stored
         assert proc.poll() is None, proc.communicate()
+        if heartbeat.exists():  # (the study exists by then; the pgid write may still be waiting on SQLite)
+            pgid = optuna.load_study(study_name="ext", storage=url).trials[0].user_attrs.get("pgid")
         time.sleep(0.2)
-    study = optuna.load_study(study_name="ext", storage=url)
-    pgid = study.trials[0].user_attrs["pgid"]
+    assert pgid is not None, "the trial did not start within 240 s"
     os.kill(pgid, signal.SIGKILL)  # the train process (it leads its group), from outside
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
