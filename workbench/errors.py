@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ConfigError", "TuneError"]
+__all__ = ["ConfigError", "DiskError", "TuneError", "UnsafePathError"]
 
 
 class ConfigError(ValueError):
@@ -56,3 +56,23 @@ def _join(prefix: str, key: str) -> str:
 
 class TuneError(RuntimeError):
     """The tuner cannot go on (failing baseline, spec mismatch with the stored study...)."""
+
+
+class UnsafePathError(TuneError):
+    """A path the tuner would delete or write through is a symlink, or lies outside ``--out``."""
+
+
+class DiskError(OSError):
+    """A file could not be written (full disk, read-only folder); its temp file is gone and the file it would
+    have replaced is unchanged. Failure kind ``disk``: the machine's fault, not the config's."""
+
+    def __init__(self, message: str, *, filename: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.filename = filename  # type: ignore[assignment]
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.message,), {"filename": self.filename})
