@@ -10,18 +10,19 @@ PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "
 """The phases of a training step, in order; they add up to the step time."""
 
 STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config",
-            "no_report", "interrupted")
+            "no_report", "interrupted", "disk")
 """Every status a trial can end with (user attr ``status``)."""
 
 FAILURE_KINDS = ("oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config", "no_report")
 """Statuses told to Optuna as infeasible. ``no_report``: the process never reported a measured window (it did not
 touch its heartbeat within the heartbeat timeout of its launch, or it exited 0 without a window)."""
 
-FAILED_STATUSES = (*FAILURE_KINDS, "interrupted")
-"""Statuses of a run that did not finish: the failure kinds, and ``interrupted`` (FAIL, run again on resume)."""
+FAILED_STATUSES = (*FAILURE_KINDS, "interrupted", "disk")
+"""Statuses of a run that did not finish: the failure kinds, ``interrupted`` (FAIL, run again on resume) and
+``disk`` (a file could not be written: the machine's fault, not the config's; FAIL, run again on resume)."""
 
 EXIT_CODES = {"ok": 0, "crash": 1, "invalid_config": 2, "oom": 3, "nan_loss": 4, "compile_error": 5,
-              "interrupted": 130}
+              "disk": 6, "interrupted": 130}
 """Exit code of ``python -m workbench.train`` per outcome; the trial runner maps them back to statuses."""
 
 TUNE_EXIT = {"ok": 0, "error": 1, "usage": 2, "interrupted": 130}

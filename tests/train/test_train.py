@@ -165,7 +165,32 @@ def test_an_empty_or_binary_config_is_refused_in_one_line(tmp_path, subprocess_e
     assert len(lines) == 1 and str(path) in lines[0] and words in lines[0], r.stderr
 
 
-def test_ctrl_c_leaves_a_usable_checkpoint(synth, tmp_path, subprocess_env):
+class _RunsCode:
+    """Pickles as a call of ``os.system``: loading it with pickle runs the command."""
+
+    def __init__(self, cmd: str) -> None:
+        self.cmd = cmd
+
+    def __reduce__(self):
+        return (os.system, (self.cmd,))
+
+
+def _wait_heartbeat(hb: Path, at_least: int, proc: subprocess.Popen) -> None:
+    deadline = time.time() + 120
+    while time.time() < deadline and proc.poll() is None:
+        text = hb.read_text().strip() if hb.exists() else ""
+        if text.isdigit() and int(text) >= at_least:
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"heartbeat {hb} never reached {at_least} (rc {proc.poll()})")
+
+
+def test_signals_and_a_checkpoint_that_would_run_code(synth, tmp_path, subprocess_env):
+    """SIGUSR1 before the loop is ignored with one line; SIGTERM finishes the step and leaves a checkpoint that
+    loads with weights_only=True; a latest.pt that needs pickle runs no code and is refused in one line (exit 2),
+    unless --trust-checkpoint is passed."""
+    import torch
+
     cfg = tmp_path / "c.yaml"
     ck = tmp_path / "ck"
     cfg.write_text(f"""
@@ -174,21 +199,36 @@ training: {{max_steps: 100000, log_every: 4, warmup_measure_steps: 2, checkpoint
 hardware: {{device: cpu}}
 """)
     hb = tmp_path / "hb"
-    p = subprocess.Popen([sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb),
-                          "-q"], env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while time.time() < deadline and not (hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2")):
-        time.sleep(0.2)
-    p.send_signal(signal.SIGINT)
+    cmd = [sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb), "-q"]
+    p = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _wait_heartbeat(hb, 0, p)  # written before torch is imported: the loop's handlers are not installed yet
+    p.send_signal(signal.SIGUSR1)
+    _wait_heartbeat(hb, 3, p)
+    p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     assert p.returncode == 130, err[-2000:]
-    import torch
-
-    ck_data = torch.load(ck / "latest.pt", weights_only=False)
+    assert "SIGUSR1 ignored" in err, err[-2000:]
+    ck_data = torch.load(ck / "latest.pt", weights_only=True)  # tensors and plain types only
     # one micro-batch per step: the loader's position equals the step count (within the first epoch)
     assert ck_data["step"] >= 3
     assert ck_data["data"]["epoch"] * ck_data["data"]["batches_per_epoch"] + ck_data["data"]["batch"] \
         == ck_data["step"]
+    assert not list(ck.glob("*.tmp"))
+
+    marker = tmp_path / "code-ran"
+    torch.save({**ck_data, "extra": _RunsCode(f"touch {marker}")}, ck / "latest.pt")
+    steps = str(ck_data["step"] + 1)
+    r = subprocess.run([*cmd, "--steps", steps, "--out", str(tmp_path / "o")], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and not marker.exists(), r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and str(ck / "latest.pt") in lines[0] and "--trust-checkpoint" in lines[0], r.stderr
+    assert json.loads((tmp_path / "o" / "failure.json").read_text())["kind"] == "invalid_config"
+
+    r = subprocess.run([*cmd, "--steps", steps, "--trust-checkpoint"], env=subprocess_env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0 and marker.exists(), r.stderr[-2000:]  # the user's own choice: it loads with pickle
+    assert torch.load(ck / "latest.pt", weights_only=True)["step"] == int(steps)
 
 
 @pytest.mark.parametrize("shapes", ["dynamic", "static"])

@@ -11,9 +11,13 @@ Prometheus metrics on :9091 (``metrics.prometheus_port``, ``--prometheus-port N`
 ``--synthetic`` generates a synthetic corpus and preprocesses it into a cache
 directory when ``data.loongbin_dir`` is not set. Ctrl-C finishes the current
 step, writes a checkpoint when ``training.checkpoint_dir`` is set, and exits.
+SIGTERM does the same as Ctrl-C (SIGINT); a second one stops at once.
 ``kill -USR1 <pid>`` re-reads the ``--config`` file between steps and applies the
 keys that may change while running, or rejects the reload with the reason
-(workbench/train/reload.py; README, "Hot reload").
+(workbench/train/reload.py; README, "Hot reload"); before the loop starts and
+after it ends, SIGUSR1 is ignored with one line. A ``latest.pt`` loads with
+``weights_only=True``; one that needs pickle is refused (exit 2) unless
+``--trust-checkpoint`` is passed.
 
 Exit codes name the failure kind (the tuner reads them, and ``failure.json`` in
 the output directory): 0 ok, 2 invalid_config, 3 oom, 4 nan_loss,
@@ -31,13 +35,14 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import logging  # noqa: E402
+import signal  # noqa: E402
 import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from workbench.errors import ConfigError  # noqa: E402
+from workbench.files import write_json  # noqa: E402
 from workbench.vocab import EXIT_CODES  # noqa: E402
 
 __all__ = ["main", "parse_args"]
@@ -68,13 +73,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     prom.add_argument("--prometheus-port", type=int, metavar="N",
                       help="serve /metrics on port N (default: metrics.prometheus_port, else 9091)")
     prom.add_argument("--no-prometheus", action="store_true", help="serve no Prometheus endpoint")
+    p.add_argument("--trust-checkpoint", action="store_true",
+                   help="resume from a <training.checkpoint_dir>/latest.pt that needs pickle to load (an older "
+                        "format): loading it can run code, so pass this only for a file you wrote")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
     p.add_argument("-q", "--quiet", action="store_true", help="log warnings only, not each window")
     p.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of a crash")
     return p.parse_args(argv)
 
 
+def _ignore_sigusr1(signum, frame) -> None:
+    os.write(2, b"workbench.train: SIGUSR1 ignored: the config reloads only while the training loop runs\n")
+
+
 def main(argv: list[str] | None = None) -> int:
+    # SIGUSR1's default action ends the process: until the loop installs its reload handler, and after the loop
+    # restores this one, a reload request is ignored with one line
+    signal.signal(signal.SIGUSR1, _ignore_sigusr1)
     args = parse_args(argv)
     if args.heartbeat:
         # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of
@@ -99,17 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         if out:
             try:
-                out.mkdir(parents=True, exist_ok=True)
-                (out / "failure.json").write_text(json.dumps({"kind": kind, "message": msg[:4000]}) + "\n")
+                write_json(out / "failure.json", {"kind": kind, "message": msg[:4000]}, indent=None)
             except OSError as werr:  # the output directory itself may be what failed: the line above says it
                 print(f"  (failure.json not written: {werr.strerror or werr}: {werr.filename or out})",
                       file=sys.stderr)
         return EXIT_CODES[kind]
     if args.summary:
-        Path(args.summary).parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(args.summary + ".tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        os.replace(tmp, args.summary)
+        write_json(args.summary, summary, default=str)
     if not args.quiet:
         print_summary(summary)
     return EXIT_CODES["interrupted"] if summary.get("interrupted") else 0

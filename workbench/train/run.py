@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data_dir = synthetic_dir_for(cfg, args.synthetic_packing)
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
-    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source)
+    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source,
+                      trust_checkpoint=getattr(args, "trust_checkpoint", False))
     try:
         summary = trainer.run()
         if getattr(args, "save_hf", None):

@@ -23,7 +23,6 @@ A loop of one's own uses it through :func:`run`::
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -38,6 +37,8 @@ import torch
 
 from loaders.format import ShardFormatError
 from workbench.config import Config, ConfigError, load_config
+from workbench.errors import DiskError
+from workbench.files import write_json
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
 from workbench.train.profiling import StepProfiler
 from workbench.train.timing import PHASES, PhaseTimer
@@ -349,8 +350,8 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
     except BaseException as e:
         if out_dir is not None and rank == 0:
             kind = classify_exception(e)
-            (out_dir / "failure.json").write_text(json.dumps({"kind": kind, "message": f"{type(e).__name__}: "
-                                                                                        f"{e}"[:4000]}) + "\n")
+            write_json(out_dir / "failure.json", {"kind": kind, "message": f"{type(e).__name__}: {e}"[:4000]},
+                       indent=None)
         raise
     finally:
         for sig, handler in held.items():
@@ -358,13 +359,13 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
         session.close()
     summary = {**session.summary(), "elapsed_s": time.perf_counter() - t0, "interrupted": handle.stop_requested}
     if out_dir is not None and rank == 0:
-        tmp = out_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        os.replace(tmp, out_dir / "summary.json")
+        write_json(out_dir / "summary.json", summary, default=str)
 
 
 def classify_exception(e: BaseException) -> str:
     """Map an exception to a failure kind (``workbench.vocab.FAILURE_KINDS``)."""
+    if isinstance(e, DiskError):  # a file could not be written: the machine's fault, not the config's
+        return "disk"
     if isinstance(e, (ConfigError, ShardFormatError)):  # the config's data.loongbin_dir is unusable as it is
         return "invalid_config"
     if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():

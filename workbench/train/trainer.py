@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -26,6 +27,7 @@ import torch.nn as nn
 
 from loaders.pipeline import BatchPipeline
 from workbench.config import Config, ConfigError, to_dict
+from workbench.files import atomic_write
 from workbench.train.flops import peak_tflops
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.allocator import apply_allocator_settings
@@ -77,7 +79,8 @@ class Trainer:
     """Builds everything from a Config; ``run()`` trains and returns the summary."""
 
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                 heartbeat: str | Path | None = None, config_source: ConfigSource | None = None) -> None:
+                 heartbeat: str | Path | None = None, config_source: ConfigSource | None = None,
+                 trust_checkpoint: bool = False) -> None:
         self.cfg = cfg
         # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
         # ConfigError
@@ -110,6 +113,7 @@ class Trainer:
             self.model = self.workload.build(resolve(
                 backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm))
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+        self.trust_checkpoint = trust_checkpoint  # the user's flag only, never a config key (a study sets those)
         resuming = self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists()
         if cfg.model.checkpoint_path and not resuming:  # a resumed run's own checkpoint has the newer weights
             n = self.workload.load_weights(cfg.model.checkpoint_path)
@@ -399,12 +403,10 @@ class Trainer:
         session = self.session
         total = session.total = max_steps or self.cfg.training.max_steps
         interrupted = False
-        prev_sigint = signal.getsignal(signal.SIGINT)
-        prev_sigusr1 = signal.getsignal(signal.SIGUSR1)
         stop, reload = {"flag": False}, {"flag": False}
 
-        def _on_sigint(signum, frame):  # finish the step, then stop and checkpoint
-            if stop["flag"]:
+        def _on_stop(signum, frame):  # SIGINT or SIGTERM: finish the step, then stop and checkpoint; a second one
+            if stop["flag"]:           # stops at once
                 raise KeyboardInterrupt
             stop["flag"] = True
 
@@ -412,9 +414,10 @@ class Trainer:
             reload["flag"] = True
 
         main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
+        held = {}
         if main_thread:
-            signal.signal(signal.SIGINT, _on_sigint)
-            signal.signal(signal.SIGUSR1, _on_sigusr1)
+            held = {sig: signal.signal(sig, handler) for sig, handler in
+                    ((signal.SIGINT, _on_stop), (signal.SIGTERM, _on_stop), (signal.SIGUSR1, _on_sigusr1))}
         t_start = time.perf_counter()
         self.precompile()
         session.step = self.step  # a resumed run counts on from its checkpoint
@@ -440,9 +443,8 @@ class Trainer:
                     self.reload_config()  # a recompile's time is time/compile_s ...
                     self.timer.start()  # ... charged to no step: the next one starts after it
         finally:
-            if main_thread:
-                signal.signal(signal.SIGINT, prev_sigint)
-                signal.signal(signal.SIGUSR1, prev_sigusr1 if prev_sigusr1 is not None else signal.SIG_DFL)
+            for sig, handler in held.items():  # (python -m workbench.train's own: SIGUSR1 ignored with a line)
+                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
             self.timer.record = False
             self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
         if self.ckpt_dir:
@@ -492,16 +494,22 @@ class Trainer:
         if self.rank != 0 or self.ckpt_dir is None:
             return None
         self.ckpt_dir.mkdir(parents=True, exist_ok=True)
-        path = self.ckpt_dir / "latest.pt"
-        tmp = path.with_suffix(".tmp")
-        torch.save({"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                    "data": self.pipeline.state_dict(), "config": to_dict(self.cfg),
-                    "torch_rng": torch.get_rng_state()}, tmp)
-        os.replace(tmp, path)  # atomic: a crash mid-save keeps the previous checkpoint
-        return path
+        # tensors and plain types only, so that load_checkpoint can use weights_only=True; atomic: a crash or a full
+        # disk mid-save keeps the previous checkpoint (and a DiskError is the run's failure kind ``disk``)
+        state = {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                 "data": self.pipeline.state_dict(), "config": to_dict(self.cfg), "torch_rng": torch.get_rng_state()}
+        return atomic_write(self.ckpt_dir / "latest.pt", lambda f: torch.save(state, f))
 
     def load_checkpoint(self, path: str | Path) -> None:
-        ck = torch.load(path, map_location=self.device, weights_only=False)
+        """Resume from ``path``. It loads with ``weights_only=True`` (tensors and plain types: a data file runs no
+        code); a checkpoint that needs pickle is refused in one line unless the user passed ``trust_checkpoint``."""
+        try:
+            ck = torch.load(path, map_location=self.device, weights_only=not self.trust_checkpoint)
+        except pickle.UnpicklingError:
+            raise ConfigError(f"{path}: this checkpoint holds objects that only pickle can load, and loading them "
+                              "could run code; expected tensors and plain types (a checkpoint this loop wrote). "
+                              "Delete it, or pass --trust-checkpoint to python -m workbench.train if you wrote it",
+                              key="training.checkpoint_dir") from None
         self.model.load_state_dict(ck["model"])
         self.opt.load_state_dict(ck["optimizer"])
         if self.opt_graph_on:  # restore capturable lr tensors, then re-capture with the new state tensors
