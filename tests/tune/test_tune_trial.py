@@ -9,6 +9,7 @@ import time
 import pytest
 
 from workbench.config import load_config, merge_overrides
+from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import launch_command, not_launched_outcome, run_trial
 
@@ -42,6 +43,29 @@ def test_a_trial_binds_no_prometheus_port_unless_its_config_sets_one(spec, tmp_p
     assert cmd[1:3] == ["-m", "workbench.train"] and "--no-prometheus" in cmd  # the CLI's 9091 is off
     cmd = launch_command(merge_overrides(cfg, {"metrics.prometheus_port": 9200}), tmp_path / "c.yaml", tmp_path)
     assert "--no-prometheus" not in cmd and "--prometheus-port" not in cmd  # the config's port serves
+
+
+def test_a_symlink_in_a_study_folder_is_refused_never_emptied(spec, tmp_path):
+    """A trial folder that is a symlink, or lies behind one, is refused before anything is deleted or launched;
+    a link inside a trial folder is removed, its target kept."""
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "1").mkdir(parents=True)
+    for f in (elsewhere / "keep.txt", elsewhere / "1" / "keep.txt"):
+        f.write_text("the user's file")
+    trials = tmp_path / "study" / "trials"
+    trials.mkdir(parents=True)
+    (trials / "0").symlink_to(elsewhere)
+    with pytest.raises(UnsafePathError, match=r"trials/0: is or lies behind a symlink"):
+        run_trial(spec.trial_config({}), trials / "0", timeout_s=60, heartbeat_timeout_s=60)
+    (tmp_path / "study" / "linked").symlink_to(elsewhere)  # a link above the trial folder
+    with pytest.raises(UnsafePathError, match="symlink"):
+        not_launched_outcome(tmp_path / "study" / "linked" / "1", "rejected")
+    real = trials / "2"
+    real.mkdir()
+    (real / "link").symlink_to(elsewhere)
+    not_launched_outcome(real, "rejected")  # a fresh folder: the link inside is gone, not followed
+    assert not (real / "link").exists() and (real / "failure.json").exists()
+    assert sorted(p.name for p in elsewhere.rglob("*")) == ["1", "keep.txt", "keep.txt"]
 
 
 def test_pruning_kills_the_trial(spec, tmp_path):

@@ -5,7 +5,6 @@ trial, and the base config's gradient lifetimes."""
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -13,7 +12,8 @@ from typing import Any
 import optuna
 
 from workbench.config import config_hash, merge_overrides
-from workbench.errors import ConfigError, TuneError
+from workbench.errors import ConfigError, TuneError, UnsafePathError
+from workbench.files import remove_tree
 from workbench.train.workload import workload_for
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.knobs import numerics_knobs
@@ -45,8 +45,7 @@ class Measurement:
                         heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
                         launch=self.launch, env=self._child_env(), cwd=self._child_cwd())
         self._check_lease()  # a coordinator whose study was taken over keeps nothing
-        if run_dir.exists():
-            shutil.rmtree(run_dir)
+        remove_tree(run_dir)
         attempt.rename(run_dir)
         out.trial_dir = run_dir
         out.config_path = run_dir / "config.yaml" if out.config_path is not None else None
@@ -58,7 +57,8 @@ class Measurement:
             with contextlib.suppress(OSError):
                 for p in root.iterdir():
                     if p.is_dir() and p.name.startswith(".") and not p.name.endswith(f".{self._attempt_id}"):
-                        shutil.rmtree(p, ignore_errors=True)
+                        with contextlib.suppress(OSError, UnsafePathError):  # a symlink is left where it is
+                            remove_tree(p)
 
     def run_baseline(self) -> list[float]:
         """Measure the base config ``baseline_repeats`` times (resumable); returns the throughputs."""

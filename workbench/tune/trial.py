@@ -43,7 +43,6 @@ import ctypes
 import json
 import math
 import os
-import shutil
 import signal
 import statistics
 import subprocess
@@ -56,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Config, dump_config
+from workbench.files import remove_tree
 from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUSES
 
 __all__ = [
@@ -172,8 +172,7 @@ def _slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fresh_dir(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)  # a re-run trial must not append to an earlier run's metrics
+    remove_tree(path)  # a re-run trial must not append to an earlier run's metrics; a symlink is refused
     path.mkdir(parents=True)
 
 
@@ -381,7 +380,7 @@ def run_trial(
     ``env``: variables set in the child's environment (the study's shared compile caches); ``cwd``: its working
     directory (default the tuner's). A KeyboardInterrupt kills the child's group and propagates.
     """
-    trial_dir = Path(trial_dir).resolve()
+    trial_dir = Path(os.path.abspath(trial_dir))  # absolute for the child; not resolved: a symlink is refused
     _fresh_dir(trial_dir)
     config_path = dump_config(cfg, trial_dir / "config.yaml")
     phase = on_phase or (lambda _text: None)

@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import os
-import shutil
 import signal
 import socket
 import statistics
@@ -24,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError, config_hash
 from workbench.errors import TuneError
+from workbench.files import check_name, remove_tree
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.export import export_config
 from workbench.tune.knobs import DroppedKnob, detect_capabilities, drop_unsupported, format_dropped
@@ -114,7 +114,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         if spec is None and study_name is None:
             raise TuneError("a study spec or a study name is needed")
         self.spec = spec
-        self.study_name = study_name or (spec.name if spec else "")
+        self.study_name = check_name(study_name, "--study-name") if study_name else (spec.name if spec else "")
         self.study_dir = Path(out_root).resolve() / self.study_name  # trial processes get absolute paths
         self.storage_url = normalize_storage_url(storage_url or default_storage_url(self.study_dir))
         self.trials_override = trials
@@ -493,7 +493,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             if not out.killed_from_outside or attempt:
                 return out
             kept = tdir.with_name(f"{tdir.name}.killed")
-            shutil.rmtree(kept, ignore_errors=True)
+            remove_tree(kept)
             tdir.rename(kept)
             trial.set_user_attr("rerun", {"reason": out.failure_reason, "first_attempt_dir": str(kept)})
             self._log(f"trial {n}: {out.failure_reason}; running it once more before blaming its config")
