@@ -107,6 +107,13 @@ def test_cli_errors_are_clear(tmp_path, subprocess_env):
     p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--out", str(tmp_path)],
                        capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
     assert p.returncode == 1 and "no study at" in p.stderr
+    for name in ("../escaped", str(tmp_path / "abs"), "a/b", ".."):  # a name must be one folder inside --out
+        p = subprocess.run([sys.executable, "-m", "workbench.tune", "--study-name", name, "--trials", "1",
+                            "--out", str(tmp_path / "out"), "--no-progress"],
+                           capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and f"--study-name {name!r}" in lines[0], p.stderr
+    assert sorted(q.name for q in tmp_path.iterdir()) == []  # nothing written, inside --out or beside it
 
 
 def test_a_failing_report_is_one_line_and_loses_nothing(study_spec_file, tmp_path, capsys):

@@ -32,6 +32,7 @@ import sqlalchemy.exc
 
 from reports import build_report
 from workbench.errors import ConfigError, TuneError
+from workbench.files import check_name
 from workbench.memory.lifetimes import study_lifetimes
 from workbench.tune.export import export_config
 from workbench.tune.storage import default_storage_url, make_storage, normalize_storage_url
@@ -131,6 +132,7 @@ def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
     name = args.study_name or (spec.name if spec else None)
     if name is None:
         raise TuneError("give --study or --study-name")
+    check_name(name, "--study-name")
     study_dir = Path(args.out).resolve() / name
     url = normalize_storage_url(args.storage or default_storage_url(study_dir))
     if args.storage is None and not (study_dir / "study.db").exists():

@@ -34,7 +34,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +42,7 @@ from typing import Any, Literal
 
 from workbench.config import (MODEL_PRESETS, Config, ConfigError, from_dict, load_yaml, merge_overrides,
                               preset_config, read_yaml_text, to_dict)
+from workbench.files import check_name
 from workbench.tune.knobs import Knob, get_knob, is_user_knob, knob_names, user_knob
 
 __all__ = [
@@ -62,9 +62,6 @@ __all__ = [
 
 DEFAULT_STUDY = "tiny-cpu"
 """The study run when none is named."""
-
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-
 
 @dataclass(kw_only=True)
 class KnobRange:
@@ -332,8 +329,7 @@ class StudySpec:
     """File the spec was loaded from (set by the loader; not part of the YAML)."""
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.match(self.name):
-            raise ConfigError(f"got {self.name!r}; expected letters, digits, '.', '_' or '-'", key="name")
+        check_name(self.name, "study name", key="name")
         if self.gpus < 1:
             raise ConfigError(f"got {self.gpus}; expected an integer >= 1", key="gpus")
         known = knob_names()
