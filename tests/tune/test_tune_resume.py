@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import optuna
+import pytest
 from optuna.trial import TrialState
 
 
@@ -136,3 +137,38 @@ def test_a_burst_of_ctrl_c_still_marks_the_running_trial(study_spec_file, tmp_pa
     while _alive_group(running.user_attrs["pgid"]) and time.monotonic() < end:
         time.sleep(0.2)
     assert not _alive_group(running.user_attrs["pgid"])
+
+
+@pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
+def test_recovery_kills_only_the_group_the_trial_recorded(study_spec_file, tmp_path):
+    """A RUNNING trial of a dead tuner on this host: its stored process group is killed only while the group's
+    leader is the process the trial recorded. A stored pgid that now belongs to an unrelated process (pids are
+    reused), or that has no recorded leader, is left alive; the trial is marked FAIL/interrupted either way."""
+    from workbench.tune import Tuner
+    from workbench.tune.storage import proc_identity, proc_start
+    from workbench.tune.study import load_study_spec
+
+    tuner = Tuner(load_study_spec(str(study_spec_file("resume"))), out_root=tmp_path / "runs", progress=False)
+    study = tuner.open()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead_start = proc_start(dead.pid)
+    dead.wait()  # a tuner that is gone
+    groups = [subprocess.Popen(["sleep", "120"], start_new_session=True) for _ in range(3)]
+    try:
+        recorded = proc_identity(groups[0].pid)
+        stale = {**proc_identity(groups[1].pid), "start": "1"}  # the group of a process that came later
+        for group, leader in zip(groups, (recorded, stale, None)):
+            t = study.ask()
+            t.set_user_attr("worker", {**tuner.me, "pid": dead.pid, "start": dead_start})
+            t.set_user_attr("pgid", group.pid)
+            t.set_user_attr("pgid_leader", leader)
+        tuner._recover_stale()
+        assert groups[0].wait(timeout=10) == -signal.SIGKILL
+        time.sleep(0.2)
+        assert groups[1].poll() is None and groups[2].poll() is None  # unrelated processes live on
+        trials = study.get_trials()
+        assert [(t.state, t.user_attrs["status"]) for t in trials] == [(TrialState.FAIL, "interrupted")] * 3
+    finally:
+        for g in groups:
+            g.kill()
+            g.wait()

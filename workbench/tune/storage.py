@@ -3,6 +3,7 @@ and lock timeouts, and the liveness of the processes (pid and start time) that w
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import os
 import time
@@ -17,7 +18,7 @@ import sqlalchemy.exc
 from workbench.errors import ConfigError, TuneError
 
 __all__ = ["HEARTBEAT_GRACE_S", "HEARTBEAT_INTERVAL_S", "SQLITE_TIMEOUT_S", "alive", "default_storage_url",
-           "make_storage", "normalize_storage_url", "proc_start"]
+           "make_storage", "normalize_storage_url", "proc_identity", "proc_start"]
 
 HEARTBEAT_INTERVAL_S = 10
 """Storage heartbeat of a running trial (Optuna RDB heartbeat table)."""
@@ -89,6 +90,20 @@ def proc_start(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
+
+
+def proc_identity(pid: int) -> dict[str, str] | None:
+    """What tells process ``pid`` apart from a later one that reuses its pid: its start time and a digest of its
+    command line (the digest, not the line, which may hold a secret); None when /proc cannot say."""
+    start = proc_start(pid)
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read()
+    except OSError:
+        return None
+    if start is None:
+        return None
+    return {"start": start, "cmdline_sha256": hashlib.sha256(cmdline).hexdigest()}
 
 
 def alive(pid: int, start: str | None) -> bool:

@@ -33,7 +33,7 @@ from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
 from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
-from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
+from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, proc_identity,
                                     normalize_storage_url, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
 from workbench.tune.trial import (Launcher, TrialOutcome, command_launcher, interrupts_held, launch_command,
@@ -347,10 +347,13 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 continue
             if alive(w["pid"], w.get("start")):
                 continue
-            pgid = t.user_attrs.get("pgid")
-            if isinstance(pgid, int):
+            pgid, leader = t.user_attrs.get("pgid"), t.user_attrs.get("pgid_leader")
+            # an orphaned trial of the dead tuner: its group is killed only while its leader is the process the
+            # trial recorded (pids are reused), and never group 0 (the caller's own) or this tuner's group
+            if isinstance(pgid, int) and pgid > 1 and pgid != os.getpgrp() and leader is not None \
+                    and proc_identity(pgid) == leader:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, signal.SIGKILL)  # an orphaned trial of the dead tuner
+                    os.killpg(pgid, signal.SIGKILL)
             with contextlib.suppress(Exception):
                 self.storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
                 self.storage.set_trial_user_attr(
@@ -488,7 +491,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             out = run_trial(cfg, tdir, timeout_s=spec.protocol.trial_timeout_s,
                             heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_window=on_window,
                             on_phase=self._phase(f"trial {n}"), launch=self.launch,
-                            on_launch=lambda pgid: trial.set_user_attr("pgid", pgid), env=self._child_env(),
+                            on_launch=lambda pgid: self._record_group(trial, pgid), env=self._child_env(),
                             cwd=self._child_cwd())
             if not out.killed_from_outside or attempt:
                 return out
