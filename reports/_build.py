@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from reports._load import load_study_data
 from reports.render import render_html
 from reports.sections import ReportData, compute_report
+from workbench.files import write_text
 
 __all__ = ["build_report", "compute_sections"]
 
@@ -33,15 +32,4 @@ def build_report(study_dir: str | Path, storage_url: str | None = None, study_na
     study_dir = Path(study_dir)
     report = compute_sections(study_dir, storage_url, study_name)
     text = render_html(report)
-    study_dir.mkdir(parents=True, exist_ok=True)
-    out = study_dir / "report.html"
-    fd, tmp = tempfile.mkstemp(prefix=".report-", suffix=".html", dir=study_dir)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the report is meant to be shared
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return out
+    return write_text(study_dir / "report.html", text)

@@ -29,6 +29,19 @@ _UMASK = os.umask(0o022)  # read once at import: os.umask can only be read by se
 os.umask(_UMASK)
 
 
+def _umask() -> int:
+    """The process's umask now: Linux tells it in /proc/self/status without changing it; elsewhere the one at
+    import."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return _UMASK
+
+
 def fsync_dir(path: str | os.PathLike[str]) -> None:
     """fsync the folder ``path``, so that a rename in it survives a power loss."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -47,7 +60,7 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.fchmod(fd, (0o666 if mode is None else mode) & ~_UMASK)  # mkstemp makes it 0600
+        os.fchmod(fd, (0o666 if mode is None else mode) & ~_umask())  # mkstemp makes it 0600
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()

@@ -3,11 +3,9 @@ dumper, and the checks that name the file and line of what is wrong."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import sys
-import tempfile
 from collections.abc import Mapping
 from dataclasses import fields
 from pathlib import Path
@@ -18,6 +16,7 @@ import yaml
 from workbench.config.schema import Config, config_hash, field_docs
 from workbench.config.typecheck import _hints, _section_class, from_dict, to_dict
 from workbench.errors import ConfigError
+from workbench.files import write_text
 
 
 # --------------------------------------------------------------------------- YAML
@@ -119,23 +118,9 @@ def dumps_config(cfg: Config, *, comments: bool = True) -> str:
 
 
 def dump_config(cfg: Config, path: str | os.PathLike[str], *, comments: bool = True) -> Path:
-    """Write ``cfg`` as YAML to ``path`` atomically (temp file + os.replace); returns the path."""
-    path = Path(path)
-    text = dumps_config(cfg, comments=comments)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())  # the rename must not publish a file whose bytes are not on disk
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; a config is meant to be shared
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write ``cfg`` as YAML to ``path`` atomically (workbench.files: the mode follows the umask); returns the
+    path."""
+    return write_text(path, dumps_config(cfg, comments=comments))
 
 
 def check_yaml_text(text: str, source: str, what: str = "config") -> None:

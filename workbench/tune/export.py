@@ -10,16 +10,14 @@ interval lies above 1.0 the base config is exported (``trial: null``, ``signific
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from workbench.config import Config, Provenance, dump_config, from_dict, load_config, to_dict
+from workbench.files import write_text
 from workbench.train.fingerprint import fingerprint as environment_fingerprint
 from workbench.tune.result import provenance_fields
 from workbench.tune.study import StudySpec
@@ -28,16 +26,8 @@ __all__ = ["export_config", "pinned_launch_params", "write_json"]
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """Write ``data`` as indented JSON atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=2, default=str, allow_nan=False)
-        f.write("\n")
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-    return path
+    """Write ``data`` as indented JSON (no NaN) atomically (workbench.files: the mode follows the umask)."""
+    return write_text(path, json.dumps(data, indent=2, default=str, allow_nan=False) + "\n")
 
 
 def pinned_launch_params(record: list[Mapping[str, Any]] | None) -> dict[str, dict[str, int]]:
@@ -73,7 +63,7 @@ def export_config(
     study_dir = Path(study_dir)
     fp = {str(k): str(v) for k, v in (fingerprint if fingerprint is not None else environment_fingerprint()).items()}
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-    trainer = dataclasses.asdict(spec.trainer) if spec.trainer is not None else None
+    trainer = spec.trainer.record() if spec.trainer is not None else None  # env values as <set>
     prov = Provenance(**provenance_fields(result), trainer=trainer, fingerprint=fp, created=created)
     cfg = spec.export_config(result["exported"]["params"])
     data = to_dict(cfg)
