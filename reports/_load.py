@@ -21,6 +21,7 @@ import pandas as pd
 import yaml
 
 from workbench.tune.knobs import get_knob
+from workbench.tune.storage import mask_url
 from workbench.vocab import FAILED_STATUSES, PHASES, REAL_TOKENS_PER_S
 
 __all__ = [
@@ -392,6 +393,3 @@ def _default_metric_names(n: int) -> list[str]:
     return (names + [f"objective {i}" for i in range(1, n)])[:n]
 
 
-def mask_url(url: str) -> str:
-    """A storage URL with its password hidden (``postgresql://user:***@host/db``)."""
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)

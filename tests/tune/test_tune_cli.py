@@ -4,6 +4,7 @@ mismatches, storage URLs, CLI errors, the fallback report."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,3 +134,41 @@ def test_a_failing_report_is_one_line_and_loses_nothing(study_spec_file, tmp_pat
     assert f"python -m workbench.tune report --study-name rep --out {tmp_path / 'runs'}" in err
     assert not (tuner.study_dir / "report.html").exists()
     assert optuna.load_study(study_name="rep", storage=tuner.storage_url).trials[0].values == [1.0]
+
+
+def test_no_secret_is_written_and_files_follow_the_umask(tmp_path):
+    """A storage password and a trainer.env value that is not listed in safe_env appear in no file of the study's
+    folder but the storage itself (workers read the spec, env included, from it); tune.json, the exported config
+    and report.html get the umask's mode, not a fixed 0644."""
+    from reports import build_report
+    from workbench.tune.export import export_config
+    from workbench.tune.result import build_result
+    from workbench.tune.study import spec_from_dict
+
+    spec = spec_from_dict({
+        "name": "secret", "model": "tiny", "space": {"micro_batch_size": {"choices": [2, 8]}},
+        "trainer": {"command": ["python", "train.py"], "env": {"API_TOKEN": "TOKSECRET", "LOG_LEVEL": "debug"},
+                    "safe_env": ["LOG_LEVEL"]}}, base_dir=tmp_path)
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False)
+    tuner.open()
+    sqlite_url = tuner.storage_url
+    tuner.storage_url = "postgresql://tuner:PGSECRET@db.example:5432/studies"  # what a shared study was given
+    old = os.umask(0o077)
+    try:
+        tuner._write_tune_json("2026-01-01T00:00:00+00:00", None)
+        report = build_report(tuner.study_dir, sqlite_url, "secret")
+        result = build_result({"candidates": [], "winner": {"trial": None, "significant": False}}, study="secret",
+                              base_values=spec.base_knob_values(), baseline_repeats=[80.0], searched=list(spec.space),
+                              budget={"trials": 1}, data={"source": "synthetic"}, commit=None)
+        exported = export_config(spec, tuner.study_dir, result, fingerprint={"torch": "x"})
+    finally:
+        os.umask(old)
+    tune_json = json.loads((tuner.study_dir / "tune.json").read_text())
+    assert tune_json["storage_url"] == "postgresql://tuner:***@db.example:5432/studies"
+    assert tune_json["spec"]["trainer"]["env"] == {"API_TOKEN": "<set>", "LOG_LEVEL": "debug"}
+    for path in tuner.study_dir.rglob("*"):
+        if path.is_file() and path.name != "study.db":
+            data = path.read_bytes()
+            assert b"PGSECRET" not in data and b"TOKSECRET" not in data, path
+    for path in (tuner.study_dir / "tune.json", report, exported):
+        assert path.stat().st_mode & 0o777 == 0o600, path

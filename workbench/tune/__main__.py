@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import sqlalchemy.engine
 import sqlalchemy.exc
 
 from reports import build_report
@@ -35,7 +34,7 @@ from workbench.errors import ConfigError, TuneError
 from workbench.files import check_name
 from workbench.memory.lifetimes import study_lifetimes
 from workbench.tune.export import export_config
-from workbench.tune.storage import default_storage_url, make_storage, normalize_storage_url
+from workbench.tune.storage import default_storage_url, make_storage, mask_url, normalize_storage_url
 from workbench.tune.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
 from workbench.tune.trial import ignore_interrupts
 from workbench.tune.tuner import Tuner, winner_launch_record
@@ -119,7 +118,15 @@ def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
 
 
 def _resume_hint() -> str:
-    return "python -m workbench.tune " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    """The command line again, with the password of a --storage URL masked (the user types it again)."""
+    argv, shown = sys.argv[1:], []
+    for i, a in enumerate(argv):
+        if a.startswith("--storage="):
+            a = "--storage=" + mask_url(a.split("=", 1)[1])
+        elif i and argv[i - 1] == "--storage":
+            a = mask_url(a)
+        shown.append(a)
+    return "python -m workbench.tune " + " ".join(shlex.quote(a) for a in shown)
 
 
 def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
@@ -141,10 +148,10 @@ def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
     try:
         study = optuna.load_study(study_name=name, storage=storage)
     except KeyError:
-        raise TuneError(f"no study {name!r} in {url}") from None
+        raise TuneError(f"no study {name!r} in {mask_url(url)}") from None
     stored = study.user_attrs.get("spec")
     if stored:
-        spec = spec_from_dict(stored, source=f"{url} (study {name})")
+        spec = spec_from_dict(stored, source=f"{mask_url(url)} (study {name})")
     if spec is None:
         raise TuneError(f"study {name!r} has no stored spec; give --study")
     return spec, name, study_dir, url
@@ -195,7 +202,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         ignore_interrupts()  # the rest of a burst of Ctrl-Cs changes nothing
         print(f"\ninterrupted: the running trial was stopped and marked FAIL (status interrupted); finished "
-              f"trials are kept in {tuner.storage_url}.\nResume with: {_resume_hint()}", file=sys.stderr)
+              f"trials are kept in {tuner.storage_shown}.\nResume with: {_resume_hint()}", file=sys.stderr)
         return EXIT_INTERRUPTED
     return EXIT_OK
 
@@ -209,11 +216,7 @@ def _environment_error(e: BaseException, args: argparse.Namespace) -> str:
     orig = getattr(e, "orig", None) or getattr(e, "__cause__", None) or e
     reason = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
     if args.storage:
-        try:
-            where = sqlalchemy.engine.make_url(normalize_storage_url(args.storage)).render_as_string(
-                hide_password=True)
-        except Exception:  # noqa: BLE001 - the URL was accepted before; name it as given
-            where = "--storage"
+        where = mask_url(normalize_storage_url(args.storage))
     else:
         name = args.study_name or (Path(args.study).stem if args.study else DEFAULT_STUDY)
         where = str(Path(args.out).resolve() / name / "study.db")

@@ -11,6 +11,7 @@ from typing import Any
 
 from workbench.train.fingerprint import source_commit
 from workbench.tune.export import write_json
+from workbench.tune.storage import mask_url
 from workbench.tune.result import build_result, data_source, result_lines
 from workbench.tune.trial import interrupts_held
 
@@ -75,7 +76,8 @@ class StudyRecords:
         assert self.spec is not None and self.study is not None
         self._session(started, finished)
         write_json(self.study_dir / "tune.json", {
-            "study_name": self.study_name, "storage_url": self.storage_url, "spec": self.spec.to_dict(),
+            "study_name": self.study_name, "storage_url": mask_url(self.storage_url),
+            "spec": self.spec.to_record(),
             "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
             "budget_trials": self.budget, "noise_floor": self.study.user_attrs.get("noise_floor"),
             "started": self._sessions[0]["started"], "finished": finished,

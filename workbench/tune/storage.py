@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import time
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ import sqlalchemy.exc
 from workbench.errors import ConfigError, TuneError
 
 __all__ = ["HEARTBEAT_GRACE_S", "HEARTBEAT_INTERVAL_S", "SQLITE_TIMEOUT_S", "alive", "default_storage_url",
-           "make_storage", "normalize_storage_url", "proc_identity", "proc_start"]
+           "make_storage", "mask_url", "normalize_storage_url", "proc_identity", "proc_start"]
 
 HEARTBEAT_INTERVAL_S = 10
 """Storage heartbeat of a running trial (Optuna RDB heartbeat table)."""
@@ -47,6 +48,14 @@ def normalize_storage_url(url: str) -> str:
     return url
 
 
+def mask_url(url: str) -> str:
+    """``url`` with its password shown as ``***`` (``postgresql://user:***@host/db``): the one form of a storage URL
+    that is printed or written down. Everything between ``://user:`` and the last ``@`` before the path is the
+    password (an unquoted ``@`` in it included), and so is a ``password=`` query value."""
+    shown = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)
+    return re.sub(r"(?i)(password=)[^&;]*", r"\1***", shown)
+
+
 def make_storage(url: str) -> optuna.storages.RDBStorage:
     """RDB storage with heartbeats (stale trials become FAIL) and a lock timeout for SQLite."""
     url = normalize_storage_url(url)
@@ -58,10 +67,11 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     else:
         engine_kwargs["pool_pre_ping"] = True  # survive server-side connection drops during long trials
+    shown = mask_url(url)
     try:
-        shown = sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
+        sqlalchemy.engine.make_url(url)
     except sqlalchemy.exc.ArgumentError:
-        raise ConfigError(f"{url!r} is not a database URL; expected e.g. sqlite:///runs/study.db or "
+        raise ConfigError(f"{shown!r} is not a database URL; expected e.g. sqlite:///runs/study.db or "
                           "postgresql://user:password@host/db", key="--storage") from None
     for attempt in range(5):
         try:

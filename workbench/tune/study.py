@@ -285,6 +285,9 @@ class TrainerSpec:
     """Working directory of the command, relative to the spec file; null = the spec file's folder."""
     env: dict[str, str] = field(default_factory=dict)
     """Extra environment variables of the command."""
+    safe_env: list[str] = field(default_factory=list)
+    """Names in ``env`` whose values may be written down (tune.json, the exported config, the report); the others
+    are recorded as ``<set>``, as they may be secrets."""
 
     def __post_init__(self) -> None:
         if not self.command or not all(isinstance(a, str) and a for a in self.command):
@@ -294,6 +297,17 @@ class TrainerSpec:
             if not k or "=" in k or k in ("WORKBENCH_CONFIG", "WORKBENCH_OUT"):
                 raise ConfigError(f"got {k!r}; expected a variable name (WORKBENCH_CONFIG and WORKBENCH_OUT are the "
                                   "tuner's)", key=f"env.{k}")
+        for k in self.safe_env:
+            if k not in self.env:
+                raise ConfigError(f"got {k!r}; expected one of the names in env ({', '.join(self.env) or 'none'})",
+                                  key="safe_env")
+
+    def record(self) -> dict[str, Any]:
+        """Plain data of the command to write down: an ``env`` value is ``<set>`` unless its name is in
+        ``safe_env``."""
+        d = dataclasses.asdict(self)
+        d["env"] = {k: v if k in self.safe_env else "<set>" for k, v in self.env.items()}
+        return d
 
 
 @dataclass(kw_only=True)
@@ -501,8 +515,15 @@ class StudySpec:
             out[name] = node
         return out
 
+    def to_record(self) -> dict[str, Any]:
+        """:meth:`to_dict` to write into the study's files: trainer.env values as ``<set>`` (TrainerSpec.record)."""
+        d = self.to_dict()
+        if self.trainer is not None:
+            d["trainer"] = self.trainer.record()
+        return d
+
     def to_dict(self) -> dict[str, Any]:
-        """Plain data of the spec (YAML form; ``source`` left out)."""
+        """Plain data of the spec (YAML form; ``source`` left out), secrets included: for the storage only."""
         d = dataclasses.asdict(self)
         d.pop("source", None)
         d["space"] = {k: {kk: vv for kk, vv in v.items() if vv is not None and not (kk == "log" and vv is False)}

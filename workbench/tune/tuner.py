@@ -33,8 +33,8 @@ from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
 from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
-from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, proc_identity,
-                                    normalize_storage_url, proc_start)
+from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, mask_url,
+                                    normalize_storage_url, proc_identity, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
 from workbench.tune.trial import (Launcher, TrialOutcome, command_launcher, interrupts_held, launch_command,
                                   not_launched_outcome, read_log_tail, run_trial)
@@ -117,6 +117,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.study_name = check_name(study_name, "--study-name") if study_name else (spec.name if spec else "")
         self.study_dir = Path(out_root).resolve() / self.study_name  # trial processes get absolute paths
         self.storage_url = normalize_storage_url(storage_url or default_storage_url(self.study_dir))
+        self.storage_shown = mask_url(self.storage_url)  # the only form of the URL that is printed or written
         self.trials_override = trials
         self.timeout_override = timeout_s
         self.worker = worker
@@ -171,11 +172,11 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 summary = optuna.study.load_study(study_name=self.study_name, storage=self.storage)
                 data = summary.user_attrs.get("spec")
                 if data:
-                    return spec_from_dict(data, source=f"{self.storage_url} (study {self.study_name})")
+                    return spec_from_dict(data, source=f"{self.storage_shown} (study {self.study_name})")
             except KeyError:
                 pass
             if time.monotonic() > deadline:
-                raise TuneError(f"no study {self.study_name!r} with a spec in {self.storage_url} after "
+                raise TuneError(f"no study {self.study_name!r} with a spec in {self.storage_shown} after "
                                 f"{_STUDY_WAIT_S} s; start the coordinator, or give --study")
             time.sleep(2)
 
@@ -206,7 +207,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             diff = _spec_diff(stored_spec, mine)
             if diff:
                 raise TuneError(
-                    f"study {self.study_name!r} in {self.storage_url} was created from a different spec "
+                    f"study {self.study_name!r} in {self.storage_shown} was created from a different spec "
                     f"(differs in: {', '.join(diff)}); use another --study-name, or delete {self.study_dir}")
         if "active_knobs" in attrs:  # the space of an existing study does not change with the machine
             self.active = list(attrs["active_knobs"])
@@ -631,7 +632,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         role = "worker" if self.worker else "coordinator"
         print(f"study {self.study_name} ({role}): searching {', '.join(self.active)}; budget "
               f"{self.budget if self.budget is not None else 'unlimited'} trials"
-              + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_url}\n"
+              + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_shown}\n"
               f"data: {describe_data(data_source(self.spec.base_config(), self.spec.trainer))}", file=sys.stderr, flush=True)
         self.progress = Progress(self.budget, self.study_name, self.progress_enabled)
         try:

@@ -19,6 +19,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import ConfigError, config_hash
 from workbench.tune.export import write_json
+from workbench.tune.storage import mask_url
 from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
 
 __all__ = ["Validation", "interval_fields", "pick_winner"]
@@ -153,7 +154,7 @@ class Validation:
             old = json.loads(path.read_text())
             if (old.get("complete") and [c["trial"] for c in old.get("candidates", [])] == [t.number for t in cands]
                     and old.get("ab_rounds") == rounds and old.get("ab_min_rounds") == min_rounds
-                    and old.get("storage_url") == self.storage_url):
+                    and old.get("storage_url") == mask_url(self.storage_url)):
                 self._log("validation: reusing validation.json (same candidates)")
                 return old
         if cands:
@@ -178,7 +179,7 @@ class Validation:
                                   if winner["trial"] is not None else None)
         base = self.baseline_runs()
         data = {
-            "study_name": self.study_name, "storage_url": self.storage_url, "baseline_runs": base,
+            "study_name": self.study_name, "storage_url": mask_url(self.storage_url), "baseline_runs": base,
             "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
             "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
             "ab_min_rounds": min_rounds, "candidates": candidates, "skipped": skipped,
