@@ -121,6 +121,40 @@ def test_a_port_in_use_is_one_warning_and_no_endpoint(caplog):
     assert len(caplog.records) == 1 and "continuing without the Prometheus endpoint" in caplog.text
 
 
+def _listening(port: int) -> set[str]:
+    """Local addresses with a TCP socket listening on ``port`` (the kernel's table: /proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                local, state = row.split()[1], row.split()[3]
+                addr, p = local.split(":")
+                if state == "0A" and int(p, 16) == port:  # 0A: LISTEN
+                    found.add("*" if set(addr) == {"0"} else addr)
+    return found
+
+
+def test_the_endpoint_listens_on_loopback_unless_asked():
+    from workbench.config import ConfigError, merge_overrides, preset_config
+
+    port = _free_port()
+    exp = PrometheusExporter.start(port)
+    try:
+        assert _listening(port) == {"0100007F"}  # 127.0.0.1 only
+        assert "loongforge_steps" in _scrape(port)
+    finally:
+        exp.close()
+    wide = merge_overrides(preset_config("tiny"), {"metrics.prometheus_addr": "0.0.0.0"}).metrics.prometheus_addr
+    port = _free_port()
+    exp = PrometheusExporter.start(port, wide)
+    try:
+        assert _listening(port) == {"*"}  # every interface, as asked
+    finally:
+        exp.close()
+    with pytest.raises(ConfigError, match=r"metrics.prometheus_addr: got 'localhost:9091'; expected an IP address"):
+        merge_overrides(preset_config("tiny"), {"metrics.prometheus_addr": "localhost:9091"})
+
+
 def test_launch_timer_quantiles_count_and_sum():
     t = LaunchTimer(window=3)
     assert t.snapshot() == {}

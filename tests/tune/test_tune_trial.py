@@ -43,6 +43,10 @@ def test_a_trial_binds_no_prometheus_port_unless_its_config_sets_one(spec, tmp_p
     assert cmd[1:3] == ["-m", "workbench.train"] and "--no-prometheus" in cmd  # the CLI's 9091 is off
     cmd = launch_command(merge_overrides(cfg, {"metrics.prometheus_port": 9200}), tmp_path / "c.yaml", tmp_path)
     assert "--no-prometheus" not in cmd and "--prometheus-port" not in cmd  # the config's port serves
+    cmd = launch_command(merge_overrides(cfg, {"hardware.gpus": 2, "hardware.device": "auto"}), tmp_path / "c.yaml",
+                         tmp_path)
+    assert "--standalone" not in cmd  # it resolves the host's name: the rendezvous is on loopback
+    assert cmd[cmd.index("--rdzv-endpoint") + 1].startswith("127.0.0.1:") and cmd[cmd.index("--nnodes") + 1] == "1"
 
 
 def test_a_symlink_in_a_study_folder_is_refused_never_emptied(spec, tmp_path):

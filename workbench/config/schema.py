@@ -9,6 +9,7 @@ import datetime
 import functools
 import hashlib
 import inspect
+import ipaddress
 import json
 import os
 import sys
@@ -443,6 +444,9 @@ class MetricsConfig:
 
     prometheus_port: int | None = field(default=None, metadata={"ge": 1, "le": 65535})
     """Port of the Prometheus exporter; null = off in the Trainer and in trials, 9091 from the CLI."""
+    prometheus_addr: str = "127.0.0.1"
+    """Address the Prometheus exporter listens on: loopback only by default; ``0.0.0.0`` (or ``::``) serves every
+    interface, on purpose."""
     phase_timing: bool = True
     """Time each step phase (data_wait, h2d, forward, backward, grad_sync, optimizer)."""
     out_dir: str | None = None
@@ -453,6 +457,11 @@ class MetricsConfig:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+        try:
+            ipaddress.ip_address(self.prometheus_addr)
+        except ValueError:
+            raise ConfigError(f"got {self.prometheus_addr!r}; expected an IP address such as 127.0.0.1 (loopback, the "
+                              "default) or 0.0.0.0 (every interface)", key="prometheus_addr") from None
 
 
 @dataclass(kw_only=True)

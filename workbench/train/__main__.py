@@ -6,7 +6,8 @@
 
 Prints one progress line per measured window (tokens/s, MFU, phase shares,
 memory, loss) and a summary, also written as JSON to ``--summary``. Serves
-Prometheus metrics on :9091 (``metrics.prometheus_port``, ``--prometheus-port N``;
+Prometheus metrics on 127.0.0.1:9091 (``metrics.prometheus_port``, ``--prometheus-port N``;
+``metrics.prometheus_addr``, ``--prometheus-addr 0.0.0.0`` to serve every interface;
 ``--no-prometheus`` for none; a port in use is one warning line, the run goes on).
 ``--synthetic`` generates a synthetic corpus and preprocesses it into a cache
 directory when ``data.loongbin_dir`` is not set. Ctrl-C finishes the current
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     prom.add_argument("--prometheus-port", type=int, metavar="N",
                       help="serve /metrics on port N (default: metrics.prometheus_port, else 9091)")
     prom.add_argument("--no-prometheus", action="store_true", help="serve no Prometheus endpoint")
+    p.add_argument("--prometheus-addr", metavar="ADDR",
+                   help="address /metrics listens on (default: metrics.prometheus_addr, 127.0.0.1; 0.0.0.0 serves "
+                        "every interface)")
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="resume from a <training.checkpoint_dir>/latest.pt that needs pickle to load (an older "
                         "format): loading it can run code, so pass this only for a file you wrote")

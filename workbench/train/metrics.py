@@ -242,7 +242,7 @@ class PrometheusExporter:
     with one warning line when the port cannot be bound; the run goes on without the endpoint.
     """
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, addr: str = "127.0.0.1") -> None:
         try:
             import prometheus_client as pc
         except ImportError as e:  # pragma: no cover
@@ -255,13 +255,14 @@ class PrometheusExporter:
         self.registry = pc.CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # collect() below builds the families at each scrape
         self.port = port
-        self.server, self.thread = pc.start_http_server(port, registry=self.registry)
+        self.server, self.thread = pc.start_http_server(port, addr=addr, registry=self.registry)
 
     @classmethod
-    def start(cls, port: int) -> "PrometheusExporter | None":
-        """An exporter on ``port``, or None (one warning line) when the port is in use or cannot be bound."""
+    def start(cls, port: int, addr: str = "127.0.0.1") -> "PrometheusExporter | None":
+        """An exporter on ``addr:port`` (loopback unless asked), or None (one warning line) when the port is in use
+        or cannot be bound."""
         try:
-            return cls(port)
+            return cls(port, addr)
         except OSError as e:
             log.warning("metrics.prometheus_port=%d: cannot serve /metrics (%s); continuing without the "
                         "Prometheus endpoint", port, e.strerror or e)

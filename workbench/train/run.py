@@ -106,6 +106,8 @@ def load_run_config(args: argparse.Namespace):
     elif hasattr(args, "no_prometheus") and "metrics.prometheus_port" not in overrides \
             and cfg.metrics.prometheus_port is None:
         overrides["metrics.prometheus_port"] = DEFAULT_PROMETHEUS_PORT
+    if getattr(args, "prometheus_addr", None) is not None:
+        overrides["metrics.prometheus_addr"] = args.prometheus_addr
     if getattr(args, "profile", None) is not None:
         overrides["metrics.profile_steps"] = args.profile
     if overrides:

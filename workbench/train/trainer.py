@@ -178,7 +178,7 @@ class Trainer:
         # data
         self.data_dir = Path(data_dir) if data_dir else self._data_dir()
         self.pipeline = self._pipeline()
-        self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port) \
+        self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port, cfg.metrics.prometheus_addr) \
             if (cfg.metrics.prometheus_port and self.rank == 0) else None
         self.reloader = ConfigReloader(config_source, cfg)  # SIGUSR1 re-reads the config file (reload.py)
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)

@@ -5,7 +5,7 @@
     python -m workbench.train --config config.yaml --out DIR --summary DIR/summary.json \
         --heartbeat DIR/heartbeat -q [--synthetic]
 
-(``python -m torch.distributed.run --standalone --nproc-per-node N -m workbench.train ...``,
+(``python -m torch.distributed.run --rdzv-endpoint 127.0.0.1:<free port> --nproc-per-node N -m workbench.train ...``,
 i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
 ``trial_dir/log.txt``, and polls until it exits:
 
@@ -43,6 +43,7 @@ import ctypes
 import json
 import math
 import os
+import socket
 import signal
 import statistics
 import subprocess
@@ -200,9 +201,20 @@ def launch_command(cfg: Config, config_path: Path, trial_dir: Path) -> list[str]
     if cfg.metrics.prometheus_port is None:  # the CLI would serve on 9091: a trial binds a port only if asked
         args.append("--no-prometheus")
     if cfg.hardware.gpus > 1:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        # a one-node rendezvous whose endpoint is loopback: the processes meet on 127.0.0.1, never on the host's
+        # name or a public address (what --standalone resolves); torch's TCPStore server itself binds every
+        # interface, whatever the endpoint (README, "Failures and recovery")
+        return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--rdzv-backend", "c10d",
+                "--rdzv-endpoint", f"127.0.0.1:{_free_loopback_port()}", "--rdzv-id", f"trial-{os.getpid()}",
                 "--nproc-per-node", str(cfg.hardware.gpus), "-m", "workbench.train", *args]
     return [sys.executable, "-m", "workbench.train", *args]
+
+
+def _free_loopback_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def command_launcher(command: list[str]) -> Launcher:
