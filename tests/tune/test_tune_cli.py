@@ -172,3 +172,23 @@ def test_no_secret_is_written_and_files_follow_the_umask(tmp_path):
             assert b"PGSECRET" not in data and b"TOKSECRET" not in data, path
     for path in (tuner.study_dir / "tune.json", report, exported):
         assert path.stat().st_mode & 0o777 == 0o600, path
+
+
+def test_the_trust_prompt_shows_control_characters_escaped(tmp_path, subprocess_env):
+    """A trainer command from a file outside the working directory is shown before it runs with CR and ESC
+    escaped (a terminal would hide what comes before them), and one holding them is refused unless --yes."""
+    import yaml
+
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "work").mkdir()
+    spec = tmp_path / "elsewhere" / "s.yaml"
+    spec.write_text(yaml.safe_dump({
+        "name": "spoof", "model": "tiny", "space": {"micro_batch_size": {"choices": [2, 8]}},
+        "trainer": {"command": ["sh", "-c", "touch pwned\r\x1b[2Kpython train.py"]}}))
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(spec), "--out", str(tmp_path / "o"),
+                        "--no-progress"], capture_output=True, text=True, env=subprocess_env, cwd=tmp_path / "work",
+                       stdin=subprocess.DEVNULL, timeout=120)
+    assert p.returncode == 1, p.stderr
+    assert "\r" not in p.stderr and "\x1b" not in p.stderr, p.stderr
+    assert "touch pwned\\r\\x1b[2Kpython train.py" in p.stderr and "holds control characters" in p.stderr
+    assert not (tmp_path / "work" / "pwned").exists() and not (tmp_path / "elsewhere" / "pwned").exists()

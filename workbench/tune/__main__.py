@@ -97,17 +97,28 @@ def _resolve_spec(args: argparse.Namespace) -> StudySpec | None:
     return spec
 
 
+def _escaped(text: str) -> str:
+    """``text`` with every non-printable character (CR, ESC, ...) written as its Python escape, so that what the
+    terminal shows is what would run."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
-    """Show a spec's own trainer command before it runs; without --yes, ask on a terminal, refuse elsewhere."""
+    """Show a spec's own trainer command before it runs, control characters escaped; without --yes, ask on a
+    terminal, refuse elsewhere, and refuse a command holding a control character."""
 
     def confirm(spec: StudySpec) -> None:
         t = spec.trainer
         assert t is not None
         env = "".join(f"\n  env {k}={shlex.quote(v)}" for k, v in t.env.items())
-        print(f"study {spec.name!r} from {spec.source} runs its own command in every trial:\n  "
-              f"{shlex.join(t.command)}\n  cwd {t.cwd}{env}", file=sys.stderr, flush=True)
+        shown = f"{shlex.join(t.command)}\n  cwd {t.cwd}{env}"
+        print(f"study {_escaped(spec.name)!r} from {_escaped(str(spec.source))} runs its own command in every "
+              f"trial:\n  {_escaped(shown)}", file=sys.stderr, flush=True)
         if yes:
             return
+        if _escaped(shown) != shown:
+            raise TuneError("this spec's trainer command holds control characters (shown escaped above), which "
+                            "can hide part of it on a terminal; pass --yes to run it as it is")
         if not sys.stdin.isatty():
             raise TuneError("this spec's trainer.command did not come from a study file under the working directory; "
                             "read it above and pass --yes to run it")
