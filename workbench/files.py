@@ -74,14 +74,25 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
                 os.unlink(tmp)
             except OSError:
                 pass
-        if isinstance(e, OSError) and not isinstance(e, DiskError):
-            raise DiskError(f"{path}: could not be written ({e.strerror or e}); the previous file, if any, is "
-                            "unchanged: free space or fix the folder's permissions", filename=str(path)) from e
-        if isinstance(e, RuntimeError) and "write failed" in str(e):  # how torch.save reports a failed write
-            raise DiskError(f"{path}: could not be written ({str(e).splitlines()[0]}); the previous file, if any, "
-                            "is unchanged: free space or fix the folder's permissions", filename=str(path)) from e
-        raise
+        cause = _os_error(e)
+        if cause is None or isinstance(e, DiskError):
+            raise
+        raise DiskError(f"{path}: could not be written ({cause.strerror or cause}); the previous file, if any, is "
+                        "unchanged: free space or fix the folder's permissions", filename=str(path)) from e
     return path
+
+
+def _os_error(e: BaseException) -> OSError | None:
+    """The OSError behind ``e``: ``e`` itself, or one it was raised from or while handling (torch.save reports a
+    failed write as a RuntimeError raised while handling the OSError)."""
+    seen: set[int] = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, OSError):
+            return cur
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def write_text(path: str | os.PathLike[str], text: str, *, mode: int | None = None) -> Path:

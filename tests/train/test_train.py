@@ -324,3 +324,38 @@ def test_an_unwritable_out_is_one_line_and_debug_adds_the_traceback(tmp_path, su
     assert lines[1].startswith("  (failure.json not written: Not a directory") and len(lines) == 2
     r = subprocess.run([*cmd, "--debug"], env=env, capture_output=True, text=True, timeout=180)
     assert r.returncode == 1 and "Traceback" in r.stderr
+
+
+def test_a_full_disk_during_a_checkpoint_is_a_disk_failure_that_keeps_the_last_one(synth, tmp_path, subprocess_env):
+    """A checkpoint write that fails (here: a file size limit, EFBIG, as a full disk gives ENOSPC) leaves no temp
+    file and the previous latest.pt as it was, and the run ends with one line, exit 6 and a whole failure.json of
+    kind ``disk`` (not a crash, not the config's fault)."""
+    import resource
+
+    import torch
+
+    cfg = tmp_path / "c.yaml"
+    ck = tmp_path / "ck"
+    cfg.write_text(f"""
+data: {{loongbin_dir: {synth}, seq_len: 256, micro_batch_size: 4, bucket_width: 64}}
+training: {{max_steps: 2, log_every: 1, warmup_measure_steps: 1, checkpoint_dir: {ck}}}
+hardware: {{device: cpu}}
+""")
+    cmd = [sys.executable, "-m", "workbench.train", "--config", str(cfg), "-q", "--no-prometheus"]
+    r = subprocess.run(cmd, env=subprocess_env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    before = (ck / "latest.pt").read_bytes()
+    limit = len(before) // 2  # every other file the run writes is far smaller
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))  # (Python ignores SIGXFSZ: writes get EFBIG)
+
+    r = subprocess.run([*cmd, "--steps", "4", "--out", str(tmp_path / "o")], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120, preexec_fn=small_files)
+    assert r.returncode == 6, r.stderr[-2000:]
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error (disk): ") and str(ck / "latest.pt") in lines[0], r.stderr
+    assert json.loads((tmp_path / "o" / "failure.json").read_text())["kind"] == "disk"
+    assert sorted(p.name for p in ck.iterdir()) == ["latest.pt"]  # no temp file left behind
+    assert (ck / "latest.pt").read_bytes() == before
+    assert torch.load(ck / "latest.pt", weights_only=True)["step"] == 2

@@ -30,7 +30,7 @@ import optuna
 import sqlalchemy.exc
 
 from reports import build_report
-from workbench.errors import ConfigError, TuneError
+from workbench.errors import ConfigError, DiskError, TuneError
 from workbench.files import check_name
 from workbench.memory.lifetimes import study_lifetimes
 from workbench.tune.export import export_config
@@ -220,6 +220,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 def _environment_error(e: BaseException, args: argparse.Namespace) -> str:
     """One line for a filesystem or storage fault: the path or database, what went wrong, what to do."""
+    if isinstance(e, DiskError):  # its message names the file and what to do
+        return f"{e} (rerun with --debug for the traceback)"
     if isinstance(e, OSError):
         where = e.filename or args.out
         return (f"{where}: {e.strerror or e}; the study's files go under --out {args.out!r}: give a writable "

@@ -544,7 +544,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         try:
             for k, v in attrs.items():
                 trial.set_user_attr(k, v)
-            if out.status != "interrupted":
+            if out.status not in ("interrupted", "disk"):  # the machine's doing: nothing to learn about the config
                 for k, v in cons.items():
                     trial.set_constraint(k, v)
                 # optuna-dashboard (0.21) reads the constraints as Optuna 4 stored them: one list
