@@ -66,13 +66,15 @@ class DiskError(OSError):
     """A file could not be written (full disk, read-only folder); its temp file is gone and the file it would
     have replaced is unchanged. Failure kind ``disk``: the machine's fault, not the config's."""
 
-    def __init__(self, message: str, *, filename: str | None = None) -> None:
+    def __init__(self, message: str, *, filename: str | None = None, errno: int | None = None,
+                 strerror: str | None = None) -> None:
         super().__init__(message)
         self.message = message
-        self.filename = filename  # type: ignore[assignment]
+        self.filename, self.errno, self.strerror = filename, errno, strerror  # type: ignore[assignment]
 
     def __str__(self) -> str:
         return self.message
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.message,), {"filename": self.filename})
+        return (type(self), (self.message,), {"filename": self.filename, "errno": self.errno,
+                                              "strerror": self.strerror})

@@ -78,7 +78,8 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
         if cause is None or isinstance(e, DiskError):
             raise
         raise DiskError(f"{path}: could not be written ({cause.strerror or cause}); the previous file, if any, is "
-                        "unchanged: free space or fix the folder's permissions", filename=str(path)) from e
+                        "unchanged: free space or fix the folder's permissions", filename=str(path),
+                        errno=cause.errno, strerror=cause.strerror) from e
     return path
 
 

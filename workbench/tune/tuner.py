@@ -503,6 +503,12 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             self._log(f"trial {n}: {out.failure_reason}; running it once more before blaming its config")
         return out
 
+    @staticmethod
+    def _record_group(trial: optuna.Trial, pgid: int) -> None:
+        """Store the trial's process group and what identifies its leader, for the recovery of a dead tuner."""
+        trial.set_user_attr("pgid_leader", proc_identity(pgid))
+        trial.set_user_attr("pgid", pgid)
+
     def _mark_interrupted(self, trial: optuna.Trial, reason: str | None = None) -> None:
         """Tell a trial that Ctrl-C or SIGTERM (or an error of the tuner's own, ``reason``) stopped FAIL (status
         interrupted: it is re-run on resume), once: more interrupts arriving meanwhile are held off, and a trial
