@@ -110,13 +110,12 @@ def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
     def confirm(spec: StudySpec) -> None:
         t = spec.trainer
         assert t is not None
-        env = "".join(f"\n  env {k}={shlex.quote(v)}" for k, v in t.env.items())
-        shown = f"{shlex.join(t.command)}\n  cwd {t.cwd}{env}"
+        parts = [shlex.join(t.command), f"cwd {t.cwd}", *(f"env {k}={shlex.quote(v)}" for k, v in t.env.items())]
         print(f"study {_escaped(spec.name)!r} from {_escaped(str(spec.source))} runs its own command in every "
-              f"trial:\n  {_escaped(shown)}", file=sys.stderr, flush=True)
+              "trial:" + "".join(f"\n  {_escaped(p)}" for p in parts), file=sys.stderr, flush=True)
         if yes:
             return
-        if _escaped(shown) != shown:
+        if any(_escaped(p) != p for p in parts):
             raise TuneError("this spec's trainer command holds control characters (shown escaped above), which "
                             "can hide part of it on a terminal; pass --yes to run it as it is")
         if not sys.stdin.isatty():
