@@ -40,9 +40,11 @@ def test_out_that_is_not_a_writable_directory(tmp_path, subprocess_env, study_sp
     assert r.returncode == 2 and r.stderr.startswith("error: ") and "Traceback" in r.stderr
 
 
-@pytest.mark.parametrize("damage", ["garbage", "malformed"])
+@pytest.mark.parametrize("damage", ["garbage", "malformed", "middle"])
 def test_a_damaged_study_db_is_named(tmp_path, subprocess_env, study_spec_file, damage):
-    spec = study_spec_file("f", trials=1)
+    """A damaged study.db is checked read-only before anything writes to it: one line naming the study's own
+    file (not one named after the spec file), exit 2, the file's bytes unchanged."""
+    spec = study_spec_file("f", trials=1).rename(tmp_path / "other-name.yaml")
     db = tmp_path / "runs" / "f" / "study.db"
     db.parent.mkdir(parents=True)
     if damage == "garbage":
@@ -53,9 +55,15 @@ def test_a_damaged_study_db_is_named(tmp_path, subprocess_env, study_spec_file, 
                                                                   for i in range(2000)))
         con.close()
         data = bytearray(db.read_bytes())
-        data[100:4096 * 3] = b"\xff" * (4096 * 3 - 100)
+        if damage == "malformed":
+            data[100:4096 * 3] = b"\xff" * (4096 * 3 - 100)
+        else:  # one page in the middle: the header and the schema still read
+            assert len(data) >= 4096 * 6
+            data[4096 * 3:4096 * 4] = b"\xff" * 4096
         db.write_bytes(bytes(data))
+    before = db.read_bytes()
     r = _tune(tmp_path, subprocess_env, "--study", str(spec))
+    assert db.read_bytes() == before and not list(db.parent.glob("study.db-*"))
     assert r.returncode == 2
     line = _one_line(r.stderr)
     assert line.startswith(f"error: {db}: the study storage cannot be used (") and "move it aside" in line

@@ -7,6 +7,7 @@ import hashlib
 import importlib.util
 import os
 import re
+import sqlite3
 import time
 import warnings
 from pathlib import Path
@@ -18,7 +19,7 @@ import sqlalchemy.exc
 
 from workbench.errors import ConfigError, TuneError
 
-__all__ = ["HEARTBEAT_GRACE_S", "HEARTBEAT_INTERVAL_S", "SQLITE_TIMEOUT_S", "alive", "default_storage_url",
+__all__ = ["HEARTBEAT_GRACE_S", "HEARTBEAT_INTERVAL_S", "SQLITE_TIMEOUT_S", "alive", "check_sqlite", "default_storage_url",
            "make_storage", "mask_url", "normalize_storage_url", "proc_identity", "proc_start"]
 
 HEARTBEAT_INTERVAL_S = 10
@@ -56,6 +57,26 @@ def mask_url(url: str) -> str:
     return re.sub(r"(?i)(password=)[^&;]*", r"\1***", shown)
 
 
+def check_sqlite(path: Path) -> None:
+    """An existing SQLite file passes ``PRAGMA quick_check`` on a read-only connection, or a ConfigError names it;
+    a missing file is a new study."""
+    if not path.exists():
+        return
+    try:
+        con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=SQLITE_TIMEOUT_S)
+        try:
+            rows = con.execute("PRAGMA quick_check").fetchall()
+        finally:
+            con.close()
+        problem = None if rows == [("ok",)] else "; ".join(str(r[0]) for r in rows[:3])
+    except sqlite3.DatabaseError as e:  # (sqlite3.OperationalError too: not a database, unreadable)
+        problem = str(e)
+    if problem:
+        raise ConfigError(f"the study storage cannot be used ({problem}); nothing was written to it: if it is "
+                          "damaged, move it aside and start the study again, or give another --out / --storage",
+                          source=str(path))
+
+
 def make_storage(url: str) -> optuna.storages.RDBStorage:
     """RDB storage with heartbeats (stale trials become FAIL) and a lock timeout for SQLite."""
     url = normalize_storage_url(url)
@@ -64,6 +85,7 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
         engine_kwargs["connect_args"] = {"timeout": SQLITE_TIMEOUT_S}
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
+            check_sqlite(Path(path))  # before Optuna (or the lease) writes anything to it
             Path(path).parent.mkdir(parents=True, exist_ok=True)
     else:
         engine_kwargs["pool_pre_ping"] = True  # survive server-side connection drops during long trials
