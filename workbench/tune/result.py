@@ -110,6 +110,12 @@ def build_result(
         "best": best,
         "candidates": cands,
         "skipped": list(validation.get("skipped") or []),
+        # why the exported one of several significant candidates (validation.pick_winner), and the head-to-head
+        # A/B pairs measured between them
+        "winner_rule": (validation.get("winner") or {}).get("decided_by") if winner else None,
+        "head_to_head": [{k: d.get(k) for k in ("a", "b", "speedup_median", "ci_low", "ci_high", "pairs", "faster",
+                                                "told_apart")} for d in (validation.get("winner") or {}).get("duels")
+                         or []],
         "baseline": baseline,
         "noise": nf,
         "protocol": {"method": validation.get("method"), "confidence": validation.get("confidence"),
@@ -158,6 +164,8 @@ def result_lines(result: Mapping[str, Any]) -> list[str]:
     if best is not None:
         lines.append(f"  validated: {_tps(best['tokens_per_s'])} vs baseline {_tps(base['tokens_per_s'])} real "
                      f"tok/s/gpu (medians of the interleaved runs); search run {_tps(best['search_tokens_per_s'])}")
+    if result.get("head_to_head"):
+        lines.append(f"  chosen: {result['winner_rule']}")
     if nf:
         lines.append(f"  noise floor: {nf['n']} baseline repeats, median {_tps(nf['median'])} tok/s/gpu, spread "
                      f"{nf['rel_spread']:.1%} (cv {nf['cv']:.1%})")
