@@ -156,3 +156,21 @@ def test_the_result_says_how_the_winner_was_chosen():
     assert r["exported"]["trial"] == 2 and r["head_to_head"][0]["faster"] == 2
     assert r["head_to_head"][0]["pairs"] == 3 and r["head_to_head"][0]["speedup_median"] == pytest.approx(0.74)
     assert any(line.startswith("  chosen: faster than #1 head-to-head") for line in result_lines(r))
+
+
+def test_noise_and_pairs_needed_are_said_in_the_result():
+    """Issue 40: a base spread of 95% still printed a plain headline, and A/B ratios of 4.81, 3.08 and 2.28 gave
+    "no significant gain" with no hint of what to do."""
+    lost = _cand(4, {"micro_batch_size": 8}, [481, 308, 228], [100, 100, 100], confidence=0.975, stopped="cap")
+    validation = {"candidates": [lost], "winner": {"trial": None}, "ab_rounds": 3, "ab_min_rounds": 2}
+    r = build_result(validation, study="s", base_values=BASE, baseline_repeats=[100, 195, 150], searched=list(BASE),
+                     budget={"trials": 4, "trials_run": 4}, data={"source": "synthetic"}, commit="abc")
+    assert r["noise_warning"].startswith("noisy machine: the base config's 3 repeats spread 63%")
+    assert r["best"]["pairs_needed"] == 4
+    assert r["best"]["why_lost"].endswith("at its spread about 4 pairs would tell (raise protocol.ab_rounds), "
+                                          "or quieten the machine")
+    lines = result_lines(r)
+    assert any(line.strip() == r["noise_warning"] for line in lines)
+    assert "about 4 pairs would tell" in result_headline(r)
+    quiet = _result([lost], repeats=[100, 104, 98])
+    assert quiet["noise_warning"] is None and not any("noisy" in line for line in result_lines(quiet))

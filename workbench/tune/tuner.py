@@ -33,6 +33,7 @@ from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
 from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
+from workbench.tune.stats import noise_floor
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage,
                                     normalize_storage_url, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
@@ -556,7 +557,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         elapsed = time.monotonic() - self._t0
         tail = f" | {elapsed // 60:.0f}m{elapsed % 60:02.0f}s" + (f" | {b}" if (b := self._best_text()) else "")
         if out.status == "ok" and out.value is not None:
-            sp = f", {out.value / statistics.median(base):.2f}x the baseline median (one search run)" if base else ""
+            # the ratio beside the noise floor: a ratio within the baseline's own spread is no sign of a gain
+            sp = (f", {out.value / statistics.median(base):.2f}x the baseline median (one search run; noise floor "
+                  f"{noise_floor(base).rel_spread:.0%})") if base else ""
             return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]{tail}"
         return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]{tail}"
 
