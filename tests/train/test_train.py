@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _signals import default_signals
 
 from workbench.train import ops
 from workbench.config import merge_overrides, preset_config
@@ -175,7 +176,8 @@ hardware: {{device: cpu}}
 """)
     hb = tmp_path / "hb"
     p = subprocess.Popen([sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb),
-                          "-q"], env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                          "-q"], env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)
     deadline = time.time() + 120
     while time.time() < deadline and not (hb.exists() and hb.read_text().strip() not in ("", "0", "1", "2")):
         time.sleep(0.2)

@@ -70,7 +70,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert c["ci_low"] <= c["speedup_median"] <= c["ci_high"] or c["ci_low"] is None
         assert (sdir / "validation" / f"trial-{c['trial']}-0").is_dir()
     w = val["winner"]
-    assert set(w) == {"trial", "significant", "speedup_median", "ci_low", "ci_high"}
+    assert set(w) == {"trial", "significant", "speedup_median", "ci_low", "ci_high", "decided_by", "duels"}
+    for d in w["duels"]:  # two significant candidates whose intervals overlapped were measured head to head
+        assert {d["a"], d["b"]} <= {c["trial"] for c in val["candidates"]} and d["faster"] in (d["a"], d["b"])
+        assert (sdir / "validation" / f"duel-{d['a']}-{d['b']}" / f"trial-{d['b']}-0").is_dir()
 
     # exported config with provenance; environment.json; report.html
     cfg = load_config(sdir / "config.yaml")
