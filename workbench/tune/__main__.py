@@ -70,8 +70,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "at least 3)")
     p.add_argument("--yes", action="store_true", help="run a study's own trainer.command without asking, when the "
                    "spec comes from a file outside the working directory or from the storage")
+    p.add_argument("--reset", action="store_true", help="start the study over in place, deleting its trials and "
+                   "measurements (asks first; --yes does not ask). A study with nothing measured yet starts over "
+                   "without it when its spec changed")
     p.add_argument("--debug", action="store_true", help="on an error, print the traceback after its line")
     args = p.parse_args(argv)
+    if args.reset and (args.worker or args.command != "tune"):
+        p.error("--reset starts a study over: only the coordinator's tune command takes it")
     if args.pairs is not None and args.pairs < 2:
         p.error("--pairs must be >= 2")
     if args.trials is not None and args.trials < 1:
@@ -113,6 +118,20 @@ def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
                             "read it above and pass --yes to run it")
         if input("Run it? [y/N] ").strip().lower() not in ("y", "yes"):
             raise TuneError("not confirmed: nothing was run")
+
+    return confirm
+
+
+def _confirm_reset(yes: bool) -> Callable[[str], None]:
+    """--reset: ask before measurements are deleted (``question`` says which); --yes answers yes, no terminal no."""
+
+    def confirm(question: str) -> None:
+        if yes:
+            return
+        if not sys.stdin.isatty():
+            raise TuneError(f"{question} Not on a terminal: pass --yes with --reset to confirm")
+        if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+            raise TuneError("not confirmed: the study was left as it was")
 
     return confirm
 
@@ -187,7 +206,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     spec = _resolve_spec(args)
     tuner = Tuner(spec, study_name=args.study_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, worker=args.worker, report=None if args.no_report else build_report,
-                  lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes))
+                  lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes),
+                  reset=_confirm_reset(args.yes) if args.reset else None)
     try:
         tuner.run()
     except KeyboardInterrupt:
