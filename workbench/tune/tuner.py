@@ -29,6 +29,7 @@ from workbench.tune.export import export_config
 from workbench.tune.knobs import DroppedKnob, detect_capabilities, drop_unsupported, format_dropped
 from workbench.tune.lease import LEASE_ATTR, CoordinatorLease
 from workbench.tune.measure import Measurement
+from workbench.tune.preflight import preflight
 from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
@@ -676,6 +677,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         started = _now()
         self._t0 = time.monotonic()
         self._sessions = None  # read from an earlier tune.json at the first write
+        if self.study is None and self.spec is not None and not self.worker:
+            preflight(self.spec, self.study_dir)  # before anything is stored or run
         self.study_dir.mkdir(parents=True, exist_ok=True)
         if self.study is None:
             self.open()
