@@ -172,3 +172,20 @@ def test_a_failing_report_is_one_line_and_loses_nothing(study_spec_file, tmp_pat
     assert f"python -m workbench.tune report --study-name rep --out {tmp_path / 'runs'}" in err
     assert not (tuner.study_dir / "report.html").exists()
     assert optuna.load_study(study_name="rep", storage=tuner.storage_url).trials[0].values == [1.0]
+
+
+def test_export_by_the_name_of_ones_own_study(study_spec_file, tmp_path, subprocess_env):
+    """Issue 40: ``export --study my-tiny`` said "unknown study 'my-tiny'; built-in studies: ..." for a study of
+    one's own under --out; the README shows that form. The name finds the study and its stored spec."""
+    spec_path = study_spec_file("my-tiny")
+    tuner = Tuner(load_study_spec(str(spec_path)), out_root=tmp_path / "runs", progress=False)
+    tuner.open().set_user_attr("baseline_runs", [1000.0])
+    tuner._release_lease()
+    spec_path.unlink()  # the name alone, not the file
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--study", "my-tiny", "--out", "runs"],
+                       capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "runs" / "my-tiny" / "config.yaml").is_file()
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--study", "not-mine", "--out", "runs"],
+                       capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "unknown study 'not-mine'" in p.stderr
