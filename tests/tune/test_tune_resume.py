@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import optuna
+from _signals import default_signals
 from optuna.trial import TrialState
 
 

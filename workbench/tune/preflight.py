@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 from loaders.format import ShardFormatError, ShardSet
@@ -16,8 +15,9 @@ from workbench.tune.study import StudySpec
 __all__ = ["preflight"]
 
 
-def preflight(spec: StudySpec, study_dir: Path) -> None:
-    """The data folder, the model config, the trainer command and the output folder, in that order."""
+def preflight(spec: StudySpec) -> None:
+    """The data folder, the model config and the trainer command, in that order (the output folder is made, and
+    its error said, by ``Tuner.run``)."""
     src = spec.source
     cfg = spec.base_config()
     if spec.trainer is None and cfg.data.loongbin_dir:
@@ -39,10 +39,4 @@ def preflight(spec: StudySpec, study_dir: Path) -> None:
         if not found:
             raise ConfigError(f"{prog}: not found{' in ' + str(cwd) if '/' in prog else ' on PATH'} or not "
                               "executable", key="trainer.command", source=src)
-    out = study_dir.parent
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise ConfigError(f"{out}: not a writable folder ({e.strerror or e})", key="--out") from None
+    # the output folder is checked next, where Tuner.run makes the study folder (its OSError is one line, exit 2)

@@ -678,7 +678,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self._t0 = time.monotonic()
         self._sessions = None  # read from an earlier tune.json at the first write
         if self.study is None and self.spec is not None and not self.worker:
-            preflight(self.spec, self.study_dir)  # before anything is stored or run
+            preflight(self.spec)  # before anything is stored or run
         self.study_dir.mkdir(parents=True, exist_ok=True)
         if self.study is None:
             self.open()
