@@ -178,6 +178,10 @@ def _from_result(data: StudyData, result: dict, number: int | None, how: str) ->
           for arm, key in (("baseline", "baseline_runs"), ("candidate", "runs"))
           for i, v in enumerate(_numbers(c.get(key)))]
     notes = [f"Data: {describe_data(result.get('data') or {})}."]
+    if result.get("noise_warning"):
+        notes.insert(0, result["noise_warning"][0].upper() + result["noise_warning"][1:] + ".")
+    if result.get("head_to_head"):
+        notes.append(f"Winner chosen: {result['winner_rule']}.")
     if result["verdict"] != "winner":
         notes.append("The exported config is the base config: no candidate's interval lay above 1.0.")
     return Summary(table=table, speedup=speedup, knobs=_changed_knobs(data, number), candidates=candidates,

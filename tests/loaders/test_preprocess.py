@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _signals import default_signals
 
 from loaders.format import ShardFormatError, ShardSet, bucket_length
 from loaders.inputs import iter_documents, open_input
@@ -33,7 +34,7 @@ def _run(module: str, *args: str, **kw) -> subprocess.CompletedProcess:
 def _popen(module: str, *args: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", module, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=env)
+                            text=True, env=env, preexec_fn=default_signals)
 
 
 def _tree_digest(root: Path) -> dict[str, str]:

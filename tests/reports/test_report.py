@@ -1037,3 +1037,25 @@ def test_memory_section_from_a_real_h200_analysis(fx, tmp_path):
     assert any(s.startswith("roundup_power2_divisions: 4: the 18,850 allocations") for s in m.suggestions)
     page = build_report(d, f"sqlite:///{d / 'study.db'}", fx.name).read_text()
     assert "Allocation-size histogram" in page and "9.92 GiB (16%)" in page
+
+
+def test_summary_says_noise_and_how_the_winner_was_chosen(tmp_path):
+    """Issue 40: the report said nothing of a 95% base spread; the winner rule's head-to-head is named."""
+    from workbench.tune.result import build_result
+
+    fx = make_study(tmp_path, name="noisy", n_trials=4, cpu=True, seed=5)
+    tune = json.loads((fx.dir / "tune.json").read_text())
+    w = fx.validation["winner"]
+    validation = {**fx.validation, "winner": {**w, "decided_by": "faster than #9 head-to-head: #9 at 0.800x "
+                                              "[0.700, 0.900] of #1 over 3 interleaved pairs",
+                                              "duels": [{"a": w["trial"], "b": 9, "speedup_median": 0.8,
+                                                         "ci_low": 0.7, "ci_high": 0.9, "pairs": 3,
+                                                         "faster": w["trial"], "told_apart": True}]}}
+    tune["result"] = build_result(validation, study="noisy", base_values={}, baseline_repeats=[100, 195, 150],
+                                  searched=["micro_batch_size"], budget={"trials": 4, "trials_run": 4},
+                                  data={"source": "synthetic"}, commit="abc")
+    (fx.dir / "tune.json").write_text(json.dumps(tune))
+    notes = compute_sections(fx.dir).summary.notes
+    assert notes[0].startswith("Noisy machine: the base config's 3 repeats spread 63% (above 10%)")
+    assert any(n.startswith("Winner chosen: faster than #9 head-to-head") for n in notes)
+    assert "Noisy machine: the base config" in build_report(fx.dir).read_text()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from _signals import default_signals
 
 from workbench.train import ops
 from workbench.config import merge_overrides, preset_config
@@ -200,7 +201,8 @@ hardware: {{device: cpu}}
 """)
     hb = tmp_path / "hb"
     cmd = [sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb), "-q"]
-    p = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)
     _wait_heartbeat(hb, 0, p)  # written before torch is imported: the loop's handlers are not installed yet
     p.send_signal(signal.SIGUSR1)
     _wait_heartbeat(hb, 3, p)

@@ -94,13 +94,83 @@ def test_data_source_names_the_shards_and_their_tokenizer(tmp_path):
                                 "real_tokens": 1234}
 
 
-def test_the_winner_is_the_candidate_most_surely_fast():
-    """The default study on 2 busy cores: checkpointing on (#1) drew a higher median from its own pairs than the
-    faster config (#2); the winner is the highest interval low end, not the highest median."""
+def _duel(ratios):
+    """A head-to-head that measured b over a at these pair ratios (``pick_winner``'s ``duel``)."""
+    from workbench.tune.validation import interval_fields
+
+    def duel(a, b):
+        f = interval_fields(ratios, [1.0] * len(ratios), 0.95)
+        return {**f, "pairs": len(ratios)}
+    return duel
+
+
+def test_the_winner_is_the_faster_candidate_not_the_surer():
+    """Issue 40's Quickstart on a quiet 2-core machine: micro-batch 8 without checkpointing (#2, 2.256x
+    [1.206, 4.074]) and with it (#1, 1.940x [1.479, 2.437]); the tighter interval's config was exported. Their
+    intervals overlap, so the two are measured against each other and the faster one is exported."""
     from workbench.tune.validation import pick_winner
 
-    tight = _cand(2, {"activation_checkpointing": "none"}, [6495, 8115, 6355], [3404, 4159, 3326])
-    wide = _cand(1, {"activation_checkpointing": "full"}, [7305, 6723, 5793], [3398, 3108, 3219])
-    assert wide["speedup_median"] > tight["speedup_median"] and tight["ci_low"] > wide["ci_low"] > 1.0
-    assert pick_winner([tight, wide])["trial"] == 2
+    fast = _cand(2, {"activation_checkpointing": "none"}, [2256, 1450, 3100, 2500], [1000, 1000, 1000, 1000])
+    sure = _cand(1, {"activation_checkpointing": "full"}, [1940, 1750, 2150], [1000, 1000, 1000])
+    assert fast["speedup_median"] > sure["speedup_median"] and sure["ci_low"] > fast["ci_low"] > 1.0
+    calls = []
+
+    def duel(a, b):
+        calls.append((a["trial"], b["trial"]))
+        return _duel([0.74, 0.70, 0.77])(a, b)  # #1 runs at ~0.74x of #2, interleaved
+
+    w = pick_winner([sure, fast], duel)
+    assert calls == [(2, 1)] and w["trial"] == 2 and w["speedup_median"] == fast["speedup_median"]
+    assert w["duels"][0]["faster"] == 2 and w["duels"][0]["told_apart"] and "head-to-head" in w["decided_by"]
+    # the runner-up that drew the higher median from its own pairs, but is slower head-to-head, does not win
+    assert pick_winner([sure, fast], _duel([1.30, 1.36, 1.28]))["trial"] == 1
+    # cannot be told apart within the cap: the faster median, and it says so
+    w = pick_winner([sure, fast], _duel([1.10, 0.93, 1.04, 0.99]))
+    assert w["trial"] == 1 and not w["duels"][0]["told_apart"] and "could not be told apart" in w["decided_by"]
+    assert pick_winner([sure, fast], _duel([0.96, 1.05, 0.97, 0.99]))["trial"] == 2
     assert pick_winner([_cand(5, {}, [101, 99, 102], [100, 100, 100])])["trial"] is None
+
+
+def test_disjoint_intervals_need_no_head_to_head():
+    from workbench.tune.validation import pick_winner
+
+    slow = _cand(1, {}, [120, 121, 119], [100, 100, 100])
+    quick = _cand(2, {}, [200, 202, 199], [100, 100, 100])
+
+    def no_duel(a, b):
+        raise AssertionError("intervals apart need no head-to-head")
+    w = pick_winner([slow, quick], no_duel)
+    assert w["trial"] == 2 and w["duels"] == [] and w["decided_by"] == "its interval lies above the others'"
+    assert pick_winner([quick], no_duel)["decided_by"] == "the only significant candidate"
+
+
+def test_the_result_says_how_the_winner_was_chosen():
+    from workbench.tune.validation import pick_winner
+
+    fast = _cand(2, {"micro_batch_size": 8}, [2256, 1450, 3100, 2500], [1000, 1000, 1000, 1000])
+    sure = _cand(1, {"micro_batch_size": 2}, [1940, 1750, 2150], [1000, 1000, 1000])
+    winner = pick_winner([sure, fast], _duel([0.74, 0.70, 0.77]))
+    validation = {"candidates": [sure, fast], "winner": winner, "ab_rounds": 6, "ab_min_rounds": 3}
+    r = build_result(validation, study="s", base_values=BASE, baseline_repeats=[100, 90, 110], searched=list(BASE),
+                     budget={"trials": 10, "trials_run": 10}, data={"source": "synthetic"}, commit="abc")
+    assert r["exported"]["trial"] == 2 and r["head_to_head"][0]["faster"] == 2
+    assert r["head_to_head"][0]["pairs"] == 3 and r["head_to_head"][0]["speedup_median"] == pytest.approx(0.74)
+    assert any(line.startswith("  chosen: faster than #1 head-to-head") for line in result_lines(r))
+
+
+def test_noise_and_pairs_needed_are_said_in_the_result():
+    """Issue 40: a base spread of 95% still printed a plain headline, and A/B ratios of 4.81, 3.08 and 2.28 gave
+    "no significant gain" with no hint of what to do."""
+    lost = _cand(4, {"micro_batch_size": 8}, [481, 308, 228], [100, 100, 100], confidence=0.975, stopped="cap")
+    validation = {"candidates": [lost], "winner": {"trial": None}, "ab_rounds": 3, "ab_min_rounds": 2}
+    r = build_result(validation, study="s", base_values=BASE, baseline_repeats=[100, 195, 150], searched=list(BASE),
+                     budget={"trials": 4, "trials_run": 4}, data={"source": "synthetic"}, commit="abc")
+    assert r["noise_warning"].startswith("noisy machine: the base config's 3 repeats spread 63%")
+    assert r["best"]["pairs_needed"] == 4
+    assert r["best"]["why_lost"].endswith("at its spread about 4 pairs would tell (raise protocol.ab_rounds), "
+                                          "or quieten the machine")
+    lines = result_lines(r)
+    assert any(line.strip() == r["noise_warning"] for line in lines)
+    assert "about 4 pairs would tell" in result_headline(r)
+    quiet = _result([lost], repeats=[100, 104, 98])
+    assert quiet["noise_warning"] is None and not any("noisy" in line for line in result_lines(quiet))

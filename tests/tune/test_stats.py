@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 
 import pytest
 
@@ -76,3 +77,41 @@ def test_pair_ratios_and_bootstrap():
     b = bootstrap_interval([1.1, 1.2, 1.3, 1.25, 1.15])
     assert b.low <= 1.2 <= b.high and b.method == "bootstrap-percentile"
     assert bootstrap_interval([1.1, 1.2, 1.3]) == bootstrap_interval([1.1, 1.2, 1.3])  # fixed seed
+
+
+def test_noise_is_flagged_above_the_threshold_with_what_to_do():
+    from workbench.tune.stats import NOISY_SPREAD, noise_warning
+
+    assert NOISY_SPREAD == 0.10
+    assert noise_warning(noise_floor([100.0, 105.0, 108.0])) is None  # 8%: an idle 2-core machine
+    w = noise_warning(noise_floor([100.0, 195.0, 228.0]))  # issue 40, under load: 95%-166%
+    assert w.startswith("noisy machine: the base config's 3 repeats spread 66% (above 10%)")
+    assert "background jobs" in w and "protocol.window_steps" in w and "protocol.baseline_repeats" in w
+    assert noise_warning(noise_floor([100.0])) is None and noise_warning(None) is None
+
+
+def test_pairs_needed_at_the_observed_spread():
+    from workbench.tune.stats import pairs_needed, sequential_confidence
+
+    # issue 40: ratios 4.81, 3.08 and 2.28 gave "no significant gain" at a cap of 3 pairs, looking from 2 on
+    ratios = [4.81, 3.08, 2.28]
+    conf, _ = sequential_confidence(2, 3)
+    assert not speedup_interval(ratios, conf).significant
+    n = pairs_needed(ratios, 2)
+    assert n == 4
+    # at that count, with the same mean and spread of the logs, the interval would exclude 1.0
+    logs = [math.log(r) for r in ratios]
+    m, sd = statistics.fmean(logs), statistics.stdev(logs)
+    c4, _ = sequential_confidence(2, 4)
+    assert t_ppf(0.5 + c4 / 2, 3) * sd / math.sqrt(4) < m
+    assert pairs_needed([1.05, 0.98, 1.03], 3) == 41  # a small gain in much noise needs many
+    assert pairs_needed([0.9, 0.8, 0.95], 3) is None  # no gain to show
+    assert pairs_needed([1.1, 1.1], 2) is None  # no spread to scale
+
+
+def test_width_ratio_in_log_terms():
+    from workbench.tune.stats import width_ratio
+
+    assert width_ratio(1.2, 2.4, 1.5, 3.0) == pytest.approx(1.0)
+    assert width_ratio(0.117, 21.264, 1.2, 2.4) == pytest.approx(math.log(21.264 / 0.117) / math.log(2))
+    assert width_ratio(1.0, 2.0, 1.5, 1.5) == math.inf and width_ratio(None, 2.0, 1.0, 2.0) is None

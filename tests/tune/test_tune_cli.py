@@ -56,13 +56,59 @@ def test_the_budget_is_exact_across_workers(study_spec_file, tmp_path, monkeypat
     assert not (tmp_path / "runs" / "budget" / "trials").exists()  # nothing launched
 
 
-def test_a_changed_spec_is_refused_on_resume(study_spec_file, tmp_path):
-    Tuner(load_study_spec(str(study_spec_file("same"))), out_root=tmp_path / "runs", progress=False).open()
+def test_a_changed_spec_is_refused_on_resume_once_measured(study_spec_file, tmp_path):
+    study = Tuner(load_study_spec(str(study_spec_file("same"))), out_root=tmp_path / "runs", progress=False).open()
+    study.set_user_attr("baseline_runs", [1000.0])  # one baseline run measured
     changed = load_study_spec(str(study_spec_file("same", protocol={"windows": 5})))
-    with pytest.raises(TuneError, match="different spec .*protocol"):
+    with pytest.raises(TuneError, match="different spec .*protocol.*1 measurement.*pass --reset"):
         Tuner(changed, out_root=tmp_path / "runs", progress=False).open()
     # a bigger budget is not a different study
     Tuner(load_study_spec(str(study_spec_file("same", trials=9))), out_root=tmp_path / "runs", progress=False).open()
+
+
+def test_a_study_with_nothing_measured_is_fixed_in_place(study_spec_file, tmp_path, capsys):
+    """Issue 40: a first run that failed (a refused model, a wrong data folder) left a study nothing was measured
+    in, and the corrected spec was refused ("delete runs/mix"). It starts over in the same folder."""
+    first = Tuner(load_study_spec(str(study_spec_file("fix"))), out_root=tmp_path / "runs", progress=False)
+    study = first.open()
+    study.ask()  # the baseline's failure leaves a trial that never finished
+    (first.study_dir / "baseline" / "0").mkdir(parents=True)
+    (first.study_dir / "tune.json").write_text("{}")
+    first._release_lease()
+    fixed = Tuner(load_study_spec(str(study_spec_file("fix", protocol={"windows": 5}))), out_root=tmp_path / "runs",
+                  progress=False)
+    study = fixed.open()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "differs in: protocol" in err[0] and "nothing was measured in it" in err[0], err
+    assert study.get_trials() == [] and study.user_attrs["spec"]["protocol"]["windows"] == 5
+    assert sorted(p.name for p in fixed.study_dir.iterdir()) == ["study.db"]
+
+
+def test_reset_asks_before_deleting_measurements(study_spec_file, tmp_path, subprocess_env):
+    spec = load_study_spec(str(study_spec_file("again")))
+    first = Tuner(spec, out_root=tmp_path / "runs", progress=False)
+    study = first.open()
+    study.set_user_attr("baseline_runs", [1000.0, 990.0])
+    first._release_lease()
+    asked: list[str] = []
+
+    def refuse(question):
+        asked.append(question)
+        raise TuneError("not confirmed")
+    with pytest.raises(TuneError, match="not confirmed"):
+        Tuner(spec, out_root=tmp_path / "runs", progress=False, reset=refuse).open()
+    assert "holds 2 measurement(s)" in asked[0]
+    assert optuna.load_study(study_name="again", storage=first.storage_url).user_attrs["baseline_runs"]
+    study = Tuner(spec, out_root=tmp_path / "runs", progress=False, reset=asked.append).open()
+    assert len(asked) == 2 and "baseline_runs" not in study.user_attrs
+    # the CLI, not on a terminal: --reset without --yes is refused in one line, naming --yes; the study is kept
+    study.set_user_attr("baseline_runs", [1000.0])
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "--study", str(study_spec_file("again")), "--out",
+                        str(tmp_path / "runs"), "--reset", "--no-progress"], capture_output=True, text=True,
+                       stdin=subprocess.DEVNULL, timeout=120, cwd=tmp_path, env=subprocess_env)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 1 and len(lines) == 1 and "pass --yes with --reset" in lines[0], p.stderr
+    assert optuna.load_study(study_name="again", storage=first.storage_url).user_attrs["baseline_runs"] == [1000.0]
 
 
 def test_storage_urls():
@@ -192,3 +238,20 @@ def test_the_trust_prompt_shows_control_characters_escaped(tmp_path, subprocess_
     assert "\r" not in p.stderr and "\x1b" not in p.stderr, p.stderr
     assert "touch pwned\\r\\x1b[2Kpython train.py" in p.stderr and "holds control characters" in p.stderr
     assert not (tmp_path / "work" / "pwned").exists() and not (tmp_path / "elsewhere" / "pwned").exists()
+
+
+def test_export_by_the_name_of_ones_own_study(study_spec_file, tmp_path, subprocess_env):
+    """Issue 40: ``export --study my-tiny`` said "unknown study 'my-tiny'; built-in studies: ..." for a study of
+    one's own under --out; the README shows that form. The name finds the study and its stored spec."""
+    spec_path = study_spec_file("my-tiny")
+    tuner = Tuner(load_study_spec(str(spec_path)), out_root=tmp_path / "runs", progress=False)
+    tuner.open().set_user_attr("baseline_runs", [1000.0])
+    tuner._release_lease()
+    spec_path.unlink()  # the name alone, not the file
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--study", "my-tiny", "--out", "runs"],
+                       capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert (tmp_path / "runs" / "my-tiny" / "config.yaml").is_file()
+    p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--study", "not-mine", "--out", "runs"],
+                       capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 2 and "unknown study 'not-mine'" in p.stderr

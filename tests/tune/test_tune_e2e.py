@@ -29,6 +29,8 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     sdir = out / "e2e"
     assert "noise floor: median" in proc.stderr
+    # each search line carries the noise floor beside its ratio to the baseline
+    assert re.search(r"x the baseline median \(one search run; noise floor \d+%\)", proc.stderr), proc.stderr
     assert any(v in proc.stdout for v in ("winner: trial #", "no significant gain", "no candidate beat"))
 
     # tune.json: the contract the report reads
@@ -68,7 +70,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert c["ci_low"] <= c["speedup_median"] <= c["ci_high"] or c["ci_low"] is None
         assert (sdir / "validation" / f"trial-{c['trial']}-0").is_dir()
     w = val["winner"]
-    assert set(w) == {"trial", "significant", "speedup_median", "ci_low", "ci_high"}
+    assert set(w) == {"trial", "significant", "speedup_median", "ci_low", "ci_high", "decided_by", "duels"}
+    for d in w["duels"]:  # two significant candidates whose intervals overlapped were measured head to head
+        assert {d["a"], d["b"]} <= {c["trial"] for c in val["candidates"]} and d["faster"] in (d["a"], d["b"])
+        assert (sdir / "validation" / f"duel-{d['a']}-{d['b']}" / f"trial-{d['b']}-0").is_dir()
 
     # exported config with provenance; environment.json; report.html
     cfg = load_config(sdir / "config.yaml")
@@ -159,8 +164,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert p.returncode in (0, 1) and f"verify trial #{best['trial']}:" in p.stdout, p.stdout + p.stderr
         record = json.loads((sdir / "verify.json").read_text())[-1]
         assert record["pairs"] == 2 and len(list((sdir / "verify").glob("*/trial-*"))) == 2
-        assert record["holds"] == (record["validated"]["ci_low"] <= record["speedup_median"]
-                                   <= record["validated"]["ci_high"])
+        assert record["inside"] == (record["validated"]["ci_low"] <= record["speedup_median"]
+                                    <= record["validated"]["ci_high"])
+        assert record["verdict"] in ("holds", "does not hold", "inconclusive")
+        assert record["holds"] == (record["verdict"] == "holds") and record["verdict"] in p.stdout.replace("NOT ", "not ")
         assert p.returncode == (0 if record["holds"] else 1)
     else:
         assert p.returncode == 0 and "nothing to verify" in p.stdout, p.stdout + p.stderr

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+from _signals import default_signals
 from optuna.trial import TrialState
 
 
@@ -58,7 +59,8 @@ def test_ctrl_c_then_kill_9_then_resume(study_spec_file, tmp_path, subprocess_en
     # a relative --out: trial processes must get paths that do not depend on their working directory
     cmd = [sys.executable, "-m", "workbench.tune", "--study", str(spec), "--out", "runs", "--no-progress",
            "--no-report"]
-    run = dict(env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run = dict(env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+               preexec_fn=default_signals)
 
     # 1. Ctrl-C while trial 1 runs: exit 130, the trial is FAIL/interrupted, the way to resume is printed
     proc = subprocess.Popen(cmd, **run)
@@ -121,7 +123,7 @@ def test_a_burst_of_ctrl_c_still_marks_the_running_trial(study_spec_file, tmp_pa
            "--no-report"]
     # the default SIGINT disposition in the child, whatever the shell that runs the tests set
     proc = subprocess.Popen(cmd, env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                            text=True, preexec_fn=default_signals)
     study = _wait_for(proc, url, complete=1)
     running = next(t for t in study.get_trials() if t.state == TrialState.RUNNING)
     for _ in range(5):

@@ -12,6 +12,7 @@ import time
 
 import optuna
 import pytest
+from _signals import default_signals
 from optuna.trial import TrialState
 
 
@@ -69,7 +70,7 @@ def test_sigterm_stops_the_tuner_like_ctrl_c(study_spec_file, tmp_path, subproce
                                                       "windows": 3})
     url = f"sqlite:///{(tmp_path / 'runs' / 'term' / 'study.db').resolve()}"
     proc = subprocess.Popen(_cmd(spec), env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
     running = _running_trial(proc, url, tmp_path / "runs" / "term" / "trials" / "1")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)

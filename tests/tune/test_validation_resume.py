@@ -74,3 +74,26 @@ def test_a_stopped_validation_resumes_from_its_next_pair(tmp_path):
     fresh = Stub(study, values)  # verify: measures every pair again
     _pairs(fresh, tmp_path / "validation", resume=False)
     assert len(fresh.measured) == 6
+
+
+class _Spec:
+    def trial_config(self, params):
+        return merge_overrides(BASE, params)
+
+
+def test_a_head_to_head_measures_one_candidate_against_the_other(tmp_path):
+    """``Validation.duel``: b's runs interleaved with a's, a's config in the baseline's place, under
+    ``validation/duel-<a>-<b>/``, stopping once the interval excludes 1.0; resumed like the A/B."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
+    v = Stub(study, {"baseline": 100.0, "trial": 80.0})  # "baseline" is a's run here, "trial" b's
+    v.spec, v.study_dir = _Spec(), tmp_path
+    a = {"trial": 2, "params": {"data.micro_batch_size": 8}}
+    b = {"trial": 1, "params": {"data.micro_batch_size": 2}}
+    d = v.duel(a, b, max_pairs=4, min_pairs=2, confidence=0.95)
+    assert v.measured == ["baseline-1-0", "trial-1-0", "baseline-1-1", "trial-1-1"]
+    assert (tmp_path / "validation" / "duel-2-1" / "trial-1-1").is_dir()
+    assert d["pairs"] == 2 and d["speedup_median"] == pytest.approx(0.8) and d["stopped"] == "interval excludes 1.0"
+    assert any("measuring them against each other" in line for line in v.lines)
+    again = Stub(study, {"baseline": 100.0, "trial": 80.0})
+    again.spec, again.study_dir = _Spec(), tmp_path
+    assert again.duel(a, b, max_pairs=4, min_pairs=2, confidence=0.95)["pairs"] == 2 and again.measured == []

@@ -35,7 +35,7 @@ from workbench.files import check_name
 from workbench.memory.lifetimes import study_lifetimes
 from workbench.tune.export import export_config
 from workbench.tune.storage import default_storage_url, make_storage, mask_url, normalize_storage_url
-from workbench.tune.study import DEFAULT_STUDY, StudySpec, load_study_spec, spec_from_dict
+from workbench.tune.study import DEFAULT_STUDY, StudySpec, builtin_studies, load_study_spec, spec_from_dict
 from workbench.tune.trial import ignore_interrupts
 from workbench.tune.tuner import Tuner, winner_launch_record
 from workbench.tune.verify import verify_lines
@@ -54,8 +54,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="tune: run or resume the study; on an existing study: export writes config.yaml again "
                    "from its stored result, report rebuilds report.html, verify re-measures the exported config "
                    "interleaved with the baseline (exit 1 when the speedup does not hold) (default: %(default)s)")
-    p.add_argument("--study", help=f"built-in study name or spec file (default {DEFAULT_STUDY}; a worker "
-                   "without it reads the spec from the storage)")
+    p.add_argument("--study", help=f"built-in study name, spec file, or the name of a study already under --out "
+                   f"(default {DEFAULT_STUDY}; a worker without it reads the spec from the storage)")
     p.add_argument("--trials", type=int, help="trial budget (default: the spec's budget.trials)")
     p.add_argument("--timeout", type=float, help="wall-clock limit of the search in this process, seconds (default: the spec's budget.timeout_s)")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/<study>/study.db)")
@@ -70,8 +70,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "at least 3)")
     p.add_argument("--yes", action="store_true", help="run a study's own trainer.command without asking, when the "
                    "spec comes from a file outside the working directory or from the storage")
+    p.add_argument("--reset", action="store_true", help="start the study over in place, deleting its trials and "
+                   "measurements (asks first; --yes does not ask). A study with nothing measured yet starts over "
+                   "without it when its spec changed")
     p.add_argument("--debug", action="store_true", help="on an error, print the traceback after its line")
     args = p.parse_args(argv)
+    if args.reset and (args.worker or args.command != "tune"):
+        p.error("--reset starts a study over: only the coordinator's tune command takes it")
     if args.pairs is not None and args.pairs < 2:
         p.error("--pairs must be >= 2")
     if args.trials is not None and args.trials < 1:
@@ -127,6 +132,20 @@ def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
     return confirm
 
 
+def _confirm_reset(yes: bool) -> Callable[[str], None]:
+    """--reset: ask before measurements are deleted (``question`` says which); --yes answers yes, no terminal no."""
+
+    def confirm(question: str) -> None:
+        if yes:
+            return
+        if not sys.stdin.isatty():
+            raise TuneError(f"{question} Not on a terminal: pass --yes with --reset to confirm")
+        if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+            raise TuneError("not confirmed: the study was left as it was")
+
+    return confirm
+
+
 def _resume_hint() -> str:
     """The command line again, with the password of a --storage URL masked (the user types it again)."""
     argv, shown = sys.argv[1:], []
@@ -143,10 +162,23 @@ def _raise_keyboard_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def _stored_name(args: argparse.Namespace) -> str | None:
+    """``--study NAME`` that is neither a built-in study nor a spec file but a study already under ``--out``
+    (its folder holds its storage): that study's name, its spec read from the storage; else None."""
+    name = args.study
+    if not name or args.study_name or "/" in name or name.endswith((".yaml", ".yml")) or Path(name).exists():
+        return None
+    if name in builtin_studies():
+        return None
+    has_storage = args.storage is not None or (Path(args.out) / name / "study.db").exists()
+    return name if has_storage else None
+
+
 def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
-    """Spec, study name, study dir and storage URL of an existing study (export/report)."""
-    spec = _resolve_spec(args)
-    name = args.study_name or (spec.name if spec else None)
+    """Spec, study name, study dir and storage URL of an existing study (export/report/verify)."""
+    stored_name = _stored_name(args)
+    spec = None if stored_name else _resolve_spec(args)
+    name = args.study_name or stored_name or (spec.name if spec else None)
     if name is None:
         raise TuneError("give --study or --study-name")
     check_name(name, "--study-name")
@@ -203,10 +235,12 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    spec = _resolve_spec(args)
-    tuner = Tuner(spec, study_name=args.study_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
+    stored_name = _stored_name(args)  # resumes a study of one's own by name, with its stored spec
+    spec = None if stored_name else _resolve_spec(args)
+    tuner = Tuner(spec, study_name=args.study_name or stored_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, worker=args.worker, report=None if args.no_report else build_report,
-                  lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes))
+                  lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes),
+                  reset=_confirm_reset(args.yes) if args.reset else None)
     try:
         tuner.run()
     except KeyboardInterrupt:

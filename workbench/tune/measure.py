@@ -18,7 +18,7 @@ from workbench.train.workload import workload_for
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
-from workbench.tune.stats import noise_floor
+from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
 
 __all__ = ["Measurement"]
@@ -94,6 +94,8 @@ class Measurement:
         study.set_user_attr("noise_floor", nf.to_dict())
         self._log(f"noise floor: median {nf.median:,.0f} tok/s/gpu, spread {nf.rel_spread:.1%} "
                   f"(min {nf.min:,.0f}, max {nf.max:,.0f}), cv {nf.cv:.1%} over {nf.n} runs")
+        if (warning := noise_warning(nf)) is not None:
+            self._log(warning)
         return runs
 
     def write_lifetimes(self) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from loaders.format import MANIFEST_NAME
 from workbench.config import Config
-from workbench.tune.stats import noise_floor
+from workbench.tune.stats import noise_floor, noise_warning, pairs_needed
 
 __all__ = ["VERDICTS", "build_result", "data_source", "describe_data", "provenance_fields", "result_headline",
            "result_lines"]
@@ -66,6 +66,13 @@ def _candidate(c: Mapping[str, Any], base_values: Mapping[str, Any], validation:
         else:
             ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
             out["why_lost"] = f"its interval {ci} includes 1.0 after {pairs} pairs"
+            # at the cap with a gain the spread hides: how many pairs would show it, at the same spread
+            need = pairs_needed(c.get("ratios") or [], validation.get("ab_min_rounds") or pairs) if stopped == "cap" \
+                else None
+            out["pairs_needed"] = need
+            if need is not None:
+                out["why_lost"] += (f"; at its spread about {need} pairs would tell (raise protocol.ab_rounds), or "
+                                    "quieten the machine")
     return out
 
 
@@ -110,8 +117,15 @@ def build_result(
         "best": best,
         "candidates": cands,
         "skipped": list(validation.get("skipped") or []),
+        # why the exported one of several significant candidates (validation.pick_winner), and the head-to-head
+        # A/B pairs measured between them
+        "winner_rule": (validation.get("winner") or {}).get("decided_by") if winner else None,
+        "head_to_head": [{k: d.get(k) for k in ("a", "b", "speedup_median", "ci_low", "ci_high", "pairs", "faster",
+                                                "told_apart")} for d in (validation.get("winner") or {}).get("duels")
+                         or []],
         "baseline": baseline,
         "noise": nf,
+        "noise_warning": noise_warning(nf),  # one line when the base config's repeats spread above NOISY_SPREAD
         "protocol": {"method": validation.get("method"), "confidence": validation.get("confidence"),
                      "overall_confidence": validation.get("overall_confidence", validation.get("confidence")),
                      "looks": validation.get("looks", 1), "min_pairs": validation.get("ab_min_rounds"),
@@ -158,9 +172,13 @@ def result_lines(result: Mapping[str, Any]) -> list[str]:
     if best is not None:
         lines.append(f"  validated: {_tps(best['tokens_per_s'])} vs baseline {_tps(base['tokens_per_s'])} real "
                      f"tok/s/gpu (medians of the interleaved runs); search run {_tps(best['search_tokens_per_s'])}")
+    if result.get("head_to_head"):
+        lines.append(f"  chosen: {result['winner_rule']}")
     if nf:
         lines.append(f"  noise floor: {nf['n']} baseline repeats, median {_tps(nf['median'])} tok/s/gpu, spread "
                      f"{nf['rel_spread']:.1%} (cv {nf['cv']:.1%})")
+    if result.get("noise_warning"):
+        lines.append(f"  {result['noise_warning']}")
     b = result["budget"]
     lines.append(f"  searched {', '.join(result['searched']) or 'nothing'}; {b.get('trials_run', 0)} of "
                  f"{b.get('trials') if b.get('trials') is not None else 'unlimited'} trials; data: "

@@ -14,15 +14,28 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 __all__ = [
+    "INCONCLUSIVE_WIDTH",
+    "NOISY_SPREAD",
     "NoiseFloor",
     "SpeedupInterval",
     "bootstrap_interval",
     "noise_floor",
+    "noise_warning",
+    "pairs_needed",
     "pair_ratios",
     "sequential_confidence",
     "speedup_interval",
     "t_ppf",
+    "width_ratio",
 ]
+
+NOISY_SPREAD = 0.10
+"""A base-config spread (max - min over the median of its repeats) above this is flagged as noise: idle, the
+2-core CI machine's three repeats spread 7-10% (README, Quickstart); beside a busy process, 95-166%."""
+
+INCONCLUSIVE_WIDTH = 2.0
+"""``verify`` is inconclusive when its interval is wider than the validated one by more than this factor (in
+log terms, hi/lo): at 2x, a check whose interval could hold two validated ones side by side says nothing."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,18 @@ def noise_floor(values: Sequence[float]) -> NoiseFloor:
     cv = statistics.stdev(xs) / mean if len(xs) > 1 else 0.0
     return NoiseFloor(n=len(xs), median=med, min=min(xs), max=max(xs), rel_spread=(max(xs) - min(xs)) / med, cv=cv,
                       runs=tuple(xs))
+
+
+def noise_warning(nf: NoiseFloor | dict[str, Any] | None, threshold: float = NOISY_SPREAD) -> str | None:
+    """One line when the base config's repeats spread more than ``threshold``, with what to do; else None."""
+    if nf is None:
+        return None
+    d = nf.to_dict() if isinstance(nf, NoiseFloor) else nf
+    if d.get("n", 0) < 2 or not d.get("rel_spread", 0.0) > threshold:
+        return None
+    return (f"noisy machine: the base config's {d['n']} repeats spread {d['rel_spread']:.0%} (above {threshold:.0%}); "
+            "a gain smaller than that is not a win; stop background jobs, or lengthen the windows "
+            "(protocol.window_steps, windows), or add repeats (protocol.baseline_repeats, ab_rounds)")
 
 
 def pair_ratios(candidate: Sequence[float], baseline: Sequence[float]) -> list[float]:
@@ -193,6 +218,34 @@ def sequential_confidence(min_pairs: int, max_pairs: int, overall: float = 0.95)
         raise ValueError(f"need 1 <= min_pairs <= max_pairs, got {min_pairs}, {max_pairs}")
     looks = max_pairs - min_pairs + 1
     return 1.0 - (1.0 - overall) / looks, looks
+
+
+def pairs_needed(ratios: Sequence[float], min_pairs: int, overall: float = 0.95, limit: int = 1000) -> int | None:
+    """Fewest A/B pairs, more than ``len(ratios)``, whose sequential interval (``sequential_confidence(min_pairs, n)``) would exclude 1.0 if
+    more pairs had the same mean and spread of log ratios as ``ratios``; None when they show no gain (mean log
+    ratio <= 0), have no spread to scale, or need more than ``limit``."""
+    logs = [math.log(float(r)) for r in ratios]
+    if len(logs) < 2:
+        return None
+    mean, sd = statistics.fmean(logs), statistics.stdev(logs)
+    if mean <= 0 or sd == 0:
+        return None
+    for n in range(max(2, min_pairs, len(logs) + 1), limit + 1):  # more than it has: those were not enough
+        conf, _ = sequential_confidence(min(min_pairs, n), n, overall)
+        if t_ppf(0.5 + conf / 2.0, n - 1) * sd / math.sqrt(n) < mean:
+            return n
+    return None
+
+
+def width_ratio(low: float | None, high: float | None, ref_low: float | None, ref_high: float | None) -> float | None:
+    """How many times wider the interval [low, high] is than [ref_low, ref_high], in log terms (hi/lo); None
+    without both; inf when the reference is a point and this one is not."""
+    if None in (low, high, ref_low, ref_high) or not (low > 0 and ref_low > 0):
+        return None
+    w, ref = math.log(high / low), math.log(ref_high / ref_low)
+    if ref <= 0:
+        return math.inf if w > 0 else 1.0
+    return w / ref
 
 
 def bootstrap_interval(

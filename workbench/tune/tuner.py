@@ -27,12 +27,14 @@ from workbench.files import check_name, remove_tree
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.export import export_config
 from workbench.tune.knobs import DroppedKnob, detect_capabilities, drop_unsupported, format_dropped
-from workbench.tune.lease import CoordinatorLease
+from workbench.tune.lease import LEASE_ATTR, CoordinatorLease
 from workbench.tune.measure import Measurement
+from workbench.tune.preflight import preflight
 from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
 from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
+from workbench.tune.stats import noise_floor
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, mask_url,
                                     normalize_storage_url, proc_identity, proc_start)
 from workbench.tune.study import StudySpec, spec_from_dict
@@ -110,6 +112,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         progress: bool = True,
         launch: Launcher | None = None,
         confirm: Callable[[StudySpec], None] | None = None,
+        reset: Callable[[str], None] | None = None,
     ) -> None:
         if spec is None and study_name is None:
             raise TuneError("a study spec or a study name is needed")
@@ -128,6 +131,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         # asked before a spec that did not come from the user's own file runs its trainer.command (the CLI asks the
         # user, or takes --yes); raising TuneError refuses it
         self.confirm = confirm
+        # --reset: asked (with what would be deleted) before a study with measurements is started over; raising
+        # TuneError refuses it. None: such a study is never deleted
+        self.reset = reset
         self.me = {"host": socket.gethostname(), "pid": os.getpid(), "start": proc_start(os.getpid()),
                    "role": "worker" if worker else "coordinator"}
         self.storage: optuna.storages.RDBStorage | None = None
@@ -193,6 +199,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         directions = ["maximize", "minimize"] if spec.objective.multi_objective else ["maximize"]
         caps = detect_capabilities(spec.gpus)
         kept, dropped = drop_unsupported(list(spec.space), caps)
+        if not self.worker:
+            self._start_over_if_changed(spec.to_dict())
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
             warnings.simplefilter("ignore", FutureWarning)
@@ -205,10 +213,11 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         mine = spec.to_dict()
         if stored_spec is not None:
             diff = _spec_diff(stored_spec, mine)
-            if diff:
+            if diff:  # a worker's spec (a coordinator's was settled by _start_over_if_changed)
                 raise TuneError(
                     f"study {self.study_name!r} in {self.storage_shown} was created from a different spec "
-                    f"(differs in: {', '.join(diff)}); use another --study-name, or delete {self.study_dir}")
+                    f"(differs in: {', '.join(diff)}); use another --study-name, or start the coordinator with "
+                    f"this spec and --reset")
         if "active_knobs" in attrs:  # the space of an existing study does not change with the machine
             self.active = list(attrs["active_knobs"])
             self.dropped = list(attrs.get("dropped_knobs", []))
@@ -253,6 +262,55 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                                   pruner=self._pruner())
         self.study = study
         return study
+
+    def _start_over_if_changed(self, mine: Mapping[str, Any]) -> None:
+        """A coordinator on a stored study: where the spec changed and nothing was measured yet (no baseline run,
+        no finished trial: a first run that failed, say on a refused model or a wrong data folder), the study
+        starts over in the same folder, with one line. With measurements it is refused, unless ``reset`` (the
+        CLI's --reset) confirms; with ``reset`` an unchanged study starts over too, after the same question. A
+        study another coordinator holds is never deleted."""
+        assert self.storage is not None
+        try:
+            old = optuna.load_study(study_name=self.study_name, storage=self.storage,
+                                    sampler=optuna.samplers.RandomSampler(0))
+        except KeyError:
+            return  # a new study
+        stored = old.user_attrs.get("spec")
+        diff = _spec_diff(stored, mine) if stored is not None else []
+        if not diff and self.reset is None:
+            return
+        finished = [t for t in old.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+                    or infeasible(t)]
+        measured = len(old.user_attrs.get("baseline_runs") or []) + len(finished)
+        what = (f"study {self.study_name!r} in {self.storage_url}"
+                + (f" was created from a different spec (differs in: {', '.join(diff)})" if diff else ""))
+        if measured:
+            if self.reset is None:
+                raise TuneError(f"{what}; it holds {measured} measurement(s); use another --study-name, or pass "
+                                "--reset to delete them and start it over in place")
+            self.reset(f"{what}; it holds {measured} measurement(s) ({len(finished)} finished trial(s)): delete "
+                       f"them and start it over in {self.study_dir}?")
+        lease = old.user_attrs.get(LEASE_ATTR)
+        if self._lease_is_live(lease):
+            raise TuneError(f"study {self.study_name!r} is being run by another coordinator, "
+                            f"{self._lease_holder(lease)}; it is not started over")
+        optuna.delete_study(study_name=self.study_name, storage=self.storage)
+        self._clear_study_dir()
+        print(f"{what}{'' if diff else ' is reset'}; {'nothing was measured in it: ' if not measured else ''}"
+              f"starting it over in {self.study_dir}", file=sys.stderr, flush=True)
+
+    def _clear_study_dir(self) -> None:
+        """The study folder without the outputs of the study just deleted: the storage's own files (study.db)
+        and the compile cache (a cache keyed by what it compiled) stay."""
+        if not self.study_dir.is_dir():
+            return
+        for child in self.study_dir.iterdir():
+            if child.name.startswith("study.db") or child.name == "compile-cache":
+                continue
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
 
     # ------------------------------------------------------------------ the coordinator lease
     def _enqueue_seeds(self, study: optuna.Study) -> None:
@@ -566,7 +624,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         elapsed = time.monotonic() - self._t0
         tail = f" | {elapsed // 60:.0f}m{elapsed % 60:02.0f}s" + (f" | {b}" if (b := self._best_text()) else "")
         if out.status == "ok" and out.value is not None:
-            sp = f", {out.value / statistics.median(base):.2f}x the baseline median (one search run)" if base else ""
+            # the ratio beside the noise floor: a ratio within the baseline's own spread is no sign of a gain
+            sp = (f", {out.value / statistics.median(base):.2f}x the baseline median (one search run; noise floor "
+                  f"{noise_floor(base).rel_spread:.0%})") if base else ""
             return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]{tail}"
         return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]{tail}"
 
@@ -627,6 +687,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         started = _now()
         self._t0 = time.monotonic()
         self._sessions = None  # read from an earlier tune.json at the first write
+        if self.study is None and self.spec is not None and not self.worker:
+            preflight(self.spec)  # before anything is stored or run
         self.study_dir.mkdir(parents=True, exist_ok=True)
         if self.study is None:
             self.open()

@@ -11,7 +11,7 @@ import datetime
 import json
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from workbench.tune.export import write_json
 from workbench.tune.storage import mask_url
 from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
 
-__all__ = ["Validation", "interval_fields", "pick_winner"]
+__all__ = ["Duel", "Validation", "interval_fields", "overlap", "pick_winner"]
 
 
 def _now() -> str:
@@ -134,6 +134,23 @@ class Validation:
                                   f"{len(res['runs'])} pairs; its A/B stops")
         return results
 
+    def duel(self, a: Mapping[str, Any], b: Mapping[str, Any], *, max_pairs: int, min_pairs: int,
+             confidence: float) -> dict[str, Any]:
+        """Candidate ``b`` against candidate ``a``, interleaved (a's config in the baseline's place), by the
+        validation's sequential protocol (``validation/duel-<a>-<b>/``, resumable like the A/B): the fields of
+        ``interval_fields`` with ``pairs``, ``runs``, ``baseline_runs`` (a's) and ``failures``."""
+        spec = self.spec
+        assert spec is not None
+        self._log(f"#{a['trial']} and #{b['trial']} are both significant and their intervals overlap: measuring "
+                  f"them against each other, {min_pairs} to {max_pairs} A/B pairs")
+        res = self.ab_pairs(spec.trial_config(a["params"]), {b["trial"]: spec.trial_config(b["params"])},
+                            self.study_dir / "validation" / f"duel-{a['trial']}-{b['trial']}", max_pairs=max_pairs,
+                            min_pairs=min_pairs, confidence=confidence, what=f"head-to-head with #{a['trial']}",
+                            resume=True)[b["trial"]]
+        fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
+        return {**fields, "pairs": len(fields["ratios"]), "runs": res["runs"], "baseline_runs": res["baseline_runs"],
+                "failures": res["failures"], "stopped": res["stopped"]}
+
     def validate(self) -> dict[str, Any]:
         """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
 
@@ -141,7 +158,8 @@ class Validation:
         overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
         search_value, runs, baseline_runs, ratios, run_dirs, baseline_dirs, failures, stopped, numerics,
         speedup_median, ci_low, ci_high, significant}], skipped, winner: {trial or null, significant,
-        speedup_median, ci_low, ci_high}, traces (``Measurement.keep_traces``), complete, finished}.
+        speedup_median, ci_low, ci_high, decided_by, duels: [{a, b, ratios (b over a), speedup_median, ci_low,
+        ci_high, pairs, runs, baseline_runs (a's), failures, stopped, faster, told_apart}]}, traces (``Measurement.keep_traces``), complete, finished}.
         """
         spec, study = self.spec, self.study
         assert spec is not None and study is not None
@@ -174,7 +192,10 @@ class Validation:
             sp = f"{res['speedup_median']:.3f}x" if res["speedup_median"] is not None else "n/a"
             self._log(f"candidate #{t.number}: speedup {sp}, interval {ci} over {len(res['ratios'])} pairs"
                       + (" (significant)" if res["significant"] else " (not significant)"))
-        winner = pick_winner(candidates)
+        winner = pick_winner(candidates, lambda a, b: self.duel(a, b, max_pairs=rounds, min_pairs=min_rounds,
+                                                                confidence=confidence))
+        if winner["duels"]:
+            self._log(f"winner #{winner['trial']}: {winner['decided_by']}")
         traces = self.keep_traces(next((c for c in candidates if c["trial"] == winner["trial"]), None)
                                   if winner["trial"] is not None else None)
         base = self.baseline_runs()
@@ -189,16 +210,58 @@ class Validation:
         return data
 
 
-def pick_winner(candidates: list[dict[str, Any]]) -> dict[str, Any]:
-    """validation.json's ``winner``: of the significant candidates, the one most surely fast, the highest interval
-    low end. Each candidate's ratios come from its own pairs, so two medians a few percent apart do not tell which
-    config is faster (on 2 busy cores a runner-up with a wider interval out-ran the better config's median)."""
-    sig = [c for c in candidates if c["significant"]]
+def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    """Whether two validated candidates' speedup intervals share a point."""
+    return a["ci_low"] <= b["ci_high"] and b["ci_low"] <= a["ci_high"]
+
+
+Duel = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
+"""Measures ``b`` against ``a`` (a's config is the A/B's base): ``interval_fields`` of b's runs over a's, with
+``pairs``; ``Validation.duel`` runs it, tests pass their own."""
+
+
+def pick_winner(candidates: list[dict[str, Any]], duel: Duel | None = None) -> dict[str, Any]:
+    """validation.json's ``winner``: the faster of the significant candidates, not only the surer.
+
+    Each candidate's ratios come from its own pairs against the baseline, so neither its median nor its low end
+    ranks two candidates whose intervals overlap (on 2 busy cores a runner-up's median out-ran the faster
+    config's, and a tighter interval once exported the slower config). The rule: the significant candidates in
+    order of median speedup; the first is the leader, and each next one takes its place when its interval lies
+    wholly above the leader's, or, where the two overlap, when ``duel`` (an interleaved A/B of the two) finds it
+    faster: its interval above 1.0, or, when the two cannot be told apart within the cap, its median above 1.0
+    (``decided_by`` says so). Without ``duel`` overlapping candidates keep the leader. ``duels`` lists each."""
+    sig = sorted((c for c in candidates if c["significant"]), key=lambda c: (-c["speedup_median"], c["trial"]))
     if not sig:
-        return {"trial": None, "significant": False, "speedup_median": None, "ci_low": None, "ci_high": None}
-    w = max(sig, key=lambda c: (c["ci_low"], c["speedup_median"]))
-    return {"trial": w["trial"], "significant": True, "speedup_median": w["speedup_median"], "ci_low": w["ci_low"],
-            "ci_high": w["ci_high"]}
+        return {"trial": None, "significant": False, "speedup_median": None, "ci_low": None, "ci_high": None,
+                "decided_by": "no significant candidate", "duels": []}
+    lead, duels = sig[0], []
+    decided_by = "the only significant candidate" if len(sig) == 1 else "its interval lies above the others'"
+    for c in sig[1:]:
+        if not overlap(lead, c):
+            if c["ci_low"] > lead["ci_high"]:
+                lead = c
+            continue
+        if duel is None:
+            decided_by = "the higher median speedup (no head-to-head measured)"
+            continue
+        d = {"a": lead["trial"], "b": c["trial"], **duel(lead, c)}
+        med, lo, hi = d.get("speedup_median"), d.get("ci_low"), d.get("ci_high")
+        told_apart = med is not None and lo is not None and hi is not None and (lo > 1.0 or hi < 1.0)
+        b_wins = med is not None and (lo > 1.0 if told_apart else med > 1.0)
+        d["faster"], d["told_apart"] = (c if b_wins else lead)["trial"], told_apart
+        duels.append(d)
+        lead = c if b_wins else lead
+        if med is None:
+            decided_by = f"no head-to-head pair of #{d['a']} and #{d['b']} completed; the higher median speedup"
+        elif told_apart:
+            decided_by = (f"faster than #{d['a'] if b_wins else d['b']} head-to-head: #{d['b']} at {med:.3f}x "
+                          f"[{lo:.3f}, {hi:.3f}] of #{d['a']} over {d['pairs']} interleaved pairs")
+        else:
+            ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
+            decided_by = (f"#{d['a']} and #{d['b']} could not be told apart within {d['pairs']} interleaved pairs "
+                          f"(#{d['b']} at {med:.3f}x {ci} of #{d['a']}); the faster median is exported")
+    return {"trial": lead["trial"], "significant": True, "speedup_median": lead["speedup_median"],
+            "ci_low": lead["ci_low"], "ci_high": lead["ci_high"], "decided_by": decided_by, "duels": duels}
 
 
 def interval_fields(runs: list[float], baseline_runs: list[float], confidence: float) -> dict[str, Any]:

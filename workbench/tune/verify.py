@@ -2,7 +2,9 @@
 
 The exported config and the base config run interleaved, a fixed number of A/B pairs (no early stop, so the
 estimate is not biased by stopping on a lucky pair), into ``runs/<study>/verify/<time>/``. The speedup holds
-when the new median lies inside the interval the validation reported. Each verification is appended to
+when the new median lies inside the interval the validation reported, and the new interval is no wider than
+``stats.INCONCLUSIVE_WIDTH`` times the validated one: a wider one (a noisy machine) is "inconclusive", which
+fails like "does not hold", since an interval that wide would hold any speedup. Each verification is appended to
 ``runs/<study>/verify.json``; tune.json's result is not changed by it.
 """
 
@@ -16,6 +18,7 @@ from typing import Any
 from workbench.errors import TuneError
 from workbench.train.fingerprint import source_commit
 from workbench.tune.export import write_json
+from workbench.tune.stats import INCONCLUSIVE_WIDTH, width_ratio
 from workbench.tune.validation import interval_fields
 
 __all__ = ["Verification"]
@@ -56,10 +59,15 @@ class Verification:
         fields = interval_fields(res["runs"], res["baseline_runs"], 0.95)
         lo, hi = best.get("ci_low"), best.get("ci_high")
         median = fields["speedup_median"]
-        holds = median is not None and lo is not None and hi is not None and lo <= median <= hi
+        inside = median is not None and lo is not None and hi is not None and lo <= median <= hi
+        wider = width_ratio(fields["ci_low"], fields["ci_high"], lo, hi)
+        # no interval (one pair, or every pair failed) is as inconclusive as a too wide one
+        inconclusive = median is None or fields["ci_high"] is None or wider is None or wider > INCONCLUSIVE_WIDTH
+        verdict = "inconclusive" if inconclusive else "holds" if inside else "does not hold"
         record = {
             "time": stamp, "trial": trial, "pairs": len(fields["ratios"]), "failures": res["failures"],
-            **fields, "holds": holds, "commit": source_commit(),
+            **fields, "holds": verdict == "holds", "verdict": verdict, "inside": inside,
+            "width_ratio": wider, "commit": source_commit(),
             "validated": {k: best.get(k) for k in ("speedup", "ci_low", "ci_high", "pairs")},
             "runs": res["runs"], "baseline_runs": res["baseline_runs"],
         }
@@ -80,7 +88,14 @@ def verify_lines(record: Mapping[str, Any]) -> list[str]:
     got = "n/a" if record["speedup_median"] is None else f"{record['speedup_median']:.3f}x"
     ci = ("[n/a]" if record["ci_low"] is None or record["ci_high"] is None
           else f"[{record['ci_low']:.3f}, {record['ci_high']:.3f}]")
-    verdict = "holds" if record["holds"] else "does NOT hold"
-    return [f"verify trial #{record['trial']}: {got} {ci} over {record['pairs']} new A/B pairs; validated "
-            f"{v['speedup']:.3f}x [{v['ci_low']:.3f}, {v['ci_high']:.3f}] over {v['pairs']} pairs: the speedup "
-            f"{verdict} (the new median {'is' if record['holds'] else 'is not'} inside the validated interval)"]
+    verdict = record.get("verdict") or ("holds" if record["holds"] else "does not hold")
+    head = (f"verify trial #{record['trial']}: {got} {ci} over {record['pairs']} new A/B pairs; validated "
+            f"{v['speedup']:.3f}x [{v['ci_low']:.3f}, {v['ci_high']:.3f}] over {v['pairs']} pairs: ")
+    if verdict == "inconclusive":
+        w = record.get("width_ratio")
+        why = (f"its interval is {w:.1f}x as wide as the validated one (more than {INCONCLUSIVE_WIDTH:g}x)"
+               if w is not None and w != float("inf") else "it has no interval to compare")
+        return [head + f"inconclusive: {why}; the machine is too noisy to tell. Stop background jobs, or run "
+                       "more pairs (--pairs N)"]
+    return [head + f"the speedup {'holds' if verdict == 'holds' else 'does NOT hold'} (the new median "
+                   f"{'is' if record.get('inside', record['holds']) else 'is not'} inside the validated interval)"]
