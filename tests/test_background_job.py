@@ -20,9 +20,8 @@ def _ignored() -> None:
 
 def test_signal_tests_pass_as_a_background_job(tmp_path):
     tests = ["tests/loaders/test_preprocess.py::test_interrupt_cleans_up",  # SIGINT -> 130 and SIGTERM -> 143
-             "tests/train/test_train.py::test_ctrl_c_leaves_a_usable_checkpoint"]  # SIGINT -> 130, a checkpoint
+             "tests/train/test_train.py::test_signals_and_a_checkpoint_that_would_run_code"]  # SIGTERM -> 130
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
-    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-o",
-                        f"cache_dir={tmp_path}", *tests], cwd=ROOT, env=env, capture_output=True, text=True,
-                       timeout=300, preexec_fn=_ignored)
+    p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", *tests], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300, preexec_fn=_ignored)
     assert p.returncode == 0 and "3 passed" in p.stdout, p.stdout[-3000:] + p.stderr[-2000:]

@@ -61,7 +61,9 @@ def _check_study(r: subprocess.CompletedProcess, study: Path, command: list[str]
     trace = study / "traces" / "baseline" / "trace.json"
     assert json.loads(trace.read_text())["traceEvents"] if traces else not trace.exists()
     cfg = load_config(study / "config.yaml")
-    assert cfg.provenance.trainer == {"command": command, "cwd": str(EXAMPLES), "env": cfg.provenance.trainer["env"]}
+    assert cfg.provenance.trainer == {"command": command, "cwd": str(EXAMPLES), "env": cfg.provenance.trainer["env"],
+                                      "safe_env": []}
+    assert set(cfg.provenance.trainer["env"].values()) <= {"<set>"}  # values are never written down
     html = (study / "report.html").read_text()
     assert "Phase breakdown" in html and f"[{best['ci_low']:.3f}, {best['ci_high']:.3f}]" in html
     return result

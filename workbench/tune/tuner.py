@@ -308,7 +308,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             if child.name.startswith("study.db") or child.name == "compile-cache":
                 continue
             if child.is_dir() and not child.is_symlink():
-                shutil.rmtree(child, ignore_errors=True)
+                remove_tree(child)
             else:
                 child.unlink(missing_ok=True)
 
