@@ -3,8 +3,8 @@
 # call stopped (the studies' storage lives under $RUNS; carry it between calls).
 #
 #   bash benchmarks/campaign.sh search   RUNS OUT   # the full-depth study: seeds, search, validate, export
-#   bash benchmarks/campaign.sh compare  RUNS OUT   # side by side in one call: exported config, study base,
-#                                                   # reference loop eager and compiled (micro-batch 8 and 16)
+#   bash benchmarks/campaign.sh compare  RUNS OUT   # side by side in one call: exported config, the compiled
+#                                                   # reference loop and the FP8 recipe (micro-batch 8, 16, 24)
 #   bash benchmarks/campaign.sh converge RUNS OUT   # FP8 vs bf16 over 500 steps on the same data
 #   bash benchmarks/campaign.sh quick    RUNS OUT   # a quick look: the 4-block proxy study (not the full model)
 #   bash benchmarks/campaign.sh grid     RUNS OUT   # the 18-configuration grid of the proxy (resumable)
@@ -32,14 +32,17 @@ search)
     cp "$RUNS/gr00t-n1.6/report.html" "$OUT/report-gr00t-n1.6.html"   # for benchmarks/reports/
     ;;
 compare)
-    # each variant in its own process, interleaved: the compiled reference and the exported config twice (their
-    # ratio per pair gives the interval), the study's base, the eager reference, and the compiled reference at the
-    # winner's micro-batch of 16 (what a bigger micro-batch alone gives a plain loop); every ref_* accumulates to the
-    # study's global batch of 32 sequences, so optimizer steps per token match
+    # each variant in its own process, interleaved: the exported config, the compiled reference loop and
+    # torchtitan's one-GPU FP8 recipe (reference_loop.py --recipe) twice each at the recipe's usual micro-batch of 16
+    # (their ratios per pair give the intervals), the recipe at 8 and 24 once (the ratio tables divide by each
+    # reference family's fastest member); every ref_* accumulates to the study's global batch of 32 sequences
+    # (24 + 8 at micro-batch 24), so optimizer steps per token match. VARIANTS and WB_ALT (a second config, with
+    # WB_ALT_SET overrides) change what runs.
     python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 --global-batch 32 \
-        --steps 8 --warmup 3 --log-every 4 --timeout 260 --wb-config "$RUNS/gr00t-n1.6/config.yaml" \
-        --wb-base "$RUNS/gr00t-n1.6/baseline/0/config.yaml" \
-        --variants ref_compiled,wb_config,wb_base,ref_eager,ref_compiled,wb_config,ref_compiled@16 --out "$OUT/compare"
+        --steps "${STEPS:-6}" --warmup 3 --log-every 3 --timeout 200 --wb-config "$RUNS/gr00t-n1.6/config.yaml" \
+        ${WB_ALT:+--wb-alt "$WB_ALT"} ${WB_ALT_SET:+--wb-alt-set "$WB_ALT_SET"} \
+        --variants "${VARIANTS:-ref_recipe@16,wb_config,ref_compiled,ref_recipe@8,ref_recipe@24,wb_config,ref_recipe@16,ref_compiled}" \
+        --out "$OUT/compare"
     ;;
 converge)
     python benchmarks/convergence.py --preset gr00t-n1.6 --steps 500 --micro-batch 4 --seq-len 2048 \

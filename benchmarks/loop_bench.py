@@ -14,6 +14,9 @@ Variants:
   ref_eager / ref_compiled         benchmarks/reference_loop.py (nanoGPT style), eager / torch.compile, at
                                    --micro-batch; ``ref_compiled@16`` at micro-batch 16 (both accumulate to
                                    --global-batch when it is given)
+  ref_recipe                       the same loop trained as torchtitan's float8 docs say for one GPU
+                                   (reference_loop.py --recipe: torchao float8 tensorwise on every decoder Linear,
+                                   each block compiled apart); ``ref_recipe@24`` at micro-batch 24
   wb_eager                         python -m workbench.train, eager
   wb_eager_notiming                the same with metrics.phase_timing=false (instrumentation overhead)
   wb_compiled                      compile=default
@@ -35,6 +38,10 @@ bucket width, packing): they compare production configurations, with the same sy
 and the same measurement (``--steps`` after ``--warmup``). The other variants pin micro-batch
 and full records to match the reference loop exactly. A variant that runs over ``--timeout`` is
 killed and recorded as failed (returncode 124); the others still run.
+
+The ratios printed last divide every variant by each reference of ``--reference`` (default: the compiled loop and
+the recipe): a reference names a family (``ref_recipe`` covers ``ref_recipe@8``, ``ref_recipe@16``, ...), and the
+table divides by its member with the highest median, the reference at its best micro-batch.
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ WB_SETS = {
 LAUNCH_KEYS = ("launch_calls_per_step", "launch_call_ms_per_step", "device_busy_ms_per_step",
                "device_idle_ms_per_step")
 """The ``profile/*`` keys of ``launch_overhead`` a ``--launch-profile`` run adds to its variant's row."""
+REF_KINDS = ("ref_eager", "ref_compiled", "ref_recipe")  # reference_loop.py: eager, --compile, --recipe
 AS_IS = ("wb_default", "wb_base", "wb_config", "wb_alt")  # configurations run with their own data settings
 METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
            "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss", "time/compile_s",
@@ -84,6 +92,8 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
             cmd += ["--global-batch", str(a.global_batch)]
         if kind == "ref_compiled":
             cmd.append("--compile")
+        elif kind == "ref_recipe":
+            cmd.append("--recipe")
     elif name in AS_IS:
         sets = [f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
                 f"training.log_every={a.log_every}"]
@@ -156,15 +166,17 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--wb-alt-set", action="append", default=[], metavar="KEY=VALUE",
                    help="override for the wb_alt variant only, after --wb-config-set (repeatable)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step of the ref_* variants")
-    p.add_argument("--reference", default="ref_compiled", help="variant the ratios table divides by")
+    p.add_argument("--reference", default="ref_compiled,ref_recipe",
+                   help="comma-separated references the ratio tables divide by; a family name (ref_recipe) takes "
+                        "its member with the highest median (ref_recipe@16)")
     p.add_argument("--launch-profile", type=int, default=0, metavar="N",
                    help="after each workbench variant, a run of its own tracing N steps after the warm-up: "
                         "the launch calls, their host time and the device idle time per step (workbench.train.profiling)")
     a = p.parse_args(argv)
     unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
-               and v.partition("@")[0] not in ("ref_eager", "ref_compiled")]
+               and v.partition("@")[0] not in REF_KINDS]
     if unknown:
-        p.error(f"unknown variants {unknown}; known: ref_eager, ref_compiled, {', '.join([*WB_SETS, *AS_IS])}")
+        p.error(f"unknown variants {unknown}; known: {', '.join([*REF_KINDS, *WB_SETS, *AS_IS])}")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ver = versions(("gpu", "torch", "triton", "cuda", "python"))
@@ -214,20 +226,35 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{ver}\n{config}")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:,.4g}".format):
         print(wide[cols].rename(columns=lambda c: c.split("/")[-1]))
-    print(ratio_table(df, a.reference))
+    for reference in a.reference.split(","):
+        print(ratio_table(df, reference))
+
+
+def best_of_family(tok, reference: str) -> str | None:
+    """The variant ``reference`` names: itself where it is one of a run's variants (``ref_recipe@16``), else the
+    member of its family (``ref_recipe``, ``ref_recipe@8``, ...) with the highest median real tokens/s."""
+    names = list(dict.fromkeys(tok["variant"]))
+    if reference in names and "@" in reference:
+        return reference
+    family = [n for n in names if n == reference or n.startswith(reference + "@")]
+    if not family:
+        return None
+    return max(family, key=lambda n: tok[tok["variant"] == n]["value"].median())
 
 
 def ratio_table(df, reference: str) -> str:
-    """Each variant's real tokens/s over the reference's, repeat by repeat (repeat i of a variant against repeat i
-    of the reference, else the reference's median), with the median and, from two pairs on, the 95% t-interval of
-    the ratio (workbench.tune.stats.speedup_interval)."""
+    """Each variant's real tokens/s over the reference's (``best_of_family``), repeat by repeat (repeat i of a
+    variant against repeat i of the reference, else the reference's median), with the median and, from two pairs
+    on, the 95% t-interval of the ratio (workbench.tune.stats.speedup_interval)."""
     from workbench.tune.stats import speedup_interval
 
     tok = df[df["metric"] == "throughput/real_tokens_per_s_per_gpu"]
-    ref = tok[tok["variant"] == reference].sort_values("repeat")["value"].tolist()
-    if not ref:
+    chosen = best_of_family(tok, reference)
+    if chosen is None:
         return f"no {reference} run to divide by"
-    lines = [f"real tokens/s over {reference} (median {statistics.median(ref):,.0f}):"]
+    ref = tok[tok["variant"] == chosen].sort_values("repeat")["value"].tolist()
+    best = f" (its best micro-batch of this run)" if chosen != reference else ""
+    lines = [f"real tokens/s over {chosen}{best} (median {statistics.median(ref):,.0f}):"]
     for name, g in tok.groupby("variant", sort=False):
         vals = g.sort_values("repeat")["value"].tolist()
         ratios = [v / (ref[i] if i < len(ref) else statistics.median(ref)) for i, v in enumerate(vals)]

@@ -5,11 +5,17 @@ buckets. Batches are random windows of a flat uint16 token file (nanoGPT's
 ``get_batch``: np.memmap, pinned, non-blocking copy), the model is
 ``workbench.train.model.Llama`` with the torch ops, AdamW is fused, attention is SDPA,
 bf16 autocast; optionally ``torch.compile`` of the model's loss. With ``--global-batch G`` an optimizer step
-accumulates G / micro-batch micro-batches, as the workbench's loop does for the same global batch, so both
-take the same optimizer steps per token.
+accumulates micro-batches up to G sequences, as the workbench's loop does for the same global batch, so both
+take the same optimizer steps per token (where the micro-batch does not divide G, the last one is smaller:
+24 + 8 for G = 32).
+
+``--recipe`` trains the model the way torchtitan's float8 docs tell a user to on one GPU: torchao's
+``convert_to_float8_training`` with the ``tensorwise`` recipe on every decoder Linear (the LM head stays
+bf16, as torchtitan's ``filter_fqns=["output"]`` leaves it), then each decoder block compiled on its own
+(torchtitan's per-block ``torch.compile``) and the loss compiled apart.
 
     python benchmarks/reference_loop.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 \
-        --global-batch 32 --steps 40 --warmup 10 [--compile] --json out.json
+        --global-batch 32 --steps 40 --warmup 10 [--compile | --recipe] --json out.json
 
 Every token of a window is a real token (no padding), so its tokens/s is
 directly comparable with the workbench's real tokens/s.
@@ -33,6 +39,31 @@ from workbench.train.flops import flops_per_token, peak_tflops  # noqa: E402
 from workbench.train.model import Llama, get_preset  # noqa: E402
 
 
+def apply_recipe(model: Llama) -> list[str]:
+    """torchtitan's single-GPU FP8 recipe on ``model`` in place; returns the converted Linears.
+
+    torchao float8 ``tensorwise`` on every Linear but the LM head (torchtitan's ``filter_fqns=["output"]``; here
+    the head is read by the loss, not called as a Linear), then each decoder block compiled on its own
+    (``apply_compile``: ``fullgraph=True``) and the loss after the blocks compiled apart. On the CPU torchao
+    emulates the FP8 matmuls (the numbers are FP8's, the speed is not)."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    converted: list[str] = []
+
+    def keep(module: torch.nn.Module, fqn: str) -> bool:
+        ok = isinstance(module, torch.nn.Linear) and fqn != "lm_head"
+        if ok:
+            converted.append(fqn)
+        return ok
+
+    convert_to_float8_training(model, module_filter_fn=keep,
+                               config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    for block in model.layers:
+        block.compile(fullgraph=True)
+    model.head_loss = torch.compile(model.head_loss)
+    return converted
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="gr00t-n1.6")
@@ -41,7 +72,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--compile", action="store_true")
+    p.add_argument("--compile", action="store_true", help="torch.compile of the model's loss")
+    p.add_argument("--recipe", action="store_true",
+                   help="torchtitan's single-GPU FP8 recipe: torchao float8 tensorwise + per-block compile")
     p.add_argument("--data", default="/tmp/reference_tokens.bin")
     p.add_argument("--json")
     a = p.parse_args(argv)
@@ -56,12 +89,16 @@ def main(argv: list[str] | None = None) -> dict:
     data = np.memmap(data_path, dtype=np.uint16, mode="r")
     B, T = a.micro_batch, a.seq_len
     G = a.global_batch or B
-    if G % B:
-        p.error(f"--global-batch {G} is not a multiple of --micro-batch {B}")
-    accum = G // B
+    if G < B:
+        p.error(f"--global-batch {G} is smaller than --micro-batch {B}")
+    if a.compile and a.recipe:
+        p.error("--compile and --recipe are two references; pass one")
+    sizes = [B] * (G // B) + ([G % B] if G % B else [])  # micro-batches of one optimizer step
 
-    def get_batch():  # nanoGPT: random windows, pinned, non_blocking
-        ix = np.random.randint(0, len(data) - T - 1, B)
+    rng = np.random.default_rng(0)  # the same windows in every run: variants see the same data
+
+    def get_batch(b: int):  # nanoGPT: random windows, pinned, non_blocking
+        ix = rng.integers(0, len(data) - T - 1, b)
         x = torch.from_numpy(np.stack([data[i:i + T].astype(np.int64) for i in ix]))
         if device.type == "cuda":
             return x.pin_memory().to(device, non_blocking=True)
@@ -70,28 +107,36 @@ def main(argv: list[str] | None = None) -> dict:
     model = Llama(args).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
-    pos = torch.arange(T, device=device).expand(B, T)
-    mask = torch.ones(B, T, dtype=torch.bool, device=device)
-    loss_fn = torch.compile(model.loss) if a.compile else model.loss
+    pos = {b: torch.arange(T, device=device).expand(b, T) for b in set(sizes)}
+    mask = {b: torch.ones(b, T, dtype=torch.bool, device=device) for b in set(sizes)}
+    loss_fn = model.loss
+    fp8_linears: list[str] = []
+    if a.compile:
+        loss_fn = torch.compile(model.loss)
+    elif a.recipe:
+        fp8_linears = apply_recipe(model)
     amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
+    denom = G * (T - 1)  # every target of the step counts once: micro-batches of unequal size weigh by tokens
 
     def step(x):
-        for i in range(accum):  # the next micro-batch's copy is issued before this one's compute
-            nxt = get_batch() if i < accum - 1 else None
+        total = 0.0
+        for i, b in enumerate(sizes):  # the next micro-batch's copy is issued before this one's compute
+            nxt = get_batch(sizes[i + 1]) if i < len(sizes) - 1 else None
             with amp:
-                loss_sum, n = loss_fn(x, pos, mask)
-                loss = loss_sum / n / accum
+                loss_sum, n = loss_fn(x, pos[b], mask[b])
+                loss = loss_sum / denom
             loss.backward()
+            total = total + loss.detach()
             x = nxt if nxt is not None else x
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss * accum
+        return total
 
-    x = get_batch()
+    x = get_batch(sizes[0])
     for _ in range(a.warmup):
         step(x)
-        x = get_batch()
+        x = get_batch(sizes[0])
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -106,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             stamps.append(time.perf_counter())
         loss = step(x)
-        x = get_batch()
+        x = get_batch(sizes[0])
     if cuda:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
@@ -121,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = peak_tflops(name)
     out = {
-        "variant": "reference_compiled" if a.compile else "reference_eager",
+        "variant": "reference_recipe" if a.recipe else "reference_compiled" if a.compile else "reference_eager",
         "throughput/real_tokens_per_s_per_gpu": tok_s,
         "throughput/padded_tokens_per_s_per_gpu": tok_s,  # no padding in random windows
         "mfu_pct": 100 * tok_s * flops_per_token(args, T) / (peak * 1e12) if peak else None,
@@ -133,8 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
         "memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
         else None,
         "last_loss": float(loss.detach()),
-        "steps": a.steps, "micro_batch": B, "global_batch": G, "grad_accum_steps": accum, "seq_len": T,
-        "gpu_name": name,
+        "steps": a.steps, "micro_batch": B, "global_batch": G, "grad_accum_steps": len(sizes), "seq_len": T,
+        "gpu_name": name, "fp8_linears": len(fp8_linears),
     }
     print(json.dumps(out))
     if a.json:

@@ -77,3 +77,23 @@ def test_reference_accumulates_to_the_global_batch_and_ratios_are_printed(tmp_pa
     step_tokens = accum["throughput/real_tokens_per_s_per_gpu"] * accum["time/step_s"]
     assert abs(step_tokens - 4 * 128) < 1e-6 * step_tokens  # G x T tokens per optimizer step
     assert "real tokens/s over ref_eager" in r.stdout and "ref_eager@4" in r.stdout.split("over ref_eager")[1]
+
+
+def test_ref_recipe_runs_fp8_emulated_and_ratios_name_both_references(tmp_path):
+    """ref_recipe (torchtitan's one-GPU float8 recipe: torchao tensorwise on every decoder Linear, each block
+    compiled apart) runs on the CPU with torchao emulating FP8, accumulates 3 + 1 sequences to a global batch of
+    4, and the ratios are printed over each reference; its loss on the same windows is FP8's, near the eager one."""
+    out = tmp_path / "lb"
+    r = loop_bench("--preset", "tiny", "--seq-len", "64", "--micro-batch", "3", "--global-batch", "4", "--steps",
+                   "2", "--warmup", "0", "--variants", "ref_eager,ref_recipe", "--reference", "ref_eager,ref_recipe",
+                   "--out", str(out), timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    eager = json.loads((out / "ref_eager-0" / "summary.json").read_text())
+    recipe = json.loads((out / "ref_recipe-0" / "summary.json").read_text())
+    assert recipe["fp8_linears"] == 4 * 7 and eager["fp8_linears"] == 0  # q, k, v, o, gate, up, down of 4 blocks
+    assert (recipe["micro_batch"], recipe["global_batch"], recipe["grad_accum_steps"]) == (3, 4, 2)
+    step_tokens = recipe["throughput/real_tokens_per_s_per_gpu"] * recipe["time/step_s"]
+    assert abs(step_tokens - 4 * 64) < 1e-6 * step_tokens
+    assert recipe["last_loss"] != eager["last_loss"]
+    assert abs(recipe["last_loss"] - eager["last_loss"]) < 0.02 * eager["last_loss"]
+    assert "over ref_eager (median" in r.stdout and "over ref_recipe (median" in r.stdout
