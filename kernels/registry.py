@@ -145,7 +145,8 @@ class LaunchSpace:
     kernel: str
     """Kernel name: the key under ``loongforge.compute_domain.kernels``."""
     op: str
-    """The ``workbench.train.ops`` op it implements."""
+    """The ``workbench.train.ops`` op it implements (``fp8_linear``: the FP8 Linears of
+    ``loongforge.compute_domain.fp8_cast: triton``, which are no op of the switch)."""
     dims: tuple[str, ...]
     """Named dims of the shape it is launched at (e.g. rows, hidden)."""
     params: tuple[LaunchParam, ...]
@@ -471,7 +472,58 @@ FUSED_LINEAR_CE = LaunchSpace(
     joint=_ce_joint,
 )
 
-LAUNCH_SPACES: dict[str, LaunchSpace] = {s.kernel: s for s in (RMSNORM, SWIGLU, ROPE, FUSED_LINEAR_CE)}
+# ---- FP8 tensorwise casts (kernels/fp8_cast.py): the amax, a persistent grid-stride reduction; then one pass that
+# scales, casts and stores each tile row-major and transposed
+
+
+def _amax_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
+    if "block_size" in p and "num_warps" in p:
+        why = _per_thread(p["block_size"], p["num_warps"])
+        if why:
+            return [("block_size", why)]
+    return []
+
+
+FP8_AMAX = LaunchSpace(
+    kernel="fp8_amax", op="fp8_linear", dims=("numel",),
+    doc="max |x| of a tensor, for its FP8 tensorwise scale: persistent programs, each a grid-stride loop of "
+        "blocks, then one atomic max each.",
+    params=(
+        LaunchParam(**_NUM_WARPS, candidates=lambda s: (4, 8, 16), default=lambda s: 8),
+        # 8 bf16 elements a thread and step: one 16-byte load
+        LaunchParam(name="block_size", doc="elements per loop step of a program", check=_pow2_between(256, 1 << 16),
+                    candidates=lambda s: (1024, 2048, 4096, 8192), default=lambda s: 2048),
+        LaunchParam(name="programs_per_sm", doc="persistent programs per SM", check=_between(1, 32),
+                    candidates=lambda s: (2, 4, 8, 16), default=lambda s: 4),
+    ),
+    joint=_amax_joint,
+)
+
+
+def _cast_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
+    if "block_m" in p and "block_n" in p and "num_warps" in p:
+        why = _per_thread(p["block_m"] * p["block_n"], p["num_warps"])
+        if why:
+            return [("block_m", f"with block_n={p['block_n']} and num_warps={p['num_warps']} {why}")]
+    return []
+
+
+FP8_CAST = LaunchSpace(
+    kernel="fp8_cast", op="fp8_linear", dims=("rows", "cols"),
+    doc="x * scale cast to FP8 and stored twice, row-major and transposed, from one read of each "
+        "block_m x block_n tile (no loop: num_stages does not apply).",
+    params=(
+        LaunchParam(**_NUM_WARPS, candidates=lambda s: (4, 8), default=lambda s: 4),
+        LaunchParam(name="block_m", doc="rows per tile", check=_pow2_between(16, 256),
+                    candidates=lambda s: (32, 64, 128), default=lambda s: 64),
+        LaunchParam(name="block_n", doc="columns per tile", check=_pow2_between(16, 256),
+                    candidates=lambda s: (32, 64, 128), default=lambda s: 64),
+    ),
+    joint=_cast_joint,
+)
+
+LAUNCH_SPACES: dict[str, LaunchSpace] = {s.kernel: s for s in (RMSNORM, SWIGLU, ROPE, FUSED_LINEAR_CE, FP8_AMAX,
+                                                               FP8_CAST)}
 """Kernel name -> its launch space."""
 
 

@@ -66,7 +66,7 @@ def test_the_tiny_model_trains_the_same_with_triton_ops(gen):
     torch.testing.assert_close(triton_losses, torch_losses, rtol=1e-4, atol=0)
     torch.testing.assert_close(fused_losses, torch_losses, rtol=1e-4, atol=0)
     assert run("torch", fused=True) == torch_losses  # the torch reference of the fused add: the same add and norm
-    assert {r["kernel"] for r in record} == set(registry.LAUNCH_SPACES)  # every kernel ran, params recorded
+    assert {r["kernel"] for r in record} == set(registry.KERNEL_OF_OP.values())  # every op's kernel ran, recorded
     assert all(r["num_warps"] == launch[r["kernel"]].get("num_warps", r["num_warps"]) for r in record)
 
 

@@ -38,6 +38,8 @@ GR00T_SHAPES = {  # gr00t-n1.6 at micro-batch 8 x 2,048 (the benchmark's shapes)
     "swiglu": {"numel": 16384 * 5632},
     "rope": {"tokens": 16384, "q_heads": 32, "k_heads": 32, "head_dim": 64},
     "fused_linear_ce": {"rows": 8 * 2047, "hidden": 2048, "vocab": 50257},
+    "fp8_amax": {"numel": 16384 * 5632},
+    "fp8_cast": {"rows": 16384, "cols": 5632},
 }
 
 
@@ -46,6 +48,8 @@ HIDDEN_4096_SHAPES = {  # the benchmark's larger shapes
     "swiglu": {"numel": 16384 * 11008},
     "rope": {"tokens": 16384, "q_heads": 32, "k_heads": 8, "head_dim": 128},
     "fused_linear_ce": {"rows": 8 * 2047, "hidden": 4096, "vocab": 50257},
+    "fp8_amax": {"numel": 16384 * 11008},
+    "fp8_cast": {"rows": 16384, "cols": 11008},
 }
 
 
@@ -140,7 +144,13 @@ def test_kernel_knobs_mirror_the_launch_spaces():
         registry.configure(cfg.loongforge.compute_domain.kernels)
     names = [k.name for k in KNOBS if ".kernels." in k.key]
     kept, dropped = drop_unsupported(names + ["triton_fusion", "loss_backend"], set())
-    assert kept == [] and {d.reason for d in dropped} == {"needs cuda"}  # left out on a CPU host
+    assert kept == []  # left out on a CPU host: the op kernels' knobs need CUDA, the FP8 casts' an FP8 GPU too
+    assert {d.reason for d in dropped} == {"needs cuda", "needs cuda and an FP8 GPU (compute capability 8.9+) and "
+                                                         "torchao"}
+    cast = get_knob("fp8_cast_block_m")
+    assert cast.active({"fp8": "tensorwise", "fp8_cast": "triton"})
+    assert not cast.active({"fp8": "tensorwise", "fp8_cast": "torchao"}) and not cast.active({"fp8": "none"})
+    assert get_knob("fp8_cast").active({"fp8": "tensorwise"}) and not get_knob("fp8_cast").active({"fp8": "rowwise"})
     k = get_knob("fused_linear_ce_chunk_size")
     assert k.key == "loongforge.compute_domain.kernels.fused_linear_ce.chunk_size" and k.kind == "int"
     assert not k.active({"triton_fusion": False, "loss_backend": "torch", "rmsnorm_backend": "triton"})
