@@ -360,10 +360,17 @@ class ComputeDomainConfig:
     numerics, so the tuner checks its loss against the base config's."""
     fp8_modules: Fp8ModulesConfig = field(default_factory=Fp8ModulesConfig)
     """Which Linears FP8 converts."""
+    fp8_cast: Literal["torchao", "triton"] = "torchao"
+    """Who casts to FP8 under fp8: tensorwise: torchao's Float8Linear, or the project's Triton kernels
+    (kernels/fp8_cast.py: one amax read, one pass writing both layouts, a shared input cast once; torchao's
+    numerics, launch parameters under kernels.fp8_amax and kernels.fp8_cast). CUDA only."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
         _check_kernel_launch(self.kernels)
+        if self.fp8_cast == "triton" and self.fp8 != "tensorwise":
+            raise ConfigError(f"got 'triton' with fp8: {self.fp8!r}; the Triton casts implement the tensorwise recipe "
+                              "only: set fp8: tensorwise or fp8_cast: torchao", key="fp8_cast")
         if isinstance(self.graph_capture, bool):  # the switch's older form
             self.graph_capture = "fwd_bwd+optimizer" if self.graph_capture else "none"
         if self.captures and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:

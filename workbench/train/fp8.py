@@ -11,6 +11,13 @@ The LM head is not called as a Linear here (the loss op reads its weight, fused 
 so a pattern that selects it is refused, with the vocabulary's multiple-of-16 rule named
 where that is what fails first.
 
+``loongforge.compute_domain.fp8_cast: triton`` (tensorwise only) keeps torchao's numerics but makes the casts
+the project's own (``kernels.fp8_cast``): the selected Linears become ``workbench.train.fp8_linear.Fp8Linear``, whose matmuls are
+``torch._scaled_mm`` on operands cast by one amax read and one pass that writes each FP8 tensor both row-major and
+transposed (torchao reads a tensor again for each layout, and casts the input again in the backward). Linears that
+share an input (q/k/v, gate/up: ``workbench.train.model.project``) cast it once, and the backward keeps the FP8
+copies, not the bf16 input.
+
 Where FP8 cannot run, the config is refused with a ``ConfigError`` (``invalid_config``):
 torchao missing, or a CUDA device before compute capability 8.9. On the CPU torchao
 emulates the FP8 matmuls (``torch._scaled_mm``): the numbers are FP8's, the speed is not;
@@ -96,5 +103,21 @@ def convert_to_fp8(model, cd: ComputeDomainConfig, device_type: str, device_inde
             f"got {cd.fp8!r}, but no Linear matches fp8_modules (include {mods.include}, exclude {mods.exclude}"
             + (", torchao's size thresholds" if mods.size_filter else "") + "); widen include, or set "
             "fp8_modules.size_filter: false for small models", key=_KEY)
-    convert_to_float8_training(model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cd.fp8))
+    if cd.fp8_cast == "triton":
+        _use_triton_casts(model, chosen, device_type)
+    else:
+        convert_to_float8_training(model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cd.fp8))
     return chosen
+
+
+def _use_triton_casts(model, chosen: list[str], device_type: str) -> None:
+    """Turn the Linears named ``chosen`` into ``Fp8Linear`` in place (the same parameter tensors)."""
+    from kernels import fp8_cast as kernels_fp8
+    from workbench.train.fp8_linear import Fp8Linear
+
+    if device_type != "cuda" and not kernels_fp8.INTERPRETED:
+        raise ConfigError("got 'triton', but the Triton casts run on CUDA (the CPU only under TRITON_INTERPRET=1); "
+                          "set fp8_cast: torchao", key="loongforge.compute_domain.fp8_cast")
+    modules = dict(model.named_modules())
+    for name in chosen:
+        modules[name].__class__ = Fp8Linear  # a Linear subclass with no state of its own

@@ -344,6 +344,17 @@ def causal_attention(
     return F.scaled_dot_product_attention(q_BHTd, k_BHTd, v_BHTd, is_causal=True)
 
 
+def project(x_BTD: torch.Tensor, linears: tuple[nn.Linear, ...]) -> tuple[torch.Tensor, ...]:
+    """``x`` through each Linear of ``linears``, which share it as input (q/k/v, gate/up). Where they are all of one
+    class with a ``project`` method (``workbench.train.fp8.Fp8Linear``: FP8 with its own casts), that class takes
+    them together and casts ``x`` once for all of them."""
+    cls = type(linears[0])
+    together = getattr(cls, "project", None)
+    if together is not None and all(type(m) is cls for m in linears):
+        return together(x_BTD, linears)
+    return tuple(m(x_BTD) for m in linears)
+
+
 class Attention(nn.Module):
     """Grouped-query self-attention with RoPE; q/k/v and o biases as the args say."""
 
@@ -360,9 +371,10 @@ class Attention(nn.Module):
     def forward(self, x_BTD: torch.Tensor, cos_BTd: torch.Tensor, sin_BTd: torch.Tensor) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, K, d = self.n_heads, self.n_kv_heads, self.head_dim
-        q_BHTd = self.q_proj(x_BTD).view(B, T, H, d).transpose(1, 2)
-        k_BKTd = self.k_proj(x_BTD).view(B, T, K, d).transpose(1, 2)
-        v_BKTd = self.v_proj(x_BTD).view(B, T, K, d).transpose(1, 2)
+        q_BTHd, k_BTKd, v_BTKd = project(x_BTD, (self.q_proj, self.k_proj, self.v_proj))
+        q_BHTd = q_BTHd.view(B, T, H, d).transpose(1, 2)
+        k_BKTd = k_BTKd.view(B, T, K, d).transpose(1, 2)
+        v_BKTd = v_BTKd.view(B, T, K, d).transpose(1, 2)
         q_BHTd, k_BKTd = self.ops.rope(q_BHTd, k_BKTd, cos_BTd, sin_BTd)
         o_BHTd = causal_attention(q_BHTd, k_BKTd, v_BKTd)
         return self.o_proj(o_BHTd.transpose(1, 2).reshape(B, T, H * d))
@@ -380,7 +392,8 @@ class MLP(nn.Module):
         self.ops = ops
 
     def forward(self, x_BTD: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.ops.swiglu(self.gate_proj(x_BTD), self.up_proj(x_BTD)))
+        gate_BTF, up_BTF = project(x_BTD, (self.gate_proj, self.up_proj))
+        return self.down_proj(self.ops.swiglu(gate_BTF, up_BTF))
 
 
 class Block(nn.Module):

@@ -131,6 +131,16 @@ def _kernel_knob(kernel: str, op: str, param: str, doc: str) -> Knob:
                 requires=_CUDA, condition=functools.partial(_op_uses_triton, op), doc=f"{kernel} kernel: {doc}")
 
 
+_FP8_CUDA = frozenset({"fp8", "cuda"})
+
+
+def _fp8_kernel_knob(kernel: str, param: str, doc: str) -> Knob:
+    """A launch parameter of an FP8 cast kernel: searched only while the Triton casts run."""
+    return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
+                requires=_FP8_CUDA, condition=lambda v: v.get("fp8") == "tensorwise" and v.get("fp8_cast") == "triton",
+                doc=f"{kernel} kernel: {doc}")
+
+
 # Declaration order is sampling order: a conditional knob comes after the knobs its condition reads.
 KNOBS: tuple[Knob, ...] = (
     # IO domain and batching
@@ -159,6 +169,10 @@ KNOBS: tuple[Knob, ...] = (
          doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket"),
     Knob(name="fp8", key="loongforge.compute_domain.fp8", kind="categorical", requires=frozenset({"fp8"}),
          numerics=True, doc="FP8 training of the decoder Linears through torchao.float8 (recipe), or none"),
+    Knob(name="fp8_cast", key="loongforge.compute_domain.fp8_cast", kind="categorical", requires=_FP8_CUDA,
+         condition=lambda v: v.get("fp8") == "tensorwise", inactive="torchao", numerics=True,
+         doc="who casts to FP8 under the tensorwise recipe: torchao, or the project's Triton kernels (one read "
+             "for the amax, one pass writing both layouts, a shared input cast once)"),
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="categorical", requires=_CUDA,
          condition=_graph_capture_allowed, inactive="none",
          doc="CUDA graphs of the step by segment: none, fwd_bwd, fwd_bwd+optimizer (none when the compile mode "
@@ -198,6 +212,12 @@ KNOBS: tuple[Knob, ...] = (
     _kernel_knob("fused_linear_ce", "loss", "num_stages", "pipelining stages of the loop over the vocab"),
     _kernel_knob("fused_linear_ce", "loss", "block_v", "vocab entries per loop step"),
     _kernel_knob("fused_linear_ce", "loss", "chunk_size", "rows whose logits exist at once (memory vs matmul size)"),
+    _fp8_kernel_knob("fp8_amax", "num_warps", "warps per program of the amax"),
+    _fp8_kernel_knob("fp8_amax", "block_size", "elements per loop step of the amax"),
+    _fp8_kernel_knob("fp8_amax", "programs_per_sm", "persistent programs per SM of the amax"),
+    _fp8_kernel_knob("fp8_cast", "num_warps", "warps per program of the cast"),
+    _fp8_kernel_knob("fp8_cast", "block_m", "rows per tile of the cast"),
+    _fp8_kernel_knob("fp8_cast", "block_n", "columns per tile of the cast"),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
          requires=frozenset({"multi_gpu"}), doc="gradient all-reduce bucket size (MiB)"),

@@ -1,0 +1,105 @@
+"""FP8 Linears with the project's casts (``fp8_cast: triton``, workbench/train/fp8_linear.py) against torchao's
+``Float8Linear`` (tensorwise), which they must reproduce: the casts are bit-identical (test_fp8_cast.py) and the
+matmuls the same ``torch._scaled_mm`` calls, so outputs and weight gradients are equal exactly; the input's
+gradient is a sum over the Linears sharing it, formed in another order than autograd's (fp32 rounding only).
+On the CPU the kernels run under TRITON_INTERPRET=1 and torch emulates the FP8 matmuls."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+
+import pytest
+import torch
+from _kernel_testing import DEVICE, randn
+
+from workbench.config import ConfigError, merge_overrides, preset_config
+from workbench.train import ops
+from workbench.train.fp8 import convert_to_fp8
+from workbench.train.model import Llama, get_preset, project
+
+pytest.importorskip("torchao")
+from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
+
+from workbench.train.fp8_linear import Fp8Linear  # noqa: E402
+
+
+def _cd(**over):
+    base = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_cast": "triton",
+            "loongforge.compute_domain.fp8_modules.size_filter": False}
+    return merge_overrides(preset_config("tiny"), {**base, **over}).loongforge.compute_domain
+
+
+def test_shared_input_projections_match_torchao(gen):
+    """x through three Linears that share it (q/k/v): x cast once, three matmuls; forward, weight gradients
+    equal torchao's exactly, the input gradient to fp32 rounding of a 3-term sum."""
+    torch.manual_seed(0)
+    linears = [torch.nn.Linear(64, n, bias=False).to(DEVICE) for n in (64, 32, 32)]
+    ours = [copy.deepcopy(m) for m in linears]
+    for m in ours:
+        m.__class__ = Fp8Linear
+    ref = torch.nn.Sequential(*copy.deepcopy(linears))
+    convert_to_float8_training(ref, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    x = randn(gen, 2, 16, 64, scale=3.0)
+    up = [randn(gen, 2, 16, m.out_features) for m in linears]
+
+    x1 = x.clone().requires_grad_(True)
+    outs = project(x1, tuple(ours))
+    torch.autograd.backward(outs, up)
+    x2 = x.clone().requires_grad_(True)
+    ref_outs = [m(x2) for m in ref]
+    torch.autograd.backward(ref_outs, up)
+
+    for a, b in zip(outs, ref_outs):
+        assert torch.equal(a, b)
+    for a, b in zip(ours, ref):
+        assert torch.equal(a.weight.grad, b.weight.grad)
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-6, atol=1e-6)
+    # and FP8's own error is visible: the same Linears in fp32 differ by far more than that
+    exact = linears[0](x)
+    assert (outs[0] - exact).abs().max() > 1e-3 * exact.abs().max()
+
+
+def test_the_tiny_model_trains_as_with_torchao(gen):
+    """Three AdamW steps of a 2-block tiny model with every decoder Linear in FP8: the project's casts give the
+    losses torchao gives, to fp32 rounding (the input gradients' sums), and far from the fp32 losses' offset."""
+    args = dataclasses.replace(get_preset("tiny"), num_hidden_layers=2)
+    B, T = 2, 16  # B x T a multiple of 16, as FP8 matmuls need
+    ids = torch.randint(0, args.vocab_size, (B, T), generator=gen, device=DEVICE)
+    pos = torch.arange(T, device=DEVICE).repeat(B, 1)
+    mask = torch.ones(B, T, dtype=torch.bool, device=DEVICE)
+
+    def run(fp8_cast: str | None) -> list[float]:
+        torch.manual_seed(0)
+        model = Llama(args, ops.resolve({op: "torch" for op in ops.OP_NAMES})).to(DEVICE)
+        if fp8_cast is not None:
+            chosen = convert_to_fp8(model, _cd(**{"loongforge.compute_domain.fp8_cast": fp8_cast}), DEVICE.type)
+            assert len(chosen) == 2 * 7
+            kind = Fp8Linear if fp8_cast == "triton" else torch.nn.Linear
+            assert all(isinstance(model.get_submodule(n), kind) for n in chosen)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        losses = []
+        for _ in range(3):
+            loss_sum, n = model.loss(ids, pos, mask)
+            (loss_sum / n).backward()
+            opt.step()
+            opt.zero_grad()
+            losses.append((loss_sum / n).item())
+        return losses
+
+    ours, theirs, fp32 = run("triton"), run("torchao"), run(None)
+    assert ours == pytest.approx(theirs, rel=1e-5)
+    assert max(abs(a - b) for a, b in zip(ours, fp32)) > 1e-4  # the FP8 path did run
+
+
+def test_triton_casts_are_refused_off_tensorwise_and_without_the_interpreter(monkeypatch):
+    with pytest.raises(ConfigError, match=r"fp8_cast: got 'triton' with fp8: 'rowwise'; the Triton casts implement "
+                                          r"the tensorwise recipe only"):
+        _cd(**{"loongforge.compute_domain.fp8": "rowwise"})
+    from kernels import fp8_cast
+
+    monkeypatch.setattr(fp8_cast, "INTERPRETED", False)
+    model = Llama(dataclasses.replace(get_preset("tiny"), num_hidden_layers=1))
+    with pytest.raises(ConfigError, match=r"loongforge\.compute_domain\.fp8_cast: got 'triton', but the Triton casts "
+                                          r"run on CUDA"):
+        convert_to_fp8(model, _cd(), "cpu")

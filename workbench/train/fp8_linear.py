@@ -1,0 +1,74 @@
+"""The FP8 Linear of ``loongforge.compute_domain.fp8_cast: triton``: torchao's tensorwise numerics, the project's
+casts (``kernels.fp8_cast``). ``workbench.train.fp8.convert_to_fp8`` makes the selected Linears this class.
+
+Shape legend: M rows of the flattened input (B x T), K input features, N output features.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+__all__ = ["Fp8Linear"]
+
+
+class _Fp8Project(torch.autograd.Function):
+    """``y_i = x @ w_i.T`` for every weight, in FP8 tensorwise with torchao's numerics: e4m3 input and weights,
+    e5m2 output gradient, scales from each tensor's amax, fast accumulation in the forward's matmul only
+    (torchao's ``Float8LinearConfig()``). ``x`` is cast once for all the weights; the backward keeps the FP8
+    transposed copies of ``x`` and of each weight, and casts each output gradient once into both layouts."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, *weights: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        from kernels.fp8_cast import fp8_cast_transpose
+
+        lead, K = x.shape[:-1], x.shape[-1]
+        xq_MK, xq_KM, x_scale = fp8_cast_transpose(x.reshape(-1, K), torch.float8_e4m3fn)
+        outs, saved = [], [xq_KM, x_scale]
+        for w_NK in weights:
+            wq_NK, wq_KN, w_scale = fp8_cast_transpose(w_NK, torch.float8_e4m3fn)
+            # _scaled_mm takes A row-major and B column-major (wq_NK.t()), and the dequantising scales
+            y = torch._scaled_mm(xq_MK, wq_NK.t(), scale_a=x_scale.reciprocal(), scale_b=w_scale.reciprocal(),
+                                 out_dtype=x.dtype, use_fast_accum=True)
+            outs.append(y.view(*lead, -1))
+            saved += [wq_KN, w_scale]
+        ctx.save_for_backward(*saved)
+        ctx.x_shape = x.shape
+        ctx.w_dtypes = [w.dtype for w in weights]
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, *grads: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        from kernels.fp8_cast import fp8_cast_transpose
+
+        xq_KM, x_scale, *per_weight = ctx.saved_tensors
+        grad_x = None
+        grad_ws = []
+        for i, g in enumerate(grads):
+            wq_KN, w_scale = per_weight[2 * i], per_weight[2 * i + 1]
+            gq_MN, gq_NM, g_scale = fp8_cast_transpose(g.reshape(-1, g.shape[-1]), torch.float8_e5m2)
+            gx = torch._scaled_mm(gq_MN, wq_KN.t(), scale_a=g_scale.reciprocal(), scale_b=w_scale.reciprocal(),
+                                  out_dtype=g.dtype)
+            grad_x = gx if grad_x is None else grad_x + gx  # the sum autograd forms for a shared input
+            gw = torch._scaled_mm(gq_NM, xq_KM.t(), scale_a=g_scale.reciprocal(), scale_b=x_scale.reciprocal(),
+                                  out_dtype=g.dtype)
+            grad_ws.append(gw.to(ctx.w_dtypes[i]))
+        return (grad_x.view(ctx.x_shape), *grad_ws)
+
+
+class Fp8Linear(nn.Linear):
+    """A Linear trained in FP8 tensorwise through the project's casts (``fp8_cast: triton``): torchao's
+    ``Float8Linear`` numerics, as :class:`_Fp8Project` computes them. Under autocast the input is first cast to
+    autocast's dtype, as torchao does; the output has the input's dtype."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.project(x, (self,))[0]
+
+    @staticmethod
+    def project(x: torch.Tensor, linears: tuple[Fp8Linear, ...]) -> tuple[torch.Tensor, ...]:
+        """``x`` through every Linear of ``linears`` (which share it as input), ``x`` cast once."""
+        dev = x.device.type
+        if torch.is_autocast_enabled(dev):
+            x = x.to(torch.get_autocast_dtype(dev))
+        outs = _Fp8Project.apply(x, *(m.weight for m in linears))
+        return tuple(y if m.bias is None else y + m.bias.to(y.dtype) for y, m in zip(outs, linears))
