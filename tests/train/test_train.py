@@ -317,6 +317,7 @@ def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, sc
 def test_an_unwritable_out_is_one_line_and_debug_adds_the_traceback(tmp_path, subprocess_env):
     (tmp_path / "afile").write_text("x")
     cmd = [sys.executable, "-m", "workbench.train", "--preset", "tiny", "--synthetic", "--steps", "2", "-q",
+           "--no-prometheus",  # :9091 may be another test's: its "cannot serve" line is not this test's subject
            "--out", str(tmp_path / "afile" / "out")]
     env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
     r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
