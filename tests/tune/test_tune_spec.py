@@ -41,7 +41,8 @@ def test_builtins_load_and_make_valid_trial_configs():
     assert base.loongforge.compute_domain.compile == "default" and base.loongforge.compute_domain.compile_scope \
         == "layer" and base.data.packing == "fill" and base.effective_global_batch_size() == 32
     assert gr.space["micro_batch_size"].choices == [8, 16, 32]
-    assert {"fp8", "activation_checkpointing", "packing", "loss_backend", "expandable_segments"} <= set(gr.space)
+    assert {"fp8", "fp8_cast", "activation_checkpointing", "packing", "loss_backend",
+            "expandable_segments"} <= set(gr.space)
     # the seeds: the plain compiled loop (the base itself) and the hand-picked FP8 config, every knob pinned
     assert gr.export_config(gr.seed_params(0)) == gr.export_config({})
     hand = gr.trial_config(gr.seed_params(1))
@@ -52,7 +53,7 @@ def test_builtins_load_and_make_valid_trial_configs():
     cfg = gr.trial_config({"activation_checkpointing": "selective", "activation_checkpointing_every": 4})
     assert cfg.training.activation_checkpointing_every == 4
     bf16 = load_study_spec("gr00t-n1.6-bf16")
-    assert "fp8" not in bf16.space and set(bf16.space) == set(gr.space) - {"fp8"}
+    assert "fp8" not in bf16.space and set(bf16.space) == set(gr.space) - {"fp8", "fp8_cast"}
 
 
 def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):

@@ -363,12 +363,13 @@ class ComputeDomainConfig:
     fp8_cast: Literal["torchao", "triton"] = "torchao"
     """Who casts to FP8 under fp8: tensorwise: torchao's Float8Linear, or the project's Triton kernels
     (kernels/fp8_cast.py: one amax read, one pass writing both layouts, a shared input cast once; torchao's
-    numerics, launch parameters under kernels.fp8_amax and kernels.fp8_cast). CUDA only."""
+    numerics, launch parameters under kernels.fp8_amax and kernels.fp8_cast). CUDA only; with fp8: none it has
+    nothing to cast."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
         _check_kernel_launch(self.kernels)
-        if self.fp8_cast == "triton" and self.fp8 != "tensorwise":
+        if self.fp8_cast == "triton" and self.fp8 not in ("none", "tensorwise"):  # with none: nothing to cast
             raise ConfigError(f"got 'triton' with fp8: {self.fp8!r}; the Triton casts implement the tensorwise recipe "
                               "only: set fp8: tensorwise or fp8_cast: torchao", key="fp8_cast")
         if isinstance(self.graph_capture, bool):  # the switch's older form
