@@ -69,6 +69,27 @@ def test_a_damaged_study_db_is_named(tmp_path, subprocess_env, study_spec_file, 
     assert line.startswith(f"error: {db}: the study storage cannot be used (") and "move it aside" in line
 
 
+@pytest.mark.parametrize("version, advice", [("v2.4.0.a", "run `optuna storage upgrade"),
+                                             ("v99.0.0.z", "use the newer optuna that wrote it")])
+def test_a_study_db_of_another_optuna_schema_is_one_line(tmp_path, subprocess_env, study_spec_file, version, advice):
+    """Issue 39: a study.db whose table schema is older or newer than this optuna's was a RuntimeError traceback.
+    One line names the storage (the study's own file, under a spec file of another name) and what to do, exit 2."""
+    from workbench.tune.storage import make_storage
+
+    spec = study_spec_file("v", trials=1).rename(tmp_path / "other-name.yaml")
+    db = tmp_path / "runs" / "v" / "study.db"
+    db.parent.mkdir(parents=True)
+    make_storage(f"sqlite:///{db}").engine.dispose()  # a current schema, then stamped as another version's
+    con = sqlite3.connect(db)
+    con.execute("UPDATE alembic_version SET version_num = ?", (version,))
+    con.commit()
+    con.close()
+    r = _tune(tmp_path, subprocess_env, "--study", str(spec))
+    assert r.returncode == 2, r.stderr[-2000:]
+    line = _one_line(r.stderr)
+    assert line.startswith(f"error: --storage: sqlite:///{db}: The runtime optuna version") and advice in line, line
+
+
 def test_trials_folder_lost_mid_study(tmp_path, subprocess_env, study_spec_file):
     """The trials/ folder is replaced by a file while the study runs: the tuner stops with one line naming the
     path, and the trial it was starting is FAIL (interrupted: re-run on resume), not RUNNING."""

@@ -251,6 +251,17 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _study_name_of(args: argparse.Namespace) -> str:
+    """The name the study's folder has: --study-name, else the spec's ``name`` (a spec file's name need not be its
+    file's stem), else what --study says."""
+    if args.study_name:
+        return args.study_name
+    try:
+        return _stored_name(args) or load_study_spec(args.study or DEFAULT_STUDY).name
+    except (ConfigError, OSError, ValueError):
+        return Path(args.study).stem if args.study else DEFAULT_STUDY
+
+
 def _environment_error(e: BaseException, args: argparse.Namespace) -> str:
     """One line for a filesystem or storage fault: the path or database, what went wrong, what to do."""
     if isinstance(e, DiskError):  # its message names the file and what to do
@@ -264,8 +275,7 @@ def _environment_error(e: BaseException, args: argparse.Namespace) -> str:
     if args.storage:
         where = mask_url(normalize_storage_url(args.storage))
     else:
-        name = args.study_name or (Path(args.study).stem if args.study else DEFAULT_STUDY)
-        where = str(Path(args.out).resolve() / name / "study.db")
+        where = str(Path(args.out).resolve() / _study_name_of(args) / "study.db")
     return (f"{where}: the study storage cannot be used ({reason}); if it is damaged, move it aside and start "
             f"the study again, or give another --out / --storage (rerun with --debug for the traceback)")
 

@@ -51,9 +51,10 @@ def normalize_storage_url(url: str) -> str:
 
 def mask_url(url: str) -> str:
     """``url`` with its password shown as ``***`` (``postgresql://user:***@host/db``): the one form of a storage URL
-    that is printed or written down. Everything between ``://user:`` and the last ``@`` before the path is the
-    password (an unquoted ``@`` in it included), and so is a ``password=`` query value."""
-    shown = re.sub(r"(://[^:/@]*:)[^/]*@", r"\1***@", url)
+    that is printed or written down. Everything between ``://user:`` and the last ``@`` of the URL is the password
+    (an unquoted ``@`` or ``/`` in it included: SQLAlchemy reads both so; a ``@`` further on hides more, never
+    less), and so is a ``password=`` query value."""
+    shown = re.sub(r"(://[^:/@]*:).*@", r"\1***@", url)
     return re.sub(r"(?i)(password=)[^&;]*", r"\1***", shown)
 
 
@@ -102,6 +103,13 @@ def make_storage(url: str) -> optuna.storages.RDBStorage:
                 return optuna.storages.RDBStorage(url, engine_kwargs=engine_kwargs,
                                                   heartbeat_interval=HEARTBEAT_INTERVAL_S,
                                                   grace_period=HEARTBEAT_GRACE_S)
+        except RuntimeError as e:
+            if "table schema" not in str(e):
+                raise
+            # Optuna's schema check: the storage was set up by another optuna version, older (upgradable) or newer
+            fix = ("back it up, then run `optuna storage upgrade --storage URL` with this optuna"
+                   if "storage upgrade" in str(e) else "use the newer optuna that wrote it")
+            raise ConfigError(f"{shown}: {str(e).split('. ')[0]}; {fix}", key="--storage") from None
         except (sqlalchemy.exc.NoSuchModuleError, ModuleNotFoundError) as e:
             raise ConfigError(f"{shown}: no database driver for this URL ({e}); expected sqlite:///... or "
                               "postgresql://... (psycopg2)", key="--storage") from None

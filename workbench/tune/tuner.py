@@ -282,7 +282,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         finished = [t for t in old.get_trials(deepcopy=False) if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
                     or infeasible(t)]
         measured = len(old.user_attrs.get("baseline_runs") or []) + len(finished)
-        what = (f"study {self.study_name!r} in {self.storage_url}"
+        what = (f"study {self.study_name!r} in {self.storage_shown}"
                 + (f" was created from a different spec (differs in: {', '.join(diff)})" if diff else ""))
         if measured:
             if self.reset is None:
