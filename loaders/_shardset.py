@@ -74,6 +74,32 @@ def _decompressor(root: Path, dict_id: int) -> zstd.ZstdDecompressor:
     return zstd.ZstdDecompressor(dict_data=zstd.ZstdCompressionDict(data))
 
 
+_MANIFEST_TYPES: dict[str, tuple[type, ...]] = {
+    "max_len": (int,), "text_len": (int,), "real_tokens": (int,), "padded_tokens": (int,), "records": (int,),
+    "vocab_size": (int,), "record_kind": (str,), "token_dtype": (str,), "tokenizer": (str, type(None)),
+    "checksums": (dict,), "compression": (dict,), "preprocess": (dict,), "buckets": (list,), "complete": (bool,),
+}
+"""The manifest keys the readers use, and the JSON types each may have (ints are never bools)."""
+
+
+def _check_manifest(path: Path, manifest: object) -> None:
+    """A manifest is a JSON object whose known keys have their types; else a ShardFormatError naming the key."""
+    if not isinstance(manifest, dict):
+        raise ShardFormatError(f"{path}: a JSON {type(manifest).__name__}, expected an object (the manifest "
+                               "`python -m loaders.preprocess` writes)")
+    for key, types in _MANIFEST_TYPES.items():
+        if key not in manifest:
+            continue
+        v = manifest[key]
+        if not isinstance(v, types) or (isinstance(v, bool) and bool not in types) \
+                or (isinstance(v, int) and not isinstance(v, bool) and v < 0):
+            want = " or ".join("null" if t is type(None) else {"int": "a non-negative integer", "str": "a string",
+                                                                "dict": "an object", "list": "a list",
+                                                                "bool": "true or false"}[t.__name__]
+                               for t in types)
+            raise ShardFormatError(f"{path}: {key}: got {v!r}; expected {want}")
+
+
 class ShardSet:
     """A complete shard directory, opened for random access by frame.
 
@@ -101,6 +127,7 @@ class ShardSet:
                                    f"or not a shard directory") from None
         except json.JSONDecodeError as e:
             raise ShardFormatError(f"{mpath}: not valid JSON ({e})") from None
+        _check_manifest(mpath, self.manifest)
         if self.manifest.get("complete") is not True:
             raise ShardFormatError(f"{mpath}: does not say complete=true: the directory is incomplete")
         self._read_index(self.root / INDEX_NAME)

@@ -330,6 +330,30 @@ def test_manifest_disagrees_with_index(shards):
         ShardSet(shards)
 
 
+@pytest.mark.parametrize("edit, message", [
+    (lambda m: [m], r"manifest\.json: a JSON list, expected an object"),
+    (lambda m: {**m, "max_len": "abc"}, r"manifest\.json: max_len: got 'abc'; expected a non-negative integer"),
+    (lambda m: {**m, "max_len": True}, r"manifest\.json: max_len: got True; expected a non-negative integer"),
+    (lambda m: {**m, "checksums": [1]}, r"manifest\.json: checksums: got \[1\]; expected an object"),
+    (lambda m: {**m, "tokenizer": 3}, r"manifest\.json: tokenizer: got 3; expected a string or null"),
+])
+def test_a_manifest_of_the_wrong_shape_is_one_line(shards, tmp_path, edit, message):
+    """Issue 39: a manifest that is a JSON list, or max_len "abc", was a traceback (AttributeError, ValueError).
+    ShardSet names the file and the key, and the training CLI says it in one line with exit 2."""
+    m = json.loads((shards / MANIFEST_NAME).read_text())
+    (shards / MANIFEST_NAME).write_text(json.dumps(edit(m)))
+    with pytest.raises(ShardFormatError, match=message):
+        ShardSet(shards)
+    assert verify_main([str(shards)]) == 1
+    if "list" not in message and "abc" not in message:
+        return  # the CLI's one line: the two cases of the issue (each a process of ~10 s)
+    r = _run("workbench.train", "--preset", "tiny", "--steps", "1", "--no-prometheus", "--out", str(tmp_path / "o"),
+             "--set", f"data.loongbin_dir={shards}")
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert len(lines) == 1 and str(shards / MANIFEST_NAME) in lines[0], r.stderr
+
+
 def test_not_a_directory(tmp_path):
     with pytest.raises(ShardFormatError, match=r"nowhere: not a directory"):
         ShardSet(tmp_path / "nowhere")
