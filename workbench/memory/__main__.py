@@ -14,7 +14,6 @@ allocator settings ``analyze`` suggests at that micro-batch, and writes ``fit.js
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pickle
 import sys
@@ -22,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from workbench.files import write_json
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError
 from workbench.memory import fit, lifetimes
@@ -173,9 +173,7 @@ def _analyze(args: argparse.Namespace) -> int:
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "recording": "allocator history on during the measured steps (no stacks)",
     }
-    tmp = out / "memory_analysis.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1) + "\n")
-    os.replace(tmp, out / "memory_analysis.json")
+    write_json(out / "memory_analysis.json", doc, indent=1)
     print(format_table(doc))
     print(f"wrote {out / 'memory_analysis.json'}")
     return 0

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from workbench.files import write_json
 from workbench.vocab import EXIT_CODES, REAL_TOKENS_PER_S
 
 __all__ = ["ProbeError", "largest_fitting", "probe_command", "run_fit"]
@@ -148,9 +149,7 @@ def run_fit(source: Sequence[str], *, start: int, multiple: int = 8, limit: int 
                            "limit": limit, "complete": False}
 
     def save() -> None:
-        tmp = out / "fit.json.tmp"
-        tmp.write_text(json.dumps(doc, indent=1) + "\n")
-        os.replace(tmp, out / "fit.json")
+        write_json(out / "fit.json", doc, indent=1)
 
     doc["config"] = base = {}
     _search(source, start=start, multiple=multiple, limit=limit, steps=steps, timeout=timeout, allocator={},

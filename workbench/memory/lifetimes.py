@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -35,6 +34,7 @@ from typing import Any, NamedTuple
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from workbench.files import write_json
 from workbench.config import Config, config_hash
 from workbench.train.model import Llama
 from workbench.train.ops import resolve
@@ -163,9 +163,7 @@ def load_dag(cfg: Config, *, rebuild: bool = False, cache_dir: str | Path | None
             pass  # missing or unreadable: built below
     doc = {"key": key, **build_dag(cfg)}
     root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}")
-    tmp.write_text(json.dumps(doc, default=str))
-    os.replace(tmp, path)  # a reader never sees half a file
+    write_json(path, doc, indent=None, default=str)  # a reader never sees half a file
     return doc, False, path
 
 
@@ -380,10 +378,7 @@ def write_lifetimes(doc: Mapping[str, Any], out_dir: str | Path) -> Path:
     """``out_dir/lifetimes.json``, replaced atomically."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "lifetimes.json.tmp"
-    tmp.write_text(json.dumps(doc, indent=1, default=str) + "\n")
-    os.replace(tmp, out / "lifetimes.json")
-    return out / "lifetimes.json"
+    return write_json(out / "lifetimes.json", doc, indent=1, default=str)
 
 
 def study_lifetimes(cfg: Config, study_dir: str | Path) -> str:

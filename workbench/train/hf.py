@@ -19,9 +19,10 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
+from safetensors.torch import save
 from torch import nn
 
+from workbench.files import atomic_write, write_json
 from workbench.config import Config
 from workbench.errors import ConfigError
 from workbench.train.model import Llama, ModelArgs, get_preset
@@ -362,9 +363,7 @@ def save_hf(model: nn.Module, out_dir: str | os.PathLike) -> Path:
     config = hf_config_dict(model.args)
     state = {_module_to_hf(n): t.detach().to("cpu", copy=True).contiguous()
              for n, t in model.state_dict().items()}
-    for path, write in ((out / "model.safetensors", lambda p: save_file(state, str(p), metadata={"format": "pt"})),
-                        (out / "config.json", lambda p: p.write_text(json.dumps(config, indent=2) + "\n"))):
-        tmp = path.with_name(path.name + ".tmp")
-        write(tmp)
-        os.replace(tmp, path)
+    data = save(state, metadata={"format": "pt"})  # safetensors' bytes, written as every file is (workbench.files)
+    atomic_write(out / "model.safetensors", lambda f: f.write(data))
+    write_json(out / "config.json", config)
     return out

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import Config, dump_config
-from workbench.files import remove_tree
+from workbench.files import remove_tree, write_json, write_text
 from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUSES
 
 __all__ = [
@@ -183,8 +183,8 @@ def not_launched_outcome(trial_dir: Path, reason: str, kind: str = "invalid_conf
     assert kind in FAILURE_KINDS, kind
     trial_dir = Path(trial_dir)
     _fresh_dir(trial_dir)
-    (trial_dir / "failure.json").write_text(json.dumps({"kind": kind, "message": reason}) + "\n")
-    (trial_dir / "log.txt").write_text(f"config rejected before launch: {reason}\n")
+    write_json(trial_dir / "failure.json", {"kind": kind, "message": reason}, indent=None)
+    write_text(trial_dir / "log.txt", f"config rejected before launch: {reason}\n")
     return TrialOutcome(kind, trial_dir, failure_reason=reason, log_tail=read_log_tail(trial_dir))
 
 
