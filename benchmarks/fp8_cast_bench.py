@@ -32,6 +32,13 @@ SHAPES = {"input 2048 (q/k/v, o, gate/up)": (32768, 2048), "input 5632 (down)": 
           "grad 5632 (gate, up)": (32768, 5632)}
 
 
+def _copy_gbs(dev: torch.device, bench) -> float:
+    """Device-to-device copy bandwidth, bytes read plus written, of 512 MiB (far past the 60 MB L2)."""
+    src = torch.randn(1 << 28, device=dev, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    return 2 * src.numel() * 2 / bench(lambda: dst.copy_(src)) / 1e6
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python benchmarks/fp8_cast_bench.py")
     p.add_argument("--out", default="benchmarks/out")
@@ -56,11 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     def bench(fn) -> float:
         return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")  # ms
 
-    src = torch.randn(1 << 28, device=dev, dtype=torch.bfloat16)  # 512 MiB: far past the 60 MB L2
-    dst = torch.empty_like(src)
-    copy_ms = bench(lambda: dst.copy_(src))
-    copy_gbs = 2 * src.numel() * 2 / copy_ms / 1e6
-    del src, dst
+    copy_gbs = _copy_gbs(dev, bench)
 
     def torchao_both(x, dtype):
         s = tensor_to_scale(x, dtype)

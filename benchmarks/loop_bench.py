@@ -253,7 +253,7 @@ def ratio_table(df, reference: str) -> str:
     if chosen is None:
         return f"no {reference} run to divide by"
     ref = tok[tok["variant"] == chosen].sort_values("repeat")["value"].tolist()
-    best = f" (its best micro-batch of this run)" if chosen != reference else ""
+    best = " (its best micro-batch of this run)" if chosen != reference else ""
     lines = [f"real tokens/s over {chosen}{best} (median {statistics.median(ref):,.0f}):"]
     for name, g in tok.groupby("variant", sort=False):
         vals = g.sort_values("repeat")["value"].tolist()
