@@ -173,6 +173,32 @@ def test_the_cli_serves_on_9091_unless_told_otherwise(argv, port):
     assert load_run_config(parse_args(["--preset", "tiny", *argv])).metrics.prometheus_port == port
 
 
+@pytest.mark.parametrize("argv, addr", [([], "127.0.0.1"), (["--prometheus-addr", "0.0.0.0"], "0.0.0.0"),
+                                        (["--set", "metrics.prometheus_addr=::1"], "::1")])
+def test_the_cli_listens_on_loopback_unless_told_otherwise(argv, addr):
+    assert load_run_config(parse_args(["--preset", "tiny", *argv])).metrics.prometheus_addr == addr
+
+
+def _listeners_of(pid: int) -> set[str]:
+    """Local addresses (hex, as the kernel's tables give them) of every TCP socket process ``pid`` listens on."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for row in f.readlines()[1:]:
+                cols = row.split()
+                if cols[3] == "0A" and cols[9] in inodes:  # 0A: LISTEN; column 9: the socket's inode
+                    found.add(cols[1].split(":")[0])
+    return found
+
+
 def test_a_live_run_is_scraped_and_parsed(tmp_path, subprocess_env):
     port = _free_port()
     env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
@@ -190,12 +216,14 @@ def test_a_live_run_is_scraped_and_parsed(tmp_path, subprocess_env):
             except (urllib.error.URLError, ConnectionError):
                 fams = {}
             if "loongforge_throughput_tokens_per_sec" in fams:
+                listeners = _listeners_of(p.pid)  # issue 39: `ss -ltn` of a default run shows loopback only
                 break
             time.sleep(0.5)
     finally:
         os.killpg(p.pid, signal.SIGKILL)
         out = p.communicate(timeout=30)[0]
     assert "loongforge_throughput_tokens_per_sec" in fams, out[-3000:]
+    assert listeners == {"0100007F"}, listeners  # 127.0.0.1, and nothing else listening
     types = {n: f.type for n, f in fams.items()}
     assert types["loongforge_throughput_tokens_per_sec"] == "gauge"
     assert fams["loongforge_throughput_tokens_per_sec"].samples[0].value > 0
