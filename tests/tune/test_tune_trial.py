@@ -90,6 +90,18 @@ def test_a_real_failure_is_recorded_with_its_log_tail(spec, tmp_path):
     assert 0 < len(out.log_tail.splitlines()) <= 30
 
 
+def test_a_checkpoint_that_cannot_be_written_is_the_machines_fault(spec, tmp_path):
+    """Issue 39: a failed checkpoint write was torch's RuntimeError, exit 1, and the tuner blamed the config as a
+    crash. The trial ends as ``disk`` (exit 6), with the file named, and the tuner learns nothing about the config
+    from it (Tuner._record sets no constraint for ``disk``)."""
+    (tmp_path / "afile").write_text("x")
+    cfg = merge_overrides(spec.trial_config({}), {"training.checkpoint_dir": str(tmp_path / "afile" / "ck"),
+                                                  "training.checkpoint_every": 1})
+    out = run_trial(cfg, tmp_path / "d", timeout_s=180, heartbeat_timeout_s=60)
+    assert (out.status, out.returncode) == ("disk", 6), out.log_tail
+    assert str(tmp_path / "afile" / "ck") in out.failure_reason and "Traceback" not in out.log_tail
+
+
 @pytest.mark.parametrize(("fault", "status", "words", "limits"), [
     ("hang", "timeout", "no step for 1.5 s", (60, 1.5)),                       # heartbeat watchdog
     ("rewrite-then-hang", "timeout", "no step for 1.5 s (hung after step 8)", (60, 1.5)),  # empty reads: no loss

@@ -493,9 +493,9 @@ class Trainer:
     def save_checkpoint(self) -> Path | None:
         if self.rank != 0 or self.ckpt_dir is None:
             return None
-        self.ckpt_dir.mkdir(parents=True, exist_ok=True)
         # tensors and plain types only, so that load_checkpoint can use weights_only=True; atomic: a crash or a full
-        # disk mid-save keeps the previous checkpoint (and a DiskError is the run's failure kind ``disk``)
+        # disk mid-save keeps the previous checkpoint, and a folder that cannot be made or written (atomic_write
+        # makes it) is a DiskError, the run's failure kind ``disk``
         state = {"step": self.step, "model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
                  "data": self.pipeline.state_dict(), "config": to_dict(self.cfg), "torch_rng": torch.get_rng_state()}
         return atomic_write(self.ckpt_dir / "latest.pt", lambda f: torch.save(state, f))
