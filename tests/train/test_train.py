@@ -233,6 +233,41 @@ hardware: {{device: cpu}}
     assert torch.load(ck / "latest.pt", weights_only=True)["step"] == int(steps)
 
 
+def test_sigusr1_never_ends_a_run(synth, tmp_path, subprocess_env):
+    """Issue 39: SIGUSR1 before the loop's handler was installed, and after it was reset before the final save,
+    killed the run (rc 138, no failure.json). Sent every 20 ms from the first heartbeat (written once the CLI has
+    set its handler, before torch is imported; before it, Python's own start-up holds the default) to exit, it is
+    ignored before and after the loop and is a hot reload inside it: the run ends 0, summary and checkpoint
+    written."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"""
+data: {{loongbin_dir: {synth}, seq_len: 256, micro_batch_size: 4, bucket_width: 64}}
+training: {{max_steps: 12, log_every: 4, warmup_measure_steps: 2, checkpoint_dir: {tmp_path / "ck"}}}
+hardware: {{device: cpu}}
+""")
+    hb = tmp_path / "hb"
+    p = subprocess.Popen([sys.executable, "-m", "workbench.train", "--config", str(cfg), "-q", "--no-prometheus",
+                          "--heartbeat", str(hb), "--summary", str(tmp_path / "summary.json"),
+                          "--out", str(tmp_path / "o")],
+                         env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=default_signals)
+    _wait_heartbeat(hb, 0, p)
+    sent = 0
+    deadline = time.monotonic() + 180
+    while p.poll() is None and time.monotonic() < deadline:
+        try:
+            p.send_signal(signal.SIGUSR1)
+            sent += 1
+        except ProcessLookupError:
+            break
+        time.sleep(0.02)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, (p.returncode, err[-2000:])
+    assert sent > 20 and "SIGUSR1 ignored" in err
+    assert json.loads((tmp_path / "summary.json").read_text())["steps"] == 12
+    assert (tmp_path / "ck" / "latest.pt").exists() and not (tmp_path / "o" / "failure.json").exists()
+
+
 @pytest.mark.parametrize("shapes", ["dynamic", "static"])
 def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, monkeypatch, shapes):
     """No measured step compiles: precompile() makes the graphs of every bucket shape (dynamic: one graph with a

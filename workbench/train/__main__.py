@@ -131,4 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        # Python's finalization puts a handler it set back to SIG_DFL (whose action ends the process), but leaves
+        # SIG_IGN: a reload request while the interpreter shuts down is dropped, not fatal
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
