@@ -58,3 +58,37 @@ def test_a_vla_study_measures_its_baseline_through_the_tuner(tmp_path, study_spe
     assert tput > 0
     summary = json.loads((tmp_path / "runs" / "vla" / "baseline" / "0" / "summary.json").read_text())
     assert summary["workload"] == "vision_language_action" and summary["throughput/samples_per_s_per_gpu"] > 0
+
+
+class _RunsCode:
+    """Pickles as a call of ``os.system``: loading it with pickle runs the command."""
+
+    def __init__(self, cmd: str) -> None:
+        self.cmd = cmd
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (self.cmd,))
+
+
+def test_a_vla_checkpoint_that_needs_pickle_runs_no_code_and_is_one_error(tmp_path):
+    """Issue 39: model.checkpoint_path of a VLA loads with weights_only=True; a file that needs pickle ran no code
+    but ended in a traceback. It is one ConfigError naming the file and the key, and the marker is never made."""
+    import torch
+
+    from workbench.train.ops import resolve
+    from workbench.train.workload import workload_for
+
+    marker = tmp_path / "code-ran"
+    bad = tmp_path / "latest.pt"
+    torch.save({"model": {}, "extra": _RunsCode(f"touch {marker}")}, bad)
+    w = workload_for(preset_config("tiny-vla"))
+    w.build(resolve({}))
+    with pytest.raises(ConfigError, match=r"model\.checkpoint_path: .*latest\.pt: not a readable checkpoint of this "
+                                          r"loop \(tensors and plain types\)") as info:
+        w.load_weights(str(bad))
+    assert not marker.exists() and len(str(info.value).splitlines()) == 1
+    torch.save([1, 2], bad)  # loads, but holds no 'model'
+    with pytest.raises(ConfigError, match=r"latest\.pt: a checkpoint of this loop holds a 'model' state dict"):
+        w.load_weights(str(bad))

@@ -163,7 +163,16 @@ class VisionLanguageAction(Workload):
         if not str(path).endswith(".pt"):
             raise ConfigError(f"got {path!r}; a VLA model loads this loop's own latest.pt only",
                               key="model.checkpoint_path")
-        state = torch.load(path, map_location="cpu", weights_only=True)["model"]
+        try:  # tensors and plain types only: a data file runs no code
+            ck = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any unreadable file (pickle-only objects too) is the same refusal
+            raise ConfigError(f"{path}: not a readable checkpoint of this loop (tensors and plain types): "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}",
+                              key="model.checkpoint_path") from None
+        if not isinstance(ck, dict) or not isinstance(ck.get("model"), dict):
+            raise ConfigError(f"{path}: a checkpoint of this loop holds a 'model' state dict; this file has none",
+                              key="model.checkpoint_path")
+        state = ck["model"]
         self.model.load_state_dict(state)  # type: ignore[union-attr]
         return len(state)
 
