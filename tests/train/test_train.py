@@ -349,6 +349,25 @@ def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, sc
     assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)
 
 
+def test_quiet_prints_the_summary_and_no_window_lines(tmp_path, subprocess_env):
+    """Issue 40: -q printed every window's line and hid the summary, the opposite of its help. A CPU's MFU says why
+    it is n/a; a run whose steps are all warm-up says why nothing was measured."""
+    env = {**subprocess_env, "LOONGFORGE_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "workbench.train", "--preset", "tiny", "--synthetic", "--no-prometheus",
+           "--set", "training.log_every=2", "--set", "training.warmup_measure_steps=2"]
+    loud = subprocess.run([*cmd, "--steps", "6"], env=env, capture_output=True, text=True, timeout=180)
+    quiet = subprocess.run([*cmd, "--steps", "6", "-q"], env=env, capture_output=True, text=True, timeout=180)
+    assert loud.returncode == quiet.returncode == 0, quiet.stderr[-2000:]
+    assert sum(ln.startswith("step ") for ln in loud.stdout.splitlines()) == 2  # windows of steps 3-4 and 5-6
+    assert not any(ln.startswith("step ") for ln in quiet.stdout.splitlines()), quiet.stdout
+    summary = [ln for ln in quiet.stdout.splitlines() if ln.startswith("summary: ")]
+    assert len(summary) == 1 and "6 steps (4 measured)" in summary[0], quiet.stdout
+    assert "MFU n/a (no peak FLOP/s for this device)" in summary[0] and "n/a%" not in quiet.stdout
+    warm = subprocess.run([*cmd, "--steps", "2", "-q"], env=env, capture_output=True, text=True, timeout=180)
+    assert "2 steps (0 measured: the steps after the warm-up (training.warmup_measure_steps) filled no window" \
+        in warm.stdout, warm.stdout
+
+
 def test_an_unwritable_out_is_one_line_and_debug_adds_the_traceback(tmp_path, subprocess_env):
     (tmp_path / "afile").write_text("x")
     cmd = [sys.executable, "-m", "workbench.train", "--preset", "tiny", "--synthetic", "--steps", "2", "-q",

@@ -42,6 +42,7 @@ import sys  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from workbench.config.schema import MODEL_PRESETS  # noqa: E402
 from workbench.errors import ConfigError  # noqa: E402
 from workbench.files import write_json  # noqa: E402
 from workbench.vocab import EXIT_CODES  # noqa: E402
@@ -53,7 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m workbench.train", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--config", help="config.yaml (as exported by the tuner)")
-    src.add_argument("--preset", help="run a model preset's default config (tiny, gr00t-n1.6)")
+    src.add_argument("--preset", metavar="NAME",
+                     help=f"run a model preset's default config ({', '.join(MODEL_PRESETS)})")
     p.add_argument("--steps", type=int, help="override training.max_steps (default: the config's)")
     p.add_argument("--synthetic", action="store_true",
                    help="generate + preprocess a synthetic corpus when data.loongbin_dir is not set")
@@ -81,7 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="resume from a <training.checkpoint_dir>/latest.pt that needs pickle to load (an older "
                         "format): loading it can run code, so pass this only for a file you wrote")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
-    p.add_argument("-q", "--quiet", action="store_true", help="log warnings only, not each window")
+    p.add_argument("-q", "--quiet", action="store_true",
+                   help="no line per measured window, warnings only in the log; the summary is still printed")
     p.add_argument("--debug", action="store_true", help="print the traceback of any error, not only of a crash")
     return p.parse_args(argv)
 
@@ -125,8 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_CODES[kind]
     if args.summary:
         write_json(args.summary, summary, default=str)
-    if not args.quiet:
-        print_summary(summary)
+    print_summary(summary)
     return EXIT_CODES["interrupted"] if summary.get("interrupted") else 0
 
 

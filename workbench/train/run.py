@@ -127,7 +127,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source,
-                      trust_checkpoint=getattr(args, "trust_checkpoint", False))
+                      trust_checkpoint=getattr(args, "trust_checkpoint", False),
+                      echo=not getattr(args, "quiet", False))
     try:
         summary = trainer.run()
         if getattr(args, "save_hf", None):
@@ -141,9 +142,16 @@ def print_summary(s: dict[str, Any]) -> None:
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
 
-    print(f"summary: {s['steps']} steps ({s['measured_steps']} measured), "
+    measured = f"{s['measured_steps']} measured"
+    if not s["measured_steps"]:  # say why the figures below are n/a
+        measured += (": the steps after the warm-up (training.warmup_measure_steps) filled no window of "
+                     "training.log_every steps; run more steps")
+    mfu = s["mfu_pct"]
+    # MFU needs a peak FLOP/s: known for GPUs by name (or hardware.peak_tflops), never for a CPU
+    mfu_text = f"MFU {mfu:.1f}%" if isinstance(mfu, (int, float)) else "MFU n/a (no peak FLOP/s for this device)"
+    print(f"summary: {s['steps']} steps ({measured}), "
           f"{f(s[REAL_TOKENS_PER_S], ',.0f')} real tok/s/gpu, "
-          f"MFU {f(s['mfu_pct'], '.1f')}%, step {f(s['time/step_s'], '.4f')} s, "
+          f"{mfu_text}, step {f(s['time/step_s'], '.4f')} s, "
           f"loss {f(s['first_loss'], '.4f')} -> {f(s['last_loss'], '.4f')}")
     ph = s["phase_s_per_step"]
     print("  phases s/step: " + ", ".join(f"{k} {f(v, '.4f')}" for k, v in ph.items()))

@@ -81,8 +81,10 @@ class RunSession:
 
     def __init__(self, cfg: Config, *, device: torch.device, out_dir: str | Path | None = None,
                  heartbeat: str | Path | None = None, world: int = 1, rank: int = 0,
-                 peak_tflops: float | None = None, total_steps: int | None = None, prometheus: Any = None) -> None:
+                 peak_tflops: float | None = None, total_steps: int | None = None, prometheus: Any = None,
+                 echo: bool = True) -> None:
         self.cfg, self.device, self.world, self.rank, self.peak = cfg, device, world, rank, peak_tflops
+        self.echo = echo  # a line on stdout per measured window (rank 0); the files get every window regardless
         self.timer = PhaseTimer(device, enabled=cfg.metrics.phase_timing)
         self.profiler = StepProfiler(cfg.metrics.profile_steps, start_after=cfg.training.warmup_measure_steps,
                                      out_dir=Path(out_dir) if out_dir else None, device=device, enabled=rank == 0)
@@ -192,7 +194,7 @@ class RunSession:
         self.writer.window(m)
         if self.prom:
             self.prom.update(m)
-        if self.rank == 0:
+        if self.rank == 0 and self.echo:
             print(progress_line(m, self.total), flush=True)
         return m
 

@@ -80,7 +80,7 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  heartbeat: str | Path | None = None, config_source: ConfigSource | None = None,
-                 trust_checkpoint: bool = False) -> None:
+                 trust_checkpoint: bool = False, echo: bool = True) -> None:
         self.cfg = cfg
         # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
         # ConfigError
@@ -186,7 +186,8 @@ class Trainer:
                                 cfg.hardware.peak_tflops)
         # the measurement side (phases, heartbeat, windows, traces) is the run API's, as for a loop of one's own
         self.session = RunSession(cfg, device=self.device, out_dir=self.out_dir, heartbeat=heartbeat,
-                                  world=self.world, rank=self.rank, peak_tflops=self.peak, prometheus=self.prom)
+                                  world=self.world, rank=self.rank, peak_tflops=self.peak, prometheus=self.prom,
+                                  echo=echo)
         self.session.annotate, self.session.window_extras = self._comm_per_step, self._window_extras
         self.timer, self.profiler, self.writer = self.session.timer, self.session.profiler, self.session.writer
         self.step = 0
