@@ -451,8 +451,22 @@ def _main(args: argparse.Namespace) -> int:
         return 1
     if not args.quiet:
         print(format_summary(manifest, args.output))
+    warning = larger_than_input(manifest)
+    if warning:
+        print(f"warning: {args.output}: {warning}", file=sys.stderr)
     return 0
 
+
+def larger_than_input(manifest: dict) -> str | None:
+    """What to say when the shards take more bytes than the input files they came from (None: fewer)."""
+    c = manifest.get("compression") or {}
+    ratio, stored, given = c.get("ratio_input_files"), c.get("stored_bytes"), c.get("input_file_bytes")
+    if not isinstance(ratio, (int, float)) or ratio >= 1:
+        return None
+    return (f"the shards take {stored:,} bytes, more than the {given:,} of the input files ({ratio:.2f}x): "
+            "positions, loss masks, padding to --bucket-width and per-frame dictionaries cost more than zstd saves "
+            "on this data (random-looking tokens compress little); a wider --frame-kb or a higher --zstd-level "
+            "may help")
 
 def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split("\n"))

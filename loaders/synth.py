@@ -23,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -509,6 +510,11 @@ def main(argv: Sequence[str] | None = None) -> int:
              "eos_id": spec.resolved_eos_id, "seed": spec.seed, **corpus_stats(docs)}
     json.dump(stats, sys.stdout, indent=2)
     sys.stdout.write("\n")
+    # the command that turns it into shards, on stderr (stdout stays one JSON document): a .bin or .npy stream
+    # needs the EOS id that splits it into documents, and every input the vocabulary its ids come from
+    eos = f" --eos-id {spec.resolved_eos_id}" if fmt in ("bin", "npy") else ""
+    print(f"next: python -m loaders.preprocess --input {shlex.quote(str(path))} --output shards "
+          f"--vocab-size {spec.vocab_size}{eos}", file=sys.stderr)
     return 0
 
 

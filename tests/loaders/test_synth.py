@@ -344,3 +344,33 @@ def test_the_default_vocabulary_is_the_tiny_models():
     from workbench.train.model import get_preset
 
     assert SynthSpec().vocab_size == get_preset("tiny").vocab_size == 4096
+
+
+def test_synth_prints_the_preprocess_command_that_works(tmp_path):
+    """Issue 40: synth said eos_id 4095, and preprocess on its .bin then failed asking for --eos-id. synth prints
+    the command (on stderr: stdout stays one JSON document), and that command, as printed, writes the shards."""
+    import shlex
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    r = subprocess.run([sys.executable, "-m", "loaders.synth", "--output", "c.bin", "--docs", "60"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    stats = json.loads(r.stdout)
+    (line,) = [ln for ln in r.stderr.splitlines() if ln.startswith("next: ")]
+    cmd = shlex.split(line[len("next: "):])
+    assert cmd[:3] == ["python", "-m", "loaders.preprocess"] and f"--eos-id {stats['eos_id']}" in line
+    p = subprocess.run([sys.executable, *cmd[1:], "--min-len", "64", "--max-len", "512", "--bucket-width", "64"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads((tmp_path / "shards" / "manifest.json").read_text())["vocab_size"] == stats["vocab_size"]
+
+
+def test_shards_larger_than_their_input_are_flagged():
+    from loaders.preprocess import larger_than_input
+
+    big = {"compression": {"ratio_input_files": 0.7, "stored_bytes": 1_000_000, "input_file_bytes": 700_000}}
+    assert "more than the 700,000 of the input files (0.70x)" in larger_than_input(big)
+    assert larger_than_input({"compression": {"ratio_input_files": 1.2}}) is None
+    assert larger_than_input({}) is None
