@@ -100,7 +100,13 @@ def test_ctrl_c_then_kill_9_then_resume(study_spec_file, tmp_path, subprocess_en
     assert "died" in trials[victim.number].user_attrs["failure_reason"]
     for number, values in first.items():
         assert trials[number].values == values  # not re-run
-    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in trials) == 4
+    # the budget of 4 (a repeat the tuner replaced by an untried config costs none), and both stopped configs
+    # were queued again and measured
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) and not t.user_attrs.get("free_repeat")
+               for t in trials) == 4
+    measured = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert trials[victim.number].params in measured and interrupted[0].params in measured
+    assert {t.user_attrs.get("requeue_of") for t in trials} >= {victim.number, interrupted[0].number}
     assert study.user_attrs["baseline_runs"] == baseline
     assert len(list((out / "resume" / "baseline").iterdir())) == 1
     assert (out / "resume" / "config.yaml").exists()

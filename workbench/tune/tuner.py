@@ -7,6 +7,7 @@ import contextlib
 import json
 import math
 import os
+import random
 import signal
 import socket
 import statistics
@@ -53,8 +54,15 @@ from outside (interrupted, stale, over the budget) does not."""
 
 
 def counts(t: FrozenTrial) -> bool:
-    """Whether a trial uses up the budget."""
+    """Whether a trial uses up the budget: a repeat of a measured config does not while untried configs remain
+    (``free_repeat``: the tuner queued an untried one in its place)."""
+    if t.user_attrs.get("free_repeat"):
+        return False
     return t.state in COUNTED_STATES or infeasible(t)
+
+
+MAX_ENUMERATED = 4096
+"""Largest finite space whose configs the tuner lists (to queue an untried one in place of a repeat)."""
 
 
 def flat_attrs(summary: Mapping[str, Any]) -> dict[str, float]:
@@ -81,6 +89,10 @@ class _AskTellGridSampler(optuna.samplers.GridSampler):
 
     def after_trial(self, study, trial, state, values) -> None:  # noqa: ANN001
         return None
+
+
+def _params_text(params: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
 def _outcome_of(t: FrozenTrial) -> TrialOutcome:
@@ -258,8 +270,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
                                  gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
         # reload with the real sampler and pruner (create_study needed a sampler to exist)
-        study = optuna.load_study(study_name=self.study_name, storage=self.storage, sampler=self._sampler(),
-                                  pruner=self._pruner())
+        trials_before = sum(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
+        study = optuna.load_study(study_name=self.study_name, storage=self.storage,
+                                  sampler=self._sampler(trials_before), pruner=self._pruner())
         self.study = study
         return study
 
@@ -343,13 +356,16 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             return self.timeout_override
         return self.spec.budget.timeout_s if self.spec else None
 
-    def _sampler(self) -> optuna.samplers.BaseSampler:
+    def _sampler(self, trials_before: int = 0) -> optuna.samplers.BaseSampler:
+        """The spec's sampler. Its seed is the study's, offset by the trials the study already holds (a resumed
+        study continues the search instead of proposing its first configs again) and, for a worker, by its pid
+        (two workers must not replay one random sequence); a fresh study's coordinator uses the seed as given."""
         spec = self.spec
         assert spec is not None
         s = spec.sampler
         seed = s.seed
-        if seed is not None and self.worker:
-            seed = seed + 1 + os.getpid() % 100_000  # two workers must not replay the same random sequence
+        if seed is not None:  # (numpy's generators take seeds below 2**32)
+            seed = (seed + trials_before + ((1 + os.getpid() % 100_000) * 100_003 if self.worker else 0)) % 2**31
         if s.name != "grid":
             return make_sampler(s.name, seed, s.n_startup_trials)
         grid = {name: spec.space[name].grid(spec.knob(name).kind) for name in self.active}
@@ -519,8 +535,12 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                     trial.set_user_attr("duplicate_of", twin.number)
                     if "numerics" in twin.user_attrs:
                         trial.set_user_attr("numerics", twin.user_attrs["numerics"])
+                    queued = self._queue_untried(n)
+                    if queued is not None:  # the repeat costs no budget: an untried config runs in its place
+                        trial.set_user_attr("free_repeat", True)
                     self._log(f"trial {n}: the same config as trial {twin.number}; its result is reused, "
-                              "nothing runs")
+                              "nothing runs" + (f"; queued an untried config instead ({_params_text(queued)})"
+                                                if queued is not None else ""))
                 else:
                     out = self._run_search_trial(trial, cfg, tdir, on_window)
                     if out.status == "ok":
@@ -530,6 +550,74 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             raise
         self._tell(trial, out)
         return out
+
+    def configs(self) -> list[dict[str, Any]] | None:
+        """Every config of the search space as knob values (conditional knobs only where active), in sampling
+        order; None when the space is not finite or has more than MAX_ENUMERATED configs."""
+        spec = self.spec
+        assert spec is not None
+        if self._base_values is None:
+            self._base_values = spec.base_knob_values()
+        names = [n for n in spec.knob_order() if n in self.active]
+        grids: dict[str, list[Any]] = {}
+        for name in names:
+            rng = spec.space[name]
+            if rng.choices is None and spec.knob(name).kind != "int" and rng.step is None:
+                return None  # a continuous range
+            grids[name] = rng.grid(spec.knob(name).kind)
+        out: list[dict[str, Any]] = []
+
+        def walk(i: int, values: dict[str, Any], params: dict[str, Any]) -> bool:
+            if i == len(names):
+                out.append(dict(params))
+                return len(out) <= MAX_ENUMERATED
+            name = names[i]
+            if not spec.knob(name).active(values):
+                return walk(i + 1, values, params)
+            for v in grids[name]:
+                if not walk(i + 1, {**values, name: v}, {**params, name: v}):
+                    return False
+            return True
+
+        return out if walk(0, dict(self._base_values), {}) else None
+
+    def _queue_untried(self, number: int) -> dict[str, Any] | None:
+        """Enqueue one config of a finite space that no trial has asked for or queued (a seeded choice, so that
+        a study reruns the same way); None when the space is not finite or every config was asked for."""
+        study, spec = self.study, self.spec
+        assert study is not None and spec is not None
+        configs = self.configs()
+        if not configs:
+            return None
+        asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self._trials()]
+        untried = [c for c in configs if c not in asked]
+        if not untried:
+            return None
+        pick = untried[random.Random((spec.sampler.seed or 0) * 1_000_003 + number).randrange(len(untried))]
+        study.enqueue_trial(pick, user_attrs={"queued_for": number})
+        return pick
+
+    def _requeue_interrupted(self) -> None:
+        """Queue again, once, the config of every trial that stopped without a result of its own (Ctrl-C, a dead
+        tuner, a stale heartbeat): the sampler, the grid's included, treats a finished trial as covered."""
+        study = self.study
+        assert study is not None and self.storage is not None
+        trials = self._trials()
+        pending = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)] + \
+            [t.system_attrs.get("fixed_params") or t.params for t in trials
+             if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+        done = {t.user_attrs.get("requeue_of") for t in trials}  # (Optuna keeps a finished trial as it is: no mark)
+        for t in trials:
+            if t.state != TrialState.FAIL or infeasible(t) or t.number in done or not t.params:
+                continue
+            if t.user_attrs.get("status") not in (None, "interrupted", "disk") or "duplicate_of" in t.user_attrs:
+                continue  # the config's own failure, skipped over the budget, or a repeat: nothing was lost
+            if t.params in pending:
+                continue  # measured or queued since
+            study.enqueue_trial(t.params, user_attrs={"requeue_of": t.number})
+            pending.append(t.params)
+            self._log(f"trial {t.number} stopped without a result: its config is queued again "
+                      f"({_params_text(t.params)})")
 
     def _measured_twin(self, h: str, number: int) -> FrozenTrial | None:
         """The earliest finished search trial of config hash ``h`` whose result is the config's: complete and ok,
@@ -639,6 +727,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         while True:
             self._check_lease()
             self._recover_stale()
+            self._requeue_interrupted()
             counted, running, waiting = self._counts()
             if self.progress is not None:
                 self.progress.set(done=self._finished_count(), best=self._best_text())
