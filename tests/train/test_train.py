@@ -368,6 +368,23 @@ def test_quiet_prints_the_summary_and_no_window_lines(tmp_path, subprocess_env):
         in warm.stdout, warm.stdout
 
 
+def test_print_config_writes_the_full_config_that_loads(tmp_path, subprocess_env):
+    """Issue 40: there was no way to write a preset's full config to a file to start from. --print-config prints
+    it, every key commented, --set applied; the file loads to the same config; nothing trains."""
+    from workbench.config import config_hash, load_config, merge_overrides, preset_config
+
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny-vla", "--print-config", "--set",
+                        "data.micro_batch_size=3", "--out", str(tmp_path / "o")], env=subprocess_env,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    (tmp_path / "my.yaml").write_text(r.stdout)
+    cfg = load_config(tmp_path / "my.yaml")
+    want = merge_overrides(preset_config("tiny-vla"), {"data.micro_batch_size": 3, "metrics.prometheus_port": 9091})
+    assert config_hash(cfg) == config_hash(want)
+    comments = sum(ln.lstrip().startswith("# ") for ln in r.stdout.splitlines())
+    assert comments > 50 and not (tmp_path / "o").exists()  # every key documented; no run, no output folder
+
+
 def test_an_unwritable_out_is_one_line_and_debug_adds_the_traceback(tmp_path, subprocess_env):
     (tmp_path / "afile").write_text("x")
     cmd = [sys.executable, "-m", "workbench.train", "--preset", "tiny", "--synthetic", "--steps", "2", "-q",

@@ -3,6 +3,7 @@
     python -m workbench.train --config config.yaml [--steps N] [--synthetic] [--summary PATH]
     python -m workbench.train --preset tiny --synthetic --steps 50
     python -m workbench.train --preset tiny --synthetic --steps 20 --profile 3 --out runs/prof  # runs/prof/trace.json
+    python -m workbench.train --preset gr00t-n1.6 --print-config > my.yaml  # the full commented config, to edit
 
 Prints one progress line per measured window (tokens/s, MFU, phase shares,
 memory, loss) and a summary, also written as JSON to ``--summary``. Serves
@@ -82,6 +83,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--trust-checkpoint", action="store_true",
                    help="resume from a <training.checkpoint_dir>/latest.pt that needs pickle to load (an older "
                         "format): loading it can run code, so pass this only for a file you wrote")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the full config (the preset's or the file's, with --set and --steps applied), every "
+                        "key documented in a comment, and exit without training")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no line per measured window, warnings only in the log; the summary is still printed")
@@ -102,11 +106,16 @@ def main(argv: list[str] | None = None) -> int:
         # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of
         # torch and the loop, which take seconds on a loaded host; compiling may take a while after it
         Path(args.heartbeat).write_text("0")
-    from workbench.train.run import classify_exception, print_summary, run
+    from workbench.train.run import classify_exception, load_run_config, print_summary, run
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(name)s: %(message)s")
     out = Path(args.out) if args.out else None
     try:
+        if args.print_config:  # what a run would train with, as a file it loads: nothing runs
+            from workbench.config import dumps_config
+
+            sys.stdout.write(dumps_config(load_run_config(args)))
+            return 0
         summary = run(args)
     except BaseException as e:  # noqa: BLE001 - classified, recorded, re-exit with its code
         if isinstance(e, SystemExit):
