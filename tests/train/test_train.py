@@ -359,6 +359,9 @@ def test_quiet_prints_the_summary_and_no_window_lines(tmp_path, subprocess_env):
     quiet = subprocess.run([*cmd, "--steps", "6", "-q"], env=env, capture_output=True, text=True, timeout=180)
     assert loud.returncode == quiet.returncode == 0, quiet.stderr[-2000:]
     assert sum(ln.startswith("step ") for ln in loud.stdout.splitlines()) == 2  # windows of steps 3-4 and 5-6
+    # the start line: model, parameters, device, data, endpoint
+    assert "workbench: model tiny: 1,311,872 parameters on cpu x 1; data " in loud.stderr, loud.stderr
+    assert "(synthetic corpus); no /metrics endpoint" in loud.stderr and "parameters on" not in quiet.stderr
     assert not any(ln.startswith("step ") for ln in quiet.stdout.splitlines()), quiet.stdout
     summary = [ln for ln in quiet.stdout.splitlines() if ln.startswith("summary: ")]
     assert len(summary) == 1 and "6 steps (4 measured)" in summary[0], quiet.stdout

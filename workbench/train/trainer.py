@@ -180,6 +180,14 @@ class Trainer:
         self.pipeline = self._pipeline()
         self.prom = PrometheusExporter.start(cfg.metrics.prometheus_port, cfg.metrics.prometheus_addr) \
             if (cfg.metrics.prometheus_port and self.rank == 0) else None
+        if self.rank == 0:  # what runs, where, on what, and where to watch it: one line before any step
+            where = f"{self.device} ({torch.cuda.get_device_name(self.device)})" if self.device.type == "cuda" \
+                else str(self.device)
+            data = f"{self.data_dir}" + (" (synthetic corpus)" if not cfg.data.loongbin_dir else "")
+            served = f"/metrics on http://{cfg.metrics.prometheus_addr}:{self.prom.port}" if self.prom else \
+                "no /metrics endpoint"
+            log.info("model %s: %s parameters on %s x %d; data %s; %s", cfg.model.name,
+                     f"{sum(p.numel() for p in self.model.parameters()):,}", where, self.world, data, served)
         self.reloader = ConfigReloader(config_source, cfg)  # SIGUSR1 re-reads the config file (reload.py)
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
         self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
