@@ -81,7 +81,7 @@ def test_a_2x2_space_with_a_4_trial_budget_measures_all_4(study_spec_file, tmp_p
     assert sorted(map(_key, fake_runs)) == sorted(map(_key, CONFIGS))  # each ran once
     counted = [x for x in t.study.get_trials() if x.state == TrialState.COMPLETE and not x.user_attrs.get(
         "free_repeat")]
-    assert len(counted) == 4
+    assert len(counted) == 4 and t._finished_count() == 4  # what tune.json calls trials_run
     # with the space covered, a further trial may repeat (and counts: nothing is left to try)
     t2 = _tuner(spec, tmp_path, trials=5)
     t2.search()

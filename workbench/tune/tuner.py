@@ -393,7 +393,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         return counted, running, waiting
 
     def _finished_count(self) -> int:
-        return sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t) for t in self._trials())
+        """Finished trials that used the budget (a repeat replaced by an untried config did not)."""
+        return sum((t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t))
+                   and not t.user_attrs.get("free_repeat") for t in self._trials())
 
     def baseline_runs(self) -> list[float]:
         assert self.study is not None
