@@ -378,7 +378,8 @@ RMSNORM = LaunchSpace(
 # ---- swiglu: elementwise over the flattened tensors
 
 
-def _swiglu_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
+def _block_size_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
+    """A tile of ``block_size`` elements spread over ``num_warps`` warps within the spill guard (SwiGLU, the amax)."""
     if "block_size" in p and "num_warps" in p:
         why = _per_thread(p["block_size"], p["num_warps"])
         if why:
@@ -394,7 +395,7 @@ SWIGLU = LaunchSpace(
         LaunchParam(name="block_size", doc="elements per program", check=_pow2_between(32, 1 << 16),
                     candidates=lambda s: (512, 1024, 2048, 4096, 8192), default=lambda s: 2048),
     ),
-    joint=_swiglu_joint,
+    joint=_block_size_joint,
 )
 
 # ---- rope: one program per block of tokens, a loop over blocks of heads
@@ -476,14 +477,6 @@ FUSED_LINEAR_CE = LaunchSpace(
 # scales, casts and stores each tile row-major and transposed
 
 
-def _amax_joint(p: Mapping[str, int], s: Shape | None) -> list[tuple[str, str]]:
-    if "block_size" in p and "num_warps" in p:
-        why = _per_thread(p["block_size"], p["num_warps"])
-        if why:
-            return [("block_size", why)]
-    return []
-
-
 FP8_AMAX = LaunchSpace(
     kernel="fp8_amax", op="fp8_linear", dims=("numel",),
     doc="max |x| of a tensor, for its FP8 tensorwise scale: persistent programs, each a grid-stride loop of "
@@ -498,7 +491,7 @@ FP8_AMAX = LaunchSpace(
         LaunchParam(name="programs_per_sm", doc="persistent programs per SM", check=_between(1, 32),
                     candidates=lambda s: (2, 4, 8, 16), default=lambda s: 8),
     ),
-    joint=_amax_joint,
+    joint=_block_size_joint,  # a block_size tile per program, as SwiGLU's
 )
 
 
