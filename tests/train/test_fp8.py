@@ -21,6 +21,18 @@ def _cd(**over):
     return merge_overrides(preset_config("tiny"), over).loongforge.compute_domain
 
 
+def test_fp8_head_is_tensorwise_only_and_runs_the_projects_casts():
+    head = "loongforge.compute_domain.fp8_head"
+    cd = _cd(**{FP8: "tensorwise", head: True})  # torchao's Linears, the project's casts for the head
+    assert cd.effective_ops()["loss"] == "fp8" and cd.triton_casts
+    cd = _cd(**{head: True})  # fp8: none: nothing in FP8, the head neither
+    assert cd.effective_ops()["loss"] == "torch" and not cd.triton_casts
+    with pytest.raises(ConfigError, match=r"loongforge\.compute_domain\.fp8_head: got true with fp8: 'rowwise'; the FP8 "
+                                          r"LM head implements the tensorwise recipe only: set fp8: tensorwise or "
+                                          r"fp8_head: false$"):
+        _cd(**{FP8: "rowwise", head: True})
+
+
 def test_fp8_config_values_and_errors():
     assert preset_config("tiny").loongforge.compute_domain.fp8 == "none"
     for recipe in ("tensorwise", "rowwise", "rowwise_with_gw_hp"):
@@ -92,15 +104,15 @@ def test_refusals_name_the_key_and_the_reason(monkeypatch):
 
 
 @needs_torchao
-def test_lm_head_is_refused_with_the_vocab_rule():
+def test_lm_head_is_refused_as_a_linear_and_fp8_head_named():
     from workbench.train.fp8 import convert_to_fp8
 
     with torch.device("meta"):
         model = Llama(get_preset("gr00t-n1.6"))  # untied head, vocab 50,257
     cd = _cd(**{FP8: "tensorwise", "loongforge.compute_domain.fp8_modules.include": ["*"],
                 "loongforge.compute_domain.fp8_modules.size_filter": False})
-    with pytest.raises(ConfigError, match=r"fp8_modules\.include: selects lm_head, but the vocabulary \(50257\) is "
-                                          r"not a multiple of 16"):
+    with pytest.raises(ConfigError, match=r"fp8_modules\.include: selects lm_head, which runs inside the loss op, "
+                                          r"not as a Linear; .*set fp8_head: true"):
         convert_to_fp8(model, cd, "cpu")
     cd = _cd(**{FP8: "tensorwise", "loongforge.compute_domain.fp8_modules.include": ["*"],
                 "loongforge.compute_domain.fp8_modules.exclude": ["lm_head"]})

@@ -123,7 +123,7 @@ def test_dropping_on_a_cpu_host():
     fp8_gpu = "an FP8 GPU (compute capability 8.9+) and torchao"
     assert reasons["fp8_cast"] == reasons["fp8_cast_block_m"] == f"needs cuda and {fp8_gpu}"
     assert text.startswith(f"dropped for this hardware: fp8 (needs {fp8_gpu}), fp8_cast (needs cuda and {fp8_gpu}), "
-                           "graph_capture (needs cuda), ")
+                           f"fp8_head (needs cuda and {fp8_gpu}), graph_capture (needs cuda), ")
     assert "overlap_ratio (needs multi-gpu)" in text
     assert format_dropped([]) == ""
 
@@ -131,7 +131,7 @@ def test_dropping_on_a_cpu_host():
 def test_dropping_on_a_gpu_host_without_io_uring():
     kept, dropped = drop_unsupported(list(knob_names()), {"cuda"})
     assert "graph_capture" in kept and "pinned_block_kb" in kept
-    fp8_casts = {"fp8_cast", "fp8_amax_num_warps", "fp8_amax_block_size", "fp8_amax_programs_per_sm",
+    fp8_casts = {"fp8_cast", "fp8_head", "fp8_amax_num_warps", "fp8_amax_block_size", "fp8_amax_programs_per_sm",
                  "fp8_cast_num_warps", "fp8_cast_block_m", "fp8_cast_block_n"}  # the Triton casts: FP8 GPUs only
     assert {d.knob for d in dropped} == {"io_uring_entries", "bucket_size_mb", "overlap_ratio", "fp8", *fp8_casts}
     kept, dropped = drop_unsupported(list(knob_names()), {"cuda", "multi_gpu", "io_uring", "fp8"})

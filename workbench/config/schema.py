@@ -365,6 +365,11 @@ class ComputeDomainConfig:
     (kernels/fp8_cast.py: one amax read, one pass writing both layouts, a shared input cast once; torchao's
     numerics, launch parameters under kernels.fp8_amax and kernels.fp8_cast). CUDA only; with fp8: none it has
     nothing to cast."""
+    fp8_head: bool = False
+    """The LM head's matmuls in FP8 too, under fp8: tensorwise (with none it has nothing to do), cast by the
+    project's kernels whatever fp8_cast says: the loss op becomes the FP8 one whatever ops.loss says, with the
+    vocabulary padded to a multiple of 64 and the padded logits sliced off before the fp32 softmax. The logits are
+    materialised, as with ops.loss: torch."""
 
     def __post_init__(self) -> None:
         _check_ranges(self)
@@ -372,6 +377,9 @@ class ComputeDomainConfig:
         if self.fp8_cast == "triton" and self.fp8 not in ("none", "tensorwise"):  # with none: nothing to cast
             raise ConfigError(f"got 'triton' with fp8: {self.fp8!r}; the Triton casts implement the tensorwise recipe "
                               "only: set fp8: tensorwise or fp8_cast: torchao", key="fp8_cast")
+        if self.fp8_head and self.fp8 not in ("none", "tensorwise"):  # with none: no FP8 at all
+            raise ConfigError(f"got true with fp8: {self.fp8!r}; the FP8 LM head implements the tensorwise recipe "
+                              "only: set fp8: tensorwise or fp8_head: false", key="fp8_head")
         if isinstance(self.graph_capture, bool):  # the switch's older form
             self.graph_capture = "fwd_bwd+optimizer" if self.graph_capture else "none"
         if self.captures and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
@@ -388,10 +396,18 @@ class ComputeDomainConfig:
         return self.graph_capture != "none"
 
     def effective_ops(self) -> dict[str, str]:
-        """Backend of each op ('torch' or 'triton') once triton_fusion is applied."""
-        return {
-            f.name: "triton" if self.triton_fusion else getattr(self.ops, f.name) for f in fields(self.ops)
-        }
+        """Backend of each op ('torch' or 'triton') once triton_fusion is applied; the loss's is 'fp8' under
+        fp8_head."""
+        ops = {f.name: "triton" if self.triton_fusion else getattr(self.ops, f.name) for f in fields(self.ops)}
+        if self.fp8_head and self.fp8 == "tensorwise":
+            ops["loss"] = "fp8"
+        return ops
+
+    @property
+    def triton_casts(self) -> bool:
+        """The project's FP8 cast kernels run: under fp8: tensorwise, for the Linears (fp8_cast: triton) or the
+        head (fp8_head)."""
+        return self.fp8 == "tensorwise" and (self.fp8_cast == "triton" or self.fp8_head)
 
 
 @dataclass(kw_only=True)

@@ -8,8 +8,8 @@ thresholds for the recipe (``torchao.float8._auto_filter_for_recipe``: dims mult
 small matmuls left out; ``rowwise_with_gw_hp`` uses the rowwise thresholds).
 
 The LM head is not called as a Linear here (the loss op reads its weight, fused or not),
-so a pattern that selects it is refused, with the vocabulary's multiple-of-16 rule named
-where that is what fails first.
+so a pattern that selects it is refused; ``compute_domain.fp8_head`` runs it in FP8 instead (the loss op
+``workbench.train.fp8_linear.linear_cross_entropy_fp8``, on the vocabulary padded to a multiple of 64).
 
 ``loongforge.compute_domain.fp8_cast: triton`` (tensorwise only) keeps torchao's numerics but makes the casts
 the project's own (``kernels.fp8_cast``): the selected Linears become ``workbench.train.fp8_linear.Fp8Linear``, whose matmuls are
@@ -91,10 +91,8 @@ def convert_to_fp8(model, cd: ComputeDomainConfig, device_type: str, device_inde
     keep = fp8_module_filter(cd)
     head = getattr(model, "lm_head", None)
     if head is not None and keep(head, "lm_head"):
-        vocab = head.weight.shape[0]
-        why = (f"the vocabulary ({vocab}) is not a multiple of 16, which FP8 matmuls need" if vocab % 16 else
-               "the LM head runs inside the loss op, which FP8 does not reach")
-        raise ConfigError(f"selects lm_head, but {why}; exclude it (exclude: ['lm_head'])",
+        raise ConfigError("selects lm_head, which runs inside the loss op, not as a Linear; exclude it (exclude: "
+                          "['lm_head']) and set fp8_head: true to run the head in FP8",
                           key="loongforge.compute_domain.fp8_modules.include")
     chosen = [name for name, module in model.named_modules() if keep(module, name)]
     if not chosen:
@@ -103,21 +101,25 @@ def convert_to_fp8(model, cd: ComputeDomainConfig, device_type: str, device_inde
             f"got {cd.fp8!r}, but no Linear matches fp8_modules (include {mods.include}, exclude {mods.exclude}"
             + (", torchao's size thresholds" if mods.size_filter else "") + "); widen include, or set "
             "fp8_modules.size_filter: false for small models", key=_KEY)
+    if cd.triton_casts:
+        from kernels import fp8_cast as kernels_fp8
+
+        if device_type != "cuda" and not kernels_fp8.INTERPRETED:
+            key, got, fix = (("fp8_cast", "'triton'", "fp8_cast: torchao") if cd.fp8_cast == "triton" else
+                             ("fp8_head", "true", "fp8_head: false"))
+            raise ConfigError(f"got {got}, but the Triton casts run on CUDA (the CPU only under TRITON_INTERPRET=1); "
+                              f"set {fix}", key=f"loongforge.compute_domain.{key}")
     if cd.fp8_cast == "triton":
-        _use_triton_casts(model, chosen, device_type)
+        _use_triton_casts(model, chosen)
     else:
         convert_to_float8_training(model, module_filter_fn=keep, config=Float8LinearConfig.from_recipe_name(cd.fp8))
     return chosen
 
 
-def _use_triton_casts(model, chosen: list[str], device_type: str) -> None:
+def _use_triton_casts(model, chosen: list[str]) -> None:
     """Turn the Linears named ``chosen`` into ``Fp8Linear`` in place (the same parameter tensors)."""
-    from kernels import fp8_cast as kernels_fp8
     from workbench.train.fp8_linear import Fp8Linear
 
-    if device_type != "cuda" and not kernels_fp8.INTERPRETED:
-        raise ConfigError("got 'triton', but the Triton casts run on CUDA (the CPU only under TRITON_INTERPRET=1); "
-                          "set fp8_cast: torchao", key="loongforge.compute_domain.fp8_cast")
     modules = dict(model.named_modules())
     for name in chosen:
         modules[name].__class__ = Fp8Linear  # a Linear subclass with no state of its own

@@ -7,9 +7,16 @@ Shape legend: M rows of the flattened input (B x T), K input features, N output 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Fp8Linear"]
+from workbench.vocab import padded_vocab
+
+__all__ = ["Fp8Linear", "linear_cross_entropy_fp8"]
+
+_FP8_ALIGN = 16
+"""FP8 matmuls need every dimension a multiple of this (``kernels.fp8_cast`` refuses other shapes)."""
+_IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
 class _Fp8Project(torch.autograd.Function):
@@ -72,3 +79,31 @@ class Fp8Linear(nn.Linear):
             x = x.to(torch.get_autocast_dtype(dev))
         outs = _Fp8Project.apply(x, *(m.weight for m in linears))
         return tuple(y if m.bias is None else y + m.bias.to(y.dtype) for y, m in zip(outs, linears))
+
+
+def linear_cross_entropy_fp8(
+    h_ND: torch.Tensor, weight_VD: torch.Tensor, labels_N: torch.Tensor, mask_N: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backend ``fp8`` of op ``loss`` (``compute_domain.fp8_head``): the torch loss with the LM head's matmuls in
+    FP8 tensorwise, cast and multiplied as :class:`Fp8Linear` does (e4m3 hidden states and weight, e5m2 logit
+    gradient). The vocabulary is padded with zero rows to a multiple of 64 and the positions with zero rows to a
+    multiple of 16; zeros change no amax, so no scale, and the padded logits are sliced off before the fp32
+    softmax, so they neither count in the loss nor get a gradient. Same signature and return as
+    ``workbench.train.ops.linear_cross_entropy_torch``."""
+    N, D = h_ND.shape
+    V = weight_VD.shape[0]
+    if D % _FP8_ALIGN:
+        raise ValueError(f"fp8_head: the hidden size ({D}) is not a multiple of {_FP8_ALIGN}, which FP8 matmuls need")
+    dev = h_ND.device.type
+    if torch.is_autocast_enabled(dev):
+        h_ND = h_ND.to(torch.get_autocast_dtype(dev))
+    Np, Vp = -(-N // _FP8_ALIGN) * _FP8_ALIGN, padded_vocab(V)
+    h_pad = F.pad(h_ND, (0, 0, 0, Np - N)) if Np != N else h_ND
+    w_pad = F.pad(weight_VD, (0, 0, 0, Vp - V)) if Vp != V else weight_VD
+    with torch.autocast(dev, enabled=False):  # the dtypes are explicit: logits in h's, the softmax in fp32
+        (logits_NpVp,) = _Fp8Project.apply(h_pad, w_pad)
+        mask_N = mask_N.bool()
+        labels_N = labels_N.long().masked_fill(~mask_N, _IGNORE_INDEX)
+        loss_sum = F.cross_entropy(logits_NpVp[:N, :V].float(), labels_N, ignore_index=_IGNORE_INDEX,
+                                   reduction="sum")
+    return loss_sum, mask_N.sum()

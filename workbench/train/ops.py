@@ -2,7 +2,8 @@
 
 The model calls the callables of an :class:`OpSet` built by :func:`resolve` from a mapping such as
 ``{"rmsnorm": "triton", "loss": "torch"}``; ops left out use the ``"torch"`` backends defined here. The
-``"triton"`` ones live in ``kernels`` (``kernels.TRITON_OPS``), registered the first time one is asked for.
+``"triton"`` ones live in ``kernels`` (``kernels.TRITON_OPS``), registered the first time one is asked for, as is
+the loss's ``"fp8"`` (``workbench.train.fp8_linear``, chosen by ``compute_domain.fp8_head``).
 docs/training.md lists the calling conventions every backend of an op follows.
 """
 
@@ -197,6 +198,8 @@ def resolve(ops: Mapping[str, str] | None = None, *, fused_residual_norm: bool =
     chosen = {op: ops.get(op, "torch") for op in OP_NAMES}
     if "triton" in chosen.values() or (fused_residual_norm and chosen["rmsnorm"] == "triton"):
         _register_triton()
+    if chosen["loss"] == "fp8" and "fp8" not in OPS["loss"]:  # compute_domain.fp8_head (imports the FP8 casts)
+        OPS["loss"]["fp8"] = importlib.import_module("workbench.train.fp8_linear").linear_cross_entropy_fp8
     fns = {}
     for op, backend in chosen.items():
         available = OPS[op]

@@ -100,18 +100,18 @@ class Trainer:
         # model and ops: what differs between a language model and the VLA is the workload's (workload.py)
         self.workload = workload_for(cfg)  # checks the model before any work: an invalid_config
         self.args = self.workload.args
-        backends = cfg.loongforge.compute_domain.effective_ops()
-        if "triton" in backends.values():
+        cd = cfg.loongforge.compute_domain
+        backends = cd.effective_ops()
+        if "triton" in backends.values() or cd.triton_casts:
             if self.device.type == "cuda":
-                import kernels  # here, not at the top: only a Triton op on CUDA needs Triton imported
+                import kernels  # here, not at the top: only a Triton kernel on CUDA needs Triton imported
 
-                kernels.configure(cfg.loongforge.compute_domain.kernels)  # LaunchConfigError: invalid_config
-            else:  # Triton kernels run on CUDA (tests run them on the CPU under TRITON_INTERPRET=1)
+                kernels.configure(cd.kernels)  # LaunchConfigError: invalid_config
+            elif "triton" in backends.values():  # Triton ops run on CUDA (tests run them under TRITON_INTERPRET=1)
                 log.warning("Triton ops requested on the CPU: using the torch ops")
-                backends = {op: "torch" for op in backends}
+                backends = {op: "torch" if b == "triton" else b for op, b in backends.items()}
         with torch.device(self.device):  # parameters are made and initialised where they train
-            self.model = self.workload.build(resolve(
-                backends, fused_residual_norm=cfg.loongforge.compute_domain.fused_residual_norm))
+            self.model = self.workload.build(resolve(backends, fused_residual_norm=cd.fused_residual_norm))
         self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
         self.trust_checkpoint = trust_checkpoint  # the user's flag only, never a config key (a study sets those)
         resuming = self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists()
@@ -119,8 +119,7 @@ class Trainer:
             n = self.workload.load_weights(cfg.model.checkpoint_path)
             log.info("loaded %d tensors from %s", n, cfg.model.checkpoint_path)
         # FP8 swaps Linears for torchao's Float8Linear (same parameters) before anything wraps or compiles them
-        self.fp8_linears = convert_to_fp8(self.model, cfg.loongforge.compute_domain, self.device.type,
-                                          self.device.index or 0)
+        self.fp8_linears = convert_to_fp8(self.model, cd, self.device.type, self.device.index or 0)
         if self.fp8_linears and self.device.type == "cpu":
             log.warning("FP8 on the CPU: torchao emulates the FP8 matmuls (FP8's numbers, not its speed)")
         self.model.set_activation_checkpointing(t.activation_checkpointing, t.activation_checkpointing_every)

@@ -121,6 +121,8 @@ def _op_backend_free(values: Mapping[str, Any]) -> bool:
 
 
 def _op_uses_triton(op: str, values: Mapping[str, Any]) -> bool:
+    if op == "loss" and values.get("fp8_head"):  # the FP8 head is the loss op whatever the backend says
+        return False
     return bool(values.get("triton_fusion")) or values.get(f"{op}_backend") == "triton"
 
 
@@ -134,11 +136,15 @@ def _kernel_knob(kernel: str, op: str, param: str, doc: str) -> Knob:
 _FP8_CUDA = frozenset({"fp8", "cuda"})
 
 
+def _triton_casts(values: Mapping[str, Any]) -> bool:
+    """The project's FP8 casts run: under tensorwise, for the Linears or the head (ComputeDomainConfig's rule)."""
+    return values.get("fp8") == "tensorwise" and (values.get("fp8_cast") == "triton" or bool(values.get("fp8_head")))
+
+
 def _fp8_kernel_knob(kernel: str, param: str, doc: str) -> Knob:
     """A launch parameter of an FP8 cast kernel: searched only while the Triton casts run."""
     return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
-                requires=_FP8_CUDA, condition=lambda v: v.get("fp8") == "tensorwise" and v.get("fp8_cast") == "triton",
-                doc=f"{kernel} kernel: {doc}")
+                requires=_FP8_CUDA, condition=_triton_casts, doc=f"{kernel} kernel: {doc}")
 
 
 # Declaration order is sampling order: a conditional knob comes after the knobs its condition reads.
@@ -173,6 +179,10 @@ KNOBS: tuple[Knob, ...] = (
          condition=lambda v: v.get("fp8") == "tensorwise", inactive="torchao", numerics=True,
          doc="who casts to FP8 under the tensorwise recipe: torchao, or the project's Triton kernels (one read "
              "for the amax, one pass writing both layouts, a shared input cast once)"),
+    Knob(name="fp8_head", key="loongforge.compute_domain.fp8_head", kind="bool", requires=_FP8_CUDA,
+         condition=lambda v: v.get("fp8") == "tensorwise", inactive=False, numerics=True,
+         doc="the LM head's matmuls in FP8 too, on the project's casts (vocabulary padded to a multiple of 64, the "
+             "loss in fp32): FP8 matmul speed against materialised logits"),
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="categorical", requires=_CUDA,
          condition=_graph_capture_allowed, inactive="none",
          doc="CUDA graphs of the step by segment: none, fwd_bwd, fwd_bwd+optimizer (none when the compile mode "
@@ -187,7 +197,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="rope_backend", key="loongforge.compute_domain.ops.rope", kind="categorical", requires=_CUDA,
          condition=_op_backend_free, doc="RoPE backend (torch or triton) when triton_fusion is off"),
     Knob(name="loss_backend", key="loongforge.compute_domain.ops.loss", kind="categorical", requires=_CUDA,
-         condition=_op_backend_free, doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off"),
+         condition=lambda v: _op_backend_free(v) and not v.get("fp8_head"), doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off"),
     Knob(name="fused_residual_norm", key="loongforge.compute_domain.fused_residual_norm", kind="bool",
          requires=_CUDA, condition=functools.partial(_op_uses_triton, "rmsnorm"), inactive=False,
          doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)"),
