@@ -27,6 +27,8 @@ VARIANTS = {
     "bf16": [],
     "fp8_tensorwise": ["loongforge.compute_domain.fp8=tensorwise"],
     "fp8_tensorwise_triton": ["loongforge.compute_domain.fp8=tensorwise", "loongforge.compute_domain.fp8_cast=triton"],
+    "fp8_tensorwise_triton_head": ["loongforge.compute_domain.fp8=tensorwise", "loongforge.compute_domain.fp8_cast=triton",
+                                   "loongforge.compute_domain.fp8_head=true"],
     "fp8_rowwise": ["loongforge.compute_domain.fp8=rowwise"],
     "fp8_rowwise_with_gw_hp": ["loongforge.compute_domain.fp8=rowwise_with_gw_hp"],
 }
