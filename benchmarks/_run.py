@@ -31,9 +31,13 @@ def run_logged(cmd: list[str], log_path: Path, *, env: dict[str, str], timeout: 
 
 
 def commit() -> str:
-    """The checkout's short commit hash, for the results' ``commit`` column ("unknown" outside git)."""
+    """The checkout's short commit hash, for the results' ``commit`` column ("unknown" outside git), with
+    ``+dirty`` when tracked files differ from it: the tree that ran is then not that commit."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True,
                               check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
+    return head + ("+dirty" if dirty else "")
