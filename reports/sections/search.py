@@ -24,8 +24,9 @@ from reports.sections._common import (
 
 __all__ = ["NOT_FAILED", "Search", "Trials", "search_section", "trials_section"]
 
-MIN_IMPORTANCE_TRIALS = 4
-"""Finished trials needed before importances are computed: with fewer, any evaluator ranks noise."""
+MIN_IMPORTANCE_TRIALS = 10
+"""Finished trials needed before importances are computed: with fewer, fANOVA's forest (or PED-ANOVA's quantile
+split) fits a handful of points and ranks noise (10 knobs ranked from 4 trials, issue 38)."""
 
 
 class Search(NamedTuple):
@@ -109,8 +110,8 @@ def _quiet_optuna() -> Iterator[None]:
 
 def _importances(data: StudyData, ok: list) -> tuple[pd.DataFrame | None, str | None]:
     if len(ok) < MIN_IMPORTANCE_TRIALS:
-        return None, (f"Too few finished trials for parameter importances ({len(ok)}; "
-                      f"{MIN_IMPORTANCE_TRIALS} needed).")
+        return None, (f"Too few finished trials for parameter importances ({len(ok)}; {MIN_IMPORTANCE_TRIALS} "
+                      "needed: with fewer, a ranking of the knobs would rank noise).")
     varied = [k for k in {p for t in ok for p in t.params}
               if len({repr(t.params.get(k)) for t in ok}) > 1]
     if not varied:

@@ -923,6 +923,11 @@ def test_multi_objective_pareto_and_one_gpu(tmp_path):
         assert not ((p.iloc[:, 1] >= a.iloc[1]) & (p.iloc[:, 2] <= a.iloc[2])
                     & ((p.iloc[:, 1] > a.iloc[1]) | (p.iloc[:, 2] < a.iloc[2]))).any()
     assert p.loc[p.iloc[:, 1].idxmax(), "on_front"]
+    # fewer than 10 finished trials: no importances, and the report says why
+    assert len(fx.trial_tput) < 10 and rep.search.importances is None
+    assert rep.search.importances_message == (f"Too few finished trials for parameter importances "
+                                              f"({len(fx.trial_tput)}; 10 needed: with fewer, a ranking of the knobs "
+                                              "would rank noise).")
     assert rep.trials.objective_columns == ["throughput/real_tokens_per_s_per_gpu", "memory/max_reserved_gib"]
     assert set(rep.environment.dropped["knob"]) == set(OVERLAP_KNOBS)
     assert "grad_sync" in rep.time.breakdown.columns
