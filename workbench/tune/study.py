@@ -11,7 +11,8 @@ knobs, empty ranges and values of the wrong type are rejected with a
     gpus: 1
     base:                            # config overrides (config.yaml sections), fixed for every trial
       training: {global_batch_size: 8}
-    space:                           # knob -> range or choices (knob names: workbench/tune/knobs.py)
+    space:                           # knob -> range or choices (knob names: workbench/tune/knobs.py),
+                                     # or `auto`: the workload's default space (workbench/tune/spaces.py)
       bucket_width: {choices: [32, 64, 128, 256]}
       num_workers: {low: 0, high: 2}
     budget: {trials: 10, timeout_s: null}
@@ -459,25 +460,11 @@ class StudySpec:
     # ------------------------------------------------------------------ configs
     def model_overrides(self) -> dict[str, Any]:
         """The model section for ``model`` (a preset, or a config.json path)."""
-        if self.model in MODEL_PRESETS:
-            return {"model.name": self.model, "model.config_path": None}
-        return {"model.name": "custom", "model.config_path": self.model}
+        return _model_overrides(self.model)
 
     def base_config(self) -> Config:
         """Model + ``base`` + ``gpus``: the baseline, and what the export starts from."""
-        cfg = preset_config("tiny")
-        try:
-            cfg = merge_overrides(cfg, self.model_overrides())
-        except ConfigError as e:
-            raise ConfigError(f"model {self.model!r}: {e}", key="model") from None
-        try:
-            cfg = merge_overrides(cfg, dict(self.base))
-        except ConfigError as e:
-            raise e.with_prefix("base") from None
-        try:
-            return merge_overrides(cfg, {"hardware.gpus": self.gpus})
-        except ConfigError as e:
-            raise ConfigError(str(e), key="gpus") from None
+        return _base_config(self.model, self.base, self.gpus)
 
     def measured_base_config(self) -> Config:
         """The baseline as measured: ``base_config`` + the protocol's measurement keys."""
@@ -533,6 +520,41 @@ class StudySpec:
 
 # --------------------------------------------------------------------------- loading
 
+
+def _model_overrides(model: str) -> dict[str, Any]:
+    if model in MODEL_PRESETS:
+        return {"model.name": model, "model.config_path": None}
+    return {"model.name": "custom", "model.config_path": model}
+
+
+def _base_config(model: str, base: Mapping[str, Any], gpus: int) -> Config:
+    cfg = preset_config("tiny")
+    try:
+        cfg = merge_overrides(cfg, _model_overrides(model))
+    except ConfigError as e:
+        raise ConfigError(f"model {model!r}: {e}", key="model") from None
+    try:
+        cfg = merge_overrides(cfg, dict(base))
+    except ConfigError as e:
+        raise e.with_prefix("base") from None
+    try:
+        return merge_overrides(cfg, {"hardware.gpus": gpus})
+    except ConfigError as e:
+        raise ConfigError(str(e), key="gpus") from None
+
+
+def _auto_space(data: Mapping[str, Any]) -> dict[str, Any]:
+    """``space: auto``: the default space of the workload that ``model``, ``base`` and ``gpus`` of ``data`` build."""
+    from workbench.tune.spaces import auto_space
+
+    if data.get("trainer") is not None:
+        raise ConfigError("got 'auto', which is the built-in loop's space; a loop of one's own lists its user.* "
+                          "knobs", key="space")
+    model, base, gpus = data.get("model", "tiny"), data.get("base") or {}, data.get("gpus", 1)
+    if not isinstance(model, str) or not isinstance(base, Mapping) or not isinstance(gpus, int):
+        return {}  # the spec's own checks name the bad key
+    return auto_space(_base_config(model, base, gpus))
+
 def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Path | None = None) -> StudySpec:
     """Build and validate a StudySpec from plain data; errors name ``source`` and the key path."""
     if not isinstance(data, Mapping):
@@ -549,6 +571,8 @@ def spec_from_dict(data: Mapping[str, Any], source: str = "<dict>", base_dir: Pa
         cwd = Path(str(trainer.get("cwd") or ".")).expanduser()
         data["trainer"] = {**trainer, "cwd": str(cwd if cwd.is_absolute() else (base_dir / cwd).resolve())}
     try:
+        if isinstance(data.get("space"), str) and data["space"].strip() == "auto":
+            data["space"] = _auto_space(data)
         spec = from_dict(StudySpec, data)
     except ConfigError as e:
         raise e.with_source(source) from None

@@ -38,7 +38,8 @@ from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
 from workbench.tune.stats import noise_floor
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, mask_url,
                                     normalize_storage_url, proc_identity, proc_start)
-from workbench.tune.study import StudySpec, spec_from_dict
+from workbench.tune.spaces import fit_micro_batches
+from workbench.tune.study import KnobRange, StudySpec, spec_from_dict
 from workbench.tune.trial import (Launcher, TrialOutcome, command_launcher, interrupts_held, launch_command,
                                   not_launched_outcome, read_log_tail, run_trial)
 from workbench.tune.validation import Validation, _feasible, _now
@@ -269,12 +270,38 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
 
             self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
                                  gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
+        self._fit_micro_batches(study, attrs)
         # reload with the real sampler and pruner (create_study needed a sampler to exist)
         trials_before = sum(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
         study = optuna.load_study(study_name=self.study_name, storage=self.storage,
                                   sampler=self._sampler(trials_before), pruner=self._pruner())
         self.study = study
         return study
+
+    def _fit_micro_batches(self, study: optuna.Study, attrs: Mapping[str, Any]) -> None:
+        """Bound the space's micro_batch_size by the memory model on this GPU (``workbench.tune.spaces``), with one
+        line for the choices dropped. The study keeps the bound it was first opened with (its trials' distribution
+        must not change)."""
+        spec = self.spec
+        assert spec is not None
+        rng = spec.space.get("micro_batch_size")
+        if rng is None or spec.trainer is not None:  # a loop of one's own finds its own limit
+            return
+        choices = rng.grid("int")
+        if "micro_batch_fit" in attrs:
+            kept = list(attrs["micro_batch_fit"])
+        else:
+            lean = {n: spec.space[n].grid(spec.knob(n).kind) for n in ("activation_checkpointing", "loss_backend")
+                    if n in spec.space}
+            kept, line = fit_micro_batches(spec.base_config(), choices, lean, self.hardware.get("gpu_memory_gib"))
+            if line:
+                self._log(line)
+            if not kept:
+                raise TuneError(f"nothing to search: {line}")
+            if not self.worker:
+                study.set_user_attr("micro_batch_fit", kept)
+        if kept != choices:
+            spec.space["micro_batch_size"] = KnobRange(choices=kept)
 
     def _start_over_if_changed(self, mine: Mapping[str, Any]) -> None:
         """A coordinator on a stored study: where the spec changed and nothing was measured yet (no baseline run,
