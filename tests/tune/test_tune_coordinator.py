@@ -97,7 +97,7 @@ def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path, monk
     base = tmp_path / "runs" / "att" / "baseline"
     tuner._lease_lost = "pid 4242 on elsewhere (heartbeat 0 s ago)"
     with pytest.raises(TuneError, match="another coordinator took the lease over"):
-        tuner._measure(spec.measured_base_config(), base / "0", "baseline")
+        tuner._measure(spec.measured_base_config(), base / "0", "baseline", "baseline")
     assert not (base / "0").exists() and [p.name for p in base.iterdir()] == [f".0.{tuner._attempt_id}"]
     tuner._release_lease()
     nxt = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)

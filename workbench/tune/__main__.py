@@ -4,7 +4,7 @@ The CLI of the ``Tuner`` (workbench.tune.tuner); it also builds the report (``re
 tuner) and hands the tuner the memory tool's gradient-lifetime writer (``workbench.memory``, its sibling).
 docs/tuner.md describes one run.
 
-    python -m workbench.tune [--study NAME|PATH] [--trials N] [--timeout S] [--storage URL]
+    python -m workbench.tune [--study NAME|PATH] [--trials N] [--timeout S] [--gpu-minutes M] [--storage URL]
                              [--study-name NAME] [--gpus N] [--out runs/] [--worker] [--no-report]
                              [--no-progress]
     python -m workbench.tune export [same flags]   # re-export runs/<study>/config.yaml from its result
@@ -58,6 +58,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    f"(default {DEFAULT_STUDY}; a worker without it reads the spec from the storage)")
     p.add_argument("--trials", type=int, help="trial budget (default: the spec's budget.trials)")
     p.add_argument("--timeout", type=float, help="wall-clock limit of the search in this process, seconds (default: the spec's budget.timeout_s)")
+    p.add_argument("--gpu-minutes", type=float, help="device time of the whole study (baseline, search, validation, "
+                   "traces), in GPU-minutes (default: the spec's budget.gpu_minutes)")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/<study>/study.db)")
     p.add_argument("--study-name", help="Optuna study name and runs/ directory (default: the spec's name)")
     p.add_argument("--gpus", type=int, help="GPUs per trial (default: the spec's gpus); more than 1 needs that many CUDA GPUs "
@@ -85,6 +87,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--gpus must be >= 1")
     if args.timeout is not None and args.timeout <= 0:
         p.error("--timeout must be > 0")
+    if args.gpu_minutes is not None and not args.gpu_minutes > 0:
+        p.error("--gpu-minutes must be > 0")
     return args
 
 
@@ -238,7 +242,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     stored_name = _stored_name(args)  # resumes a study of one's own by name, with its stored spec
     spec = None if stored_name else _resolve_spec(args)
     tuner = Tuner(spec, study_name=args.study_name or stored_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
-                  timeout_s=args.timeout, worker=args.worker, report=None if args.no_report else build_report,
+                  timeout_s=args.timeout, gpu_minutes=args.gpu_minutes, worker=args.worker, report=None if args.no_report else build_report,
                   lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes),
                   reset=_confirm_reset(args.yes) if args.reset else None)
     try:

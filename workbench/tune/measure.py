@@ -5,6 +5,7 @@ trial, and the base config's gradient lifetimes."""
 from __future__ import annotations
 
 import contextlib
+import statistics
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,17 @@ from workbench.tune.numerics import check_loss, data_key, window_loss
 from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
 
-__all__ = ["Measurement"]
+__all__ = ["GPU_PHASES", "Measurement"]
+
+GPU_PHASES = ("baseline", "screening", "trials", "numerics", "validation", "traces")
+"""Where a study's device time goes: the base config's repeats, search trials stopped at screening (the pruner
+stopped them early), search trials measured to the end (or failed), the numerics guard's twins, validation's A/B
+runs and the trace runs."""
+
+COORDINATOR_PHASES = ("baseline", "validation", "traces")
+"""Phases only the coordinator runs: their device seconds are one study attribute (``gpu_s``) that no other
+process writes. A search trial's own seconds, and its twin's, are that trial's attributes (``wall_s``,
+``twin_wall_s``), since workers run them."""
 
 
 class Measurement:
@@ -34,22 +45,101 @@ class Measurement:
                 self.progress.set(phase=f"{prefix}: {text}")
         return on_phase
 
-    def _measure(self, cfg: Any, run_dir: Path, prefix: str) -> TrialOutcome:
-        """A coordinator's measurement (baseline, validation, numerics twin): run into this process's own attempt
-        folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still holds the study, move it
-        into place; so no two processes ever write one folder, and a folder in place is a finished run."""
+    def _measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str) -> TrialOutcome:
+        """A measurement outside the search trials (baseline, validation, numerics twin, trace): run into this
+        process's own attempt folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still
+        holds the study, move it into place; so no two processes ever write one folder, and a folder in place is a
+        finished run. Its device seconds count to ``phase`` (one of GPU_PHASES; a twin's are its trial's)."""
         spec = self.spec
         assert spec is not None
         attempt = run_dir.with_name(f".{run_dir.name}.{self._attempt_id}")
         out = run_trial(cfg, attempt, timeout_s=spec.protocol.trial_timeout_s,
                         heartbeat_timeout_s=spec.protocol.heartbeat_timeout_s, on_phase=self._phase(prefix),
                         launch=self.launch, env=self._child_env(), cwd=self._child_cwd())
+        if phase in COORDINATOR_PHASES:
+            self._spend(phase, out.wall_s)
+        if phase in ("validation", "traces") and self.progress is not None:
+            self.progress.run_after_search()
         self._check_lease()  # a coordinator whose study was taken over keeps nothing
         remove_tree(run_dir)
         attempt.rename(run_dir)
         out.trial_dir = run_dir
         out.config_path = run_dir / "config.yaml" if out.config_path is not None else None
         return out
+
+    def _spend(self, phase: str, wall_s: float) -> None:
+        """Add a coordinator phase's run to the study's device seconds (its wall time times the GPUs it held)."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None and phase in COORDINATOR_PHASES
+        spent = dict(study.user_attrs.get("gpu_s") or {})
+        spent[phase] = round(float(spent.get(phase, 0.0)) + wall_s * spec.gpus, 3)
+        study.set_user_attr("gpu_s", spent)
+        if self.progress is not None:
+            self.progress.set(gpu_min=self.gpu_seconds_total() / 60)
+
+    def gpu_seconds(self) -> dict[str, float]:
+        """Device seconds the study spent so far, by phase (GPU_PHASES): the coordinator's phases from the study,
+        each finished search trial's from its own record (a repeat that reused a result ran nothing)."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        spent = dict.fromkeys(GPU_PHASES, 0.0)
+        for k, v in (study.user_attrs.get("gpu_s") or {}).items():
+            if k in spent and isinstance(v, (int, float)):
+                spent[k] += float(v)
+        for t in study.get_trials(deepcopy=False):
+            a = t.user_attrs
+            wall, twin = a.get("wall_s"), a.get("twin_wall_s")
+            if isinstance(wall, (int, float)) and "duplicate_of" not in a:
+                spent["screening" if t.state == optuna.trial.TrialState.PRUNED else "trials"] += wall * spec.gpus
+            if isinstance(twin, (int, float)):
+                spent["numerics"] += twin * spec.gpus
+        return {k: round(v, 3) for k, v in spent.items()}
+
+    def gpu_seconds_total(self) -> float:
+        return sum(self.gpu_seconds().values())
+
+    def gpu_record(self) -> dict[str, Any]:
+        """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes."""
+        spec = self.spec
+        assert spec is not None
+        spent = self.gpu_seconds()
+        return {"budget": spec.budget.gpu_minutes if self.gpu_budget_override is None else self.gpu_budget_override,
+                "total": round(sum(spent.values()) / 60, 3),
+                "by_phase": {k: round(v / 60, 3) for k, v in spent.items()}}
+
+    def _run_seconds(self) -> float | None:
+        """Device seconds one measured run takes here: the median of the baseline's runs (None before any)."""
+        walls = [w for w in (self.study.user_attrs.get("baseline_wall_s") or []) if isinstance(w, (int, float))]
+        return statistics.median(walls) * self.spec.gpus if walls else None
+
+    def reserved_seconds(self) -> float:
+        """Device seconds validation and the traces may take at most: every candidate's A/B pairs at the cap and
+        the two trace runs, each at the baseline's run time (0 before the baseline ran)."""
+        spec = self.spec
+        assert spec is not None
+        run = self._run_seconds() or 0.0
+        p = spec.protocol
+        return run * (2 * p.top_k * p.ab_rounds + (2 if p.profile_steps > 0 else 0))
+
+    def _trial_seconds(self) -> float:
+        """Device seconds the next search trial is expected to take: the median of the search trials measured to
+        the end so far, else a baseline run."""
+        spec = self.spec
+        assert spec is not None
+        walls = [t.user_attrs["wall_s"] * spec.gpus for t in self.study.get_trials(deepcopy=False)
+                 if t.state == optuna.trial.TrialState.COMPLETE and isinstance(t.user_attrs.get("wall_s"), (int, float))
+                 and t.user_attrs["wall_s"] > 0]
+        return statistics.median(walls) if walls else (self._run_seconds() or 0.0)
+
+    def gpu_budget_left(self) -> float | None:
+        """Device seconds the search may still spend: the budget less what was spent, validation's and the traces'
+        reserve, and the next trial; None without a GPU-minute budget."""
+        spec = self.spec
+        assert spec is not None
+        minutes = spec.budget.gpu_minutes if self.gpu_budget_override is None else self.gpu_budget_override
+        if minutes is None:
+            return None
+        return minutes * 60 - self.gpu_seconds_total() - self.reserved_seconds() - self._trial_seconds()
 
     def _remove_stale_attempts(self) -> None:
         """Attempt folders that a dead coordinator left (it held the lease; this one holds it now)."""
@@ -79,12 +169,14 @@ class Measurement:
         for i in range(len(runs), repeats):
             self._check_lease()
             out = self._measure(cfg, self.study_dir / "baseline" / str(i),
-                                f"baseline {i + 1}/{repeats}")
+                                f"baseline {i + 1}/{repeats}", "baseline")
             if out.status != "ok" or out.value is None:
                 raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
                                 f"config must run. Log: {out.trial_dir / 'log.txt'}\n{out.log_tail}")
             runs.append(out.value)
             losses.append(window_loss(out.last_window))
+            study.set_user_attr("baseline_wall_s", [*(study.user_attrs.get("baseline_wall_s") or [])[:i],
+                                                    round(out.wall_s, 3)])
             study.set_user_attr("baseline_runs", runs)
             study.set_user_attr("baseline_losses", losses)  # the numerics guard's reference
             study.set_user_attr("baseline_dirs", [str(self.study_dir / "baseline" / str(j))
@@ -140,7 +232,7 @@ class Measurement:
 
     def _trace(self, cfg: Any, name: str, trial: int | None) -> dict[str, Any]:
         run_dir = self.study_dir / "traces" / name
-        out = self._measure(cfg, run_dir, f"trace of the {name}")
+        out = self._measure(cfg, run_dir, f"trace of the {name}", "traces")
         trace, snapshot = run_dir / "trace.json", run_dir / "memory_snapshot.pickle"
         rec: dict[str, Any] = {"trial": trial, "run_dir": str(run_dir),
                                "path": str(trace) if trace.exists() else None,
@@ -174,7 +266,8 @@ class Measurement:
             if h not in twins:
                 self._log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same data")
                 tw = self._measure(twin_cfg, out.trial_dir / "numerics-twin",
-                                   f"trial {trial.number} numerics twin")
+                                   f"trial {trial.number} numerics twin", "numerics")
+                trial.set_user_attr("twin_wall_s", round(tw.wall_s, 3))
                 if tw.status != "ok" or window_loss(tw.last_window) is None:
                     # no reference: the candidate cannot be shown to train like the base, so it cannot win
                     out.status, out.failure_reason = "numerics", (

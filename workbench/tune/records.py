@@ -79,7 +79,8 @@ class StudyRecords:
             "study_name": self.study_name, "storage_url": mask_url(self.storage_url),
             "spec": self.spec.to_record(),
             "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
-            "budget_trials": self.budget, "noise_floor": self.study.user_attrs.get("noise_floor"),
+            "budget_trials": self.budget, "gpu_minutes": self.gpu_record(), "screening": self.screening_record(),
+            "noise_floor": self.study.user_attrs.get("noise_floor"),
             "started": self._sessions[0]["started"], "finished": finished,
             "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions), "result": result,
         })
@@ -88,7 +89,7 @@ class StudyRecords:
         """The study's one result (workbench.tune.result) from its validation and the study's facts."""
         assert self.spec is not None
         budget = {"trials": self.budget, "trials_run": self._finished_count(), "timeout_s": self.timeout_s,
-                  "wall_s": wall_s}
+                  "wall_s": wall_s, "gpu_minutes": self.gpu_record(), "screening": self.screening_record()}
         return build_result(validation, study=self.study_name, base_values=self.spec.base_knob_values(),
                             baseline_repeats=self.baseline_runs(), searched=self.active, budget=budget,
                             data=data_source(self.spec.base_config(), self.spec.trainer), commit=source_commit())
@@ -98,7 +99,7 @@ class StudyRecords:
         its export and how to extend it, and give the lease back. None when there is work to do."""
         result = self.stored_result()
         spent = (self.budget is not None and self._finished_count() >= self.budget) or \
-            (self.budget is None and self.timeout_override is None)
+            (self.budget is None and self.timeout_override is None) or self._gpu_budget_done()
         if result is None or not spent:
             return None
         with interrupts_held():

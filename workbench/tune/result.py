@@ -20,7 +20,8 @@ from loaders.format import MANIFEST_NAME
 from workbench.config import Config
 from workbench.tune.stats import noise_floor, noise_warning, pairs_needed
 
-__all__ = ["VERDICTS", "build_result", "data_source", "describe_data", "provenance_fields", "result_headline",
+__all__ = [
+    "gpu_minutes_line","VERDICTS", "build_result", "data_source", "describe_data", "provenance_fields", "result_headline",
            "result_lines"]
 
 VERDICTS = ("winner", "no_significant_gain", "no_candidate")
@@ -183,7 +184,24 @@ def result_lines(result: Mapping[str, Any]) -> list[str]:
     lines.append(f"  searched {', '.join(result['searched']) or 'nothing'}; {b.get('trials_run', 0)} of "
                  f"{b.get('trials') if b.get('trials') is not None else 'unlimited'} trials; data: "
                  f"{describe_data(result['data'])}")
+    if (g := b.get("gpu_minutes")) and (line := gpu_minutes_line(g, b.get("screening"))):
+        lines.append(f"  {line}")
     return lines
+
+
+def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None = None) -> str:
+    """One line: the GPU-minutes the study spent (of its budget) by phase, and what each screening stage saw."""
+    phases = ", ".join(f"{k} {v:.1f}" for k, v in (gpu.get("by_phase") or {}).items() if v)
+    text = (f"GPU-minutes: {gpu.get('total', 0):.1f}" + (f" of {gpu['budget']:g}" if gpu.get("budget") else "")
+            + (f" ({phases})" if phases else ""))
+    if screening and screening.get("stages"):
+        stages = ", ".join(f"{s['trials']} at {s['windows']} window{'s' if s['windows'] != 1 else ''}"
+                           for s in screening["stages"])
+        rate = screening.get("configs_per_gpu_minute")
+        text += (f"; trials measured: {stages}" + (f"; {screening['refused_without_run']} refused without a run"
+                                                   if screening.get("refused_without_run") else "")
+                 + (f"; {rate:.2f} configs a GPU-minute" if rate else ""))
+    return text
 
 
 def data_source(cfg: Config, trainer: Any = None) -> dict[str, Any]:

@@ -147,14 +147,21 @@ class Budget:
     """Trials that count (complete, pruned or failed-but-told: not infrastructure interruptions)."""
     timeout_s: float | None = None
     """Wall-clock limit of the search in each tuner process; null = none."""
+    gpu_minutes: float | None = None
+    """Device time of the whole study, every process it ran (baseline, search, numerics twins, validation,
+    traces) times its GPUs: the search stops before a trial once what was spent, plus what validation and the
+    traces may take at most, reaches it; null = none."""
 
     def __post_init__(self) -> None:
         if self.trials is not None and self.trials < 1:
             raise ConfigError(f"got {self.trials}; expected an integer >= 1 or null", key="trials")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ConfigError(f"got {self.timeout_s}; expected a number > 0 or null", key="timeout_s")
-        if self.trials is None and self.timeout_s is None:
-            raise ConfigError("no budget: set trials, timeout_s or both", key="trials")
+        if self.gpu_minutes is not None and not self.gpu_minutes > 0:
+            raise ConfigError(f"got {self.gpu_minutes}; expected a number of minutes > 0 or null",
+                              key="gpu_minutes")
+        if self.trials is None and self.timeout_s is None and self.gpu_minutes is None:
+            raise ConfigError("no budget: set trials, timeout_s, gpu_minutes or any of them", key="trials")
 
 
 @dataclass(kw_only=True)
@@ -192,17 +199,30 @@ class SamplerSpec:
 class PrunerSpec:
     """Optuna pruner over the measured windows."""
 
-    name: Literal["median", "none"] = "median"
-    """median: stop a trial whose window throughput is below the median of earlier trials at that window."""
+    name: Literal["median", "successive_halving", "hyperband", "none"] = "median"
+    """median: stop a trial whose window throughput is below the median of earlier trials at that window.
+    successive_halving: screening; every trial is first a short run (the warm-up and one window), and only one
+    in ``reduction_factor`` of those screened, the fastest, goes on to the next window count (1, eta, eta^2, ...
+    windows, up to ``protocol.windows``); Optuna's SuccessiveHalvingPruner with the window as its resource.
+    hyperband: Optuna's HyperbandPruner over the same resource (several such brackets, from 1 window)."""
     n_warmup_steps: int = 1
-    """Windows reported before a trial may be pruned."""
+    """Windows reported before a trial may be pruned (median)."""
     n_startup_trials: int = 3
-    """Finished trials before pruning starts."""
+    """Finished trials before pruning starts (median)."""
+    reduction_factor: int = 3
+    """successive_halving and hyperband: one in this many screened trials is promoted."""
 
     def __post_init__(self) -> None:
         for key in ("n_warmup_steps", "n_startup_trials"):
             if getattr(self, key) < 0:
                 raise ConfigError(f"got {getattr(self, key)}; expected an integer >= 0", key=key)
+        if self.reduction_factor < 2:
+            raise ConfigError(f"got {self.reduction_factor}; expected an integer >= 2", key="reduction_factor")
+
+    @property
+    def screens(self) -> bool:
+        """Whether trials are screened: a short run first, the full protocol for the promoted ones."""
+        return self.name in ("successive_halving", "hyperband")
 
 
 @dataclass(kw_only=True)

@@ -119,6 +119,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         storage_url: str | None = None,
         trials: int | None = None,
         timeout_s: float | None = None,
+        gpu_minutes: float | None = None,
         worker: bool = False,
         report: Callable[[Path, str, str], Path] | None = None,
         lifetimes: Callable[[Any, Path], str] | None = None,
@@ -136,6 +137,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.storage_shown = mask_url(self.storage_url)  # the only form of the URL that is printed or written
         self.trials_override = trials
         self.timeout_override = timeout_s
+        self.gpu_budget_override = gpu_minutes  # the CLI's --gpu-minutes, over the spec's budget.gpu_minutes
         self.worker = worker
         self.report = report or None  # report.html's builder (the CLI passes reports.build_report); None builds none
         self.lifetimes = lifetimes  # lifetimes.json's writer (workbench.memory.lifetimes.study_lifetimes), or None
@@ -164,6 +166,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self._lease_stop: threading.Event | None = None
         self._lease_study: optuna.Study | None = None
         self._lease_lost: str | None = None
+        self._gpu_note = False  # the GPU-minute budget's line was printed
 
     # ------------------------------------------------------------------ setup
     @property
@@ -256,13 +259,6 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             self.budget = attrs["budget_trials"]
         else:
             self.budget = spec.budget.trials
-        if not self.worker:
-            study.set_user_attr("budget_trials", self.budget)
-            self._enqueue_seeds(study)
-        if self.budget is None and self.timeout_s is None:
-            raise TuneError("no budget: give --trials or --timeout, or set budget in the study spec")
-        if not self.active:
-            raise TuneError(f"nothing to search on this hardware: {format_dropped(dropped)}")
         self.hardware = {"capabilities": sorted(caps), "gpus": spec.gpus, "cpu_count": os.cpu_count(),
                          "host": socket.gethostname()}
         if "cuda" in caps:
@@ -270,6 +266,18 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
 
             self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
                                  gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
+        if self.gpu_budget_override is None and self.worker and "budget_gpu_minutes" in attrs:
+            self.gpu_budget_override = attrs["budget_gpu_minutes"]
+        if not self.worker:
+            study.set_user_attr("budget_trials", self.budget)
+            study.set_user_attr("budget_gpu_minutes", self.gpu_minutes)
+            study.set_user_attr("hardware_key", self._hardware_key())
+            self._warm_start(study)
+            self._enqueue_seeds(study)
+        if self.budget is None and self.timeout_s is None and self.gpu_minutes is None:
+            raise TuneError("no budget: give --trials, --timeout or --gpu-minutes, or set budget in the study spec")
+        if not self.active:
+            raise TuneError(f"nothing to search on this hardware: {format_dropped(dropped)}")
         self._fit_micro_batches(study, attrs)
         # reload with the real sampler and pruner (create_study needed a sampler to exist)
         trials_before = sum(t.state != TrialState.WAITING for t in study.get_trials(deepcopy=False))
@@ -352,6 +360,69 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             else:
                 child.unlink(missing_ok=True)
 
+    def _hardware_key(self) -> dict[str, Any]:
+        """What makes two studies' measurements comparable: the device model, the GPUs a trial holds."""
+        return {"device": self.hardware.get("gpu") or "cpu", "gpus": self.hardware.get("gpus")}
+
+    def _warm_start(self, study: optuna.Study) -> None:
+        """A new study's first trial, once: the validated winner (else the fastest feasible trial) of the best
+        earlier study in the same storage of the same model on the same hardware (``_hardware_key``), its values
+        kept where this study searches them and holds them (the sampler picks the rest). Nothing when no such
+        study exists or this one already holds trials."""
+        spec = self.spec
+        assert spec is not None and self.storage is not None
+        if "warm_start" in study.user_attrs or study.get_trials(deepcopy=False):
+            return
+        mine = self._hardware_key()
+        best: tuple[float, str, int, dict[str, Any]] | None = None
+        for summary in optuna.get_all_study_summaries(self.storage, include_best_trial=False):
+            a = summary.user_attrs
+            if summary.study_name == self.study_name or (a.get("spec") or {}).get("model") != spec.model \
+                    or a.get("hardware_key") != mine:
+                continue
+            other = optuna.load_study(study_name=summary.study_name, storage=self.storage,
+                                      sampler=optuna.samplers.RandomSampler(0))
+            ok = [t for t in other.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if _feasible(t)]
+            exported = a.get("result/exported_trial")
+            pick = next((t for t in ok if t.number == exported), None) or max(ok, key=lambda t: t.values[0],
+                                                                               default=None)
+            if pick is not None and (best is None or pick.values[0] > best[0]):
+                best = (pick.values[0], summary.study_name, pick.number, dict(pick.params))
+        if best is None:
+            study.set_user_attr("warm_start", None)
+            return
+        value, name, number, params = best
+        kept = {k: v for k, v in params.items() if k in self.active and k in spec.space
+                and spec.space[k].contains(v, spec.knob(k).kind)}
+        study.enqueue_trial(kept, user_attrs={"warm_start": {"study": name, "trial": number}})
+        study.set_user_attr("warm_start", {"study": name, "trial": number, "params": kept})
+        self._log(f"warm start: trial {number} of study {name} (same model and {mine['device']}; {value:,.0f} "
+                  f"tok/s/gpu there) runs first ({_params_text(kept) or 'the base config'})")
+
+    def screening_record(self) -> dict[str, Any]:
+        """tune.json's ``screening``: how many search trials each stage of the protocol saw (``stages``: trials that
+        measured at least that many windows; the first is the screen, the last the full protocol), the configs
+        refused before any run (the memory model, a config error), repeats answered from an earlier trial, and
+        configs evaluated (screened or refused) per GPU-minute of the study."""
+        spec = self.spec
+        assert spec is not None
+        trials = [t for t in self._trials() if t.state not in (TrialState.WAITING, TrialState.RUNNING)]
+        own = [t for t in trials if "duplicate_of" not in t.user_attrs]
+        windows, eta = spec.protocol.windows, spec.pruner.reduction_factor
+        marks = {1, windows}
+        if spec.pruner.screens:
+            r = 1
+            while r < windows:
+                marks.add(r)
+                r *= eta
+        stages = [{"windows": w, "trials": sum(len(t.intermediate_values) >= w for t in own)} for w in sorted(marks)]
+        refused = sum(not t.intermediate_values and t.user_attrs.get("wall_s") == 0 for t in own)
+        minutes = self.gpu_seconds_total() / 60
+        evaluated = stages[0]["trials"] + refused
+        return {"pruner": spec.pruner.name, "stages": stages, "refused_without_run": refused,
+                "repeats": len(trials) - len(own), "configs_evaluated": evaluated,
+                "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None}
+
     # ------------------------------------------------------------------ the coordinator lease
     def _enqueue_seeds(self, study: optuna.Study) -> None:
         """The spec's seed trials, queued once per study (Optuna's enqueue_trial): they run first and count
@@ -378,6 +449,13 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         return self.spec.trainer.cwd if self.spec is not None and self.spec.trainer is not None else None
 
     @property
+    def gpu_minutes(self) -> float | None:
+        """The study's GPU-minute budget: --gpu-minutes, else the spec's ``budget.gpu_minutes``."""
+        if self.gpu_budget_override is not None:
+            return self.gpu_budget_override
+        return self.spec.budget.gpu_minutes if self.spec else None
+
+    @property
     def timeout_s(self) -> float | None:
         if self.timeout_override is not None:
             return self.timeout_override
@@ -401,8 +479,17 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
     def _pruner(self) -> optuna.pruners.BasePruner:
         spec = self.spec
         assert spec is not None
-        if spec.pruner.name == "none" or spec.objective.multi_objective:
+        p, windows = spec.pruner, spec.protocol.windows
+        if p.name == "none" or spec.objective.multi_objective:
             return optuna.pruners.NopPruner()
+        # screening: the resource is the count of windows measured (a trial reports window i as step i + 1),
+        # so the first rung is the warm-up and one window
+        if p.name == "successive_halving":
+            return optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=p.reduction_factor,
+                                                          min_early_stopping_rate=0)
+        if p.name == "hyperband":
+            return optuna.pruners.HyperbandPruner(min_resource=1, max_resource=windows,
+                                                  reduction_factor=p.reduction_factor)
         return optuna.pruners.MedianPruner(n_startup_trials=spec.pruner.n_startup_trials,
                                            n_warmup_steps=spec.pruner.n_warmup_steps, interval_steps=1)
 
@@ -538,11 +625,16 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         trial.set_user_attr("trial_dir", str(tdir))
         multi = spec.objective.multi_objective
 
+        screens = spec.pruner.screens
+        last = spec.protocol.windows - 1
+
         def on_window(i: int, v: float) -> bool:
             if multi:
                 return False
-            trial.report(v, step=i)
-            return trial.should_prune()
+            # a screening pruner's resource is the count of windows measured; its last rung is the full protocol,
+            # where nothing is left to save, so a trial measured to the end is never pruned
+            trial.report(v, step=i + 1 if screens else i)
+            return not (screens and i >= last) and trial.should_prune()
 
         out: TrialOutcome | None = None
         try:
@@ -759,11 +851,13 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             self._requeue_interrupted()
             counted, running, waiting = self._counts()
             if self.progress is not None:
-                self.progress.set(done=self._finished_count(), best=self._best_text())
+                self.progress.set(done=self._finished_count(), best=self._best_text(),
+                                  gpu_min=self.gpu_seconds_total() / 60)
             # enqueued (WAITING) trials are asked for like new ones; the exact check after ask() decides
             budget_done = self.budget is not None and counted - waiting >= self.budget
             time_done = deadline is not None and time.monotonic() >= deadline
-            if budget_done or time_done:
+            gpu_done = self._gpu_budget_done()
+            if budget_done or time_done or gpu_done:
                 if self.worker or running == 0:
                     return
                 if not waiting_note:
@@ -795,6 +889,21 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 raise
             self._log(self._trial_line(trial, out))
 
+    def _gpu_budget_done(self) -> bool:
+        """Whether the GPU-minute budget leaves no room for one more search trial (workbench.tune.measure:
+        what was spent, the validation and trace reserve, and a trial at the median search trial's cost); the
+        first time, one line says where the minutes went."""
+        left = self.gpu_budget_left()
+        if left is None or left >= 0:
+            return False
+        if not self._gpu_note:
+            self._gpu_note = True
+            spent = self.gpu_seconds_total() / 60
+            self._log(f"GPU-minute budget: {spent:.1f} of {self.gpu_minutes:g} spent, "
+                      f"{self.reserved_seconds() / 60:.1f} kept for validation and traces, a trial takes about "
+                      f"{self._trial_seconds() / 60:.1f}: the search stops")
+        return True
+
     # ------------------------------------------------------------------ validation
     def run(self) -> dict[str, Any] | None:
         """Coordinator: baseline, search, validation, export, report. Worker: search only.
@@ -820,7 +929,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
               f"{self.budget if self.budget is not None else 'unlimited'} trials"
               + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_shown}\n"
               f"data: {describe_data(data_source(self.spec.base_config(), self.spec.trainer))}", file=sys.stderr, flush=True)
-        self.progress = Progress(self.budget, self.study_name, self.progress_enabled)
+        p = self.spec.protocol
+        after = 0 if self.worker else 2 * p.top_k * p.ab_rounds + (2 if p.profile_steps > 0 else 0)
+        self.progress = Progress(self.budget, self.study_name, self.progress_enabled, after=after)
         try:
             if not self.worker:
                 self._remove_stale_attempts()
@@ -830,7 +941,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 self._write_tune_json(started, None)
             self.search()
             if self.worker:
-                self.progress.set(phase="done")
+                self.progress.finish()
                 return None
             self.progress.set(phase="validating", best="")
             validation = self.validate()
@@ -845,7 +956,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             if self.report is not None:
                 self.progress.set(phase="report")
                 self._build_report()
-            self.progress.set(phase="done", best=result_headline(result))
+            self.progress.set(best=result_headline(result))
+            self.progress.finish()
         finally:
             self.progress.close()
             with interrupts_held():

@@ -79,7 +79,8 @@ class Validation:
         return out, skipped
 
     def ab_pairs(self, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *, max_pairs: int,
-                 min_pairs: int, confidence: float, what: str, resume: bool = False) -> dict[int, dict[str, Any]]:
+                 min_pairs: int, confidence: float, what: str, resume: bool = False,
+                 phase: str = "validation") -> dict[int, dict[str, Any]]:
         """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
         baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
         ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
@@ -89,7 +90,8 @@ class Validation:
         Each finished pair is stored in the study (user attr ``ab_pairs``, keyed by folder and round, with both
         configs' hashes). With ``resume`` a stored pair of the same configs whose folders are still in place is
         taken as measured, so a validation stopped part-way goes on from its next pair; ``verify`` never
-        resumes (it exists to measure again)."""
+        resumes (it exists to measure again). The runs' device seconds count to ``phase`` (verify's to none: it
+        runs after the study)."""
         results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                        "stopped": "cap"} for k in arms}
         settled: set[int] = set()
@@ -111,8 +113,8 @@ class Validation:
                     a_value, b_value = stored["values"]
                 else:
                     prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
-                    a = self._measure(base_cfg, dirs[0], prefix + ", baseline")
-                    b = self._measure(cfg, dirs[1], prefix + ", candidate")
+                    a = self._measure(base_cfg, dirs[0], prefix + ", baseline", phase)
+                    b = self._measure(cfg, dirs[1], prefix + ", candidate", phase)
                     if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
                         res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
                                                 "reason": a.failure_reason or b.failure_reason})

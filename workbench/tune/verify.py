@@ -53,7 +53,7 @@ class Verification:
                       f"against the baseline: {n} interleaved A/B pairs")
             res = self.ab_pairs(spec.measured_base_config(), {trial: spec.trial_config(result["exported"]["params"])},
                                 self.study_dir / "verify" / stamp, max_pairs=n, min_pairs=n, confidence=0.95,
-                                what="verifying")[trial]
+                                what="verifying", phase="verify")[trial]
         finally:
             self._release_lease()
         fields = interval_fields(res["runs"], res["baseline_runs"], 0.95)

@@ -1,0 +1,175 @@
+"""Issue 38's search economics: screening (a short run first, the full protocol for the fastest), a budget in
+GPU-minutes that stops the search and still validates and exports, a warm start from an earlier study of the same
+model and hardware, and a progress bar that counts validation's runs.
+
+Runs are replaced by functions of the config (known speeds and a known minute each): what is under test is the
+tuner's choices and its accounting, which the real runner's tests reach only slowly."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from optuna.trial import TrialState
+
+import workbench.tune.measure as measure
+from workbench.errors import ConfigError
+from workbench.tune import Tuner
+from workbench.tune.progress import Progress
+from workbench.tune.study import load_study_spec, loads_study_spec
+from workbench.tune.trial import TrialOutcome
+
+SPACE = {"micro_batch_size": {"choices": [1, 2, 4, 8]}, "num_workers": {"choices": [0, 1]}}
+RUN_S = 60.0  # every fake run holds its device for one minute
+
+
+def _speed(mb: int, nw: int) -> float:
+    return 1000.0 * mb + 100.0 * nw
+
+
+def _tuner(spec_path: Path, tmp_path: Path, **kw) -> Tuner:
+    t = Tuner(load_study_spec(str(spec_path)), out_root=tmp_path / "runs", progress=False, **kw)
+    t.open()
+    return t
+
+
+@pytest.fixture
+def fake_search(monkeypatch):
+    """Search trials report their windows through the pruner; mb 4 with a worker crashes before its first
+    window. Returns the list of (params, windows measured)."""
+    ran: list[tuple[dict, int]] = []
+
+    def run(self, trial, cfg, tdir, on_window):
+        p = dict(trial.params)
+        Path(tdir).mkdir(parents=True, exist_ok=True)
+        if (p["micro_batch_size"], p["num_workers"]) == (4, 1):
+            ran.append((p, 0))
+            return TrialOutcome("crash", Path(tdir), failure_reason="exit 1 before the first window", wall_s=RUN_S)
+        v = _speed(p["micro_batch_size"], p["num_workers"])
+        windows: list[float] = []
+        for i in range(self.spec.protocol.windows):
+            windows.append(v)
+            if on_window(i, v):
+                ran.append((p, len(windows)))
+                return TrialOutcome("pruned", Path(tdir), windows=windows, wall_s=RUN_S * len(windows) / 2,
+                                    failure_reason=f"pruned after window {len(windows)}")
+        ran.append((p, len(windows)))
+        return TrialOutcome("ok", Path(tdir), windows=windows, value=v, summary={"measured_steps": 6},
+                            wall_s=RUN_S)
+
+    monkeypatch.setattr(Tuner, "_run_search_trial", run)
+    return ran
+
+
+@pytest.fixture
+def fake_measure(monkeypatch):
+    """The coordinator's runs (baseline, validation, traces) at their config's known speed, a minute each."""
+    def run_trial(cfg, run_dir, **kw):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        v = _speed(cfg.data.micro_batch_size, cfg.data.num_workers)
+        return TrialOutcome("ok", Path(run_dir), windows=[v, v], value=v, summary={"measured_steps": 6},
+                            wall_s=RUN_S)
+
+    monkeypatch.setattr(measure, "run_trial", run_trial)
+
+
+def test_screening_promotes_the_fastest_and_never_a_failed_one(study_spec_file, tmp_path, fake_search):
+    spec = study_spec_file("screen", space=SPACE, trials=8, sampler={"name": "grid", "seed": 1},
+                           pruner={"name": "successive_halving", "reduction_factor": 2},
+                           protocol={"windows": 2})
+    t = _tuner(spec, tmp_path)
+    t.search()
+    trials = t.study.get_trials()
+    assert len(ran := fake_search) == 8
+    seen: list[float] = []
+    for tr in trials:
+        p = tr.params
+        if (p["micro_batch_size"], p["num_workers"]) == (4, 1):
+            assert tr.state == TrialState.FAIL and not tr.intermediate_values  # failed: never screened or promoted
+            continue
+        v = _speed(p["micro_batch_size"], p["num_workers"])
+        seen.append(v)
+        # Optuna's rule at eta 2: promoted when among the best half of the first-window values so far
+        # (the best of them while fewer than two)
+        rank = sorted(seen, reverse=True).index(v) + 1
+        promoted = rank <= max(len(seen) // 2, 1)
+        assert tr.state == (TrialState.COMPLETE if promoted else TrialState.PRUNED), (p, seen)
+        assert list(tr.intermediate_values) == ([1, 2] if promoted else [1])  # the resource: windows measured
+    best = max(trials, key=lambda tr: tr.values[0] if tr.state == TrialState.COMPLETE else 0)
+    assert (best.params["micro_batch_size"], best.params["num_workers"]) == (8, 1)
+    assert [c.number for c in t.candidates()[0]] == [best.number]
+    rec = t.screening_record()
+    completed = sum(tr.state == TrialState.COMPLETE for tr in trials)
+    assert rec["stages"] == [{"windows": 1, "trials": 7}, {"windows": 2, "trials": completed}]
+    assert 0 < completed < 7 and rec["configs_evaluated"] == 7 and rec["refused_without_run"] == 0
+    gpu = t.gpu_seconds()  # screened trials ran one window of two: half a run
+    assert gpu["screening"] == pytest.approx(RUN_S / 2 * (7 - completed))
+    assert gpu["trials"] == pytest.approx(RUN_S * (completed + 1))  # the crash's minute counts to the trials
+    assert len(ran) == 8
+
+
+def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(study_spec_file, tmp_path,
+                                                                              fake_search, fake_measure):
+    """10 GPU-minutes: the baseline's 2 runs, then trials while 4 A/B runs and one more trial still fit."""
+    path = study_spec_file("gpumin", space=SPACE, trials=50, sampler={"name": "random", "seed": 0},
+                           protocol={"baseline_repeats": 2, "top_k": 1, "ab_rounds": 2, "profile_steps": 0})
+    spec = yaml.safe_load(path.read_text())
+    spec["budget"] = {"trials": 50, "gpu_minutes": 10}
+    path.write_text(yaml.safe_dump(spec))
+    t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False)
+    validation = t.run()
+    tune = json.loads((tmp_path / "runs" / "gpumin" / "tune.json").read_text())
+    g = tune["gpu_minutes"]
+    assert g["budget"] == 10 and g["total"] <= 10
+    assert g["by_phase"]["baseline"] == 2.0 and g["by_phase"]["validation"] == pytest.approx(4.0)
+    ran = [tr for tr in t.study.get_trials() if tr.state != TrialState.WAITING and "duplicate_of" not in tr.user_attrs]
+    assert g["by_phase"]["trials"] == pytest.approx(len(ran)) and len(ran) == 4  # 2 + 4 + 4 = 10
+    assert validation["winner"]["trial"] is not None or validation["candidates"]
+    assert (tmp_path / "runs" / "gpumin" / "config.yaml").exists()
+    assert tune["result"]["budget"]["gpu_minutes"]["total"] == g["total"]
+
+
+def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():
+    head = "name: x\nspace: {num_workers: {choices: [0, 1]}}\n"
+    with pytest.raises(ConfigError, match="gpu_minutes.*expected a number of minutes > 0"):
+        loads_study_spec(head + "budget: {gpu_minutes: 0}\n", source="x.yaml")
+    spec = loads_study_spec(head + "budget: {trials: null, gpu_minutes: 5}\n", source="x.yaml")
+    assert spec.budget.gpu_minutes == 5 and spec.budget.trials is None
+    with pytest.raises(ConfigError, match="reduction_factor.*expected an integer >= 2"):
+        loads_study_spec(head + "pruner: {name: successive_halving, reduction_factor: 1}\n", source="x.yaml")
+
+
+def test_warm_start_runs_the_earlier_studys_best_config_first(study_spec_file, tmp_path, fake_search):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    first = _tuner(study_spec_file("first", space=SPACE, trials=8, sampler={"name": "grid", "seed": 0}),
+                   tmp_path, storage_url=url)
+    first.search()
+    second_spec = study_spec_file("second", space=SPACE, trials=2, sampler={"name": "random", "seed": 5})
+    second = _tuner(second_spec, tmp_path, storage_url=url)
+    queued = second.study.get_trials()
+    assert len(queued) == 1 and queued[0].state == TrialState.WAITING
+    assert queued[0].system_attrs["fixed_params"] == {"micro_batch_size": 8, "num_workers": 1}
+    second.search()
+    t0 = second.study.get_trials()[0]
+    assert t0.params == {"micro_batch_size": 8, "num_workers": 1}
+    assert t0.user_attrs["warm_start"] == {"study": "first", "trial": next(
+        tr.number for tr in first.study.get_trials() if tr.params == t0.params)}
+    # another model is not the same workload: nothing to start from
+    other = yaml.safe_load(second_spec.read_text())
+    other.update(name="third", model="tiny-gqa")
+    (p := tmp_path / "third.yaml").write_text(yaml.safe_dump(other))
+    third = _tuner(p, tmp_path, storage_url=url)
+    assert third.study.get_trials() == [] and third.study.user_attrs["warm_start"] is None
+
+
+def test_the_progress_bar_counts_validation_and_traces():
+    bar = Progress(5, "t", enabled=False, after=10)
+    assert bar.total == 15
+    bar.set(done=5)
+    for _ in range(3):
+        bar.run_after_search()
+    assert bar.n == 8 and bar.total == 15
+    bar.finish()  # validation stopped early: the bar ends full at what ran
+    assert bar.n == bar.total == 8
