@@ -110,6 +110,23 @@ def test_screening_promotes_the_fastest_and_never_a_failed_one(study_spec_file, 
     assert len(ran) == 8
 
 
+def test_a_config_screened_out_is_not_screened_again(study_spec_file, tmp_path, fake_search):
+    """On one H200 the study screened a config out (trial 1) and ran it again in full 5 trials later."""
+    spec = study_spec_file("again", space=SPACE, trials=3, sampler={"name": "grid", "seed": 1},
+                           pruner={"name": "successive_halving", "reduction_factor": 2})
+    t = _tuner(spec, tmp_path)
+    t.search()
+    pruned = next(tr for tr in t.study.get_trials() if tr.state == TrialState.PRUNED)
+    runs = len(fake_search)
+    t.study.enqueue_trial(dict(pruned.params))
+    t.budget = 4
+    t.search()
+    again = t.study.get_trials()[3]
+    assert again.params == pruned.params and again.user_attrs["duplicate_of"] == pruned.number
+    assert again.state == TrialState.PRUNED and again.user_attrs["free_repeat"]  # an untried config took its place
+    assert all(p != pruned.params for p, _ in fake_search[runs:])
+
+
 def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(study_spec_file, tmp_path,
                                                                               fake_search, fake_measure):
     """10 GPU-minutes: the baseline's 2 runs, then trials while 4 A/B runs and one more trial still fit."""

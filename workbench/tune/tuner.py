@@ -742,10 +742,11 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
 
     def _measured_twin(self, h: str, number: int) -> FrozenTrial | None:
         """The earliest finished search trial of config hash ``h`` whose result is the config's: complete and ok,
-        or failed out of memory (not a timeout, crash or interrupt, which may be the machine's doing)."""
-        for t in self._trials((TrialState.COMPLETE, TrialState.FAIL)):
+        pruned (screened out: slower than the trials it was ranked with), or failed out of memory (not a timeout,
+        crash or interrupt, which may be the machine's doing)."""
+        for t in self._trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
             if (t.number != number and t.user_attrs.get("config_hash") == h and "duplicate_of" not in t.user_attrs
-                    and (_feasible(t) or t.user_attrs.get("status") == "oom")):
+                    and (_feasible(t) or t.state == TrialState.PRUNED or t.user_attrs.get("status") == "oom")):
                 return t
         return None
 
