@@ -12,11 +12,13 @@ from __future__ import annotations
 import functools
 import json
 import math
+import numbers
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import yaml
 
@@ -41,10 +43,11 @@ FAILURE_KINDS = FAILED_STATUSES  # the report shows every run that did not finis
 
 
 def num(value: Any) -> float:
-    """A finite or non-finite float from a JSON value; NaN when absent or not a number."""
-    if value is None or isinstance(value, bool):
+    """A finite or non-finite float from a JSON value or a DataFrame cell (numpy numbers included); NaN when
+    absent or not a number."""
+    if value is None or isinstance(value, (bool, np.bool_)):
         return math.nan
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):  # int, float and numpy's integers and floats (a DataFrame's cells)
         return float(value)
     if isinstance(value, str):  # the metrics writer stores non-finite floats as strings
         try:

@@ -102,6 +102,8 @@ def test_the_report_lists_the_traces_and_the_winners_top_ops(tmp_path):
     assert list(t.traces.index) == ["baseline", "winner"] and t.traces_message is None
     assert t.traces.loc["winner", "file"] == "traces/winner/trace.json" and bool(t.traces["exists"].all())
     assert t.top_ops_of == "winner" and t.top_ops_kind == "CPU ops" and t.top_ops["name"].iloc[0] == "aten::mm"
+    # per profiled step: the traces' 2 steps (a DataFrame cell, a numpy integer, is a number too)
+    assert t.top_ops["self_ms_per_step"].to_numpy() == pytest.approx(t.top_ops["self_ms"].to_numpy() / 2)
     page = html.unescape(build_report(sdir).read_text())
     assert "Profiler traces" in page and "traces/winner/trace.json" in page and "#3" in page
     assert "Top 6 CPU ops by self time (winner's trace)" in page and "aten::_foreach_add_" in page
