@@ -147,8 +147,8 @@ def _time(s: TimeSection, figs: _Figures) -> str:
 
 
 def _traces(s: TimeSection) -> str:
-    """The kept profiler traces (paths from the study dir: the report links nothing outside itself) and the
-    top ops by self time of the winner's trace, else the baseline's."""
+    """The kept profiler traces (linked from the study dir: the report links nothing outside it) and the top
+    ops by self time of the winner's trace, else the baseline's."""
     out = ["<h3>Profiler traces</h3>"]
     tr = s.traces
     if tr is None or not len(tr):
@@ -158,11 +158,13 @@ def _traces(s: TimeSection) -> str:
                         "trace": list(tr["file"]), "memory snapshot": [m or "—" for m in tr["memory_snapshot"]],
                         "status": list(tr["status"])})
     out.append(_table(tab, cls="compact", col_classes={"trace": "wrap", "memory snapshot": "wrap"},
-                      formats={"trial": lambda v: "—" if v is None or v != v else f"#{int(v)}"}))
-    out.append('<p class="note">Paths from the study directory. Open a trace.json in ui.perfetto.dev (Open trace '
-               "file) or chrome://tracing: each step is a <code>step N</code> range, each phase a range of its "
-               "name; a memory_snapshot.pickle (CUDA runs) opens in pytorch.org/memory_viz. The traces come from "
-               "runs of their own after the validation: no measured run is profiled.</p>")
+                      formats={"trial": lambda v: "—" if v is None or v != v else f"#{int(v)}"},
+                      links={"trace": list(tr["trace_href"]), "memory snapshot": list(tr["snapshot_href"])}))
+    out.append('<p class="note">Paths from the study directory, linked where the file is there. To open a trace, '
+               "save the trace.json (the link) and load it in ui.perfetto.dev (Open trace file) or drag it onto "
+               "chrome://tracing: each step is a <code>step N</code> range, each phase a range of its name; a "
+               "memory_snapshot.pickle (CUDA runs) opens in pytorch.org/memory_viz. The traces come from runs of "
+               "their own after the validation: no measured run is profiled.</p>")
     if s.top_ops is not None and len(s.top_ops):
         out.append(f"<h3>Top {len(s.top_ops)} {_esc(s.top_ops_kind)} by self time ({_esc(s.top_ops_of)}'s "
                    "trace)</h3>")

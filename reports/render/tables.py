@@ -6,6 +6,7 @@ import html
 import math
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
@@ -59,9 +60,12 @@ def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None 
            headers: dict[str, str] | None = None, titles: dict[str, str] | None = None,
            sortable: bool = False, index: bool = False, cls: str = "", row_class: Callable | None = None,
            table_id: str | None = None, row_titles: list[str] | None = None,
-           col_classes: dict[str, str] | None = None) -> str:
-    """An HTML table; numeric cells carry their raw value in ``data-v`` for sorting."""
+           col_classes: dict[str, str] | None = None, links: dict[str, list[str | None]] | None = None) -> str:
+    """An HTML table; numeric cells carry their raw value in ``data-v`` for sorting.
+
+    ``links`` maps a column to one href per row (None: no link): that cell's text becomes a link."""
     formats, headers, titles, col_classes = formats or {}, headers or {}, titles or {}, col_classes or {}
+    links = links or {}
     if index:
         df = df.reset_index()
     classes = " ".join(c for c in ("sortable" if sortable else "", cls) if c)
@@ -80,11 +84,14 @@ def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None 
             v = row[c]
             text = formats[c](v) if c in formats else fmt(v)
             extra = f" {col_classes[c]}" if c in col_classes else ""
+            href = links[c][i] if c in links else None
+            linked = isinstance(href, str) and href
+            body = f'<a href="{_esc(quote(href))}">{_esc(text)}</a>' if linked else _esc(text)
             if _isnum(v):
                 raw = "" if math.isnan(float(v)) else repr(float(v))
-                out.append(f'<td class="num{extra}" data-v="{raw}">{_esc(text)}</td>')
+                out.append(f'<td class="num{extra}" data-v="{raw}">{body}</td>')
             else:
-                out.append(f'<td class="{extra.strip()}">{_esc(text)}</td>' if extra else f"<td>{_esc(text)}</td>")
+                out.append(f'<td class="{extra.strip()}">{body}</td>' if extra else f"<td>{body}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)

@@ -26,7 +26,8 @@ TOP_OPS = 10
 TRACE_ARMS = ("baseline", "winner")
 """The traces a study keeps (workbench.tune.measure.Measurement.keep_traces)."""
 
-_TRACE_COLS = ["trial", "steps", "file", "path", "memory_snapshot", "status", "exists"]
+_TRACE_COLS = ["trial", "steps", "file", "path", "memory_snapshot", "status", "exists", "trace_href",
+               "snapshot_href"]
 _OPS_COLS = ["name", "calls", "self_ms", "total_ms", "self_pct", "self_ms_per_step"]
 
 
@@ -99,9 +100,30 @@ def _relative(data: StudyData, path: str) -> str:
         return path
 
 
+def _href(data: StudyData, path: Any) -> str | None:
+    """A relative link from report.html to ``path``: only to a file that exists inside the study directory (the
+    report links nothing outside the folder it was written for, so the folder can be moved or copied whole)."""
+    if not isinstance(path, (str, Path)) or not Path(path).is_file():
+        return None
+    rel = _relative(data, str(path))
+    return None if Path(rel).is_absolute() or rel.startswith("..") else Path(rel).as_posix()
+
+
+def _snapshot(data: StudyData, arm: str, path: Any) -> str | None:
+    """The memory snapshot's path as recorded, else beside the trace in a study dir that was moved."""
+    if not isinstance(path, str):
+        return None
+    if Path(path).exists():
+        return path
+    moved = data.study_dir / "traces" / arm / Path(path).name
+    return str(moved) if moved.exists() else path
+
+
 def trace_table(data: StudyData) -> tuple[pd.DataFrame, str | None, dict[str, Path]]:
     """The kept traces (index run: 'baseline', 'winner'; columns trial, steps, file (from the study dir), path,
-    memory_snapshot, status, exists), why there are none, and the readable ones' paths."""
+    memory_snapshot (from the study dir), status, exists, trace_href and snapshot_href (the relative links of the
+    trace and the snapshot, None where the file is missing or outside the study dir)), why there are none, and the
+    readable ones' paths."""
     traces = ((data.tune.get("result") or {}) if isinstance(data.tune.get("result"), dict) else {}).get("traces")
     if not isinstance(traces, dict):
         return (pd.DataFrame(columns=_TRACE_COLS).rename_axis("run"),
@@ -116,12 +138,13 @@ def trace_table(data: StudyData) -> tuple[pd.DataFrame, str | None, dict[str, Pa
         if p is not None:
             found[arm] = p
         path = str(p or rec.get("path"))
+        snapshot = _snapshot(data, arm, rec.get("memory_snapshot"))
         rows[arm] = {"trial": rec.get("trial"), "steps": traces.get("steps"), "file": _relative(data, path),
                      "path": path,
-                     "memory_snapshot": rec.get("memory_snapshot"),
+                     "memory_snapshot": _relative(data, snapshot) if snapshot else None,
                      "status": rec.get("status") if p is not None else
                      f"{rec.get('status')}: {rec.get('reason') or 'the trace file is missing'}",
-                     "exists": p is not None}
+                     "exists": p is not None, "trace_href": _href(data, p), "snapshot_href": _href(data, snapshot)}
     df = pd.DataFrame.from_dict(rows, orient="index", columns=_TRACE_COLS)
     df.index.name = "run"
     message = None if rows else "No profiler traces were kept (every trace run failed)."

@@ -6,11 +6,14 @@ from __future__ import annotations
 import html
 import json
 from pathlib import Path
+from urllib.parse import unquote
 
+import pandas as pd
 import pytest
 
 from reports import build_report, compute_sections
 from reports.sections._traces import op_self_times, top_ops
+from test_report import _parse
 from workbench.tune.result import build_result
 
 
@@ -104,10 +107,49 @@ def test_the_report_lists_the_traces_and_the_winners_top_ops(tmp_path):
     assert t.top_ops_of == "winner" and t.top_ops_kind == "CPU ops" and t.top_ops["name"].iloc[0] == "aten::mm"
     # per profiled step: the traces' 2 steps (a DataFrame cell, a numpy integer, is a number too)
     assert t.top_ops["self_ms_per_step"].to_numpy() == pytest.approx(t.top_ops["self_ms"].to_numpy() / 2)
-    page = html.unescape(build_report(sdir).read_text())
+    assert t.traces["trace_href"].tolist() == ["traces/baseline/trace.json", "traces/winner/trace.json"]
+    assert t.traces["snapshot_href"].isna().all()  # no snapshot file was written
+    raw = build_report(sdir).read_text()
+    page = html.unescape(raw)
     assert "Profiler traces" in page and "traces/winner/trace.json" in page and "#3" in page
     assert "Top 6 CPU ops by self time (winner's trace)" in page and "aten::_foreach_add_" in page
     assert "traces/baseline/memory_snapshot.pickle" in page and "ui.perfetto.dev" in page
+    # the trace files are links, relative to report.html, to files inside the study directory
+    assert '<a href="traces/winner/trace.json">traces/winner/trace.json</a>' in raw
+    assert '<a href="traces/baseline/trace.json">' in raw and 'href="traces/baseline/memory_snapshot' not in raw
+    assert_links_stay_inside(raw, sdir)
+
+
+def assert_links_stay_inside(page: str, study_dir: Path) -> None:
+    """The page fetches nothing: every reference is a fragment or a data: URL, except <a> links, each relative and
+    to a file that exists inside the study directory."""
+    p = _parse(page)
+    links = 0
+    for tag, attr, ref in p.refs:
+        if ref.startswith(("#", "data:")):
+            continue
+        assert tag == "a" and attr == "href", (tag, attr, ref)
+        target = (study_dir / unquote(ref)).resolve()
+        assert "://" not in ref and not ref.startswith("/") and target.is_file(), ref
+        assert target.is_relative_to(study_dir.resolve()), ref
+        links += 1
+    assert links
+
+
+def test_a_snapshot_in_the_study_dir_is_linked_one_outside_it_is_not(tmp_path):
+    sdir = _study(tmp_path)
+    (sdir / "traces" / "baseline" / "memory_snapshot.pickle").write_bytes(b"\x80")
+    outside = _write_trace(tmp_path / "elsewhere" / "trace.json", CPU_EVENTS)
+    tune = json.loads((sdir / "tune.json").read_text())
+    tune["result"]["traces"]["winner"]["path"] = str(outside)
+    (sdir / "tune.json").write_text(json.dumps(tune))
+    t = compute_sections(sdir).time
+    assert t.traces.loc["baseline", "snapshot_href"] == "traces/baseline/memory_snapshot.pickle"
+    assert t.traces.loc["baseline", "memory_snapshot"] == "traces/baseline/memory_snapshot.pickle"
+    assert pd.isna(t.traces.loc["winner", "trace_href"]) and t.traces.loc["winner", "file"] == str(outside)
+    raw = build_report(sdir).read_text()
+    assert '<a href="traces/baseline/memory_snapshot.pickle">' in raw and str(outside) in raw
+    assert_links_stay_inside(raw, sdir)
 
 
 def test_without_a_winner_the_baselines_trace_is_ranked_and_a_moved_study_still_finds_it(tmp_path):
