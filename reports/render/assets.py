@@ -66,6 +66,7 @@ table.trials td.reason { white-space:normal; min-width:240px; max-width:380px; o
 pre { background:#f7f7f8; border:1px solid var(--line); padding:8px 10px; font-size:12.5px;
   overflow:auto; white-space:pre; }
 pre.config { max-height:520px; }
+details.config > summary { color:var(--accent); }
 code { font-size:12.5px; background:#f3f4f6; padding:0 3px; }
 div.guide p { margin:4px 0; }
 ul.files { margin:2px 0 4px; padding-left:22px; font-size:13px; }

@@ -108,8 +108,10 @@ def _summary(s: Summary, figs: _Figures) -> str:
         out.append("</div></div>")
 
     out.append("<h3>Exported config.yaml</h3>")
-    if s.config_text:
-        out.append(f'<pre class="config">{_esc(s.config_text)}</pre>')
+    if s.config_text:  # collapsed: a full config is hundreds of lines, the summary stays one screen
+        lines = len(s.config_text.splitlines())
+        out.append(f'<details class="config"><summary>Show the exported config.yaml ({lines:,} lines)</summary>'
+                   f'<pre class="config">{_esc(s.config_text)}</pre></details>')
     else:
         out.append(_missing("No config exported yet (no config.yaml in the study directory)."))
     return "\n".join(out)

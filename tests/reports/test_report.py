@@ -851,6 +851,16 @@ def test_html_sections_and_content(page, fx):
     assert "trial number (colour)" in search
 
 
+def test_exported_config_is_collapsed(page, fx):
+    """Issue 40: the whole exported config was expanded inside the Summary; it is one closed <details> now."""
+    summary = page.split('<section id="summary">', 1)[1].split("</section>", 1)[0]
+    m = re.search(r'<details class="config"><summary>([^<]*)</summary><pre class="config">', summary)
+    assert m, "the exported config is not inside a <details> block"
+    lines = len((fx.dir / "config.yaml").read_text().splitlines())
+    assert m.group(1) == f"Show the exported config.yaml ({lines} lines)"
+    assert summary.count('<pre class="config">') == 1 and "<details open" not in summary
+
+
 def test_figures_carry_ids_for_the_browser_check(page):
     """Every figure's <svg> is numbered and titled, and names its axes and data artists (test_report_browser
     measures them in Chromium)."""
