@@ -18,7 +18,7 @@ nav { position:sticky; top:0; z-index:5; background:#f7f7f8; border-bottom:1px s
   padding-top:6px; padding-bottom:6px; font-size:13px; }
 nav a { color:var(--accent); text-decoration:none; margin-right:16px; white-space:nowrap; }
 main { max-width:var(--page); margin:0 auto; padding:0 var(--gutter) 40px; }
-main p, main ul, main ol, header p { max-width:var(--measure); }
+main p, main ul, main ol, header p { max-width:var(--measure); overflow-wrap:break-word; }
 section { border-bottom:1px solid var(--line); padding:6px 0 18px; }
 h2 { font-size:19px; margin:18px 0 8px; }
 h3 { font-size:14.5px; margin:14px 0 6px; }
@@ -49,7 +49,13 @@ table.sortable th[aria-sort=ascending]::after { content:" \\25B2"; font-size:10p
 table.sortable th[aria-sort=descending]::after { content:" \\25BC"; font-size:10px; }
 tr.failed td { background:#fdecea; }
 tr.pruned td { color:var(--muted); }
-/* A wide table scrolls sideways inside its own box (the page never does), with its scroll bars always shown. */
+/* A table wider than its column scrolls sideways inside its own box; the page never does. */
+div.tbox { max-width:100%; overflow-x:auto; margin:6px 0; }
+div.tbox > table { margin:0; }
+/* Long text in a cell (a failure's reason, a kernel's name) is one line cut with an ellipsis, the full text its
+   title: a row is one line high whatever its text. */
+div.clip { max-width:380px; overflow:hidden; text-overflow:ellipsis; white-space:nowrap; }
+/* The trials table scrolls in a box of its own (both ways), with its scroll bars always shown. */
 div.scroll { max-width:100%; max-height:640px; overflow:auto; border:1px solid var(--line); }
 div.scroll::-webkit-scrollbar { width:11px; height:11px; }
 div.scroll::-webkit-scrollbar-thumb { background:#c2c2c8; border-radius:6px; border:2px solid #f3f4f6; }
@@ -62,7 +68,7 @@ table.trials th:first-child, table.trials td:first-child { position:sticky; left
   min-width:0; box-shadow:inset -1px 0 0 var(--line); }
 table.trials th:first-child { z-index:3; background:#f3f4f6; }
 table.trials tr.failed td:first-child { background:#fdecea; }
-table.trials td.reason { white-space:normal; min-width:240px; max-width:380px; overflow-wrap:break-word; }
+table.trials td.reason div.clip { max-width:420px; }
 pre { background:#f7f7f8; border:1px solid var(--line); padding:8px 10px; font-size:12.5px;
   overflow:auto; white-space:pre; }
 pre.config { max-height:520px; }

@@ -168,7 +168,7 @@ def _traces(s: TimeSection) -> str:
     if s.top_ops is not None and len(s.top_ops):
         out.append(f"<h3>Top {len(s.top_ops)} {_esc(s.top_ops_kind)} by self time ({_esc(s.top_ops_of)}'s "
                    "trace)</h3>")
-        out.append(_table(s.top_ops, cls="compact", col_classes={"name": "wrap"},
+        out.append(_table(s.top_ops, cls="compact", clip=("name",),
                           formats={"self_ms": lambda v: f"{v:,.2f}", "total_ms": lambda v: f"{v:,.2f}",
                                    "self_pct": lambda v: f"{v:.1f}%", "self_ms_per_step": lambda v: f"{v:,.2f}"},
                           headers={"self_ms": "self (ms)", "total_ms": "total (ms)", "self_pct": "share of self",

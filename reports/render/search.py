@@ -161,6 +161,7 @@ def _trials(s: Trials, figs: _Figures) -> str:
     out.append('<div class="scroll">')
     out.append(_table(table, sortable=True, headers=headers, titles=titles, formats=formats,
                       table_id="trials-table", cls="trials", col_classes={"failure_reason": "reason"},
+                      clip=("failure_reason",), box=False,
                       row_class=lambda r: "" if r["status"] in ("ok", "running") else
                       ("pruned" if r["status"] in NOT_FAILED else "failed")))
     out.append("</div>")

@@ -60,16 +60,21 @@ def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None 
            headers: dict[str, str] | None = None, titles: dict[str, str] | None = None,
            sortable: bool = False, index: bool = False, cls: str = "", row_class: Callable | None = None,
            table_id: str | None = None, row_titles: list[str] | None = None,
-           col_classes: dict[str, str] | None = None, links: dict[str, list[str | None]] | None = None) -> str:
+           col_classes: dict[str, str] | None = None, links: dict[str, list[str | None]] | None = None,
+           clip: tuple[str, ...] = (), box: bool = True) -> str:
     """An HTML table; numeric cells carry their raw value in ``data-v`` for sorting.
 
-    ``links`` maps a column to one href per row (None: no link): that cell's text becomes a link."""
+    ``links`` maps a column to one href per row (None: no link): that cell's text becomes a link. The cells of the
+    ``clip`` columns are one line, cut with an ellipsis, with the full text as their title. With ``box`` the table
+    sits in a box that scrolls sideways when the table is wider than its column (the page never does); a table
+    already inside a scrolling box of its own passes False."""
     formats, headers, titles, col_classes = formats or {}, headers or {}, titles or {}, col_classes or {}
     links = links or {}
     if index:
         df = df.reset_index()
     classes = " ".join(c for c in ("sortable" if sortable else "", cls) if c)
-    out = [f'<table{f" id={chr(34)}{_esc(table_id)}{chr(34)}" if table_id else ""}'
+    out = ['<div class="tbox">'] if box else []
+    out += [f'<table{f" id={chr(34)}{_esc(table_id)}{chr(34)}" if table_id else ""}'
            f'{f" class={chr(34)}{classes}{chr(34)}" if classes else ""}><thead><tr>']
     for c in df.columns:
         title = titles.get(c, c if headers.get(c, c) != c else "")
@@ -87,13 +92,15 @@ def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None 
             href = links[c][i] if c in links else None
             linked = isinstance(href, str) and href
             body = f'<a href="{_esc(quote(href))}">{_esc(text)}</a>' if linked else _esc(text)
+            if c in clip and text:
+                body = f'<div class="clip" title="{_esc(text)}">{body}</div>'
             if _isnum(v):
                 raw = "" if math.isnan(float(v)) else repr(float(v))
                 out.append(f'<td class="num{extra}" data-v="{raw}">{body}</td>')
             else:
                 out.append(f'<td class="{extra.strip()}">{body}</td>' if extra else f"<td>{body}</td>")
         out.append("</tr>")
-    out.append("</tbody></table>")
+    out.append("</tbody></table>" + ("</div>" if box else ""))
     return "".join(out)
 
 

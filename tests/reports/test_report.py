@@ -851,6 +851,25 @@ def test_html_sections_and_content(page, fx):
     assert "trial number (colour)" in search
 
 
+def test_long_failure_text_is_one_clipped_line_and_tables_sit_in_a_box(page):
+    """Issue 40: an OOM row of the trials table was a tall empty band (its reason wrapped at the far right); the
+    reason is one line now, cut by the style sheet, with the full text as its title. Every table sits in a box that
+    scrolls sideways (the trials table in its own), so no table widens the page."""
+    trials = page.split('<section id="trials">', 1)[1].split("</section>", 1)[0]
+    reason = html.escape(FAILURES[5][1], quote=True)
+    assert f'<td class="reason"><div class="clip" title="{reason}">{reason}</div></td>' in trials
+    css = page.split("<style>", 1)[1].split("</style>", 1)[0]
+    clip = re.search(r"div\.clip \{([^}]*)\}", css).group(1)
+    assert "white-space:nowrap" in clip and "overflow:hidden" in clip and "text-overflow:ellipsis" in clip
+    assert re.search(r"div\.tbox \{[^}]*overflow-x:auto", css)
+    body = page.split("<main>", 1)[1]
+    tables = [m.start() for m in re.finditer(r"<table\b", body)]
+    assert len(tables) >= 10
+    for at in tables:
+        before = body[:at]
+        assert before.endswith('<div class="tbox">') or before.endswith('<div class="scroll">\n'), before[-80:]
+
+
 def test_exported_config_is_collapsed(page, fx):
     """Issue 40: the whole exported config was expanded inside the Summary; it is one closed <details> now."""
     summary = page.split('<section id="summary">', 1)[1].split("</section>", 1)[0]

@@ -169,7 +169,23 @@ FIGCHECK = r"""<script>
   var table = document.getElementById('trials-table');
   var heads = table ? table.tHead.rows[0].cells : [];
   var main = document.querySelector('main');
+  // every table's nearest box that scrolls sideways (null: none), and the trials table's row heights
+  var tables = Array.prototype.map.call(document.querySelectorAll('main table'), function (t) {
+    var el = t.parentElement;
+    while (el && el !== main && ['auto', 'scroll'].indexOf(getComputedStyle(el).overflowX) < 0) {
+      el = el.parentElement;
+    }
+    return {section: t.closest('section').id, table: box(t),
+            scroller: el && el !== main ? box(el) : null};
+  });
+  var rows = table ? Array.prototype.map.call(table.tBodies[0].rows, function (r) {
+    return {cls: r.className, height: r.getBoundingClientRect().height};
+  }) : [];
+  var details = document.querySelector('#summary details.config');
   var out = {
+    tables: tables, rows: rows,
+    config: details ? {open: details.open, summary: box(details.querySelector('summary')), box: box(details),
+                       pre_visible: details.querySelector('pre').checkVisibility()} : null,
     figures: figures,
     page: {inner: window.innerWidth, scroll: document.documentElement.scrollWidth, main: box(main)},
     trials: scroll && table ? {box: box(scroll), scroll_width: scroll.scrollWidth, client_width: scroll.clientWidth,
@@ -285,3 +301,27 @@ def test_page_fits_the_window_and_trials_scroll_in_their_box(laid_out, width):
     table_width = trials["table"][2] - trials["table"][0]
     assert table_width <= trials["scroll_width"] + 1, trials  # the box's scroll area holds the whole table
     assert trials["last_head"][2] <= trials["table"][2] + 1, trials
+
+
+@pytest.mark.parametrize("width", [WINDOW[0], WIDE[0]])
+def test_failed_rows_are_one_line_and_every_table_scrolls_in_its_own_box(laid_out, width):
+    """Issue 40: an OOM row was a tall empty band (its failure text wrapped at the far right of the table)."""
+    got = laid_out[width]
+    rows = got["rows"]
+    assert any(r["cls"] == "failed" for r in rows) and any(r["cls"] == "" for r in rows)
+    plain = min(r["height"] for r in rows)
+    tall = [r for r in rows if r["height"] > 1.5 * plain]
+    assert not tall, f"rows taller than one line ({plain:.0f} px) at {width} px: {tall}"
+    inner = got["page"]["inner"]
+    for t in got["tables"]:
+        assert t["scroller"] is not None, f"a table of #{t['section']} has no box of its own to scroll in"
+        assert t["scroller"][2] <= inner + 0.5, t
+
+
+@pytest.mark.parametrize("width", [WINDOW[0], WIDE[0]])
+def test_the_exported_config_is_collapsed(laid_out, width):
+    config = laid_out[width]["config"]
+    assert config is not None and not config["open"], config
+    assert not config["pre_visible"], config
+    line = config["summary"][3] - config["summary"][1]
+    assert line > 0 and config["box"][3] - config["box"][1] < 2 * line, config  # its summary line, nothing more
