@@ -13,7 +13,9 @@ def _data(s: DataSection, figs: _Figures) -> str:
     out = ['<div class="cols3">']
     bt = s.by_trial
     pad = bt.dropna(subset=["bucket_width", "padding_ratio"])
-    if len(pad):
+    if s.padding_message:
+        out.append(_missing(s.padding_message))
+    elif len(pad):
         def draw():
             fig = _figure(4.2, 3.0)
             ax = fig.add_subplot()

@@ -65,10 +65,10 @@ def _time(s: TimeSection, figs: _Figures) -> str:
     else:
         out.append(_missing("No per-step times (no phases.csv)."))
     out.append("</div></div>")
-    if len(st) and st["seq_len"].notna().any():
+    if s.by_length_runs:
         def draw_len():
             fig = _figure(FULL_W, 2.6)
-            arms = list(dict.fromkeys(st["run"]))
+            arms = [a for a in dict.fromkeys(st["run"]) if a in s.by_length_runs]
             axes = fig.subplots(1, len(arms), squeeze=False, sharey=True, sharex=True,
                                 gridspec_kw={"wspace": 0.06})[0]
             rng = np.random.default_rng(0)
@@ -86,6 +86,8 @@ def _time(s: TimeSection, figs: _Figures) -> str:
             return fig
 
         out.append(figs.svg(draw_len))
+    if s.by_length_message:
+        out.append(_missing(s.by_length_message))
 
     tl = s.timeline
     if len(tl):

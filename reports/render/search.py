@@ -148,6 +148,7 @@ def _trials(s: Trials, figs: _Figures) -> str:
     counts = ", ".join(f"{_esc(k)}: {int(v)}" for k, v in s.status_counts.items())
     out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort; the table scrolls sideways "
                "in its box, the trial number staying in view.</p>")
+    out.extend(f'<p class="note">{_esc(n)}</p>' for n in s.notes)
     short = _short_names(s.knob_names)
     # Knob headers may break after "_" or "." (a zero-width space): a column is then as wide as its values.
     headers = {k: re.sub(r"([_.])", "\\1\u200b", short[k]) for k in s.knob_names} | {

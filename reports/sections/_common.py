@@ -13,11 +13,11 @@ import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from reports._load import RunData, StudyData, num
+from reports._load import RunData, StudyData, lookup_key, num
 from workbench.vocab import REAL_TOKENS_PER_S
 
 __all__ = ["TPUT", "baseline_runs", "best_runs", "best_trial_number", "knob_kinds", "knob_names", "ok_trials",
-           "trial_status"]
+           "packings", "trial_status"]
 
 TPUT = REAL_TOKENS_PER_S
 
@@ -147,6 +147,19 @@ def best_runs(data: StudyData, number: int | None) -> list[RunData]:
     if trial is not None:
         runs.append(trial)
     return runs + data.validation_runs_of(number)
+
+
+def packings(runs: Iterable[RunData]) -> set[str]:
+    """The ``data.packing`` of the runs' configs: 'bucket' (rows padded to their bucket's length, the schema's
+    default, also where a config leaves it out) or 'fill' (rows cut from the token stream: every row seq_len
+    tokens, no padding). Runs without a config.yaml add nothing."""
+    out = set()
+    for r in runs:
+        if r.config is None:
+            continue
+        found, value = lookup_key(r.config, "data.packing")
+        out.add(str(value) if found and value else "bucket")
+    return out
 
 
 def baseline_runs(data: StudyData) -> list[RunData]:

@@ -23,6 +23,7 @@ from reports.sections._common import (
     best_trial_number,
     knob_names,
     ok_trials,
+    packings,
 )
 
 __all__ = ["DataSection", "data_section", "headroom"]
@@ -38,6 +39,9 @@ class DataSection(NamedTuple):
     """trial, value, bucket_width, padding_ratio, io_backend, read_latency_ms_p50/p90/p99, decode_tokens_per_s,
     loader_headroom (decode_tokens_per_s / value)."""
     message: str | None
+    padding_message: str | None = None
+    """Why padding is not drawn against bucket width: no trial padded (packing: fill, or every ratio 0), or every
+    finished trial used one bucket width; None when it is drawn."""
 
 
 def headroom(decode: float, training: float) -> float:
@@ -117,4 +121,23 @@ def data_section(data: StudyData) -> DataSection:
     message = None
     if by_trial.empty and (io_df.empty or io_df.drop(columns="io_backend").isna().all().all()):
         message = "No loader metrics yet: no finished run recorded io/* or decode/* figures."
-    return DataSection(padding=padding, io=io_df, by_trial=by_trial, message=message)
+    runs = [r for t in ok_trials(data) if (r := data.trial_run(t.number)) is not None]
+    return DataSection(padding=padding, io=io_df, by_trial=by_trial, message=message,
+                       padding_message=_padding_message(padding, packings(runs)))
+
+
+def _padding_message(padding: pd.DataFrame, packing: set[str]) -> str | None:
+    """Why padding against bucket width would mean nothing, in one line; None when it means something."""
+    if packing == {"fill"}:
+        return ("No padding to plot against bucket width: the data uses packing: fill (rows cut from the token "
+                "stream, every one seq_len tokens), so bucket width changes nothing.")
+    if not len(padding):
+        return None  # no ratio recorded: the figure's own line says so
+    if (padding["padding_ratio_max"].fillna(0) == 0).all():
+        return "No trial padded a single token (padding 0% at every bucket width): nothing to plot."
+    if len(padding) == 1:
+        row = padding.iloc[0]
+        return (f"Every finished trial used bucket width {int(row['bucket_width']):,} (padding "
+                f"{100 * row['padding_ratio_median']:.1f}%, median): one point, no curve; search data.bucket_width "
+                "to see padding against it.")
+    return None

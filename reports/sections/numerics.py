@@ -46,6 +46,9 @@ def compile_section(data: StudyData) -> CompileSection:
     cold = table.loc[table["cache"] == "cold", "compile_s"]
     warm = table.loc[table["cache"] == "warm", "compile_s"]
     message = None if len(table) else "No trial recorded its compile time (no trial finished, or none compiled)."
+    if len(table) and (table["compile_s"].fillna(0) == 0).all() and (table["cache"] == "n/a").all():
+        message = (f"No trial compiled anything ({len(table)} trial(s), 0 s of compile each, no graph cached): "
+                   "the trials ran eagerly (loongforge.compute_domain.compile: none).")
     return CompileSection(table=table, cold_median_s=float(cold.median()) if len(cold) else float("nan"),
                           warm_median_s=float(warm.median()) if len(warm) else float("nan"), message=message)
 

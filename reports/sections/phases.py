@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import PHASES, RunData, StudyData, num
-from reports.sections._common import _median, baseline_runs, best_runs, best_trial_number
+from reports.sections._common import _median, baseline_runs, best_runs, best_trial_number, packings
 from reports.sections._traces import top_ops, trace_table
 
 __all__ = ["TimeSection", "time_section"]
@@ -49,6 +49,12 @@ class TimeSection(NamedTuple):
     """'GPU kernels' (a CUDA trace) or 'CPU ops'."""
     top_ops_message: str | None = None
     """Why there is no top-ops table, else None."""
+    by_length_runs: list[str] = []
+    """The arms whose step times are drawn against their bucket length: those whose steps have more than one."""
+    by_length_message: str | None = None
+    """Why step time vs bucket length leaves out an arm, or is not drawn at all (packing: fill, where every step
+    has the one length seq_len; or bucket packing that gave every step one length); None when every arm is
+    drawn."""
 
 
 def _measured(runs: list[RunData]) -> list[tuple[RunData, pd.DataFrame]]:
@@ -121,6 +127,7 @@ def time_section(data: StudyData) -> TimeSection:
     step_stats = pd.DataFrame.from_dict(stats, orient="index",
                                         columns=["steps", "median_s", "p10_s", "p90_s", "cv_pct", "noise_cv_pct"])
     step_stats.index.name = "run"
+    by_length_runs, by_length_message = _by_length(arms, step_times)
     message = None
     if breakdown.empty:
         message = "No phase timings yet: no run wrote phases.csv or a phase summary."
@@ -142,7 +149,32 @@ def time_section(data: StudyData) -> TimeSection:
     return TimeSection(breakdown=breakdown, timeline=timeline, step_times=step_times,
                        step_stats=step_stats, message=message, comm=comm, comm_message=comm_message,
                        traces=traces, traces_message=traces_message, top_ops=ops, top_ops_of=ops_of,
-                       top_ops_kind=ops_kind, top_ops_message=ops_message)
+                       top_ops_kind=ops_kind, top_ops_message=ops_message, by_length_runs=by_length_runs,
+                       by_length_message=by_length_message)
+
+
+def _by_length(arms: dict[str, list[RunData]], step_times: pd.DataFrame) -> tuple[list[str], str | None]:
+    """The arms drawn in "step time vs bucket length" and the one line about those left out.
+
+    An arm is drawn when its measured steps have more than one bucket length: against a single length the plot
+    shows nothing but the noise, which the step-time distribution already shows."""
+    drawn, reasons = [], {}
+    for arm, runs in arms.items():
+        lengths = step_times.loc[step_times["run"] == arm, "seq_len"].dropna().unique()
+        if len(lengths) > 1:
+            drawn.append(arm)
+        elif len(lengths) == 1:
+            one = f"every step is {int(lengths[0]):,} tokens long"
+            reasons[arm] = (f"packing: fill (rows cut from the token stream: {one})" if "fill" in packings(runs)
+                            else one)
+    if not reasons:
+        return drawn, None
+    why = "; ".join(f"the {arm}'s data uses {r}" if r.startswith("packing") else f"in the {arm}, {r}"
+                    for arm, r in reasons.items())
+    if drawn:
+        return drawn, f"Step time vs bucket length leaves out {' and '.join(f'the {a}' for a in reasons)}: {why}."
+    return drawn, (f"Step time vs bucket length is not drawn: {why}, so bucket length explains none of the "
+                   "spread; the step-time distribution above is the noise.")
 
 
 _COMM_COLS = ["comm_total_s", "comm_exposed_s", "overlap_pct", "mode", "buckets", "bucket_size_mb", "overlap_ratio",

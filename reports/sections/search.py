@@ -179,6 +179,8 @@ class Trials(NamedTuple):
     log_tails: pd.DataFrame
     """trial, status, log_tail: the last log lines of each failed trial."""
     message: str | None
+    notes: list[str] = []
+    """Why a column is left out: MFU and reserved memory, when no trial recorded them (CPU runs)."""
 
 
 LOG_TAIL_LINES = 15
@@ -218,5 +220,14 @@ def trials_section(data: StudyData) -> Trials:
                                         "duration_s", "failure_kind", "failure_reason", *names])
     counts = table["status"].value_counts() if len(table) else pd.Series(dtype=int, name="count")
     message = None if len(table) else (data.study_error or "The study has no trials yet.")
+    notes = []
+    empty = [c for c in ("mfu_pct", "max_reserved_gib") if len(table) and table[c].isna().all()]
+    if empty:  # a column of dashes only: left out, and said why in one line
+        table = table.drop(columns=empty)
+        what = {"mfu_pct": "MFU (no peak FLOP/s for the device: a CPU)",
+                "max_reserved_gib": "reserved memory (no device memory: a CPU)"}
+        notes.append("No trial recorded " + " or ".join(what[c] for c in empty) + ": "
+                     + ("those columns are" if len(empty) > 1 else "that column is") + " left out.")
     return Trials(table=table, objective_columns=obj_cols, knob_names=names, status_counts=counts,
-                  log_tails=pd.DataFrame(tails, columns=["trial", "status", "log_tail"]), message=message)
+                  log_tails=pd.DataFrame(tails, columns=["trial", "status", "log_tail"]), message=message,
+                  notes=notes)

@@ -1073,6 +1073,86 @@ def test_memory_section_from_a_real_h200_analysis(fx, tmp_path):
     assert "Allocation-size histogram" in page and "9.92 GiB (16%)" in page
 
 
+def test_under_fill_packing_no_plot_of_bucket_length_or_padding(tmp_path, rep):
+    """Issue 40: "step time vs bucket length" was drawn under packing: fill, where every step has one length; so
+    was padding against bucket width, where nothing pads. Each is one line saying why instead."""
+    assert rep.time.by_length_runs == ["baseline", "best"] and rep.time.by_length_message is None
+    assert rep.data.padding_message is None
+    drawn = _figure_titles(reports.render_html(rep))
+    assert any(t.startswith("Step time vs bucket length") for t in drawn) and "Padding vs bucket width" in drawn
+    fx = make_study(tmp_path, name="fill", n_trials=6, cpu=True, seed=2)
+    for cfg in fx.dir.rglob("config.yaml"):
+        doc = yaml.safe_load(cfg.read_text())
+        doc["data"]["packing"] = "fill"
+        cfg.write_text(yaml.safe_dump(doc, sort_keys=False))
+    for csv in fx.dir.rglob("phases.csv"):
+        df = pd.read_csv(csv)
+        df["seq_len"] = 4096
+        df.to_csv(csv, index=False)
+    r = compute_sections(fx.dir)
+    assert r.time.by_length_runs == []
+    assert r.time.by_length_message == (
+        "Step time vs bucket length is not drawn: the baseline's data uses packing: fill (rows cut from the token "
+        "stream: every step is 4,096 tokens long); the best's data uses packing: fill (rows cut from the token "
+        "stream: every step is 4,096 tokens long), so bucket length explains none of the spread; the step-time "
+        "distribution above is the noise.")
+    assert r.data.padding_message.startswith("No padding to plot against bucket width: the data uses packing: fill")
+    page = build_report(fx.dir).read_text()
+    drawn = _figure_titles(page)
+    assert not any(t.startswith("Step time vs bucket length") for t in drawn) and "Padding vs bucket width" not in drawn
+    assert "bucket length explains none of the spread" in page and "No padding to plot" in page
+    # a CPU study: the trials' MFU and reserved-memory columns would be dashes only
+    assert not {"mfu_pct", "max_reserved_gib"} & set(r.trials.table.columns)
+    assert r.trials.notes == ["No trial recorded MFU (no peak FLOP/s for the device: a CPU) or reserved memory (no "
+                              "device memory: a CPU): those columns are left out."]
+    assert r.trials.notes[0] in html.unescape(page)
+
+
+def _figure_titles(page: str) -> list[str]:
+    return [html.unescape(t) for t in re.findall(r'<svg data-figure="\d+" data-title="([^"]*)"', page)]
+
+
+def test_one_arm_with_one_length_is_left_out_of_the_bucket_length_plot():
+    from reports.sections.phases import _by_length
+
+    st = pd.DataFrame({"run": ["baseline"] * 4 + ["best"] * 3, "seq_len": [64, 128, 64, 192, 256, 256, 256],
+                       "step_s": 0.1})
+    drawn, why = _by_length({"baseline": [], "best": []}, st)
+    assert drawn == ["baseline"]
+    assert why == "Step time vs bucket length leaves out the best: in the best, every step is 256 tokens long."
+
+
+def test_padding_of_one_bucket_width_or_none_is_one_line():
+    from reports.sections.data import _padding_message
+
+    def padding(widths, ratio):
+        return pd.DataFrame({"bucket_width": widths, "trials": 2, "padding_ratio_median": ratio,
+                             "padding_ratio_min": ratio, "padding_ratio_max": ratio, "tokens_per_s_median": 1e3})
+
+    assert _padding_message(padding([64], 0.007), {"bucket"}) == (
+        "Every finished trial used bucket width 64 (padding 0.7%, median): one point, no curve; search "
+        "data.bucket_width to see padding against it.")
+    assert _padding_message(padding([64, 128], 0.0), {"bucket"}).startswith("No trial padded a single token")
+    assert _padding_message(padding([64, 128], 0.1), {"bucket", "fill"}) is None
+
+
+def test_a_study_that_compiled_nothing_says_so_in_one_line(tmp_path):
+    """Issue 40: on a CPU study the Compile time section was a table of zeros."""
+    from reports._load import StudyData
+    from reports.sections import compile_section
+
+    summary = {"time/compile_s": 0.0, "compile/fx_graph_cache_hit": 0, "compile/fx_graph_cache_miss": 0,
+               "compile/aot_autograd_cache_hit": 0, "compile/aot_autograd_cache_miss": 0}
+    trials = [optuna.trial.create_trial(value=1.0, user_attrs={"summary": summary}) for _ in range(2)]
+    for n, t in enumerate(trials):
+        t.number = n
+    c = compile_section(StudyData(study_dir=tmp_path, storage_url="", study_name=None, trials=trials))
+    assert c.message == ("No trial compiled anything (2 trial(s), 0 s of compile each, no graph cached): the trials "
+                         "ran eagerly (loongforge.compute_domain.compile: none).")
+    trials[1].user_attrs["summary"] = {**summary, "time/compile_s": 21.5, "compile/fx_graph_cache_miss": 3}
+    assert compile_section(StudyData(study_dir=tmp_path, storage_url="", study_name=None, trials=trials)).message is None
+
+
 def test_summary_says_noise_and_how_the_winner_was_chosen(tmp_path):
     """Issue 40: the report said nothing of a 95% base spread; the winner rule's head-to-head is named."""
     from workbench.tune.result import build_result
