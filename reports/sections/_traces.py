@@ -9,6 +9,7 @@ events nested directly in it on the same track; the table sums it per op name. O
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -18,7 +19,7 @@ import pandas as pd
 
 from reports._load import StudyData, num
 
-__all__ = ["TOP_OPS", "TRACE_ARMS", "op_self_times", "top_ops", "trace_table"]
+__all__ = ["TOP_OPS", "TRACE_ARMS", "op_self_times", "read_events", "top_ops", "trace_table"]
 
 TOP_OPS = 10
 """Ops listed by self time."""
@@ -31,8 +32,20 @@ _TRACE_COLS = ["trial", "steps", "file", "path", "memory_snapshot", "status", "e
 _OPS_COLS = ["name", "calls", "self_ms", "total_ms", "self_pct", "self_ms_per_step"]
 
 
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """The ``traceEvents`` of a Chrome trace file (a bare list of events is read as it is)."""
+    return list(_read_events(str(path), Path(path).stat().st_mtime_ns))
+
+
+@functools.lru_cache(maxsize=2)  # two sections read the same trace: parse it once per report
+def _read_events(path: str, mtime_ns: int) -> tuple[dict[str, Any], ...]:
+    data = json.loads(Path(path).read_text())
+    events = data.get("traceEvents", []) if isinstance(data, dict) else data
+    return tuple(events) if isinstance(events, list) else ()
+
+
 def op_self_times(events: list[dict[str, Any]]) -> pd.DataFrame:
-    """One row per complete event: cat, name, dur_us, self_us (duration less the direct children's on its
+    """One row per complete event: cat, name, ts_us, dur_us, self_us (duration less the direct children's on its
     track)."""
     tracks: dict[tuple[Any, Any], list[dict[str, Any]]] = defaultdict(list)
     for e in events:
@@ -41,14 +54,14 @@ def op_self_times(events: list[dict[str, Any]]) -> pd.DataFrame:
             if ts == ts and dur == dur and dur >= 0:  # not NaN
                 tracks[(e.get("pid"), e.get("tid"))].append({"cat": e.get("cat"), "name": str(e.get("name")),
                                                              "ts": ts, "dur": dur})
-    rows: list[tuple[Any, str, float, float]] = []
+    rows: list[tuple[Any, str, float, float, float]] = []
     for evs in tracks.values():
         evs.sort(key=lambda e: (e["ts"], -e["dur"]))  # a parent before the children that start with it
         stack: list[list[Any]] = []  # [end, event, children's duration]
 
         def close() -> None:
             _, ev, children = stack.pop()
-            rows.append((ev["cat"], ev["name"], ev["dur"], max(0.0, ev["dur"] - children)))
+            rows.append((ev["cat"], ev["name"], ev["ts"], ev["dur"], max(0.0, ev["dur"] - children)))
 
         for e in evs:
             while stack and e["ts"] >= stack[-1][0]:
@@ -58,7 +71,7 @@ def op_self_times(events: list[dict[str, Any]]) -> pd.DataFrame:
             stack.append([e["ts"] + e["dur"], e, 0.0])
         while stack:
             close()
-    return pd.DataFrame(rows, columns=["cat", "name", "dur_us", "self_us"])
+    return pd.DataFrame(rows, columns=["cat", "name", "ts_us", "dur_us", "self_us"])
 
 
 def top_ops(path: str | Path, *, steps: int | None = None, n: int = TOP_OPS) -> tuple[pd.DataFrame, str]:
@@ -66,9 +79,7 @@ def top_ops(path: str | Path, *, steps: int | None = None, n: int = TOP_OPS) -> 
 
     Columns: name, calls, self_ms, total_ms (their durations, children included), self_pct (share of the self
     time of every op of that kind in the trace), self_ms_per_step (over ``steps`` profiled steps)."""
-    data = json.loads(Path(path).read_text())
-    events = data.get("traceEvents", []) if isinstance(data, dict) else data
-    df = op_self_times(events if isinstance(events, list) else [])
+    df = op_self_times(read_events(path))
     kernels = df[df["cat"] == "kernel"]
     kind, ops = ("GPU kernels", kernels) if len(kernels) else ("CPU ops", df[df["cat"] == "cpu_op"])
     if ops.empty:
@@ -85,11 +96,11 @@ def top_ops(path: str | Path, *, steps: int | None = None, n: int = TOP_OPS) -> 
 
 
 def _resolve(data: StudyData, arm: str, path: Any) -> Path | None:
-    """The trace's path as recorded, else where it lies in a study dir that was moved."""
-    if isinstance(path, str) and Path(path).exists():
-        return Path(path)
-    moved = data.study_dir / "traces" / arm / "trace.json"
-    return moved if moved.exists() else None
+    """Where the trace lies in the study dir (also when the dir was moved or copied), else its path as recorded."""
+    here = data.study_dir / "traces" / arm / "trace.json"
+    if here.exists():
+        return here
+    return Path(path) if isinstance(path, str) and Path(path).exists() else None
 
 
 def _relative(data: StudyData, path: str) -> str:
@@ -110,13 +121,12 @@ def _href(data: StudyData, path: Any) -> str | None:
 
 
 def _snapshot(data: StudyData, arm: str, path: Any) -> str | None:
-    """The memory snapshot's path as recorded, else beside the trace in a study dir that was moved."""
+    """The memory snapshot beside the trace in the study dir (also when the dir was moved or copied), else its path
+    as recorded."""
     if not isinstance(path, str):
         return None
-    if Path(path).exists():
-        return path
-    moved = data.study_dir / "traces" / arm / Path(path).name
-    return str(moved) if moved.exists() else path
+    here = data.study_dir / "traces" / arm / Path(path).name
+    return str(here) if here.exists() else path
 
 
 def trace_table(data: StudyData) -> tuple[pd.DataFrame, str | None, dict[str, Path]]:

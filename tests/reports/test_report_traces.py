@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import json
+import shutil
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -140,6 +141,7 @@ def test_a_snapshot_in_the_study_dir_is_linked_one_outside_it_is_not(tmp_path):
     sdir = _study(tmp_path)
     (sdir / "traces" / "baseline" / "memory_snapshot.pickle").write_bytes(b"\x80")
     outside = _write_trace(tmp_path / "elsewhere" / "trace.json", CPU_EVENTS)
+    (sdir / "traces" / "winner" / "trace.json").unlink()  # the winner's trace only outside the study directory
     tune = json.loads((sdir / "tune.json").read_text())
     tune["result"]["traces"]["winner"]["path"] = str(outside)
     (sdir / "tune.json").write_text(json.dumps(tune))
@@ -150,6 +152,16 @@ def test_a_snapshot_in_the_study_dir_is_linked_one_outside_it_is_not(tmp_path):
     raw = build_report(sdir).read_text()
     assert '<a href="traces/baseline/memory_snapshot.pickle">' in raw and str(outside) in raw
     assert_links_stay_inside(raw, sdir)
+
+
+def test_a_copied_study_links_its_own_traces(tmp_path):
+    """A study folder copied elsewhere while the original stays: the report reads and links the copy's files."""
+    sdir = _study(tmp_path)
+    copy = tmp_path / "copy"
+    shutil.copytree(sdir, copy)
+    t = compute_sections(copy).time
+    assert t.traces["path"].tolist() == [str(copy / "traces" / a / "trace.json") for a in ("baseline", "winner")]
+    assert t.traces["trace_href"].tolist() == ["traces/baseline/trace.json", "traces/winner/trace.json"]
 
 
 def test_without_a_winner_the_baselines_trace_is_ranked_and_a_moved_study_still_finds_it(tmp_path):
