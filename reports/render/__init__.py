@@ -16,6 +16,7 @@ from reports.render.assets import _CSS, _JS
 from reports.render.data import _data
 from reports.render.environment import _environment
 from reports.render.figures import _Figures
+from reports.render.gpu import _gpu
 from reports.render.guide import _guide
 from reports.render.kernels import _kernels
 from reports.render.memory import _memory
@@ -30,7 +31,7 @@ __all__ = ["render_html"]
 
 
 _RENDERERS: dict[str, Callable[[Any, _Figures], str]] = {
-    "summary": _summary, "guide": _guide, "search": _search, "time": _time, "compile": _compile,
+    "summary": _summary, "guide": _guide, "search": _search, "time": _time, "gpu": _gpu, "compile": _compile,
     "numerics": _numerics, "memory": _memory, "kernels": _kernels,
     "data": _data, "trials": _trials, "environment": _environment,
 }

@@ -16,6 +16,7 @@ from reports._load import StudyData
 from reports.sections._common import best_trial_number
 from reports.sections.data import DataSection, data_section
 from reports.sections.environment import Environment, NoiseFloor, environment_section
+from reports.sections.gpu import GpuTime, gpu_section
 from reports.sections.guide import Guide, guide_section
 from reports.sections.kernels import Kernels, kernels_section, sweep_by_config
 from reports.sections.memory import Memory, memory_section
@@ -28,6 +29,7 @@ __all__ = [
     "SECTIONS",
     "DataSection",
     "Environment",
+    "GpuTime",
     "Guide",
     "Kernels",
     "Memory",
@@ -44,6 +46,7 @@ __all__ = [
     "compute_report",
     "data_section",
     "environment_section",
+    "gpu_section",
     "guide_section",
     "kernels_section",
     "memory_section",
@@ -66,6 +69,7 @@ SECTIONS: tuple[tuple[str, str, Callable[[StudyData], Any]], ...] = (
     ("guide", "How to read this report", guide_section),
     ("search", "Search", search_section),
     ("time", "Where the time goes", time_section),
+    ("gpu", "GPU time", gpu_section),
     ("compile", "Compile time", compile_section),
     ("numerics", "Numerics", numerics_section),
     ("memory", "Memory", memory_section),
@@ -83,6 +87,7 @@ class ReportData(NamedTuple):
     guide: Guide | SectionFailed
     search: Search | SectionFailed
     time: TimeSection | SectionFailed
+    gpu: GpuTime | SectionFailed
     compile: CompileSection | SectionFailed
     numerics: NumericsSection | SectionFailed
     memory: Memory | SectionFailed

@@ -43,7 +43,7 @@ REPO = Path(__file__).resolve().parents[2]
 LIFETIMES = REPO / "tests" / "assets" / "lifetimes_gr00t-n1.6_clip0_2026-12-01.json"
 """What ``python -m workbench.memory lifetimes --preset gr00t-n1.6 --set training.grad_clip=0`` wrote (the DAG on
 fake tensors, on the CPU): 31 buckets of whole layers at 25 MiB, a lifetime-aware plan of 2 slots."""
-SECTION_IDS = ("summary", "guide", "search", "time", "compile", "numerics", "memory", "kernels", "data",
+SECTION_IDS = ("summary", "guide", "search", "time", "gpu", "compile", "numerics", "memory", "kernels", "data",
                "trials", "environment")
 
 # --------------------------------------------------------------------------- the fixture generator
@@ -827,7 +827,7 @@ def test_html_well_formed_and_self_contained(page):
 
 def test_html_sections_and_content(page, fx):
     for i, heading in enumerate(("Summary", "How to read this report", "Search", "Where the time goes",
-                                 "Compile time", "Numerics", "Memory", "Kernels", "Data", "Trials", "Environment"),
+                                 "GPU time", "Compile time", "Numerics", "Memory", "Kernels", "Data", "Trials", "Environment"),
                                 start=1):
         assert f"<h2>{i}. {heading}</h2>" in page
     assert 'class="section-error"' not in page and "section-error" not in page

@@ -24,6 +24,7 @@ import pytest
 
 from reports import build_report
 from test_report import SECTION_IDS, make_study
+from test_report_gpu import add_gpu_trace
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,6 +58,7 @@ def _load(url: str, profile: Path) -> tuple[str, list[str]]:
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     fx = make_study(tmp_path_factory.mktemp("browser"))
+    add_gpu_trace(fx.dir, fx.best)  # the winner's CUDA trace: the GPU time section and the top ops have content
     return build_report(fx.dir, fx.storage_url, fx.name)
 
 
@@ -182,8 +184,13 @@ FIGCHECK = r"""<script>
     return {cls: r.className, height: r.getBoundingClientRect().height};
   }) : [];
   var details = document.querySelector('#summary details.config');
+  var gpu = document.getElementById('gpu');
   var out = {
     tables: tables, rows: rows,
+    gpu: gpu ? {box: box(gpu), visible: gpu.checkVisibility(), figures: gpu.querySelectorAll('svg').length,
+                tables: Array.prototype.map.call(gpu.querySelectorAll('table'), box),
+                clipped: Array.prototype.map.call(gpu.querySelectorAll('div.clip'), function (d) {
+                  return {box: box(d), full: d.scrollWidth > d.clientWidth}; })} : null,
     config: details ? {open: details.open, summary: box(details.querySelector('summary')), box: box(details),
                        pre_visible: details.querySelector('pre').checkVisibility()} : null,
     figures: figures,
@@ -325,3 +332,20 @@ def test_the_exported_config_is_collapsed(laid_out, width):
     assert not config["pre_visible"], config
     line = config["summary"][3] - config["summary"][1]
     assert line > 0 and config["box"][3] - config["box"][1] < 2 * line, config  # its summary line, nothing more
+
+
+@pytest.mark.parametrize("width", [WINDOW[0], WIDE[0]])
+def test_the_gpu_time_section_is_visible_and_fits(laid_out, width):
+    """The GPU time section (the winner's CUDA trace of test_report_gpu) is laid out with its figure and its three
+    tables inside the window; its long kernel names are cut to one line, not wrapped."""
+    got = laid_out[width]
+    gpu, inner = got["gpu"], got["page"]["inner"]
+    assert gpu is not None and gpu["visible"] and gpu["box"][3] - gpu["box"][1] > 300, gpu
+    assert gpu["figures"] == 1 and len(gpu["tables"]) == 3, gpu
+    assert gpu["box"][2] <= inner and all(t[2] <= inner + 0.5 for t in gpu["tables"]), gpu
+    names = gpu["clipped"]
+    assert len(names) == 8 and any(n["full"] for n in names), names  # its 8 kernels; the longest names cut
+    heights = {round(n["box"][3] - n["box"][1]) for n in names}
+    assert max(heights) < 2 * min(heights), heights
+    titles = [f["title"] for f in got["figures"]]
+    assert "GPU time by kind of work" in titles, titles

@@ -1,0 +1,289 @@
+"""The "GPU time" section: where the device's time goes in the winner's profiler trace (else the baseline's).
+
+The trace's device work (categories ``kernel``, ``gpu_memcpy``, ``gpu_memset``) over its profiled steps gives the
+time per step by kind of work, the device's busy and idle time, and the top kernels with their time per step and
+share; the runs' metrics give the model's FLOPs per step, so the achieved TFLOP/s stands against the peak.
+
+Steps and busy time follow ``workbench.train.profiling.launch_overhead``: the steps are the trace's ``step <n>``
+ranges; their work is every kernel, copy and set launched within them (matched to its launch call by the trace's
+``correlation`` id; device work without one counts where it starts), and the span runs from the first range's start
+to the later of the last range's end and the end of that work. Busy is the union of the work's intervals
+(overlapping streams count once), idle the rest of the span. Without step ranges the span is the work's own.
+
+The kind of a kernel comes from its name, first rule first (``KIND_RULES``), except that everything launched inside
+a step's ``optimizer`` phase range is ``optimizer`` (clipping, the update, zero_grad) and NCCL's kernels are always
+``communication``. On a CPU trace there is no device work: the same figures are computed over the aten ops
+(``cpu_op``) of the training thread(s), by self time (``reports.sections._traces``); busy is the time inside an
+op, idle the rest of the steps (Python, waiting for data, the profiler itself).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from reports._load import RunData, StudyData, num
+from reports.sections._common import _median, baseline_runs, best_runs
+from reports.sections._traces import op_self_times, read_events, trace_table
+
+__all__ = ["KINDS", "KIND_RULES", "DeviceTime", "GpuTime", "device_time", "gpu_section", "work_kind"]
+
+KINDS = ("matmul", "attention", "elementwise/norm", "copy/cast/memset", "optimizer", "communication", "other")
+"""The kinds of device work, in the order the report lists them."""
+
+TOP_KERNELS = 10
+"""Kernels (or CPU ops) listed by time."""
+
+_ATEN_MATH = ("add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|tanh|sigmoid|where|mean|sum|max|min|clamp|abs|sign|sin|"
+              "cos|lerp|addcmul|addcdiv|gt|lt|ge|le|eq|ne|masked_fill|argmax")
+KIND_RULES: tuple[tuple[str, str], ...] = (
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter"),
+    ("optimizer", r"multi_tensor_apply|foreach|adam|optimizer"),
+    ("attention", r"attention|attn|flash|fmha|sdpa"),
+    ("elementwise/norm", r"^triton_(poi|per|red)_"),  # Inductor's fused pointwise, persistent, reduction kernels
+    ("matmul", r"gemm|nvjet|cutlass|xmma|wgmma|cublas|matmul|triton_tem_|splitk|^aten::(mm|addmm|bmm|baddbmm|linear)$"),
+    ("copy/cast/memset", r"memcpy|memset|copy|fill|(?<!broad)cast|_amax|^aten::(zero_|clone|cat|stack|contiguous|to)$"),
+    ("elementwise/norm", r"elementwise|vectorized|unrolled|reduce|norm|softmax|silu|gelu|swiglu|rope|rotary|dropout|"
+                         rf"embedding|cross_entropy|nll|_ce_|^aten::({_ATEN_MATH})_?$"),
+)
+"""(kind, regular expression searched in the lower-cased name), first match wins; no match is ``other``. The order
+settles the names that match two: cuDNN's flash attention is built of wgmma (attention before matmul), Inductor's
+fused kernels name the ops they fuse, copies among them (their own rule before matmul and copies), a direct copy
+runs in an elementwise kernel (copies before elementwise)."""
+_RULES = tuple((kind, re.compile(rx)) for kind, rx in KIND_RULES)
+_DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+
+
+def work_kind(name: str, cat: str | None = None, *, in_optimizer: bool = False) -> str:
+    """The kind of one kernel, copy, set or CPU op (``KIND_RULES``): ``in_optimizer`` when it was launched (or, a
+    CPU op, ran) inside the ``optimizer`` phase range."""
+    low = name.lower()
+    if _RULES[0][1].search(low):
+        return "communication"
+    if in_optimizer:
+        return "optimizer"
+    if cat in ("gpu_memcpy", "gpu_memset"):
+        return "copy/cast/memset"
+    for kind, rx in _RULES[1:]:
+        if rx.search(low):
+            return kind
+    return "other"
+
+
+class DeviceTime(NamedTuple):
+    """The work of a trace's profiled steps."""
+
+    device: str
+    """'GPU' (a trace with device work) or 'CPU' (aten ops only)."""
+    steps: int
+    """The profiled steps the per-step figures divide by: the ``step <n>`` ranges, else the number given."""
+    step_ranges: int
+    """The trace's ``step <n>`` ranges (0: the figures cover the whole trace)."""
+    span_ms: float
+    """Per step: the span of the steps (GPU: until their last work ends)."""
+    busy_ms: float
+    """Per step: the union of the work's intervals."""
+    work: pd.DataFrame
+    """One row per kernel, copy or set (GPU) or aten op (CPU): name, kind, ms (its self time in the whole span)."""
+
+
+def _union(intervals: list[tuple[float, float]]) -> float:
+    """Length of the union of [start, end] intervals, in their unit."""
+    total, cur_s, cur_e = 0.0, None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + (cur_e - cur_s if cur_e is not None else 0.0)
+
+
+def _within(t: float, ranges: list[tuple[float, float]]) -> bool:
+    return any(s <= t <= e for s, e in ranges)
+
+
+def device_time(events: list[dict[str, Any]], steps: int | None = None) -> DeviceTime:
+    """The device's work over a trace's profiled steps (the module's rules); ``steps``: how many steps the trace
+    holds when it has no ``step <n>`` ranges. Raises ValueError when the trace holds no device work and no op."""
+    step_ranges: list[tuple[float, float]] = []
+    optimizer: list[tuple[float, float]] = []
+    launches: dict[Any, float] = {}
+    device: list[tuple[str, str, float, float, Any]] = []
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        cat, name = e.get("cat"), str(e.get("name", ""))
+        ts, dur = num(e.get("ts")), num(e.get("dur"))
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+            continue
+        corr = (e.get("args") or {}).get("correlation") if isinstance(e.get("args"), dict) else None
+        if cat == "user_annotation" and name.startswith("step "):
+            step_ranges.append((ts, ts + dur))
+        elif cat == "user_annotation" and name == "optimizer":
+            optimizer.append((ts, ts + dur))
+        elif cat in _LAUNCH_CATS and corr is not None:
+            launches[corr] = ts
+        elif cat in _DEVICE_WORK:
+            device.append((name, cat, ts, dur, corr))
+    n = len(step_ranges) or (steps if steps and steps > 0 else 1)
+    if device:
+        # each piece of work at its launch's host time where the trace links them
+        work = [(name, cat, ts, dur, launches.get(corr, ts)) for name, cat, ts, dur, corr in device]
+        if step_ranges:
+            begin, host_end = min(s for s, _ in step_ranges), max(e for _, e in step_ranges)
+            work = [w for w in work if begin <= w[4] <= host_end]
+            end = max([host_end, *(ts + dur for _, _, ts, dur, _ in work)])
+        else:
+            begin, end = min(w[2] for w in work), max(w[2] + w[3] for w in work)
+        busy = _union([(ts, ts + dur) for _, _, ts, dur, _ in work])
+        rows = [(name, work_kind(name, cat, in_optimizer=_within(at, optimizer)), dur / 1e3)
+                for name, cat, ts, dur, at in work]
+        return DeviceTime("GPU", n, len(step_ranges), (end - begin) / 1e3 / n, busy / 1e3 / n,
+                          pd.DataFrame(rows, columns=["name", "kind", "ms"]))
+    ops = op_self_times(events)
+    ops = ops[ops["cat"] == "cpu_op"]
+    if ops.empty:
+        raise ValueError("the trace holds no kernel, copy or set and no CPU op")
+    if step_ranges:
+        ops = ops[[_within(t, step_ranges) for t in ops["ts_us"]]]
+        span = _union(step_ranges)
+        clipped = [(max(t, s), min(t + d, e)) for t, d in zip(ops["ts_us"], ops["dur_us"])
+                   for s, e in step_ranges if t < e and t + d > s]
+        busy = _union([c for c in clipped if c[1] > c[0]])
+    else:
+        span = float((ops["ts_us"] + ops["dur_us"]).max() - ops["ts_us"].min())
+        busy = _union(list(zip(ops["ts_us"], ops["ts_us"] + ops["dur_us"])))
+    rows = [(name, work_kind(name, "cpu_op", in_optimizer=_within(t, optimizer)), self_us / 1e3)
+            for name, t, self_us in zip(ops["name"], ops["ts_us"], ops["self_us"])]
+    return DeviceTime("CPU", n, len(step_ranges), span / 1e3 / n, busy / 1e3 / n,
+                      pd.DataFrame(rows, columns=["name", "kind", "ms"]))
+
+
+class GpuTime(NamedTuple):
+    device: str | None
+    """'GPU' or 'CPU': what the trace holds; None without a trace."""
+    run: str | None
+    """The run whose trace it is: 'winner', else 'baseline'."""
+    trial: int | None
+    trace: str | None
+    """The trace file, from the study directory."""
+    trace_href: str | None
+    """Its relative link (None: outside the study directory)."""
+    steps: int
+    """Profiled steps the per-step figures divide by."""
+    by_kind: pd.DataFrame
+    """kind, calls_per_step, ms_per_step, share_pct (of all the work's time), span_pct (of the step's span): the
+    kinds with any time, in ``KINDS`` order."""
+    busy: pd.DataFrame
+    """what ('busy', 'idle', 'step span'), ms_per_step, span_pct."""
+    flops: pd.DataFrame
+    """metric, value, peak_pct (of the peak, for a rate), source: model FLOPs per step, achieved TFLOP/s of the
+    measured runs, the peak, MFU, and the model's FLOPs over the trace's busy and matmul + attention time."""
+    top: pd.DataFrame
+    """name, kind, calls_per_step, ms_per_step, share_pct, span_pct: the kernels (or CPU ops) with the most time."""
+    message: str | None
+    flops_message: str | None = None
+    """Why there is no TFLOP/s, or no peak to hold it against; None when both are there."""
+
+
+def _empty(message: str) -> GpuTime:
+    return GpuTime(device=None, run=None, trial=None, trace=None, trace_href=None, steps=0,
+                   by_kind=pd.DataFrame(columns=["kind", "calls_per_step", "ms_per_step", "share_pct", "span_pct"]),
+                   busy=pd.DataFrame(columns=["what", "ms_per_step", "span_pct"]),
+                   flops=pd.DataFrame(columns=["metric", "value", "peak_pct", "source"]),
+                   top=pd.DataFrame(columns=["name", "kind", "calls_per_step", "ms_per_step", "share_pct",
+                                             "span_pct"]), message=message)
+
+
+def gpu_section(data: StudyData) -> GpuTime:
+    traces, traces_message, found = trace_table(data)
+    arm = next((a for a in ("winner", "baseline") if a in found), None)
+    if arm is None:
+        why = traces_message or "No trace file of the kept traces could be found."
+        return _empty(f"No GPU time: {why[0].lower()}{why[1:]}")
+    row = traces.loc[arm]
+    trial = None if row["trial"] is None or row["trial"] != row["trial"] else int(row["trial"])
+    hint = num(row["steps"])
+    try:
+        dt = device_time(read_events(found[arm]), int(hint) if math.isfinite(hint) else None)
+    except (OSError, ValueError) as e:
+        return _empty(f"No GPU time: the {arm}'s trace could not be used ({type(e).__name__}: {e}).")
+    n, span = dt.steps, dt.span_ms
+    total = float(dt.work["ms"].sum())
+    g = dt.work.groupby("kind")["ms"].agg(["size", "sum"])
+    by_kind = pd.DataFrame([(k, g.loc[k, "size"] / n, g.loc[k, "sum"] / n, 100 * g.loc[k, "sum"] / total,
+                             100 * g.loc[k, "sum"] / n / span) for k in KINDS if k in g.index and g.loc[k, "sum"] > 0],
+                           columns=["kind", "calls_per_step", "ms_per_step", "share_pct", "span_pct"])
+    busy = pd.DataFrame([("busy", dt.busy_ms, 100 * dt.busy_ms / span), ("idle", span - dt.busy_ms,
+                                                                          100 * (span - dt.busy_ms) / span),
+                         ("step span", span, 100.0)], columns=["what", "ms_per_step", "span_pct"])
+    t = (dt.work.groupby(["name", "kind"])["ms"].agg(["size", "sum"]).reset_index()
+         .sort_values(["sum", "size"], ascending=[False, False], kind="stable").head(TOP_KERNELS))
+    top = pd.DataFrame({"name": t["name"], "kind": t["kind"], "calls_per_step": t["size"] / n,
+                        "ms_per_step": t["sum"] / n, "share_pct": 100 * t["sum"] / total,
+                        "span_pct": 100 * t["sum"] / n / span}).reset_index(drop=True)
+    runs = best_runs(data, trial) if arm == "winner" else baseline_runs(data)
+    compute_ms = float(by_kind.loc[by_kind["kind"].isin(["matmul", "attention"]), "ms_per_step"].sum())
+    flops, flops_message = _flops(RunData(name=f"traces/{arm}", path=found[arm].parent), runs, dt, compute_ms)
+    return GpuTime(device=dt.device, run=arm, trial=trial, trace=str(row["file"]),
+                   trace_href=row["trace_href"] if isinstance(row["trace_href"], str) else None, steps=n,
+                   by_kind=by_kind, busy=busy, flops=flops, top=top, message=None, flops_message=flops_message)
+
+
+def _window_flops(run: RunData) -> tuple[float, float]:
+    """(model FLOPs per step, achieved TFLOP/s) over a run's metrics.jsonl windows, weighted by their steps; NaN
+    where the windows carry no ``flops/achieved_tflops_per_gpu`` (workbench/train/metrics.py)."""
+    m = run.metrics
+    if m is None or "flops/achieved_tflops_per_gpu" not in m or "time/step_s" not in m:
+        return math.nan, math.nan
+    rate = pd.to_numeric(m["flops/achieved_tflops_per_gpu"], errors="coerce")
+    step = pd.to_numeric(m["time/step_s"], errors="coerce")
+    steps = pd.to_numeric(m["steps"], errors="coerce").fillna(1) if "steps" in m else pd.Series(1.0, index=m.index)
+    ok = rate.notna() & step.notna() & (rate > 0) & (step > 0)
+    if not ok.any():
+        return math.nan, math.nan
+    flops = (rate * 1e12 * step * steps)[ok].sum()
+    wall = (step * steps)[ok].sum()
+    return float(flops / steps[ok].sum()), float(flops / wall / 1e12)
+
+
+def _flops(trace_run: RunData, runs: list[RunData], dt: DeviceTime,
+           compute_ms: float) -> tuple[pd.DataFrame, str | None]:
+    """The FLOPs table and why a part of it is missing."""
+    per_step, _ = _window_flops(trace_run)
+    per_step_src = "the trace run's window: flops/achieved_tflops_per_gpu × time/step_s"
+    measured = [_window_flops(r) for r in runs]
+    if not math.isfinite(per_step):
+        per_step = _median(f for f, _ in measured)
+        per_step_src = f"median over {len(runs)} measured run(s)' windows"
+    achieved = _median(a for _, a in measured)
+    peak = next((p for r in [trace_run, *runs] if math.isfinite(p := r.metric("peak_tflops")) and p > 0), math.nan)
+    if not math.isfinite(per_step) and not math.isfinite(achieved):
+        return (pd.DataFrame(columns=["metric", "value", "peak_pct", "source"]),
+                "No TFLOP/s: the runs' metrics carry no model FLOPs (flops/achieved_tflops_per_gpu).")
+    where = "device-busy" if dt.device == "GPU" else "in-op (CPU)"
+    rows = [("model GFLOP per step, per GPU", per_step / 1e9, math.nan,
+             f"{per_step_src} (6 × parameters + attention, per real token)"),
+            ("achieved TFLOP/s, measured runs", achieved, math.nan,
+             f"median over {sum(math.isfinite(a) for _, a in measured)} run(s)' windows, no profiler"),
+            ("peak TFLOP/s", peak, math.nan, "the runs' peak_tflops (dense bf16 peak table, or hardware.peak_tflops)"),
+            (f"TFLOP/s over {where} time", per_step / (dt.busy_ms / 1e3) / 1e12 if dt.busy_ms > 0 else math.nan,
+             math.nan, "model FLOPs per step ÷ busy time per profiled step"),
+            ("TFLOP/s over matmul + attention time", per_step / (compute_ms / 1e3) / 1e12 if compute_ms > 0
+             else math.nan, math.nan, "model FLOPs per step ÷ matmul and attention time per profiled step: the "
+                                      "rate of those kernels if they did all the FLOPs")]
+    flops = pd.DataFrame(rows, columns=["metric", "value", "peak_pct", "source"])
+    rates = flops["metric"].str.contains("TFLOP/s") & ~flops["metric"].str.startswith("peak")
+    flops.loc[rates, "peak_pct"] = 100 * flops.loc[rates, "value"] / peak
+    flops = flops[flops["value"].notna()].reset_index(drop=True)
+    message = None
+    if not math.isfinite(peak):
+        message = ("No peak FLOP/s to hold these against: " + ("a CPU has none in the peak table" if dt.device == "CPU"
+                   else "the GPU is not in the peak table") + " (hardware.peak_tflops sets one), so no MFU.")
+    return flops, message
