@@ -147,6 +147,26 @@ def test_a_burst_of_ctrl_c_still_marks_the_running_trial(study_spec_file, tmp_pa
     assert not _alive_group(running.user_attrs["pgid"])
 
 
+def test_a_leader_recorded_before_its_exec_is_still_itself_after_it():
+    """The tuner records a trial's group leader right after the fork, often before the exec: the identity must
+    survive the exec, or the recovery of a dead tuner would leave that trial's processes running."""
+    from workbench.tune.storage import proc_identity
+
+    child = subprocess.Popen([sys.executable, "-c", "import os, time; time.sleep(0.5); "
+                              "os.execvp('sleep', ['sleep', '120'])"], start_new_session=True)
+    try:
+        before = proc_identity(child.pid)
+        deadline = time.monotonic() + 30
+        while not Path(f"/proc/{child.pid}/cmdline").read_bytes().startswith(b"sleep\0") \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert Path(f"/proc/{child.pid}/cmdline").read_bytes().startswith(b"sleep\0")  # it has exec'd
+        assert before is not None and proc_identity(child.pid) == before
+    finally:
+        child.kill()
+        child.wait()
+
+
 @pytest.mark.filterwarnings("ignore:Heartbeat of storage is supposed to be used")
 def test_recovery_kills_only_the_group_the_trial_recorded(study_spec_file, tmp_path):
     """A RUNNING trial of a dead tuner on this host: its stored process group is killed only while the group's

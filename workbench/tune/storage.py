@@ -3,7 +3,6 @@ and lock timeouts, and the liveness of the processes (pid and start time) that w
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
 import os
 import re
@@ -133,17 +132,11 @@ def proc_start(pid: int) -> str | None:
 
 
 def proc_identity(pid: int) -> dict[str, str] | None:
-    """What tells process ``pid`` apart from a later one that reuses its pid: its start time and a digest of its
-    command line (the digest, not the line, which may hold a secret); None when /proc cannot say."""
+    """What tells process ``pid`` apart from a later one that reuses its pid: its start time, which a later
+    process cannot share and which an exec keeps (the command line is not used: a child recorded between its fork
+    and its exec would not match itself afterwards); None when /proc cannot say."""
     start = proc_start(pid)
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read()
-    except OSError:
-        return None
-    if start is None:
-        return None
-    return {"start": start, "cmdline_sha256": hashlib.sha256(cmdline).hexdigest()}
+    return None if start is None else {"start": start}
 
 
 def alive(pid: int, start: str | None) -> bool:
