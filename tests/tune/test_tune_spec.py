@@ -43,17 +43,20 @@ def test_builtins_load_and_make_valid_trial_configs():
     assert gr.space["micro_batch_size"].choices == [8, 16, 32]
     assert {"fp8", "fp8_cast", "activation_checkpointing", "packing", "loss_backend",
             "expandable_segments"} <= set(gr.space)
-    # the seeds: the plain compiled loop (the base itself) and the hand-picked FP8 config, every knob pinned
-    assert gr.export_config(gr.seed_params(0)) == gr.export_config({})
-    hand = gr.trial_config(gr.seed_params(1))
-    assert (hand.loongforge.compute_domain.fp8, hand.data.micro_batch_size, hand.loongforge.compute_domain.ops.loss,
-            hand.effective_grad_accum_steps()) == ("tensorwise", 16, "triton", 2)
-    assert set(gr.seed_params(1)) == set(gr.space)
+    # no seeds: the search finds its answer within ten GPU-minutes, screening each config on one window first
+    assert gr.seed_trials == [] and (gr.budget.trials, gr.budget.gpu_minutes) == (40, 10)
+    assert (gr.pruner.name, gr.pruner.reduction_factor, gr.protocol.windows) == ("successive_halving", 3, 3)
     # conditional knob: selective checkpointing's N only when selective
     cfg = gr.trial_config({"activation_checkpointing": "selective", "activation_checkpointing_every": 4})
     assert cfg.training.activation_checkpointing_every == 4
     bf16 = load_study_spec("gr00t-n1.6-bf16")
     assert "fp8" not in bf16.space and set(bf16.space) == set(gr.space) - {"fp8", "fp8_cast", "fp8_head"}
+    # the seeds: the plain compiled loop (the base itself) and the hand-picked config, every knob pinned
+    assert bf16.export_config(bf16.seed_params(0)) == bf16.export_config({})
+    hand = bf16.trial_config(bf16.seed_params(1))
+    assert (hand.data.micro_batch_size, hand.loongforge.compute_domain.ops.loss, hand.effective_grad_accum_steps()) \
+        == (16, "triton", 2)
+    assert set(bf16.seed_params(1)) == set(bf16.space)
 
 
 def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):

@@ -28,7 +28,7 @@ class Stub(Validation):
     def _log(self, line):
         self.lines.append(line)
 
-    def _measure(self, cfg, run_dir, prefix):
+    def _measure(self, cfg, run_dir, prefix, phase):
         if run_dir.name == self.stop_at:
             raise KeyboardInterrupt  # the call's time ran out here
         self.measured.append(run_dir.name)
