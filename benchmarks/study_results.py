@@ -7,8 +7,9 @@ Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (every s
 summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
 Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
 step time, compile seconds and cache hits, peak reserved memory, seconds per step of each phase and the numerics
-guard's check; the baseline's last-window loss; a failed trial gets ``status`` and ``failure_reason`` in
-its row's ``note`` and objective 0, as the sampler was told.
+guard's check; the baseline's last-window loss; per study its GPU-minutes by phase and its screening record
+(configs a GPU-minute); a failed trial gets ``status`` and ``failure_reason`` in its row's ``note`` and
+objective 0, as the sampler was told.
 """
 
 from __future__ import annotations
@@ -71,6 +72,19 @@ def study_rows(d: Path) -> list[dict]:
         wall = (dt.datetime.fromisoformat(tune["finished"]) - dt.datetime.fromisoformat(tune["started"])).total_seconds()
         rows.append({**common, "phase": "study", "trial": "", "config": "", "note": "tune.json started..finished",
                      "metric": "time/study_wall_s", "value": wall})
+    gpu = tune.get("gpu_minutes") or {}  # device minutes by phase, against the study's budget
+    for phase, minutes in (gpu.get("by_phase") or {}).items():
+        rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"gpu_minutes/{phase}",
+                     "value": minutes, "note": f"budget {gpu.get('budget')} GPU-minutes"})
+    if gpu.get("total") is not None:
+        rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": "gpu_minutes/total",
+                     "value": gpu["total"], "note": f"budget {gpu.get('budget')} GPU-minutes"})
+    screening = tune.get("screening") or {}
+    for key in ("configs_evaluated", "configs_per_gpu_minute", "refused_without_run"):
+        if screening.get(key) is not None:
+            stages = ", ".join(f"{s['trials']} at {s['windows']} window(s)" for s in screening.get("stages") or [])
+            rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screening/{key}",
+                         "value": screening[key], "note": f"pruner {screening.get('pruner')}: {stages}"})
     val = d / "validation.json"
     if val.exists():
         v = json.loads(val.read_text())
