@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import StudyData, num
+from workbench.tune.result import gpu_minutes_line
 from reports.sections._common import (
     TPUT,
     _better,
@@ -53,6 +54,11 @@ class Search(NamedTuple):
     """Each knob's kind from its Optuna distribution: categorical, int or float."""
     knob_choices: dict[str, list] = {}
     """The choices of each categorical knob, in the space's order."""
+    gpu_minutes: pd.DataFrame | None = None
+    """phase, gpu_minutes, share: tune.json's device minutes by phase (baseline, screening, trials, numerics,
+    validation, traces); None for a study that recorded none."""
+    gpu_minutes_line: str | None = None
+    """The total against the budget and what each screening stage saw, in one line."""
 
 
 def search_section(data: StudyData) -> Search:
@@ -89,11 +95,19 @@ def search_section(data: StudyData) -> Search:
     message = None
     if not data.trials:
         message = data.study_error or "The study has no trials yet."
+    gpu = data.tune.get("gpu_minutes") if isinstance(data.tune.get("gpu_minutes"), dict) else {}
+    by_phase = {k: num(v) for k, v in (gpu.get("by_phase") or {}).items()}
+    total = sum(v for v in by_phase.values() if math.isfinite(v))
+    minutes = None
+    if total > 0:
+        minutes = pd.DataFrame([(k, v, v / total) for k, v in by_phase.items() if math.isfinite(v)],
+                               columns=["phase", "gpu_minutes", "share"])
     return Search(history=history, direction=direction, objective_name=name, baseline_band=band,
                   importances=importances, importances_message=imp_msg, knobs=knobs, knob_names=names,
                   log_knobs=log_knobs, pareto=pareto, pareto_message=pareto_msg, message=message,
                   knob_kinds={k: kinds[k] for k in names if k in kinds},
-                  knob_choices={k: choices[k] for k in names if k in choices})
+                  knob_choices={k: choices[k] for k in names if k in choices}, gpu_minutes=minutes,
+                  gpu_minutes_line=gpu_minutes_line(gpu, data.tune.get("screening")) if minutes is not None else None)
 
 
 @contextlib.contextmanager

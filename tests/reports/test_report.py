@@ -478,6 +478,12 @@ def _make_study(root: Path, *, name: str, n_trials: int, gpus: int, multi_object
                         [{"started": t0.isoformat(), "finished": None},
                          {"started": resumed.isoformat(), "finished": clock.isoformat()}])
     tune["wall_s"] = 90.0 if running else (clock - resumed).total_seconds()
+    tune["gpu_minutes"] = {"budget": 10.0, "total": 6.0, "by_phase": {
+        "baseline": 1.5, "screening": 3.0, "trials": 0.0, "numerics": 0.0, "validation": 1.2, "traces": 0.3}}
+    tune["screening"] = {"pruner": "successive_halving", "stages": [{"windows": 1, "trials": 7},
+                                                                    {"windows": 4, "trials": 2}],
+                         "refused_without_run": 1, "repeats": 0, "configs_evaluated": 8,
+                         "configs_per_gpu_minute": 1.333}
     (d / "tune.json").write_text(json.dumps(tune, indent=1))
     return fx
 
@@ -573,6 +579,24 @@ def test_search_history_and_importances(rep, fx):
     assert s.knob_choices == {k: list(d.choices) for k, d in SPACE.items() if kinds[k] == "categorical"}
     assert rep.memory.knob_kinds == {k: kinds[k] for k in rep.memory.memory_knobs}
     assert s.baseline_band[1] == pytest.approx(min(fx.baseline_repeats))
+
+
+def test_search_says_where_the_gpu_minutes_went(rep, fx, tmp_path):
+    m = rep.search.gpu_minutes.set_index("phase")
+    assert list(m.index) == ["baseline", "screening", "trials", "numerics", "validation", "traces"]
+    assert m.loc["screening", "gpu_minutes"] == 3.0 and m.loc["screening", "share"] == pytest.approx(0.5)
+    assert m["share"].sum() == pytest.approx(1.0)
+    assert rep.search.gpu_minutes_line == ("GPU-minutes: 6.0 of 10 (baseline 1.5, screening 3.0, validation 1.2, "
+                                           "traces 0.3); trials measured: 7 at 1 window, 2 at 4 windows; 1 refused "
+                                           "without a run; 1.33 configs a GPU-minute")
+    # a study from before the budget (or on a machine that timed nothing): no table, nothing invented
+    old = tmp_path / "old"
+    shutil.copytree(fx.dir, old)
+    tune = json.loads((old / "tune.json").read_text())
+    del tune["gpu_minutes"], tune["screening"]
+    (old / "tune.json").write_text(json.dumps(tune))
+    s = compute_sections(old, f"sqlite:///{old / 'study.db'}", fx.name).search
+    assert s.gpu_minutes is None and s.gpu_minutes_line is None
 
 
 def test_time_phases_sum_to_step_time(rep):
@@ -832,6 +856,8 @@ def test_html_sections_and_content(page, fx):
         assert f"<h2>{i}. {heading}</h2>" in page
     assert 'class="section-error"' not in page and "section-error" not in page
     assert "Memory analysis not run" in page and "No kernel sweep ran" in page
+    search = page.split('<section id="search">', 1)[1].split("</section>", 1)[0]
+    assert "<h3>Where the GPU-minutes went</h3>" in search and "7 at 1 window, 2 at 4 windows" in search
     assert "<h3>Gradient lifetimes</h3>" in page and 'data-title="Gradient buckets over the backward"' in page
     # Escaped: the config comment and a failure reason contain '<...>'.
     assert f"trial &lt;{fx.best}&gt;" in page and "&lt;after warm-up&gt;" in page
