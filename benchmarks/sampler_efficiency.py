@@ -1,32 +1,39 @@
 """Tuner efficiency: how many trials the study's sampler needs to come within 2% of an exhaustive grid's best.
 
     python benchmarks/sampler_efficiency.py --grid runs/gr00t-n1.6-grid [--storage URL] [--study-name NAME]
-        [--spec gr00t-n1.6-proxy] [--samplers tpe:4,gp:2,random] [--seeds 100] [--within 0.02] --out DIR
+        [--spec gr00t-n1.6-proxy] [--samplers tpe:4,gp:2,random] [--policies tuner,sampler] [--seeds 100]
+        [--within 0.02] --out DIR
+    python benchmarks/sampler_efficiency.py --grid-csv benchmarks/results/study.csv --study-name gr00t-n1.6-grid
+        --source campaign_studies_h200_2026-11-30.csv ...
 
 Input: a study run with the grid sampler (``studies/gr00t-n1.6-grid.yaml``): every configuration of a
-reduced space measured once by the tuner's own trials. Failed or infeasible configurations count as 0,
-as the tuner tells them.
+reduced space measured once by the tuner's own trials, from its storage or from the committed results CSV.
+Failed or infeasible configurations count as 0, as the tuner tells them.
 
 Replay: each of ``--samplers`` (default: the sampler of ``--spec`` and random search; ``NAME:N`` sets its
 random startup trials, else the spec's ``n_startup_trials``), built exactly as ``workbench.tune`` builds it
-(TPE: multivariate, constant liar; GP: ``workbench.tune.samplers.OrdinalGPSampler``), runs ``--seeds`` times against the measured values, asking as many trials as the grid has configurations; a trial's value is the grid's measurement
-of the configuration it asks for (constraints too), so a sampler that asks again for a configuration gets
-the same number, as a re-measurement would roughly give. Per sampler and seed: the first trial whose best
-so far is within ``--within`` of the grid's best.
+(TPE: multivariate, constant liar; GP: ``workbench.tune.samplers.OrdinalGPSampler``), runs ``--seeds`` times
+against the measured values, with a budget of as many trials as the grid has configurations; a trial's value is
+the grid's measurement of the configuration it asks for (constraints too). A repeated proposal is answered as
+each of ``--policies`` says: ``tuner`` as ``workbench.tune`` does (the earlier result, no trial spent, an untried
+config queued in its place), ``sampler`` with the same number at the cost of a trial (the tuner before it
+avoided repeats). Per sampler, policy and seed: the first trial of the budget whose best so far is within
+``--within`` of the grid's best.
 
 This measures the samplers on real objective values without re-running the GPU for every seed; what it
 leaves out is measurement noise between repeats of one configuration (the study's noise floor says how
 large that is).
 
-Output: ``DIR/sampler_efficiency.csv`` (long: sampler, seed, trials_to_target, plus the grid's size and
+Output: ``DIR/sampler_efficiency.csv`` (long: sampler, policy, seed, trials_to_target, plus the grid's size and
 best), ``DIR/grid.csv`` (the measured grid), and a summary printed last: median and p80 trials to target,
-and the share of seeds that reach it within 25% of the grid's trials (the issue's goal).
+and the share of seeds that reach it within 25% of the grid's trials.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
+import itertools
 import math
 import sys
 from pathlib import Path
@@ -40,7 +47,7 @@ import pandas as pd  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
 from workbench.tune.study import load_study_spec  # noqa: E402
-from workbench.tune.samplers import make_sampler  # noqa: E402
+from workbench.tune.samplers import make_sampler, untried_config  # noqa: E402
 
 SAMPLERS = ("tpe", "gp", "random")  # the replayable ones (single-objective)
 
@@ -65,44 +72,101 @@ def load_grid(storage: str, study_name: str) -> tuple[dict[str, optuna.distribut
         ok = t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())
         rows.append({**t.params, "value": float(t.value) if ok and t.value is not None else 0.0,
                      "feasible": ok, "trial": t.number, "constraints": dict(t.constraints)})
-    grid = pd.DataFrame(rows)
+    return dists, _complete(pd.DataFrame(rows), dists, f"study {study_name!r} in {storage}")
+
+
+def _complete(grid: pd.DataFrame, dists: dict[str, Any], where: str) -> pd.DataFrame:
+    """One row per configuration (one measured twice: the later run); every configuration of the space, else
+    one error naming a missing one."""
     names = list(dists)
-    grid = grid.drop_duplicates(subset=names, keep="last")  # a configuration measured twice: the later run
+    grid = grid.drop_duplicates(subset=names, keep="last")
     size = math.prod(len(d.choices) for d in dists.values())
     if len(grid) < size:
         have = {tuple(r[n] for n in names) for _, r in grid.iterrows()}
-        import itertools
-
         missing = [c for c in itertools.product(*(dists[n].choices for n in names)) if c not in have]
         raise SystemExit(f"sampler_efficiency: the grid is incomplete: {len(grid)} of {size} configurations "
-                         f"measured; missing e.g. {dict(zip(names, missing[0]))} (resume the grid study)")
-    return dists, grid.reset_index(drop=True)
+                         f"measured in {where}; missing e.g. {dict(zip(names, missing[0]))} (resume the grid study)")
+    return grid.reset_index(drop=True)
+
+
+def load_grid_csv(path: Path, study_name: str, source: str | None) -> tuple[dict[str, Any], pd.DataFrame]:
+    """The grid from a committed results CSV (``benchmarks/results/study.csv``): the search trials of
+    ``study_name`` (of one ``source`` file where several runs share the name), the knobs and their choices, in the
+    space's order, from its spec (``studies/<study_name>.yaml``). A row whose config has other knobs is another
+    space's; a failed configuration is 0, as in the study."""
+    spec = load_study_spec(study_name)
+    dists: dict[str, Any] = {}
+    for name, rng in spec.space.items():
+        if rng.choices is None:
+            raise SystemExit(f"sampler_efficiency: {spec.source}: space.{name} is a range; the replay needs choices")
+        dists[name] = optuna.distributions.CategoricalDistribution(rng.choices)
+    rows = pd.read_csv(path)
+    rows = rows[(rows["study"] == spec.name) & (rows["phase"] == "search")
+                & (rows["metric"] == "objective/tokens_per_s_per_gpu")]
+    if source is not None:
+        rows = rows[rows["source"] == source]
+    if rows.empty:
+        raise SystemExit(f"sampler_efficiency: {path} has no search trial of study {spec.name!r}"
+                         + (f" from source {source!r}" if source else ""))
+    out = []
+    for _, r in rows.iterrows():
+        given = dict(kv.split("=", 1) for kv in str(r["config"]).split())
+        if set(given) != set(dists):
+            continue
+        params = {}
+        for name, value in given.items():
+            match = [c for c in dists[name].choices if str(c) == value]
+            if not match:
+                raise SystemExit(f"sampler_efficiency: {path}: trial {r['trial']:g} has {name}={value}, not one of "
+                                 f"{list(dists[name].choices)} ({spec.source})")
+            params[name] = match[0]
+        value = float(r["value"])
+        out.append({**params, "value": value, "feasible": value > 0, "trial": int(r["trial"]), "constraints": {}})
+    return dists, _complete(pd.DataFrame(out), dists, f"{path} ({spec.name})")
+
+
+POLICIES = ("tuner", "sampler")
+"""How a repeated proposal is answered. ``tuner``: as ``workbench.tune`` does, from the earlier trial, at no cost
+to the budget, with an untried config queued in its place (``workbench.tune.samplers.untried_config``);
+``sampler``: the sampler alone, a repeat costing a trial (the tuner before issue 38)."""
 
 
 def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n_startup: int,
-           within: float, n_trials: int | None = None) -> dict[str, Any]:
-    """One seeded run of ``sampler`` against the measured grid; the first trial within ``within`` of its best."""
+           within: float, n_trials: int | None = None, policy: str = "tuner") -> dict[str, Any]:
+    """One seeded run of ``sampler`` against the measured grid; the first trial of the budget (a repeat answered at
+    no cost does not count) whose best so far is within ``within`` of the grid's best."""
     names = list(dists)
     table = {tuple(r[n] for n in names): (r["value"], r["constraints"]) for _, r in grid.iterrows()}
+    configs = [dict(zip(names, c)) for c in itertools.product(*(dists[n].choices for n in names))]
     best = grid["value"].max()
     target = best * (1 - within)
     n_trials = n_trials or len(grid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, n_startup))
-    best_so_far, hit, distinct = -math.inf, None, set()
-    for i in range(1, n_trials + 1):
+    best_so_far, hit, distinct, spent, free = -math.inf, None, set(), 0, 0
+    while spent < n_trials:
         trial = study.ask(dists)
         key = tuple(trial.params[n] for n in names)
         value, constraints = table[key]
+        repeat = key in distinct
         distinct.add(key)
         for k, v in constraints.items():
             trial.set_constraint(k, v)
         study.tell(trial, value)
+        if repeat and policy == "tuner":
+            asked = [t.params or t.system_attrs.get("fixed_params") or {}
+                     for t in study.get_trials(deepcopy=False)]
+            pick = untried_config(configs, asked, seed, trial.number)
+            if pick is not None:
+                study.enqueue_trial(pick)
+                free += 1
+                continue
+        spent += 1
         best_so_far = max(best_so_far, value)
         if hit is None and best_so_far >= target:
-            hit = i
-    return {"sampler": sampler, "seed": seed, "trials_to_target": hit, "reached": hit is not None,
-            "distinct_configs_asked": len(distinct), "best_found": best_so_far}
+            hit = spent
+    return {"sampler": sampler, "policy": policy, "seed": seed, "trials_to_target": hit, "reached": hit is not None,
+            "distinct_configs_asked": len(distinct), "free_repeats": free, "best_found": best_so_far}
 
 
 def parse_samplers(arg: str | None, spec_sampler: str, spec_startup: int, spec_name: str) -> dict[str, tuple[str, int]]:
@@ -126,9 +190,9 @@ def parse_samplers(arg: str | None, spec_sampler: str, spec_startup: int, spec_n
 def summarize(res: pd.DataFrame, grid_size: int) -> pd.DataFrame:
     budget = grid_size * 0.25
     out = []
-    for sampler, g in res.groupby("sampler", sort=False):
+    for (sampler, policy), g in res.groupby(["sampler", "policy"], sort=False):
         t = g["trials_to_target"].fillna(grid_size + 1)  # not reached within the grid's size: counted as more
-        out.append({"sampler": sampler, "seeds": len(g), "median_trials": float(t.median()),
+        out.append({"sampler": sampler, "policy": policy, "seeds": len(g), "median_trials": float(t.median()),
                     "p80_trials": float(t.quantile(0.8)), "mean_trials": float(t.mean()),
                     "share_within_25pct_of_grid": float((t <= budget).mean()),
                     "median_share_of_grid": float(t.median() / grid_size)})
@@ -137,27 +201,42 @@ def summarize(res: pd.DataFrame, grid_size: int) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--grid", required=True, help="the grid study's directory (runs/<study>)")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--grid", help="the grid study's directory (runs/<study>)")
+    where.add_argument("--grid-csv", type=Path, help="a results CSV holding the grid's search trials "
+                       "(benchmarks/results/study.csv); with --study-name, the grid study's spec")
     p.add_argument("--storage", help="its Optuna storage (default sqlite:///<grid>/study.db)")
-    p.add_argument("--study-name", help="its study name (default: the directory's name)")
+    p.add_argument("--study-name", help="its study name (default: the directory's name; with --grid-csv: required)")
+    p.add_argument("--source", help="with --grid-csv: only the rows of this source file")
     p.add_argument("--spec", default="gr00t-n1.6-proxy", help="study whose sampler is replayed (its n_startup_trials)")
     p.add_argument("--samplers", help=f"comma-separated NAME or NAME:STARTUP_TRIALS, NAME from {', '.join(SAMPLERS)} "
                    "(default: the spec's sampler and random)")
+    p.add_argument("--policies", default="tuner", help=f"comma-separated, from {', '.join(POLICIES)}: how a repeated "
+                   "proposal is answered (tuner: at no cost, an untried config in its place; sampler: a trial spent)")
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--within", type=float, default=0.02, help="target: within this fraction of the grid's best")
     p.add_argument("--out", default="benchmarks/out/sampler_efficiency")
     a = p.parse_args(argv)
-    grid_dir = Path(a.grid)
-    storage = a.storage or f"sqlite:///{(grid_dir / 'study.db').resolve()}"
-    name = a.study_name or grid_dir.name
-    dists, grid = load_grid(storage, name)
+    policies = a.policies.split(",")
+    if not set(policies) <= set(POLICIES):
+        p.error(f"--policies: {a.policies!r}; expected a comma-separated list from {', '.join(POLICIES)}")
+    if a.grid_csv is not None:
+        if not a.study_name:
+            p.error("--grid-csv needs --study-name (the grid study, whose spec gives the knobs' choices)")
+        dists, grid = load_grid_csv(a.grid_csv, a.study_name, a.source)
+        name = load_study_spec(a.study_name).name
+    else:
+        grid_dir = Path(a.grid)
+        storage = a.storage or f"sqlite:///{(grid_dir / 'study.db').resolve()}"
+        name = a.study_name or grid_dir.name
+        dists, grid = load_grid(storage, name)
     spec = load_study_spec(a.spec)
     samplers = parse_samplers(a.samplers, spec.sampler.name, spec.sampler.n_startup_trials, a.spec)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     grid.drop(columns=["constraints"]).to_csv(out / "grid.csv", index=False)
-    rows = [{**replay(dists, grid, s, seed, n, a.within), "sampler": label, "n_startup_trials": n}
-            for label, (s, n) in samplers.items() for seed in range(a.seeds)]
+    rows = [{**replay(dists, grid, s, seed, n, a.within, policy=policy), "sampler": label, "n_startup_trials": n}
+            for label, (s, n) in samplers.items() for policy in policies for seed in range(a.seeds)]
     res = pd.DataFrame(rows)
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     res = res.assign(grid_size=len(grid), grid_best=float(grid["value"].max()), within=a.within,

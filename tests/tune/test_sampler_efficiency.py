@@ -52,14 +52,14 @@ def test_grid_is_read_with_failures_as_zero(tmp_path):
 
 def test_incomplete_grid_is_a_clear_error(tmp_path):
     url = make_grid_study(tmp_path, skip=3)
-    with pytest.raises(SystemExit, match=r"incomplete: 9 of 12 configurations measured; missing e.g."):
+    with pytest.raises(SystemExit, match=r"incomplete: 9 of 12 configurations measured in study .grid. in sqlite:.*; missing e.g."):
         se.load_grid(url, "grid")
 
 
 def test_replay_counts_the_trial_that_first_asks_for_the_best(tmp_path):
     dists, grid = se.load_grid(make_grid_study(tmp_path), "grid")
     for seed in range(5):
-        r = se.replay(dists, grid, "random", seed, n_startup=3, within=0.02)
+        r = se.replay(dists, grid, "random", seed, n_startup=3, within=0.02, policy="sampler")
         # the same seeded random sampler, independently: the first trial asking for the (unique) best
         study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=seed))
         first = None
@@ -75,6 +75,33 @@ def test_replay_counts_the_trial_that_first_asks_for_the_best(tmp_path):
     assert loose["trials_to_target"] <= (strict["trials_to_target"] or 13)
 
 
+def test_the_tuners_policy_spends_no_trial_on_a_repeat_and_covers_the_grid(tmp_path):
+    dists, grid = se.load_grid(make_grid_study(tmp_path), "grid")
+    tuner = [se.replay(dists, grid, "random", seed, n_startup=0, within=0.02) for seed in range(8)]
+    plain = [se.replay(dists, grid, "random", seed, n_startup=0, within=0.02, policy="sampler") for seed in range(8)]
+    # a budget of 12 trials on a 12-config grid: every trial asks for a new config, so the best is always found
+    assert all(r["distinct_configs_asked"] == 12 and r["reached"] for r in tuner)
+    assert sum(r["free_repeats"] for r in tuner) > 0 and all(r["free_repeats"] == 0 for r in plain)
+    assert any(r["distinct_configs_asked"] < 12 for r in plain)  # the sampler alone repeats itself
+
+
+def test_the_grid_from_the_committed_results_csv():
+    """The H200 grid of gr00t-n1.6-grid (2026-11-30) replays from benchmarks/results/study.csv, without its
+    storage: 18 configurations, the best micro-batch 8, bucket width 512, Triton fusion on."""
+    dists, grid = se.load_grid_csv(REPO / "benchmarks" / "results" / "study.csv", "gr00t-n1.6-grid",
+                                   "campaign_studies_h200_2026-11-30.csv")
+    assert {k: d.choices for k, d in dists.items()} == {"micro_batch_size": (2, 4, 8), "bucket_width": (128, 256, 512),
+                                                         "triton_fusion": (False, True)}
+    assert len(grid) == 18
+    best = grid.loc[grid["value"].idxmax()]
+    assert (best["micro_batch_size"], best["bucket_width"], best["triton_fusion"]) == (8, 512, True)
+    assert best["value"] == pytest.approx(221949.447, rel=1e-6)
+    # another source's rows hold other knobs (compile): nothing of this space, an incomplete grid
+    with pytest.raises(SystemExit, match=r"incomplete: 0 of 18|no search trial"):
+        se.load_grid_csv(REPO / "benchmarks" / "results" / "study.csv", "gr00t-n1.6-grid",
+                         "campaign_discarded_compiles_in_windows_h200_2026-11-30.csv")
+
+
 def test_main_writes_the_replay_and_a_summary(tmp_path, capsys):
     grid_dir = tmp_path / "grid"
     grid_dir.mkdir()
@@ -84,6 +111,7 @@ def test_main_writes_the_replay_and_a_summary(tmp_path, capsys):
                     "--samplers", "tpe:4,gp:2,random", "--out", str(out)]) == 0
     res = pd.read_csv(out / "sampler_efficiency.csv")
     assert len(res) == 18 and list(dict.fromkeys(res["sampler"])) == ["tpe:4", "gp:2", "random"]
+    assert set(res["policy"]) == {"tuner"}  # the default: repeats answered as workbench.tune answers them
     assert (res["grid_size"] == 12).all()
     assert res.groupby("sampler")["n_startup_trials"].first().to_dict() == {"tpe:4": 4, "gp:2": 2, "random": 0}
     summ = pd.read_csv(out / "summary.csv").set_index("sampler")
@@ -97,6 +125,13 @@ def test_main_writes_the_replay_and_a_summary(tmp_path, capsys):
     spec = se.load_study_spec("gr00t-n1.6-proxy").sampler
     assert set(pd.read_csv(out / "sampler_efficiency.csv")["sampler"]) == {f"{spec.name}:{spec.n_startup_trials}",
                                                                            "random"}
+    # both policies side by side: a summary row for each
+    assert se.main(["--grid", str(grid_dir), "--seeds", "2", "--samplers", "random", "--policies", "tuner,sampler",
+                    "--out", str(out)]) == 0
+    assert list(pd.read_csv(out / "summary.csv")["policy"]) == ["tuner", "sampler"]
+    with pytest.raises(SystemExit):
+        se.main(["--grid", str(grid_dir), "--policies", "tuner,greedy", "--out", str(out)])
+    assert "--policies: 'tuner,greedy'" in capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"'bo:2' is not NAME or NAME:STARTUP_TRIALS"):
         se.main(["--grid", str(grid_dir), "--samplers", "tpe,bo:2", "--out", str(out)])
 

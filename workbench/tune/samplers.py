@@ -25,6 +25,7 @@ and 12 for random search (benchmarks/README.md).
 
 from __future__ import annotations
 
+import random
 import warnings
 from typing import Any
 
@@ -37,7 +38,7 @@ from workbench.errors import ConfigError
 from workbench.vocab import FAILURE_KINDS
 
 __all__ = ["LearnsFromFailures", "OrdinalGPSampler", "SAMPLERS", "gp_sampler", "infeasible", "learning_view",
-           "make_sampler", "ordinal_choices", "tpe_sampler"]
+           "make_sampler", "ordinal_choices", "tpe_sampler", "untried_config"]
 
 CONSTRAINTS = ("failed", "memory", "finite_loss")
 """The constraints every trial carries (> 0 = violated), in the order of the ``constraint`` user attr."""
@@ -218,3 +219,13 @@ def gp_sampler(seed: int | None, n_startup_trials: int,
         return OrdinalGPSampler(seed=seed, n_startup_trials=n_startup_trials, warn_independent_sampling=False,
                                 independent_sampler=independent or optuna.samplers.RandomSampler(seed=seed))
 
+
+def untried_config(configs: list[dict[str, Any]], asked: list[dict[str, Any]], seed: int | None,
+                   number: int) -> dict[str, Any] | None:
+    """The config that runs in place of trial ``number``'s repeat: one of ``configs`` (the finite space, in
+    sampling order) that is not in ``asked``, picked by the study seed and the trial number so that a study reruns
+    the same way; None when every config was asked for."""
+    untried = [c for c in configs if c not in asked]
+    if not untried:
+        return None
+    return untried[random.Random((seed or 0) * 1_000_003 + number).randrange(len(untried))]

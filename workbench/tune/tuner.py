@@ -7,7 +7,6 @@ import contextlib
 import json
 import math
 import os
-import random
 import signal
 import socket
 import statistics
@@ -34,7 +33,7 @@ from workbench.tune.preflight import preflight
 from workbench.tune.progress import Progress
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
-from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler
+from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler, untried_config
 from workbench.tune.stats import noise_floor
 from workbench.tune.storage import (HEARTBEAT_INTERVAL_S, alive, default_storage_url, make_storage, mask_url,
                                     normalize_storage_url, proc_identity, proc_start)
@@ -711,10 +710,9 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         if not configs:
             return None
         asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self._trials()]
-        untried = [c for c in configs if c not in asked]
-        if not untried:
+        pick = untried_config(configs, asked, spec.sampler.seed, number)
+        if pick is None:
             return None
-        pick = untried[random.Random((spec.sampler.seed or 0) * 1_000_003 + number).randrange(len(untried))]
         study.enqueue_trial(pick, user_attrs={"queued_for": number})
         return pick
 
