@@ -36,6 +36,9 @@ def _summary(s: Summary, figs: _Figures) -> str:
                     f' <span class="src">[{_esc(sp.source)}]</span>')
     out.append('<p class="headline">' + "".join(head) + ".</p>")
     out.extend(f'<p class="note">{_esc(n)}</p>' for n in s.notes)
+    if s.reference is not None:
+        out.append(f'<h3>Against plain loops</h3><p class="reference">{_esc(s.reference[0].upper() + s.reference[1:])}.'
+                   " The study's other ratios are against its base config.</p>")
 
     labels = {REAL_TOKENS_PER_S: "real tokens/s/GPU",
               "mfu_pct": "MFU (%)", "memory/max_reserved_gib": "peak reserved (GiB)",

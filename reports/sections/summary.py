@@ -22,7 +22,7 @@ from reports.sections._common import (
     knob_names,
     study_result,
 )
-from workbench.tune.result import describe_data, result_headline
+from workbench.tune.result import describe_data, reference_line, result_headline
 from reports.sections.phases import _phase_means
 
 __all__ = ["Speedup", "Summary", "summary_section"]
@@ -58,9 +58,17 @@ class Summary(NamedTuple):
     message: str | None
     headline: str | None = None
     """The study's result in one sentence (the terminal's, from tune.json); None before it finished."""
+    reference: str | None = None
+    """The exported config against the plain compiled loop, or why it was not measured (validation.json's
+    ``reference``); None for a study from before it was recorded."""
 
 
 def summary_section(data: StudyData) -> Summary:
+    ref = data.validation.get("reference")
+    return _summary(data)._replace(reference=reference_line(ref) if isinstance(ref, dict) else None)
+
+
+def _summary(data: StudyData) -> Summary:
     number, how = best_trial_number(data)
     notes: list[str] = []
     base = baseline_runs(data)

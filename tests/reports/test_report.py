@@ -439,6 +439,10 @@ def _make_study(root: Path, *, name: str, n_trials: int, gpus: int, multi_object
         winner = {k: win_c[k] for k in ("trial", "significant", "speedup_median", "ci_low", "ci_high")}
         fx.validation = {"baseline_runs": base, "noise_floor": noise, "method": "bootstrap of the median ratio",
                          "confidence": 0.95, "ab_rounds": 5, "candidates": cands, "winner": winner,
+                         "reference": {"reference": "the plain compiled loop (torch.compile, default mode, no CUDA "
+                                                    "graphs)", "ran": True, "same_as_base": False,
+                                       "trial": winner["trial"], "ratios": [1.31, 1.29], "speedup_median": 1.3,
+                                       "ci_low": 1.21, "ci_high": 1.39, "significant": True, "pairs": 2},
                          "complete": True}
         (d / "validation.json").write_text(json.dumps(fx.validation, indent=1))
         fx.best = winner["trial"]
@@ -856,6 +860,10 @@ def test_html_sections_and_content(page, fx):
         assert f"<h2>{i}. {heading}</h2>" in page
     assert 'class="section-error"' not in page and "section-error" not in page
     assert "Memory analysis not run" in page and "No kernel sweep ran" in page
+    summary = page.split('<section id="summary">', 1)[1].split("</section>", 1)[0]
+    assert "<h3>Against plain loops</h3>" in summary
+    assert ("Against the plain compiled loop (torch.compile, default mode, no CUDA graphs): 1.300x [1.210, 1.390] "
+            "over 2 interleaved A/B pairs.") in summary
     search = page.split('<section id="search">', 1)[1].split("</section>", 1)[0]
     assert "<h3>Where the GPU-minutes went</h3>" in search and "7 at 1 window, 2 at 4 windows" in search
     assert "<h3>Gradient lifetimes</h3>" in page and 'data-title="Gradient buckets over the backward"' in page

@@ -67,6 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--out", default="runs", help="directory of study outputs (default runs/)")
     p.add_argument("--worker", action="store_true", help="only run search trials of an existing or shared study")
     p.add_argument("--no-report", action="store_true", help="do not build report.html")
+    p.add_argument("--no-reference", action="store_true", help="on a GPU study, do not measure the winner beside "
+                   "the plain torch.compile loop after validation (A/B pairs as the validation's)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (one line per trial still)")
     p.add_argument("--pairs", type=int, help="verify: A/B pairs to run (default: as many as the validation took, "
                    "at least 3)")
@@ -244,7 +246,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     tuner = Tuner(spec, study_name=args.study_name or stored_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, gpu_minutes=args.gpu_minutes, worker=args.worker, report=None if args.no_report else build_report,
                   lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes),
-                  reset=_confirm_reset(args.yes) if args.reset else None)
+                  reset=_confirm_reset(args.yes) if args.reset else None, reference=not args.no_reference)
     try:
         tuner.run()
     except KeyboardInterrupt:

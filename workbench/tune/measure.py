@@ -21,6 +21,7 @@ from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
 from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
+from workbench.tune.validation import plain_loop_config
 
 __all__ = ["GPU_PHASES", "Measurement"]
 
@@ -112,14 +113,21 @@ class Measurement:
         walls = [w for w in (self.study.user_attrs.get("baseline_wall_s") or []) if isinstance(w, (int, float))]
         return statistics.median(walls) * self.spec.gpus if walls else None
 
-    def reserved_seconds(self) -> float:
-        """Device seconds validation and the traces may take at most: every candidate's A/B pairs at the cap and
-        the two trace runs, each at the baseline's run time (0 before the baseline ran)."""
+    def runs_after_search(self) -> int:
+        """Measured runs after the search at most: every candidate's A/B pairs at the cap, the winner's pairs
+        beside the plain compiled loop where they will run (``Validation.against_plain``) and the two trace runs."""
         spec = self.spec
         assert spec is not None
-        run = self._run_seconds() or 0.0
         p = spec.protocol
-        return run * (2 * p.top_k * p.ab_rounds + (2 if p.profile_steps > 0 else 0))
+        base = spec.measured_base_config()
+        plain = (self.reference and spec.trainer is None and "cuda" in self.hardware.get("capabilities", ())
+                 and config_hash(plain_loop_config(base)) != config_hash(base))
+        return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0) + (2 if p.profile_steps > 0 else 0)
+
+    def reserved_seconds(self) -> float:
+        """Device seconds the runs after the search may take at most, each at the baseline's run time (0 before
+        the baseline ran)."""
+        return (self._run_seconds() or 0.0) * self.runs_after_search()
 
     def _trial_seconds(self) -> float:
         """Device seconds the next search trial is expected to take: the median of the search trials measured to

@@ -20,9 +20,8 @@ from loaders.format import MANIFEST_NAME
 from workbench.config import Config
 from workbench.tune.stats import noise_floor, noise_warning, pairs_needed
 
-__all__ = [
-    "gpu_minutes_line","VERDICTS", "build_result", "data_source", "describe_data", "provenance_fields", "result_headline",
-           "result_lines"]
+__all__ = ["VERDICTS", "build_result", "data_source", "describe_data", "gpu_minutes_line", "provenance_fields",
+           "reference_line", "result_headline", "result_lines"]
 
 VERDICTS = ("winner", "no_significant_gain", "no_candidate")
 """``winner``: a candidate's interval lies above 1.0 and it is exported; ``no_significant_gain``: candidates were
@@ -137,6 +136,8 @@ def build_result(
         "commit": commit,
         # the torch.profiler traces of the baseline and of the winner (validation.json's, Measurement.keep_traces)
         "traces": validation.get("traces"),
+        # the winner beside the plain compiled loop (validation.json's, Validation.against_plain)
+        "reference": validation.get("reference"),
     }
 
 
@@ -186,7 +187,24 @@ def result_lines(result: Mapping[str, Any]) -> list[str]:
                  f"{describe_data(result['data'])}")
     if (g := b.get("gpu_minutes")) and (line := gpu_minutes_line(g, b.get("screening"))):
         lines.append(f"  {line}")
+    if (ref := result.get("reference")) and ref.get("ran"):
+        lines.append(f"  {reference_line(ref)}")
     return lines
+
+
+def reference_line(ref: Mapping[str, Any]) -> str:
+    """One line: the exported config against the plain compiled loop, with its interval, or why it was not
+    measured."""
+    what = f"against {ref.get('reference') or 'the plain compiled loop'}"
+    if not ref.get("ran"):
+        return f"{what}: not measured, {ref.get('reason')}"
+    med, lo, hi = ref.get("speedup_median"), ref.get("ci_low"), ref.get("ci_high")
+    if med is None:
+        return f"{what}: no A/B pair completed"
+    ci = f"[{lo:.3f}, {hi:.3f}]" if lo is not None and hi is not None else "[n/a]"
+    how = ("A/B pairs of the validation (the study's base is that loop)" if ref.get("same_as_base")
+           else "interleaved A/B pairs")
+    return f"{what}: {med:.3f}x {ci} over {ref.get('pairs', 0)} {how}"
 
 
 def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None = None) -> str:

@@ -126,6 +126,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         launch: Launcher | None = None,
         confirm: Callable[[StudySpec], None] | None = None,
         reset: Callable[[str], None] | None = None,
+        reference: bool = True,
     ) -> None:
         if spec is None and study_name is None:
             raise TuneError("a study spec or a study name is needed")
@@ -134,6 +135,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         self.study_dir = Path(out_root).resolve() / self.study_name  # trial processes get absolute paths
         self.storage_url = normalize_storage_url(storage_url or default_storage_url(self.study_dir))
         self.storage_shown = mask_url(self.storage_url)  # the only form of the URL that is printed or written
+        self.reference = reference  # the winner beside the plain compiled loop after validation (GPU studies)
         self.trials_override = trials
         self.timeout_override = timeout_s
         self.gpu_budget_override = gpu_minutes  # the CLI's --gpu-minutes, over the spec's budget.gpu_minutes
@@ -928,8 +930,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
               f"{self.budget if self.budget is not None else 'unlimited'} trials"
               + (f", {self.timeout_s:g} s" if self.timeout_s else "") + f"; storage {self.storage_shown}\n"
               f"data: {describe_data(data_source(self.spec.base_config(), self.spec.trainer))}", file=sys.stderr, flush=True)
-        p = self.spec.protocol
-        after = 0 if self.worker else 2 * p.top_k * p.ab_rounds + (2 if p.profile_steps > 0 else 0)
+        after = 0 if self.worker else self.runs_after_search()
         self.progress = Progress(self.budget, self.study_name, self.progress_enabled, after=after)
         try:
             if not self.worker:

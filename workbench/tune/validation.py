@@ -2,7 +2,11 @@
 re-measured interleaved with the base config (A/B/A/B), each pair's ratio, and the winner whose interval lies
 above 1.0 (``runs/<study>/validation.json``). The A/B is sequential: from ``protocol.ab_min_rounds`` pairs on, a
 candidate stops once its interval excludes 1.0, at most ``ab_rounds`` pairs; the interval's confidence is
-Bonferroni-corrected over those looks, so the study's chance of a false winner stays at most 5%."""
+Bonferroni-corrected over those looks, so the study's chance of a false winner stays at most 5%.
+
+On a GPU study of the built-in loop the winner is then measured beside the plain ``torch.compile`` loop of the
+same model and data (``validation.json``'s ``reference``), by the same interleaved A/B: the ratio a user compares
+against, where the study's own ratio is against its base config."""
 
 from __future__ import annotations
 
@@ -17,12 +21,20 @@ from typing import Any
 
 from optuna.trial import FrozenTrial, TrialState
 
-from workbench.config import ConfigError, config_hash
+from workbench.config import Config, ConfigError, config_hash, merge_overrides
 from workbench.tune.export import write_json
 from workbench.tune.storage import mask_url
 from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
 
-__all__ = ["Duel", "Validation", "interval_fields", "overlap", "pick_winner"]
+__all__ = ["Duel", "PLAIN_LOOP", "Validation", "interval_fields", "overlap", "pick_winner", "plain_loop_config"]
+
+PLAIN_LOOP = {"loongforge.compute_domain.compile": "default", "loongforge.compute_domain.graph_capture": "none"}
+"""What turns a study's base config into the plain compiled loop: ``torch.compile`` in its default mode, no CUDA
+graphs of ours; the model, data, batch and every other setting stay the base's."""
+
+
+def plain_loop_config(base: Config) -> Config:
+    return merge_overrides(base, PLAIN_LOOP)
 
 
 def _now() -> str:
@@ -198,18 +210,62 @@ class Validation:
                                                                 confidence=confidence))
         if winner["duels"]:
             self._log(f"winner #{winner['trial']}: {winner['decided_by']}")
-        traces = self.keep_traces(next((c for c in candidates if c["trial"] == winner["trial"]), None)
-                                  if winner["trial"] is not None else None)
+        best = next((c for c in candidates if c["trial"] == winner["trial"]), None)
+        reference = self.against_plain(best, max_pairs=rounds, min_pairs=min_rounds, confidence=confidence)
+        traces = self.keep_traces(best)
         base = self.baseline_runs()
         data = {
             "study_name": self.study_name, "storage_url": mask_url(self.storage_url), "baseline_runs": base,
             "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
             "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
             "ab_min_rounds": min_rounds, "candidates": candidates, "skipped": skipped,
-            "winner": winner, "traces": traces, "complete": True, "finished": _now(),
+            "winner": winner, "reference": reference, "traces": traces, "complete": True, "finished": _now(),
         }
         write_json(path, data)
         return data
+
+
+    def against_plain(self, best: Mapping[str, Any] | None, *, max_pairs: int, min_pairs: int,
+                      confidence: float) -> dict[str, Any]:
+        """validation.json's ``reference``: the winner beside the plain compiled loop (``plain_loop_config`` of
+        the measured base), interleaved A/B pairs as the validation's (``validation/reference/``, resumable). Where
+        the base already is the plain loop, the validation's own ratio is the answer and nothing runs again.
+        Always a record: ``ran`` False with the ``reason`` where it does not apply (no winner, a CPU study, a loop
+        of one's own, ``--no-reference``)."""
+        spec = self.spec
+        assert spec is not None
+        what = "the plain compiled loop (torch.compile, default mode, no CUDA graphs)"
+        reason = None
+        if best is None:
+            reason = "no winner: the base config is exported"
+        elif not self.reference:
+            reason = "off (--no-reference)"
+        elif spec.trainer is not None:
+            reason = "a loop of one's own: its base config is the reference"
+        elif "cuda" not in self.hardware.get("capabilities", ()):
+            reason = "not a GPU study: torch.compile's speed on a CPU says nothing of a GPU's"
+        if reason is not None:
+            return {"reference": what, "ran": False, "reason": reason}
+        assert best is not None
+        base = spec.measured_base_config()
+        plain = plain_loop_config(base)
+        if config_hash(plain) == config_hash(base):
+            fields = {k: best[k] for k in ("ratios", "speedup_median", "ci_low", "ci_high", "significant")}
+            return {"reference": what, "ran": True, "same_as_base": True, "trial": best["trial"], **fields,
+                    "pairs": len(best["ratios"]), "runs": best["runs"], "baseline_runs": best["baseline_runs"]}
+        self._log(f"the winner #{best['trial']} beside {what}: {min_pairs} to {max_pairs} A/B pairs")
+        res = self.ab_pairs(plain, {best["trial"]: spec.trial_config(best["params"])},
+                            self.study_dir / "validation" / "reference", max_pairs=max_pairs, min_pairs=min_pairs,
+                            confidence=confidence, what="against the plain loop", resume=True)[best["trial"]]
+        fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
+        if fields["speedup_median"] is not None:
+            ci = (f"[{fields['ci_low']:.3f}, {fields['ci_high']:.3f}]" if fields["ci_low"] is not None
+                  and fields["ci_high"] is not None else "[n/a]")
+            self._log(f"against the plain compiled loop: {fields['speedup_median']:.3f}x {ci} over "
+                      f"{len(fields['ratios'])} pairs")
+        return {"reference": what, "ran": True, "same_as_base": False, "trial": best["trial"], **fields,
+                "pairs": len(fields["ratios"]), "runs": res["runs"], "baseline_runs": res["baseline_runs"],
+                "failures": res["failures"], "stopped": res["stopped"]}
 
 
 def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:

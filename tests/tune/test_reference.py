@@ -1,0 +1,111 @@
+"""The winner beside the plain compiled loop after validation (``Validation.against_plain``): measured by
+interleaved A/B pairs where the study's base is not that loop, the validation's own ratio where it is, and one
+line why where it does not apply."""
+
+from __future__ import annotations
+
+import optuna
+import pytest
+
+from workbench.config import Config, config_hash, merge_overrides
+from workbench.tune.result import reference_line
+from workbench.tune.trial import TrialOutcome
+from workbench.tune.validation import PLAIN_LOOP, Validation, plain_loop_config
+
+EAGER = Config()  # compile: none, as the VLA study's base
+COMPILED = merge_overrides(EAGER, {"loongforge.compute_domain.compile": "default"})
+
+
+class Spec:
+    def __init__(self, base, trainer=None):
+        self.base, self.trainer = base, trainer
+
+    def measured_base_config(self):
+        return self.base
+
+    def trial_config(self, params):
+        return merge_overrides(self.base, params)
+
+
+class Stub(Validation):
+    """What against_plain uses of the Tuner: spec, study, study folder, hardware, the reference switch, a log and
+    a measurement that records what it ran (value by folder: the plain loop 100, the winner 130)."""
+
+    def __init__(self, tmp_path, base, *, cuda=True, reference=True, trainer=None):
+        self.spec, self.study_dir, self.reference = Spec(base, trainer), tmp_path, reference
+        self.study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="r",
+                                         load_if_exists=True)
+        self.hardware = {"capabilities": ["cuda"] if cuda else []}
+        self.measured: list[tuple[str, str]] = []
+        self.lines: list[str] = []
+
+    def _check_lease(self):
+        pass
+
+    def _log(self, line):
+        self.lines.append(line)
+
+    def _measure(self, cfg, run_dir, prefix, phase):
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.measured.append((run_dir.name, cfg.loongforge.compute_domain.compile))
+        return TrialOutcome("ok", run_dir, value=130.0 if run_dir.name.startswith("trial") else 100.0)
+
+
+BEST = {"trial": 4, "params": {"data.micro_batch_size": 8}, "ratios": [1.2, 1.25], "speedup_median": 1.224,
+        "ci_low": 1.1, "ci_high": 1.35, "significant": True, "runs": [120.0, 125.0], "baseline_runs": [100.0] * 2}
+
+
+def test_an_eager_base_is_measured_against_the_compiled_loop(tmp_path):
+    v = Stub(tmp_path, EAGER)
+    r = v.against_plain(BEST, max_pairs=4, min_pairs=2, confidence=0.95)
+    # the reference runs compiled; the winner is the trial's config (the base's compile, eager here)
+    assert v.measured == [("baseline-4-0", "default"), ("trial-4-0", "none"),
+                          ("baseline-4-1", "default"), ("trial-4-1", "none")]
+    assert (tmp_path / "validation" / "reference" / "trial-4-1").is_dir()
+    assert r["ran"] and not r["same_as_base"] and r["pairs"] == 2 and r["stopped"] == "interval excludes 1.0"
+    assert r["speedup_median"] == pytest.approx(1.3) and r["runs"] == [130.0, 130.0]
+    assert any("against the plain compiled loop: 1.300x" in line for line in v.lines)
+    # resumed from the study, like the validation's pairs: nothing runs again
+    again = Stub(tmp_path, EAGER)
+    assert again.against_plain(BEST, max_pairs=4, min_pairs=2, confidence=0.95)["pairs"] == 2
+    assert again.measured == []
+
+
+def test_a_base_that_is_the_plain_loop_reuses_the_validation(tmp_path):
+    assert config_hash(plain_loop_config(COMPILED)) == config_hash(COMPILED)
+    v = Stub(tmp_path, COMPILED)
+    r = v.against_plain(BEST, max_pairs=4, min_pairs=2, confidence=0.95)
+    assert v.measured == [] and r["same_as_base"] and r["ran"]
+    assert (r["speedup_median"], r["ci_low"], r["ci_high"], r["pairs"]) == (1.224, 1.1, 1.35, 2)
+
+
+@pytest.mark.parametrize(("kw", "best", "words"), [
+    ({"cuda": False}, BEST, "not a GPU study"),
+    ({"reference": False}, BEST, "off (--no-reference)"),
+    ({"trainer": object()}, BEST, "a loop of one's own"),
+    ({}, None, "no winner"),
+])
+def test_where_it_does_not_apply_it_says_why_and_runs_nothing(tmp_path, kw, best, words):
+    v = Stub(tmp_path, EAGER, **kw)
+    r = v.against_plain(best, max_pairs=4, min_pairs=2, confidence=0.95)
+    assert r["ran"] is False and words in r["reason"] and v.measured == []
+
+
+def test_the_plain_loop_is_the_base_with_default_compile_and_no_graphs():
+    captured = merge_overrides(EAGER, {"loongforge.compute_domain.graph_capture": "fwd_bwd",
+                                       "data.micro_batch_size": 16})
+    plain = plain_loop_config(captured)
+    cd = plain.loongforge.compute_domain
+    assert (cd.compile, cd.graph_capture, plain.data.micro_batch_size) == ("default", "none", 16)
+    assert set(PLAIN_LOOP) == {"loongforge.compute_domain.compile", "loongforge.compute_domain.graph_capture"}
+
+
+def test_the_line_the_terminal_and_the_report_print():
+    ref = {"reference": "the plain compiled loop", "ran": True, "same_as_base": False, "speedup_median": 1.3,
+           "ci_low": 1.21, "ci_high": 1.39, "pairs": 2}
+    assert reference_line(ref) == "against the plain compiled loop: 1.300x [1.210, 1.390] over 2 interleaved A/B pairs"
+    assert reference_line({**ref, "same_as_base": True}).endswith(
+        "over 2 A/B pairs of the validation (the study's base is that loop)")
+    assert reference_line({**ref, "speedup_median": None}) == "against the plain compiled loop: no A/B pair completed"
+    assert reference_line({"reference": "the plain compiled loop", "ran": False, "reason": "off (--no-reference)"}) \
+        == "against the plain compiled loop: not measured, off (--no-reference)"
