@@ -4,10 +4,13 @@ line why where it does not apply."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import optuna
 import pytest
 
 from workbench.config import Config, config_hash, merge_overrides
+from workbench.tune.measure import Measurement
 from workbench.tune.result import reference_line
 from workbench.tune.trial import TrialOutcome
 from workbench.tune.validation import PLAIN_LOOP, Validation, plain_loop_config
@@ -17,6 +20,8 @@ COMPILED = merge_overrides(EAGER, {"loongforge.compute_domain.compile": "default
 
 
 class Spec:
+    protocol = SimpleNamespace(top_k=1, ab_rounds=3, profile_steps=2)
+
     def __init__(self, base, trainer=None):
         self.base, self.trainer = base, trainer
 
@@ -109,3 +114,11 @@ def test_the_line_the_terminal_and_the_report_print():
     assert reference_line({**ref, "speedup_median": None}) == "against the plain compiled loop: no A/B pair completed"
     assert reference_line({"reference": "the plain compiled loop", "ran": False, "reason": "off (--no-reference)"}) \
         == "against the plain compiled loop: not measured, off (--no-reference)"
+
+
+def test_the_budget_reserves_the_reference_pairs_only_where_they_will_run(tmp_path):
+    # 1 candidate x 3 pairs x 2 runs, the same again beside the plain loop, and 2 trace runs
+    assert Measurement.runs_after_search(Stub(tmp_path, EAGER)) == 6 + 6 + 2
+    assert Measurement.runs_after_search(Stub(tmp_path, EAGER, cuda=False)) == 6 + 2
+    assert Measurement.runs_after_search(Stub(tmp_path, EAGER, reference=False)) == 6 + 2
+    assert Measurement.runs_after_search(Stub(tmp_path, COMPILED)) == 6 + 2  # the validation's pairs answer it

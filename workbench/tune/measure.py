@@ -120,8 +120,7 @@ class Measurement:
         assert spec is not None
         p = spec.protocol
         base = spec.measured_base_config()
-        plain = (self.reference and spec.trainer is None and "cuda" in self.hardware.get("capabilities", ())
-                 and config_hash(plain_loop_config(base)) != config_hash(base))
+        plain = self.plain_loop_skipped() is None and config_hash(plain_loop_config(base)) != config_hash(base)
         return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0) + (2 if p.profile_steps > 0 else 0)
 
     def reserved_seconds(self) -> float:

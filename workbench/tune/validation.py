@@ -225,6 +225,16 @@ class Validation:
         return data
 
 
+    def plain_loop_skipped(self) -> str | None:
+        """Why the winner is not measured beside the plain compiled loop on this study; None where it is."""
+        if not self.reference:
+            return "off (--no-reference)"
+        if self.spec.trainer is not None:
+            return "a loop of one's own: its base config is the reference"
+        if "cuda" not in self.hardware.get("capabilities", ()):
+            return "not a GPU study: torch.compile's speed on a CPU says nothing of a GPU's"
+        return None
+
     def against_plain(self, best: Mapping[str, Any] | None, *, max_pairs: int, min_pairs: int,
                       confidence: float) -> dict[str, Any]:
         """validation.json's ``reference``: the winner beside the plain compiled loop (``plain_loop_config`` of
@@ -235,15 +245,7 @@ class Validation:
         spec = self.spec
         assert spec is not None
         what = "the plain compiled loop (torch.compile, default mode, no CUDA graphs)"
-        reason = None
-        if best is None:
-            reason = "no winner: the base config is exported"
-        elif not self.reference:
-            reason = "off (--no-reference)"
-        elif spec.trainer is not None:
-            reason = "a loop of one's own: its base config is the reference"
-        elif "cuda" not in self.hardware.get("capabilities", ()):
-            reason = "not a GPU study: torch.compile's speed on a CPU says nothing of a GPU's"
+        reason = "no winner: the base config is exported" if best is None else self.plain_loop_skipped()
         if reason is not None:
             return {"reference": what, "ran": False, "reason": reason}
         assert best is not None
