@@ -57,7 +57,7 @@ def _search(s: Search, figs: _Figures) -> str:
         out.append(f"<p>{_esc(s.gpu_minutes_line or '')}.</p>")
         out.append(_table(s.gpu_minutes, cls="compact",
                           formats={"gpu_minutes": lambda v: f"{v:.2f}", "share": lambda v: f"{v:.0%}"},
-                          headers={"gpu_minutes": "GPU-minutes"}))
+                          headers={"gpu_minutes": "GPU-minutes"}, table_id="gpu-minutes"))
     short = _short_names(s.knob_names)
     out.append('<div class="cols"><div>')
     if s.importances is not None and len(s.importances):

@@ -185,8 +185,11 @@ FIGCHECK = r"""<script>
   }) : [];
   var details = document.querySelector('#summary details.config');
   var gpu = document.getElementById('gpu');
+  var seen = function (el) { return el ? {box: box(el), visible: el.checkVisibility()} : null; };
   var out = {
     tables: tables, rows: rows,
+    reference: seen(document.querySelector('#summary p.reference')),
+    minutes: seen(document.getElementById('gpu-minutes')),
     gpu: gpu ? {box: box(gpu), visible: gpu.checkVisibility(), figures: gpu.querySelectorAll('svg').length,
                 tables: Array.prototype.map.call(gpu.querySelectorAll('table'), box),
                 clipped: Array.prototype.map.call(gpu.querySelectorAll('div.clip'), function (d) {
@@ -349,3 +352,16 @@ def test_the_gpu_time_section_is_visible_and_fits(laid_out, width):
     assert max(heights) < 2 * min(heights), heights
     titles = [f["title"] for f in got["figures"]]
     assert "GPU time by kind of work" in titles, titles
+
+
+@pytest.mark.parametrize("width", [WINDOW[0], WIDE[0]])
+def test_against_plain_loops_and_the_gpu_minutes_are_visible_and_fit(laid_out, width):
+    """The Summary's line against the plain compiled loop and the Search section's GPU-minutes table are laid out
+    inside the window: the line in at most three lines of text, the table beside nothing that covers it."""
+    got = laid_out[width]
+    inner = got["page"]["inner"]
+    ref, minutes = got["reference"], got["minutes"]
+    assert ref is not None and ref["visible"] and ref["box"][2] <= inner, ref
+    assert 0 < ref["box"][3] - ref["box"][1] < 80, ref
+    assert minutes is not None and minutes["visible"] and minutes["box"][2] <= inner + 0.5, minutes
+    assert minutes["box"][3] - minutes["box"][1] > 6 * 12, minutes  # its six phases, each a row
