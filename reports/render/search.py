@@ -53,11 +53,12 @@ def _search(s: Search, figs: _Figures) -> str:
 
         out.append(figs.svg(draw))
     if s.gpu_minutes is not None:
-        out.append("<h3>Where the GPU-minutes went</h3>")
+        out.append("<h3>Where the GPU-minutes went</h3>" if s.gpu_minutes.attrs.get("device") != "cpu"
+                   else "<h3>Where the CPU-minutes went (a CPU study)</h3>")
         out.append(f"<p>{_esc(s.gpu_minutes_line or '')}.</p>")
         out.append(_table(s.gpu_minutes, cls="compact",
                           formats={"gpu_minutes": lambda v: f"{v:.2f}", "share": lambda v: f"{v:.0%}"},
-                          headers={"gpu_minutes": "GPU-minutes"}, table_id="gpu-minutes"))
+                          headers={"gpu_minutes": "minutes"}, table_id="gpu-minutes"))
     short = _short_names(s.knob_names)
     out.append('<div class="cols"><div>')
     if s.importances is not None and len(s.importances):

@@ -102,6 +102,7 @@ def search_section(data: StudyData) -> Search:
     if total > 0:
         minutes = pd.DataFrame([(k, v, v / total) for k, v in by_phase.items() if math.isfinite(v)],
                                columns=["phase", "gpu_minutes", "share"])
+        minutes.attrs["device"] = gpu.get("device", "cuda")  # cpu: a CPU study's minutes
     return Search(history=history, direction=direction, objective_name=name, baseline_band=band,
                   importances=importances, importances_message=imp_msg, knobs=knobs, knob_names=names,
                   log_knobs=log_knobs, pareto=pareto, pareto_message=pareto_msg, message=message,

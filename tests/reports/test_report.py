@@ -601,6 +601,11 @@ def test_search_says_where_the_gpu_minutes_went(rep, fx, tmp_path):
     (old / "tune.json").write_text(json.dumps(tune))
     s = compute_sections(old, f"sqlite:///{old / 'study.db'}", fx.name).search
     assert s.gpu_minutes is None and s.gpu_minutes_line is None
+    # a CPU study's minutes are called what they are
+    tune["gpu_minutes"] = {"device": "cpu", "budget": None, "total": 2.0, "by_phase": {"baseline": 1.0, "trials": 1.0}}
+    (old / "tune.json").write_text(json.dumps(tune))
+    s = compute_sections(old, f"sqlite:///{old / 'study.db'}", fx.name).search
+    assert s.gpu_minutes.attrs["device"] == "cpu" and s.gpu_minutes_line.startswith("CPU-minutes: 2.0 (")
 
 
 def test_time_phases_sum_to_step_time(rep):
@@ -866,6 +871,7 @@ def test_html_sections_and_content(page, fx):
             "over 2 interleaved A/B pairs.") in summary
     search = page.split('<section id="search">', 1)[1].split("</section>", 1)[0]
     assert "<h3>Where the GPU-minutes went</h3>" in search and "7 at 1 window, 2 at 4 windows" in search
+    assert "CPU-minutes" not in search  # the fixture's tune.json names no device: a GPU study's
     assert "<h3>Gradient lifetimes</h3>" in page and 'data-title="Gradient buckets over the backward"' in page
     # Escaped: the config comment and a failure reason contain '<...>'.
     assert f"trial &lt;{fx.best}&gt;" in page and "&lt;after warm-up&gt;" in page

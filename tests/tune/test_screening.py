@@ -18,6 +18,7 @@ import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
 from workbench.tune.progress import Progress
+from workbench.tune.result import gpu_minutes_line
 from workbench.tune.study import load_study_spec, loads_study_spec
 from workbench.tune.trial import TrialOutcome
 
@@ -146,6 +147,9 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     assert validation["winner"]["trial"] is not None or validation["candidates"]
     assert (tmp_path / "runs" / "gpumin" / "config.yaml").exists()
     assert tune["result"]["budget"]["gpu_minutes"]["total"] == g["total"]
+    # on this CPU the minutes are CPU-minutes, and the result line says so
+    assert g["device"] == "cpu" and gpu_minutes_line(g).startswith(f"CPU-minutes: {g['total']:.1f} of 10 (")
+    assert gpu_minutes_line({**g, "device": "cuda"}).startswith("GPU-minutes: ")
 
 
 def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():

@@ -100,11 +100,13 @@ class Measurement:
         return sum(self.gpu_seconds().values())
 
     def gpu_record(self) -> dict[str, Any]:
-        """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes."""
+        """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes, and the device
+        they were spent on (``cuda``, or ``cpu`` for a study that ran on the CPU: its minutes are CPU-minutes)."""
         spec = self.spec
         assert spec is not None
         spent = self.gpu_seconds()
-        return {"budget": spec.budget.gpu_minutes if self.gpu_budget_override is None else self.gpu_budget_override,
+        return {"device": "cuda" if "cuda" in self.hardware.get("capabilities", ()) else "cpu",
+                "budget": spec.budget.gpu_minutes if self.gpu_budget_override is None else self.gpu_budget_override,
                 "total": round(sum(spent.values()) / 60, 3),
                 "by_phase": {k: round(v / 60, 3) for k, v in spent.items()}}
 

@@ -208,9 +208,11 @@ def reference_line(ref: Mapping[str, Any]) -> str:
 
 
 def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None = None) -> str:
-    """One line: the GPU-minutes the study spent (of its budget) by phase, and what each screening stage saw."""
+    """One line: the GPU-minutes (CPU-minutes on a CPU) the study spent, of its budget, by phase, and what each
+    screening stage saw."""
     phases = ", ".join(f"{k} {v:.1f}" for k, v in (gpu.get("by_phase") or {}).items() if v)
-    text = (f"GPU-minutes: {gpu.get('total', 0):.1f}" + (f" of {gpu['budget']:g}" if gpu.get("budget") else "")
+    unit = "CPU-minutes" if gpu.get("device") == "cpu" else "GPU-minutes"
+    text = (f"{unit}: {gpu.get('total', 0):.1f}" + (f" of {gpu['budget']:g}" if gpu.get("budget") else "")
             + (f" ({phases})" if phases else ""))
     if screening and screening.get("stages"):
         stages = ", ".join(f"{s['trials']} at {s['windows']} window{'s' if s['windows'] != 1 else ''}"
