@@ -120,12 +120,13 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert best is None or (prov.best_candidate["trial"] == best["trial"]
                                 and prov.best_candidate["why_lost"] == best["why_lost"])
 
-    # The exported config runs as is and reproduces the throughput it was exported with, within the noise
-    # floor. On 2 CPU cores shared with other machines' work, the spread of two baseline runs is itself a
-    # noisy estimate, so the bound is max(spread, 25%): the spread of the tiny study's baseline repeats was
+    # The exported config runs as is and reproduces at least the throughput it was exported with, within the
+    # noise floor. On 2 CPU cores shared with the suite's other workers, the spread of two baseline runs is itself
+    # a noisy estimate, so the bound is max(spread, 25%): the spread of the tiny study's baseline repeats was
     # 1-20% here depending on that load, and 25% is still below what separates a wrong config (micro-batch 2
-    # vs 8 differ by ~1.5x). A neighbour's burst can still slow one whole run, so a second run is allowed: a
-    # config that does not reproduce fails both.
+    # vs 8 differ by ~1.5x). The check is one-sided: a study measured while other workers ran re-runs faster on
+    # a quieter machine (1.43x once in CI), and that keeps the promise; slower does not. A neighbour's burst can
+    # still slow one whole run, so a second run is allowed: a config that does not reproduce fails both.
     bound = max(tune["noise_floor"]["rel_spread"], 0.25)
     got = []
     for attempt in range(2):
@@ -135,7 +136,7 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
                                env=subprocess_env, cwd=tmp_path, timeout=300)
         assert rerun.returncode == 0, rerun.stdout + rerun.stderr
         got.append(json.loads(summary.read_text())["throughput/real_tokens_per_s_per_gpu"])
-        if abs(got[-1] / prov.tokens_per_s_per_gpu - 1) <= bound:
+        if got[-1] / prov.tokens_per_s_per_gpu >= 1 - bound:
             break
     else:
         raise AssertionError(f"re-runs {got} vs exported {prov.tokens_per_s_per_gpu} (bound {bound:.0%})")
