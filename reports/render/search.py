@@ -59,6 +59,10 @@ def _search(s: Search, figs: _Figures) -> str:
         out.append(_table(s.gpu_minutes, cls="compact",
                           formats={"gpu_minutes": lambda v: f"{v:.2f}", "share": lambda v: f"{v:.0%}"},
                           headers={"gpu_minutes": "minutes"}, table_id="gpu-minutes"))
+    if s.profile_line:
+        out.append("<h3>What led the first proposals</h3>")
+        out.append(f'<p id="profile-lead">{_esc(s.profile_line[0].upper() + s.profile_line[1:])}. Knobs held there '
+                   "are searched after the startup trials.</p>")
     short = _short_names(s.knob_names)
     out.append('<div class="cols"><div>')
     if s.importances is not None and len(s.importances):

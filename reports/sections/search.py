@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import StudyData, num
+from workbench.tune.profiled import profile_line
 from workbench.tune.result import gpu_minutes_line
 from reports.sections._common import (
     TPUT,
@@ -59,6 +60,9 @@ class Search(NamedTuple):
     validation, traces); None for a study that recorded none."""
     gpu_minutes_line: str | None = None
     """The total against the budget and what each screening stage saw, in one line."""
+    profile_line: str | None = None
+    """Where the base step's time went and which knobs the startup trials held for it (tune.json's ``profile``);
+    None for a study not led by a profile (a grid, no phase timings)."""
 
 
 def search_section(data: StudyData) -> Search:
@@ -108,7 +112,8 @@ def search_section(data: StudyData) -> Search:
                   log_knobs=log_knobs, pareto=pareto, pareto_message=pareto_msg, message=message,
                   knob_kinds={k: kinds[k] for k in names if k in kinds},
                   knob_choices={k: choices[k] for k in names if k in choices}, gpu_minutes=minutes,
-                  gpu_minutes_line=gpu_minutes_line(gpu, data.tune.get("screening")) if minutes is not None else None)
+                  gpu_minutes_line=gpu_minutes_line(gpu, data.tune.get("screening")) if minutes is not None else None,
+                  profile_line=profile_line(prof) if isinstance(prof := data.tune.get("profile"), dict) else None)
 
 
 @contextlib.contextmanager

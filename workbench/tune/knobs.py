@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from workbench.train import fp8
+from workbench.vocab import PHASES
 
 __all__ = [
     "CAPABILITIES",
@@ -80,6 +81,9 @@ class Knob:
     numerics: bool = False
     """Changes the loop's numbers (not only its speed): a trial that sets it off its base value passes the
     numerics guard (workbench.tune.numerics) before it can win."""
+    phases: frozenset[str] = frozenset(PHASES)
+    """The step phases (workbench.vocab.PHASES) whose time the knob changes: the base run's profile weighs the
+    knob by their share (workbench.tune.profiled). Every phase when unknown (a loop of one's own)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.requires) - CAPABILITIES
@@ -88,6 +92,9 @@ class Knob:
                 f"knob {self.name!r}: unknown capabilities {sorted(unknown)}; known: {sorted(CAPABILITIES)}")
         if self.kind not in ("int", "float", "categorical", "bool"):
             raise ValueError(f"knob {self.name!r}: kind {self.kind!r} is not int, float, categorical or bool")
+        if not self.phases or not self.phases <= set(PHASES):
+            raise ValueError(f"knob {self.name!r}: phases {sorted(self.phases)} must be a non-empty subset of "
+                             f"{', '.join(PHASES)}")
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` has this knob's type (a bool is not an int; an int is a float)."""
@@ -115,6 +122,14 @@ def _overlap_can_act(values: Mapping[str, Any]) -> bool:
 
 _CUDA = frozenset({"cuda"})
 
+# the phases a knob's time moves in (Knob.phases)
+_DATA = frozenset({"data_wait"})
+_COMPUTE = frozenset({"forward", "backward"})
+_SHAPES = frozenset({"data_wait", "forward", "backward"})  # what a batch's shape changes: decode, then compute
+_STEP = frozenset({"forward", "backward", "optimizer", "other"})  # the whole step on the device, launches included
+_LAUNCH = frozenset({"forward", "backward", "other"})  # the model's kernels and the launches between them
+_SYNC = frozenset({"grad_sync"})
+
 
 def _op_backend_free(values: Mapping[str, Any]) -> bool:
     return not values.get("triton_fusion")  # triton_fusion: true overrides the per-op choice
@@ -130,7 +145,8 @@ def _kernel_knob(kernel: str, op: str, param: str, doc: str) -> Knob:
     """A launch parameter of a Triton kernel (kernels/registry.py holds its candidates and constraints):
     searched only on CUDA and only while the op it serves runs on Triton."""
     return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
-                requires=_CUDA, condition=functools.partial(_op_uses_triton, op), doc=f"{kernel} kernel: {doc}")
+                requires=_CUDA, phases=_COMPUTE, condition=functools.partial(_op_uses_triton, op),
+                doc=f"{kernel} kernel: {doc}")
 
 
 _FP8_CUDA = frozenset({"fp8", "cuda"})
@@ -144,63 +160,72 @@ def _triton_casts(values: Mapping[str, Any]) -> bool:
 def _fp8_kernel_knob(kernel: str, param: str, doc: str) -> Knob:
     """A launch parameter of an FP8 cast kernel: searched only while the Triton casts run."""
     return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
-                requires=_FP8_CUDA, condition=_triton_casts, doc=f"{kernel} kernel: {doc}")
+                requires=_FP8_CUDA, phases=_COMPUTE, condition=_triton_casts, doc=f"{kernel} kernel: {doc}")
 
 
 # Declaration order is sampling order: a conditional knob comes after the knobs its condition reads.
 KNOBS: tuple[Knob, ...] = (
     # IO domain and batching
     Knob(name="bucket_width", key="data.bucket_width", kind="int",
-         doc="sequence bucket width: padding waste vs number of distinct shapes"),
+         doc="sequence bucket width: padding waste vs number of distinct shapes", phases=_SHAPES),
     Knob(name="io_uring_entries", key="loongforge.io_domain.io_uring_entries", kind="int",
-         requires=frozenset({"io_uring"}), doc="io_uring ring depth: shard reads in flight"),
-    Knob(name="num_workers", key="data.num_workers", kind="int", doc="decode workers: CPU decode parallelism"),
+         requires=frozenset({"io_uring"}), doc="io_uring ring depth: shard reads in flight", phases=_DATA),
+    Knob(name="num_workers", key="data.num_workers", kind="int", doc="decode workers: CPU decode parallelism",
+         phases=_DATA),
     Knob(name="micro_batch_size", key="data.micro_batch_size", kind="int",
-         doc="samples per forward/backward (the global batch stays fixed: accumulation absorbs it)"),
+         doc="samples per forward/backward (the global batch stays fixed: accumulation absorbs it)", phases=_STEP),
     Knob(name="packing", key="data.packing", kind="categorical",
-         doc="records padded to their bucket (bucket) or laid end to end into full rows (fill, no padding)"),
+         doc="records padded to their bucket (bucket) or laid end to end into full rows (fill, no padding)",
+         phases=_SHAPES),
     Knob(name="activation_checkpointing", key="training.activation_checkpointing", kind="categorical",
-         doc="decoder blocks recomputed in backward (none, selective, full): memory for bigger micro-batches"),
+         doc="decoder blocks recomputed in backward (none, selective, full): memory for bigger micro-batches",
+         phases=_COMPUTE),
     Knob(name="activation_checkpointing_every", key="training.activation_checkpointing_every", kind="int",
          condition=lambda v: v.get("activation_checkpointing") == "selective",
-         doc="selective checkpointing: every N-th block is recomputed"),
+         doc="selective checkpointing: every N-th block is recomputed", phases=_COMPUTE),
     # compute domain
     Knob(name="compile", key="loongforge.compute_domain.compile", kind="categorical",
-         doc="torch.compile mode of the model"),
+         doc="torch.compile mode of the model", phases=_LAUNCH),
     Knob(name="compile_scope", key="loongforge.compute_domain.compile_scope", kind="categorical",
          condition=lambda v: v.get("compile", "none") != "none", inactive="layer",
-         doc="what one compiled graph covers: the whole loss, or each decoder block (compile time, overlap)"),
+         doc="what one compiled graph covers: the whole loss, or each decoder block (compile time, overlap)",
+         phases=_LAUNCH),
     Knob(name="compile_shapes", key="loongforge.compute_domain.compile_shapes", kind="categorical",
          condition=lambda v: v.get("compile", "none") != "none", inactive="dynamic",
-         doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket"),
+         doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket",
+         phases=_LAUNCH),
     Knob(name="fp8", key="loongforge.compute_domain.fp8", kind="categorical", requires=frozenset({"fp8"}),
-         numerics=True, doc="FP8 training of the decoder Linears through torchao.float8 (recipe), or none"),
+         numerics=True, doc="FP8 training of the decoder Linears through torchao.float8 (recipe), or none",
+         phases=_COMPUTE),
     Knob(name="fp8_cast", key="loongforge.compute_domain.fp8_cast", kind="categorical", requires=_FP8_CUDA,
          condition=lambda v: v.get("fp8") == "tensorwise", inactive="torchao", numerics=True,
          doc="who casts to FP8 under the tensorwise recipe: torchao, or the project's Triton kernels (one read "
-             "for the amax, one pass writing both layouts, a shared input cast once)"),
+             "for the amax, one pass writing both layouts, a shared input cast once)", phases=_COMPUTE),
     Knob(name="fp8_head", key="loongforge.compute_domain.fp8_head", kind="bool", requires=_FP8_CUDA,
          condition=lambda v: v.get("fp8") == "tensorwise", inactive=False, numerics=True,
          doc="the LM head's matmuls in FP8 too, on the project's casts (vocabulary padded to a multiple of 64, the "
-             "loss in fp32): FP8 matmul speed against materialised logits"),
+             "loss in fp32): FP8 matmul speed against materialised logits", phases=_COMPUTE),
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="categorical", requires=_CUDA,
          condition=_graph_capture_allowed, inactive="none",
          doc="CUDA graphs of the step by segment: none, fwd_bwd, fwd_bwd+optimizer (none when the compile mode "
-             "captures graphs itself)"),
+             "captures graphs itself)", phases=_STEP),
     # Triton kernels: which ops use them, then each kernel's launch parameters
     Knob(name="triton_fusion", key="loongforge.compute_domain.triton_fusion", kind="bool", requires=_CUDA,
-         doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel"),
+         doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel", phases=_COMPUTE),
     Knob(name="rmsnorm_backend", key="loongforge.compute_domain.ops.rmsnorm", kind="categorical", requires=_CUDA,
-         condition=_op_backend_free, doc="RMSNorm backend (torch or triton) when triton_fusion is off"),
+         condition=_op_backend_free, doc="RMSNorm backend (torch or triton) when triton_fusion is off",
+         phases=_COMPUTE),
     Knob(name="swiglu_backend", key="loongforge.compute_domain.ops.swiglu", kind="categorical", requires=_CUDA,
-         condition=_op_backend_free, doc="SwiGLU backend (torch or triton) when triton_fusion is off"),
+         condition=_op_backend_free, doc="SwiGLU backend (torch or triton) when triton_fusion is off", phases=_COMPUTE),
     Knob(name="rope_backend", key="loongforge.compute_domain.ops.rope", kind="categorical", requires=_CUDA,
-         condition=_op_backend_free, doc="RoPE backend (torch or triton) when triton_fusion is off"),
+         condition=_op_backend_free, doc="RoPE backend (torch or triton) when triton_fusion is off", phases=_COMPUTE),
     Knob(name="loss_backend", key="loongforge.compute_domain.ops.loss", kind="categorical", requires=_CUDA,
-         condition=lambda v: _op_backend_free(v) and not v.get("fp8_head"), doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off"),
+         condition=lambda v: _op_backend_free(v) and not v.get("fp8_head"),
+         doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off", phases=_COMPUTE),
     Knob(name="fused_residual_norm", key="loongforge.compute_domain.fused_residual_norm", kind="bool",
          requires=_CUDA, condition=functools.partial(_op_uses_triton, "rmsnorm"), inactive=False,
-         doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)"),
+         doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)",
+         phases=_COMPUTE),
     _kernel_knob("rmsnorm", "rmsnorm", "num_warps", "forward: warps per program"),
     _kernel_knob("rmsnorm", "rmsnorm", "num_stages", "pipelining stages of the backward's row loop and the "
                  "two-pass forward's column loops"),
@@ -230,20 +255,21 @@ KNOBS: tuple[Knob, ...] = (
     _fp8_kernel_knob("fp8_cast", "block_n", "columns per tile of the cast"),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
-         requires=frozenset({"multi_gpu"}), doc="gradient all-reduce bucket size (MiB)"),
+         requires=frozenset({"multi_gpu"}), doc="gradient all-reduce bucket size (MiB)", phases=_SYNC),
     Knob(name="overlap_ratio", key="loongforge.overlap.overlap_ratio", kind="float",
          requires=frozenset({"multi_gpu"}), condition=_overlap_can_act, inactive=0.0,
-         doc="share of gradient buckets all-reduced during backward (0 under CUDA graphs, which it cannot act in)"),
+         doc="share of gradient buckets all-reduced during backward (0 under CUDA graphs, which it cannot act in)",
+         phases=_SYNC),
     # memory domain
     Knob(name="pinned_block_kb", key="loongforge.memory_domain.pinned_block_kb", kind="int", requires=_CUDA,
-         doc="pinned host staging block (KiB)"),
+         doc="pinned host staging block (KiB)", phases=frozenset({"h2d"})),
     Knob(name="expandable_segments", key="loongforge.memory_domain.allocator.expandable_segments", kind="bool",
-         requires=_CUDA, doc="allocator: grow segments in place"),
+         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP),
     Knob(name="roundup_power2_divisions", key="loongforge.memory_domain.allocator.roundup_power2_divisions",
-         kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range"),
+         kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range", phases=_STEP),
     Knob(name="max_split_size_mb", key="loongforge.memory_domain.allocator.max_split_size_mb", kind="int",
-         requires=_CUDA, doc="allocator: blocks larger than this are never split"),
-    Knob(name="garbage_collection_threshold",
+         requires=_CUDA, doc="allocator: blocks larger than this are never split", phases=_STEP),
+    Knob(name="garbage_collection_threshold", phases=_STEP,
          key="loongforge.memory_domain.allocator.garbage_collection_threshold", kind="float", requires=_CUDA,
          doc="allocator: reclaim cached blocks above this share of allowed memory"),
 )

@@ -19,6 +19,7 @@ from workbench.train.workload import workload_for
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
+from workbench.tune.profiled import phase_shares, profile_line, profile_record
 from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
 from workbench.tune.validation import plain_loop_config
@@ -173,6 +174,7 @@ class Measurement:
         stored_hash = study.user_attrs.get("baseline_config_hash")
         runs = self.baseline_runs() if stored_hash in (None, h) else []
         losses = list(study.user_attrs.get("baseline_losses", [])) if stored_hash in (None, h) else []
+        phases = list(study.user_attrs.get("baseline_phases", [])) if stored_hash in (None, h) else []
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
         for i in range(len(runs), repeats):
@@ -188,6 +190,8 @@ class Measurement:
                                                     round(out.wall_s, 3)])
             study.set_user_attr("baseline_runs", runs)
             study.set_user_attr("baseline_losses", losses)  # the numerics guard's reference
+            phases = [*phases[:i], (out.summary or {}).get("phase_s_per_step")]
+            study.set_user_attr("baseline_phases", phases)  # the profile that leads the first proposals
             study.set_user_attr("baseline_dirs", [str(self.study_dir / "baseline" / str(j))
                                                   for j in range(len(runs))])
             self._log(f"baseline {i + 1}/{repeats}: {out.value:,.0f} tok/s/gpu")
@@ -197,7 +201,22 @@ class Measurement:
                   f"(min {nf.min:,.0f}, max {nf.max:,.0f}), cv {nf.cv:.1%} over {nf.n} runs")
         if (warning := noise_warning(nf)) is not None:
             self._log(warning)
+        self._record_profile(phases)
         return runs
+
+    def _record_profile(self, phases: list[Any]) -> None:
+        """The study's ``profile`` (workbench.tune.profiled), once: the base runs' phase shares and the knobs the
+        startup trials hold at their base value. Not for a grid, which tries every config anyway."""
+        spec, study = self.spec, self.study
+        assert spec is not None and study is not None
+        if "profile" in study.user_attrs or spec.sampler.name == "grid":
+            return
+        record = profile_record([spec.knob(n) for n in self.active], phase_shares(phases), spec.base_knob_values(),
+                                lambda n, v: spec.space[n].contains(v, spec.knob(n).kind),
+                                spec.sampler.n_startup_trials)
+        study.set_user_attr("profile", record)
+        if record is not None:
+            self._log(profile_line(record))
 
     def write_lifetimes(self) -> None:
         """``lifetimes.json`` in the study directory, once per study, through the writer the Tuner was given

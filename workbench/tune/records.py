@@ -80,7 +80,7 @@ class StudyRecords:
             "spec": self.spec.to_record(),
             "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
             "budget_trials": self.budget, "gpu_minutes": self.gpu_record(), "screening": self.screening_record(),
-            "noise_floor": self.study.user_attrs.get("noise_floor"),
+            "profile": self.study.user_attrs.get("profile"), "noise_floor": self.study.user_attrs.get("noise_floor"),
             "started": self._sessions[0]["started"], "finished": finished,
             "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions), "result": result,
         })

@@ -31,6 +31,7 @@ from workbench.tune.lease import LEASE_ATTR, CoordinatorLease
 from workbench.tune.measure import Measurement
 from workbench.tune.preflight import preflight
 from workbench.tune.progress import Progress
+from workbench.tune.profiled import ProfileLed
 from workbench.tune.records import StudyRecords, sessions_wall_s
 from workbench.tune.result import data_source, describe_data, result_headline
 from workbench.tune.samplers import CONSTRAINTS, infeasible, make_sampler, untried_config
@@ -472,8 +473,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         seed = s.seed
         if seed is not None:  # (numpy's generators take seeds below 2**32)
             seed = (seed + trials_before + ((1 + os.getpid() % 100_000) * 100_003 if self.worker else 0)) % 2**31
-        if s.name != "grid":
-            return make_sampler(s.name, seed, s.n_startup_trials)
+        if s.name != "grid":  # the startup trials led by the base run's profile (workbench.tune.profiled)
+            return ProfileLed(make_sampler(s.name, seed, s.n_startup_trials), s.n_startup_trials)
         grid = {name: spec.space[name].grid(spec.knob(name).kind) for name in self.active}
         return _AskTellGridSampler(grid, seed=seed)
 
@@ -712,7 +713,10 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         if not configs:
             return None
         asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self._trials()]
-        pick = untried_config(configs, asked, spec.sampler.seed, number)
+        held = study.sampler.held(study) if isinstance(study.sampler, ProfileLed) else {}
+        led = [c for c in configs if all(c.get(k, v) == v for k, v in held.items())]  # the startup's, first
+        pick = untried_config(led, asked, spec.sampler.seed, number) or \
+            untried_config(configs, asked, spec.sampler.seed, number)
         if pick is None:
             return None
         study.enqueue_trial(pick, user_attrs={"queued_for": number})

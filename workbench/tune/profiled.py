@@ -1,0 +1,137 @@
+"""Proposals led by the base run's profile: the first trials change the knobs that act where the step's time goes.
+
+Every trial records its step's phase timings (``workbench.vocab.PHASES``: data wait, host-to-device copy, forward,
+backward, gradient sync, optimizer, other). After the baseline, the base config's median share of the step in each
+phase gives each searched knob a weight: the share of the phases it acts on (``Knob.phases``). A knob whose phases
+hold less than :data:`HOT_SHARE` of the base step cannot move the step by more than that, whatever its value; during
+the sampler's startup trials (its ``n_startup_trials``, random draws before a model exists) such a knob is held at
+the base config's value, so the startup spends its draws on the knobs that can act. Afterwards the sampler draws
+every knob: a held knob is still searched, later.
+
+The profile, each knob's weight and the knobs held are the study attribute ``profile`` (tune.json's ``profile``, the
+report's Search section). A grid sampler and a study whose baseline recorded no phase timings (phase timing off, a
+loop of one's own without them) are not led: every knob is drawn from the start.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from workbench.tune.knobs import Knob
+from workbench.tune.samplers import infeasible
+from workbench.vocab import PHASES
+
+__all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record"]
+
+HOT_SHARE = 0.05
+"""A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
+
+
+def phase_shares(runs: Iterable[Mapping[str, Any] | None]) -> dict[str, float] | None:
+    """Each phase's share of the step: per run, its seconds over the step's (``phase_s_per_step`` of a summary),
+    then the median over the runs that recorded every phase. None when no run did."""
+    per_run = []
+    for phases in runs:
+        if not phases or any(not isinstance(phases.get(p), (int, float)) for p in PHASES):
+            continue
+        total = sum(float(phases[p]) for p in PHASES)
+        if total > 0:
+            per_run.append({p: float(phases[p]) / total for p in PHASES})
+    if not per_run:
+        return None
+    return {p: statistics.median(r[p] for r in per_run) for p in PHASES}
+
+
+def knob_weights(knobs: Sequence[Knob], shares: Mapping[str, float]) -> list[tuple[str, float]]:
+    """(knob, the share of the base step in the phases it acts on), heaviest first; ties keep ``knobs``' order."""
+    weights = [(k.name, sum(shares.get(p, 0.0) for p in k.phases)) for k in knobs]
+    return sorted(weights, key=lambda kw: -kw[1])
+
+
+def profile_record(knobs: Sequence[Knob], shares: Mapping[str, float] | None, base: Mapping[str, Any],
+                   contains: Callable[[str, Any], bool], startup_trials: int) -> dict[str, Any] | None:
+    """The study's ``profile``: the base step's ``phases`` (shares), each knob's ``weight``, and the knobs
+    ``held`` at their base value (name -> value) during the first ``startup_trials`` trials; only a knob whose
+    base value its space ``contains`` can be held. None without phase timings."""
+    if shares is None:
+        return None
+    weights = knob_weights(knobs, shares)
+    held = {name: base[name] for name, w in weights
+            if w < HOT_SHARE and name in base and base[name] is not None and contains(name, base[name])}
+    return {"phases": {p: round(s, 4) for p, s in shares.items()},
+            "weights": [{"knob": n, "weight": round(w, 4)} for n, w in weights],
+            "held": held, "startup_trials": startup_trials, "hot_share": HOT_SHARE}
+
+
+def profile_line(record: Mapping[str, Any]) -> str:
+    """One line: where the base step's time goes, and what the startup trials hold."""
+    phases = sorted(record["phases"].items(), key=lambda ps: -ps[1])
+    where = ", ".join(f"{p} {s:.0%}" for p, s in phases if s >= 0.005) or "no phase over 0.5%"
+    held = record.get("held") or {}
+    if not held:
+        return f"profile of the base step: {where}; every knob acts on at least {HOT_SHARE:.0%} of it"
+    return (f"profile of the base step: {where}; the first {record['startup_trials']} trial(s) hold "
+            f"{', '.join(held)} at the base value (their phases take under {HOT_SHARE:.0%} of the step)")
+
+
+class ProfileLed(optuna.samplers.BaseSampler):
+    """``sampler``, except that while fewer than ``startup_trials`` trials have finished, a knob the study's
+    ``profile`` holds is given its base value (see the module docstring). The profile is read from the study
+    (``profile`` user attr) when a trial is sampled: it exists once the baseline ran, in every process."""
+
+    def __init__(self, sampler: optuna.samplers.BaseSampler, startup_trials: int) -> None:
+        self.sampler = sampler
+        self.startup_trials = startup_trials
+
+    def held(self, study: Study) -> Mapping[str, Any]:
+        """The knobs held now (name -> base value): the profile's while the startup lasts, else none."""
+        record = study.user_attrs.get("profile")
+        if not record or not record.get("held"):
+            return {}
+        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t)
+                   for t in study.get_trials(deepcopy=False))
+        return record["held"] if done < self.startup_trials else {}
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.sampler.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        held = self.held(study)
+        out = self.sampler.sample_relative(study, trial, search_space)
+        return {k: (held[k] if k in held and _fits(search_space[k], held[k]) else v) for k, v in out.items()}
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        held = self.held(study)
+        if param_name in held and _fits(param_distribution, held[param_name]):
+            return held[param_name]
+        return self.sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.sampler.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
+        self.sampler.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.sampler.reseed_rng()
+
+
+def _fits(dist: BaseDistribution, value: Any) -> bool:
+    """Whether ``value`` is one ``dist`` can return (a choice, or a number in its range on its step)."""
+    if isinstance(dist, CategoricalDistribution):
+        return any(value == c and type(value) is type(c) for c in dist.choices)
+    if isinstance(dist, (IntDistribution, FloatDistribution)) and isinstance(value, (int, float)) \
+            and not isinstance(value, bool):
+        if not dist.low <= value <= dist.high:
+            return False
+        return dist.step is None or abs((value - dist.low) / dist.step - round((value - dist.low) / dist.step)) < 1e-9
+    return False
