@@ -15,7 +15,8 @@ from workbench.memory import lifetimes as lt
 from workbench.memory.__main__ import main as memory_main
 from workbench.train.model import Llama
 from workbench.train.ops import resolve
-from workbench.train.overlap import MIB, layer_units, plan_buckets
+from workbench.config import MIB
+from workbench.train.overlap import layer_units, plan_buckets
 from workbench.train.trainer import build_model_args
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"

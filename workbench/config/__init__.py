@@ -28,16 +28,22 @@ change one, and ``validate(cfg)`` re-checks a config that was edited in place.
 from __future__ import annotations
 
 from workbench.config.overrides import merge_overrides, parse_overrides, preset_config
-from workbench.config.schema import (AllocatorConfig, ComputeDomainConfig, Config, config_hash, CONFIG_VERSION,
-                                     DataConfig, DEFAULT_PROMETHEUS_PORT, field_docs, HardwareConfig, IODomainConfig,
-                                     LoongforgeConfig, MemoryDomainConfig, MetricsConfig, MODEL_PRESETS, ModelConfig,
-                                     OpsConfig, OverlapConfig, Provenance, TrainingConfig, validate)
+from workbench.config.schema import (GRAPH_CAPTURING_COMPILE_MODES, MIB, AllocatorConfig, ComputeDomainConfig, Config,
+                                     config_hash, CONFIG_VERSION, DataConfig, DEFAULT_PROMETHEUS_PORT, field_docs,
+                                     HardwareConfig, IODomainConfig, LoongforgeConfig, MemoryDomainConfig,
+                                     MetricsConfig, MODEL_PRESETS, ModelConfig, OpsConfig, OverlapConfig, Provenance,
+                                     TrainingConfig, accumulation, bucket_bytes, graph_capture_on, validate)
 from workbench.config.typecheck import from_dict, to_dict
 from workbench.config.yaml_io import (check_yaml_text, dump_config, dumps_config, load_config, load_yaml, loads_config,
                                       read_yaml_text)
 from workbench.errors import ConfigError
 
 __all__ = [
+    "GRAPH_CAPTURING_COMPILE_MODES",
+    "MIB",
+    "accumulation",
+    "bucket_bytes",
+    "graph_capture_on",
     "CONFIG_VERSION",
     "DEFAULT_PROMETHEUS_PORT",
     "MODEL_PRESETS",

@@ -282,7 +282,29 @@ class OpsConfig:
         _check_ranges(self)
 
 
-_GRAPH_CAPTURING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+GRAPH_CAPTURING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
+"""torch.compile modes that capture CUDA graphs themselves: graph_capture stays none under them."""
+
+
+def graph_capture_on(graph_capture: Any) -> bool:
+    """Whether a ``graph_capture`` value captures any segment of the step (None and False read as none)."""
+    return graph_capture not in (None, False, "none")
+
+
+MIB = 1024 ** 2
+
+
+def bucket_bytes(bucket_size_mb: float) -> int:
+    """A gradient bucket's target size in bytes: the one conversion of ``bucket_size_mb`` (MiB)."""
+    return max(1, int(bucket_size_mb * MIB))
+
+
+def accumulation(global_batch: int, micro_batch: int, world: int) -> int | None:
+    """Micro-batches per optimizer step that keep ``global_batch`` samples with ``micro_batch`` samples on each of
+    ``world`` processes; None when they do not divide it. The one global-batch rule: the config's checks, the
+    trainer's accumulation and a hot reload's new micro-batch all read it."""
+    per_step = micro_batch * world
+    return global_batch // per_step if global_batch % per_step == 0 else None
 
 
 @dataclass(kw_only=True)
@@ -382,7 +404,7 @@ class ComputeDomainConfig:
                               "only: set fp8: tensorwise or fp8_head: false", key="fp8_head")
         if isinstance(self.graph_capture, bool):  # the switch's older form
             self.graph_capture = "fwd_bwd+optimizer" if self.graph_capture else "none"
-        if self.captures and self.compile in _GRAPH_CAPTURING_COMPILE_MODES:
+        if self.captures and self.compile in GRAPH_CAPTURING_COMPILE_MODES:
             raise ConfigError(
                 f"{self.graph_capture!r} cannot be combined with compile: {self.compile!r}, "
                 "which captures CUDA graphs itself; set graph_capture: none or "
@@ -393,7 +415,7 @@ class ComputeDomainConfig:
     @property
     def captures(self) -> bool:
         """Whether any segment of the step is captured in a CUDA graph."""
-        return self.graph_capture != "none"
+        return graph_capture_on(self.graph_capture)
 
     def effective_ops(self) -> dict[str, str]:
         """Backend of each op ('torch' or 'triton') once triton_fusion is applied; the loss's is 'fp8' under
@@ -423,6 +445,11 @@ class OverlapConfig:
 
     def __post_init__(self) -> None:
         _check_ranges(self)
+
+    @property
+    def bucket_bytes(self) -> int:
+        """``bucket_size_mb`` in bytes (:func:`bucket_bytes`)."""
+        return bucket_bytes(self.bucket_size_mb)
 
 
 @dataclass(kw_only=True)
@@ -597,7 +624,25 @@ class Config:
         gbs = self.training.global_batch_size
         if not gbs:
             return self.training.grad_accum_steps
-        return gbs // (self.data.micro_batch_size * (world_size or self.hardware.gpus))
+        world = world_size or self.hardware.gpus
+        accum = accumulation(gbs, self.data.micro_batch_size, world)
+        return accum if accum is not None else gbs // (self.data.micro_batch_size * world)
+
+    @property
+    def effective_overlap_ratio(self) -> float:
+        """The share of gradient buckets all-reduced during backward: 0 under graph capture, where every
+        all-reduce runs after the replay (workbench/train/overlap.py), else ``overlap.overlap_ratio``."""
+        return 0.0 if self.loongforge.compute_domain.captures else self.loongforge.overlap.overlap_ratio
+
+    def ddp_capture_conflict(self, world: int) -> str | None:
+        """Why this config cannot run with ``world`` processes: DDP's gradient hooks would be captured into the
+        CUDA graph (the overlap scheduler composes with capture: it all-reduces after the replay); None when it
+        can."""
+        if self.loongforge.compute_domain.captures and world > 1 and self.loongforge.overlap.mode == "ddp":
+            return (f"'ddp' cannot be combined with loongforge.compute_domain.graph_capture with {world} processes: "
+                    "DDP's gradient hooks would be captured into the graph; set mode: 'scheduler' or "
+                    "graph_capture: none")
+        return None
 
     def effective_global_batch_size(self) -> int:
         """Samples per optimizer step across all GPUs."""
@@ -628,16 +673,15 @@ def validate(cfg: Config) -> None:
             raise e.with_prefix(path) from None
 
     data, training, hardware = cfg.data, cfg.training, cfg.hardware
-    per_step = data.micro_batch_size * hardware.gpus
     if training.global_batch_size is not None:
         gbs = training.global_batch_size
-        if gbs % per_step:
+        derived = accumulation(gbs, data.micro_batch_size, hardware.gpus)
+        if derived is None:
             raise ConfigError(
                 f"got {gbs}; must be a multiple of data.micro_batch_size x hardware.gpus "
-                f"= {data.micro_batch_size} x {hardware.gpus} = {per_step}",
+                f"= {data.micro_batch_size} x {hardware.gpus} = {data.micro_batch_size * hardware.gpus}",
                 key="training.global_batch_size",
             )
-        derived = gbs // per_step
         if training.grad_accum_steps not in (1, derived):
             raise ConfigError(
                 f"got {training.grad_accum_steps}, but training.global_batch_size={gbs} with "
@@ -645,14 +689,8 @@ def validate(cfg: Config) -> None:
                 f"means {derived}; leave grad_accum_steps at 1 (derived) or set it to {derived}",
                 key="training.grad_accum_steps",
             )
-    if cfg.loongforge.compute_domain.captures and hardware.gpus > 1 and cfg.loongforge.overlap.mode == "ddp":
-        # workbench/train/overlap.py: the scheduler composes with capture (all-reduces after the replay); DDP does not
-        raise ConfigError(
-            f"'ddp' cannot be combined with loongforge.compute_domain.graph_capture on hardware.gpus="
-            f"{hardware.gpus}: DDP's gradient hooks would be captured into the graph; "
-            "set mode: 'scheduler' or graph_capture: none",
-            key="loongforge.overlap.mode",
-        )
+    if (conflict := cfg.ddp_capture_conflict(hardware.gpus)) is not None:
+        raise ConfigError(conflict, key="loongforge.overlap.mode")
     if cfg.loongforge.compute_domain.captures and hardware.device == "cpu":
         raise ConfigError(
             f"{cfg.loongforge.compute_domain.graph_capture!r} needs a CUDA device, but hardware.device is 'cpu'; "

@@ -35,10 +35,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from workbench.files import write_json
-from workbench.config import Config, config_hash
+from workbench.config import MIB, Config, config_hash
 from workbench.train.model import Llama
 from workbench.train.ops import resolve
-from workbench.train.overlap import MIB, layer_units, overlap_count, plan_buckets
+from workbench.train.overlap import layer_units, overlap_count, plan_buckets
 from workbench.train.run import cache_root
 from workbench.train.trainer import build_model_args
 
@@ -340,12 +340,11 @@ def analyze_lifetimes(cfg: Config, *, rebuild_dag: bool = False, cache_dir: str 
                for p in dag["params"]}
     ov, t, cd = cfg.loongforge.overlap, cfg.training, cfg.loongforge.compute_domain
     plans = plan_buckets([(layer, [tensors[n] for n in names]) for layer, names in dag["units"]],
-                         max(1, int(ov.bucket_size_mb * MIB)))  # as OverlapScheduler.__init__
+                         ov.bucket_bytes)  # as OverlapScheduler.__init__
     by_id = {id(x): n for n, x in tensors.items()}
     buckets = [Bucket(tuple(b.layers), tuple(by_id[id(p)] for p in b.params)) for b in plans]
     nbytes = {n: x.numel() * x.element_size() for n, x in tensors.items()}
-    # under graph capture the loop all-reduces every bucket after the replay (Trainer.__init__)
-    ratio = 0.0 if cd.captures else ov.overlap_ratio
+    ratio = cfg.effective_overlap_ratio
     n_overlap, accum = overlap_count(len(buckets), ratio), cfg.effective_grad_accum_steps()
     plan = plan_lifetimes(order, nbytes, buckets, n_overlap=n_overlap, grad_accum=accum)
     blocked = []

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from workbench.config import bucket_bytes
 from workbench.train.timing import interval_union
 
 __all__ = [
@@ -30,8 +31,6 @@ __all__ = [
     "overlap_count",
     "plan_buckets",
 ]
-
-MIB = 1024 ** 2
 
 LayerUnits = Sequence[tuple[str, Sequence[nn.Parameter]]]
 
@@ -215,7 +214,7 @@ class OverlapScheduler:
         self.world = dist.get_world_size(process_group)
         self.bucket_size_mb = float(bucket_size_mb)
         self.overlap_ratio = float(overlap_ratio)
-        self.plan = plan_buckets(units, max(1, int(bucket_size_mb * MIB)))
+        self.plan = plan_buckets(units, bucket_bytes(bucket_size_mb))
         if not self.plan:
             raise ValueError("OverlapScheduler: no trainable parameter")
         self.n_overlap = overlap_count(len(self.plan), overlap_ratio)

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from workbench.config import Config, merge_overrides, to_dict
+from workbench.config import Config, accumulation, merge_overrides, to_dict
 from workbench.train.memory_model import predicted_oom
 
 __all__ = ["RELOADABLE", "ConfigReloader", "ConfigSource", "ReloadPlan", "ReloadRejected", "carry_position",
@@ -100,10 +100,10 @@ def plan_reload(base: Config, new: Config, running: Config, *, world: int, grad_
         raise ReloadRejected("; ".join(fixed))
     samples = running.data.micro_batch_size * world * grad_accum  # the global batch, kept
     mb = new.data.micro_batch_size
-    if samples % (mb * world):
+    accum = accumulation(samples, mb, world)
+    if accum is None:
         raise ReloadRejected(f"data.micro_batch_size={mb} does not divide the global batch of {samples} samples per "
                              f"optimizer step over {world} process(es)")
-    accum = samples // (mb * world)
     if any(k in changes for k in _BATCH_KEYS) and mb * world * new.effective_grad_accum_steps(world) != samples:
         keys = " and ".join(k for k in _BATCH_KEYS if k in changes)
         raise ReloadRejected(f"{keys}: the global batch cannot change while running (was {samples} samples per "

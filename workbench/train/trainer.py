@@ -131,15 +131,14 @@ class Trainer:
         if self.world > 1:
             ov = cfg.loongforge.overlap
             if ov.mode == "ddp":
-                if self.graphs_on:
-                    raise ConfigError("'ddp' cannot be combined with graph capture with several processes; "
-                                      "use mode: 'scheduler'", key="loongforge.overlap.mode")
+                if self.graphs_on and (conflict := cfg.ddp_capture_conflict(self.world)) is not None:
+                    raise ConfigError(conflict, key="loongforge.overlap.mode")
                 self.loss_module = nn.parallel.DistributedDataParallel(
                     self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
                     bucket_cap_mb=ov.bucket_size_mb)
                 self.comm = DDPCommTimer(self.loss_module, bucket_size_mb=ov.bucket_size_mb)
             else:  # starts every rank from rank 0's parameters, as DDP does
-                ratio = 0.0 if self.graphs_on else ov.overlap_ratio  # graphs: all-reduce after the replay
+                ratio = cfg.effective_overlap_ratio if self.graphs_on else ov.overlap_ratio  # (CPU: no graphs)
                 if ratio != ov.overlap_ratio:
                     log.warning("loongforge.overlap.overlap_ratio=%s has no effect under graph capture: the gradient "
                                 "all-reduces run after the graph replay (workbench/train/overlap.py)", ov.overlap_ratio)

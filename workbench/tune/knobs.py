@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from workbench.config import GRAPH_CAPTURING_COMPILE_MODES, graph_capture_on
 from workbench.train import fp8
 from workbench.vocab import PHASES
 
@@ -57,7 +58,6 @@ CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring", "fp8"})
 
 KnobKind = Literal["int", "float", "categorical", "bool"]
 
-_GRAPH_CAPTURING_COMPILE = ("reduce-overhead", "max-autotune")  # these compile modes capture CUDA graphs themselves
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,12 +112,12 @@ class Knob:
 
 
 def _graph_capture_allowed(values: Mapping[str, Any]) -> bool:
-    return values.get("compile", "none") not in _GRAPH_CAPTURING_COMPILE
+    return values.get("compile", "none") not in GRAPH_CAPTURING_COMPILE_MODES
 
 
 def _overlap_can_act(values: Mapping[str, Any]) -> bool:
-    # under CUDA graphs the gradient all-reduces run after the replay (workbench/train/overlap.py)
-    return values.get("graph_capture") in (None, False, "none")
+    # Config.effective_overlap_ratio's rule, on knob values: 0 in effect under graph capture
+    return not graph_capture_on(values.get("graph_capture"))
 
 
 _CUDA = frozenset({"cuda"})
