@@ -18,8 +18,8 @@ A bad value raises :class:`LaunchConfigError` (a ``ConfigError``, so a trial
 that hits it fails as ``invalid_config``) naming the kernel, the parameter, the
 value and the constraint, before anything is launched.
 
-The spaces are plain Python (this module imports neither torch nor triton; importing
-the ``kernels`` package does, since it registers the kernels).
+The spaces are plain Python: neither this module nor the ``kernels`` package imports torch or triton (the
+kernels' own modules do, at their first use), so a config's launch parameters are checked on every machine.
 """
 
 from __future__ import annotations

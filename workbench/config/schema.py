@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal, TypeVar
 
 
+from kernels.registry import LAUNCH_SPACES
 from workbench.config.typecheck import _check_ranges, _choices, _show, _suggest, schema_root, to_dict
 from workbench.errors import ConfigError, _join
 
@@ -331,12 +332,6 @@ def _check_kernel_launch(kernels_cfg: Mapping[str, Mapping[str, int]]) -> None:
     """The checks of ``kernels`` that hold at every shape (a known kernel and parameter, a value some shape allows,
     constraints between parameters), at load: a typo fails here, not only on a GPU that runs the kernel. The checks
     that depend on the shape run at launch."""
-    if not kernels_cfg:
-        return
-    try:  # imported here: kernels.registry imports this module (and the kernels package, torch and triton)
-        from kernels.registry import LAUNCH_SPACES
-    except ImportError:  # no Triton on this machine: its kernels cannot run here, and are checked where they can
-        return
     for kernel, params in kernels_cfg.items():
         space = LAUNCH_SPACES.get(kernel)
         if space is None:

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from kernels.registry import LAUNCH_SPACES
 from workbench.config import Config, Provenance, dump_config, from_dict, load_config, to_dict
 from workbench.files import write_text
 from workbench.train.fingerprint import fingerprint as environment_fingerprint
@@ -34,8 +35,6 @@ def pinned_launch_params(record: list[Mapping[str, Any]] | None) -> dict[str, di
     """Kernel -> launch parameters to pin, from a run's launch record (``summary["kernels/launch"]``: one entry
     per kernel and shape, as resolved at launch). A kernel launched at several shapes with different resolved
     parameters is left out: its shape-dependent defaults are what ran, and one value cannot pin them all."""
-    from kernels.registry import LAUNCH_SPACES  # data, but the kernels package imports torch and triton
-
     seen: dict[str, list[dict[str, int]]] = {}
     for entry in record or []:
         kernel = entry.get("kernel")

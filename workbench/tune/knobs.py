@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from kernels.registry import LAUNCH_SPACES
 from workbench.config import GRAPH_CAPTURING_COMPILE_MODES, graph_capture_on
 from workbench.train import fp8
 from workbench.vocab import PHASES
@@ -163,6 +164,15 @@ def _fp8_kernel_knob(kernel: str, param: str, doc: str) -> Knob:
                 requires=_FP8_CUDA, phases=_COMPUTE, condition=_triton_casts, doc=f"{kernel} kernel: {doc}")
 
 
+def _launch_knobs() -> tuple[Knob, ...]:
+    """A knob for every launch parameter of every kernel, from the kernels' registry (``LAUNCH_SPACES``), in its
+    order; the FP8 casts' (op ``fp8_linear``) are searched while those casts run, the others while their op runs
+    on Triton."""
+    return tuple(_fp8_kernel_knob(space.kernel, p.name, p.doc) if space.op == "fp8_linear"
+                 else _kernel_knob(space.kernel, space.op, p.name, p.doc)
+                 for space in LAUNCH_SPACES.values() for p in space.params)
+
+
 # Declaration order is sampling order: a conditional knob comes after the knobs its condition reads.
 KNOBS: tuple[Knob, ...] = (
     # IO domain and batching
@@ -226,33 +236,7 @@ KNOBS: tuple[Knob, ...] = (
          requires=_CUDA, condition=functools.partial(_op_uses_triton, "rmsnorm"), inactive=False,
          doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)",
          phases=_COMPUTE),
-    _kernel_knob("rmsnorm", "rmsnorm", "num_warps", "forward: warps per program"),
-    _kernel_knob("rmsnorm", "rmsnorm", "num_stages", "pipelining stages of the backward's row loop and the "
-                 "two-pass forward's column loops"),
-    _kernel_knob("rmsnorm", "rmsnorm", "block_rows", "forward: rows per program"),
-    _kernel_knob("rmsnorm", "rmsnorm", "block_size", "columns per tile (a power of two >= hidden size)"),
-    _kernel_knob("rmsnorm", "rmsnorm", "programs_per_sm", "backward: persistent programs per SM"),
-    _kernel_knob("rmsnorm", "rmsnorm", "fwd_block_size", "forward: columns per loop step (< hidden: two passes)"),
-    _kernel_knob("rmsnorm", "rmsnorm", "fwd_passes", "forward: 2 reads each row twice even where one chunk holds it"),
-    _kernel_knob("rmsnorm", "rmsnorm", "bwd_num_warps", "backward: warps per program"),
-    _kernel_knob("rmsnorm", "rmsnorm", "bwd_block_rows", "backward: rows per loop step"),
-    _kernel_knob("rmsnorm", "rmsnorm", "bwd_tiles_in_flight", "backward: row tiles loaded ahead (2: the next one too)"),
-    _kernel_knob("swiglu", "swiglu", "num_warps", "warps per program"),
-    _kernel_knob("swiglu", "swiglu", "block_size", "elements per program"),
-    _kernel_knob("rope", "rope", "num_warps", "warps per program"),
-    _kernel_knob("rope", "rope", "num_stages", "pipelining stages of the loop over heads"),
-    _kernel_knob("rope", "rope", "block_h", "heads per loop step"),
-    _kernel_knob("rope", "rope", "block_t", "tokens per program"),
-    _kernel_knob("fused_linear_ce", "loss", "num_warps", "warps per program of the softmax/CE kernel"),
-    _kernel_knob("fused_linear_ce", "loss", "num_stages", "pipelining stages of the loop over the vocab"),
-    _kernel_knob("fused_linear_ce", "loss", "block_v", "vocab entries per loop step"),
-    _kernel_knob("fused_linear_ce", "loss", "chunk_size", "rows whose logits exist at once (memory vs matmul size)"),
-    _fp8_kernel_knob("fp8_amax", "num_warps", "warps per program of the amax"),
-    _fp8_kernel_knob("fp8_amax", "block_size", "elements per loop step of the amax"),
-    _fp8_kernel_knob("fp8_amax", "programs_per_sm", "persistent programs per SM of the amax"),
-    _fp8_kernel_knob("fp8_cast", "num_warps", "warps per program of the cast"),
-    _fp8_kernel_knob("fp8_cast", "block_m", "rows per tile of the cast"),
-    _fp8_kernel_knob("fp8_cast", "block_n", "columns per tile of the cast"),
+    *_launch_knobs(),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
          requires=frozenset({"multi_gpu"}), doc="gradient all-reduce bucket size (MiB)", phases=_SYNC),
