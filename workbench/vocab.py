@@ -3,8 +3,10 @@ metric keys. A leaf module: no import of the project's packages, no torch."""
 
 from __future__ import annotations
 
-__all__ = ["EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "PHASES", "REAL_TOKENS_PER_S", "STATUSES",
-           "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
+__all__ = ["ALLOCATOR_REUSE_RATIO", "COMM_EXPOSED_S", "COMM_OVERLAP_PCT", "COMM_TOTAL_S", "COMPILE_S",
+           "DEVICE_TOTAL_GIB", "EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "MAX_ALLOCATED_GIB",
+           "MAX_RESERVED_GIB", "MAX_RSS_GIB", "PADDED_TOKENS_PER_S", "PADDING_RATIO", "PHASES", "PREDICTED_PEAK_GIB",
+           "REAL_TOKENS_PER_S", "STATUSES", "STEP_S", "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
 
 PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other")
 """The phases of a training step, in order; they add up to the step time."""
@@ -30,6 +32,46 @@ TUNE_EXIT = {"ok": 0, "error": 1, "usage": 2, "interrupted": 130}
 
 REAL_TOKENS_PER_S = "throughput/real_tokens_per_s_per_gpu"
 """The objective's metric key: real (non-padding) tokens per second per GPU."""
+
+# metric keys read in more than one module (summary.json, metrics.jsonl, the report)
+MAX_RESERVED_GIB = "memory/max_reserved_gib"
+"""Peak device memory the caching allocator reserved (GiB)."""
+
+MAX_ALLOCATED_GIB = "memory/max_allocated_gib"
+"""Peak device memory allocated to tensors (GiB)."""
+
+MAX_RSS_GIB = "memory/max_rss_gib"
+"""Peak resident memory of the process on the host (GiB): a CPU run's peak."""
+
+DEVICE_TOTAL_GIB = "memory/device_total_gib"
+"""The device's total memory (GiB)."""
+
+PREDICTED_PEAK_GIB = "memory/predicted_peak_gib"
+"""The memory model's predicted peak of the config (GiB)."""
+
+ALLOCATOR_REUSE_RATIO = "memory/allocator_reuse_ratio"
+"""Share of allocations the allocator served from its cache."""
+
+STEP_S = "time/step_s"
+"""Mean wall time of a measured step (s)."""
+
+COMPILE_S = "time/compile_s"
+"""Time spent compiling before the first step (s)."""
+
+PADDING_RATIO = "data/padding_ratio"
+"""Padding tokens over all tokens of the measured batches."""
+
+COMM_TOTAL_S = "comm/total_s"
+"""Gradient all-reduce time a step (s)."""
+
+COMM_EXPOSED_S = "comm/exposed_s"
+"""All-reduce time a step that the backward does not hide (s)."""
+
+COMM_OVERLAP_PCT = "comm/overlap_pct"
+"""Share of the all-reduce time hidden behind the backward (%)."""
+
+PADDED_TOKENS_PER_S = "throughput/padded_tokens_per_s_per_gpu"
+"""Tokens per second per GPU, padding included."""
 
 VOCAB_ALIGN = 64
 """The LM head's rows are padded to a multiple of this many (the torch and the Triton loss both)."""

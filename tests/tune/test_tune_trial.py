@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import statistics
 import time
 
@@ -11,7 +12,8 @@ import pytest
 from workbench.config import load_config, merge_overrides
 from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
-from workbench.tune.trial import launch_command, not_launched_outcome, run_trial
+from workbench.tune.trial import classify, launch_command, not_launched_outcome, run_trial
+from workbench.vocab import EXIT_CODES
 
 
 @pytest.fixture
@@ -139,3 +141,35 @@ def test_a_sigkill_is_an_oom_only_with_evidence(spec, tmp_path, monkeypatch, fau
     monkeypatch.setattr(trial_mod, "_oom_kills", lambda: 3)
     out = run_trial(spec.trial_config({}), tmp_path / "ext", timeout_s=60, heartbeat_timeout_s=60, launch=sigkill)
     assert out.status == "crash" and out.killed_from_outside and "from outside" in out.failure_reason
+
+
+@pytest.mark.parametrize("rc, failure, tail, kw, expected", [
+    # exited 0: measured, measured with a non-finite loss, or nothing reported
+    (0, {}, "", {"windows": [1.0, 2.0]}, ("ok", "", False)),
+    (0, {}, "", {"windows": [1.0], "summary": {"last_loss": float("nan")}}, ("nan_loss", "final loss nan", False)),
+    (0, {}, "", {"windows": []}, ("no_report", "exited 0 without reporting a measured window", False)),
+    # failure.json names the kind; an unknown kind, or ok/pruned written there, is a crash
+    (1, {"kind": "oom", "message": "CUDA out of memory"}, "", {"windows": []}, ("oom", "CUDA out of memory", False)),
+    (0, {"kind": "invalid_config", "message": "bad key"}, "", {"windows": [1.0]}, ("invalid_config", "bad key", False)),
+    (1, {"kind": "exploded"}, "", {"windows": []}, ("crash", "exit code 1", False)),
+    (1, {"kind": "pruned"}, "", {"windows": []}, ("crash", "exit code 1", False)),
+    # no failure.json: the exit code's kind, else a crash, an OOM where the log says so
+    (EXIT_CODES["oom"], {}, "", {"windows": []}, ("oom", f"exit code {EXIT_CODES['oom']}", False)),
+    (1, {}, "RuntimeError: CUDA out of memory. Tried", {"windows": []}, ("oom", "exit code 1", False)),
+    (1, {}, "Traceback ... ValueError", {"windows": []}, ("crash", "exit code 1", False)),
+    # killed by a signal: SIGKILL is an OOM when the kernel's OOM killer acted or the RSS neared the host's memory,
+    # else a kill from outside (run once more)
+    (-signal.SIGSEGV, {}, "", {"windows": []}, ("crash", "killed by SIGSEGV", False)),
+    (-signal.SIGKILL, {}, "", {"windows": [], "oom_kill_rose": True},
+     ("oom", "killed by SIGKILL (the kernel's OOM killer: its oom_kill count rose)", False)),
+    (-signal.SIGKILL, {}, "", {"windows": [], "oom_kill_rose": False, "rss_gib": 22.0, "host_gib": 24.0},
+     ("oom", "killed by SIGKILL (its RSS had reached 22.0 of 24.0 GiB)", False)),
+    (-signal.SIGKILL, {}, "", {"windows": [], "oom_kill_rose": None, "rss_gib": 2.0, "host_gib": 24.0},
+     ("crash", "killed by SIGKILL from outside (no OOM kill recorded, memory not near the host's)", True)),
+    (-signal.SIGKILL, {"message": "step 3"}, "", {"windows": []},
+     ("crash", "killed by SIGKILL; step 3 from outside (no OOM kill recorded, memory not near the host's)", True)),
+])
+def test_classify_maps_each_exit_to_its_status(rc, failure, tail, kw, expected):
+    status, reason, outside = classify(rc, failure, tail, **kw)
+    assert (status, outside) == (expected[0], expected[2])
+    assert reason.startswith(expected[1]) if expected[0] == "no_report" else reason == expected[1]

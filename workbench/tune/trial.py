@@ -50,20 +50,23 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from workbench.config import Config, dump_config
 from workbench.files import remove_tree, write_json, write_text
-from workbench.vocab import EXIT_CODES, FAILURE_KINDS, REAL_TOKENS_PER_S, STATUSES
+from workbench.vocab import (DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
+                             REAL_TOKENS_PER_S, STATUSES)
 
 __all__ = [
     "FAILURE_KINDS",
     "STATUSES",
     "Launcher",
     "TrialOutcome",
+    "Watchdog",
+    "classify",
     "ignore_interrupts",
     "command_launcher",
     "interrupts_held",
@@ -118,9 +121,9 @@ class TrialOutcome:
         """Peak reserved device memory (CUDA) or peak host RSS (CPU), GiB."""
         for src in (self.summary, self.last_window):
             if src:
-                v = src.get("memory/max_reserved_gib")
+                v = src.get(MAX_RESERVED_GIB)
                 if v is None:
-                    v = src.get("memory/max_rss_gib")
+                    v = src.get(MAX_RSS_GIB)
                 if v is not None:
                     return float(v)
         return None
@@ -128,8 +131,8 @@ class TrialOutcome:
     @property
     def device_total_gib(self) -> float | None:
         for src in (self.summary, self.last_window):
-            if src and src.get("memory/device_total_gib"):
-                return float(src["memory/device_total_gib"])
+            if src and src.get(DEVICE_TOTAL_GIB):
+                return float(src[DEVICE_TOTAL_GIB])
         return None
 
     @property
@@ -370,6 +373,155 @@ def _signal_name(rc: int) -> str:
 # --------------------------------------------------------------------------- the runner
 
 
+@dataclass
+class Watch:
+    """What the watchdog saw of a running trial: its measured windows and, where it ended the trial, why."""
+
+    windows: list[float] = field(default_factory=list)
+    last_window: dict[str, Any] | None = None
+    killed_kind: str = ""
+    """``timeout`` or ``no_report`` when the watchdog killed the trial; "" otherwise."""
+    killed_reason: str = ""
+    pruned: bool = False
+
+
+class Watchdog:
+    """Polls a running trial (see the module docstring): each measured window of ``metrics`` goes to
+    ``on_window`` (True prunes), the heartbeat file tells progress, and the time limits end the process group."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], trial_dir: Path, cfg: Config, *, timeout_s: float,
+                 heartbeat_timeout_s: float, on_window: Callable[[int, float], bool] | None,
+                 phase: Callable[[str], None], poll_s: float) -> None:
+        self.proc, self.phase, self.on_window, self.poll_s = proc, phase, on_window, poll_s
+        self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
+        self.warm = cfg.training.warmup_measure_steps
+        self.n_windows = max(1, (cfg.training.max_steps - self.warm) // cfg.training.log_every)
+        self.metrics = _MetricsTail(trial_dir / "metrics.jsonl")
+        self.heartbeat = trial_dir / "heartbeat"
+        self.seen = Watch()
+
+    def _new_windows(self) -> Iterator[float]:
+        """Each measured window written since the last read (only windows after the warm-up count)."""
+        for rec in self.metrics.read():
+            v = rec.get(REAL_TOKENS_PER_S)
+            if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > self.warm:
+                self.seen.windows.append(float(v))
+                self.seen.last_window = rec
+                yield float(v)
+
+    def _limit_passed(self, t0: float, now: float, beat: str | None, beat_at: float) -> tuple[str, str]:
+        """(kind, reason) of the time limit the trial has passed, or ("", "")."""
+        hb = self.heartbeat_timeout_s
+        if beat is None and now - t0 > hb:
+            return "no_report", (f"no heartbeat {hb:g} s after launch: the process does not report (a loop of "
+                                 "one's own reports through workbench.run(); docs/trial-contract.md)")
+        if now - t0 > self.timeout_s:
+            return "timeout", f"exceeded the trial time limit of {self.timeout_s:g} s" + (
+                f" (last step {beat})" if beat else " before its first step")
+        if beat not in (None, "0") and now - beat_at > hb:  # "0": started, compiling
+            return "timeout", f"no step for {hb:g} s (hung after step {beat})"
+        return "", ""
+
+    def watch(self, t0: float) -> Watch:
+        """Poll until the process exits, is pruned or passes a limit (then its group is killed)."""
+        seen, n = self.seen, self.n_windows
+        beat, beat_at = None, t0
+        while True:
+            rc = self.proc.poll()
+            for v in self._new_windows():
+                self.phase(f"measuring window {len(seen.windows) + 1}/{n}" if len(seen.windows) < n else "finishing")
+                if self.on_window is not None and self.on_window(len(seen.windows) - 1, v) and rc is None:
+                    seen.pruned = True
+            if seen.pruned:
+                _kill_group(self.proc)
+                return seen
+            if rc is not None:
+                return seen
+            now = time.monotonic()
+            b = _read_heartbeat(self.heartbeat)
+            # an empty read is a beat being rewritten (a writer truncates the file, then writes the step), not a
+            # lost heartbeat: it keeps the last beat seen
+            if b is not None and b != beat:
+                beat, beat_at = b, now
+                if not seen.windows:
+                    in_warmup = b.isdigit() and int(b) <= self.warm
+                    self.phase(f"warm-up (step {b}/{self.warm})" if in_warmup else f"measuring window 1/{n}")
+            seen.killed_kind, seen.killed_reason = self._limit_passed(t0, now, beat, beat_at)
+            if seen.killed_reason:
+                _kill_group(self.proc)
+                return seen
+            time.sleep(self.poll_s)
+
+    def drain(self) -> None:
+        """The windows written between the last poll and the exit, to ``on_window`` for the pruner's statistics
+        (the trial is over)."""
+        for v in self._new_windows():
+            if self.on_window is not None:
+                self.on_window(len(self.seen.windows) - 1, v)
+
+
+def _launch(cfg: Config, trial_dir: Path, launch: Launcher, env: dict[str, str] | None,
+            cwd: str | Path | None) -> tuple[Path, subprocess.Popen[bytes] | str]:
+    """Write the trial's config and start its command in a new process group, output to ``log.txt``: (the config's
+    path, the process), or the reason it could not start in place of the process."""
+    _fresh_dir(trial_dir)
+    config_path = dump_config(cfg, trial_dir / "config.yaml")
+    cmd = launch(cfg, config_path, trial_dir)
+    env = {**os.environ, **(env or {})}
+    env["PYTHONUNBUFFERED"] = "1"
+    env["WORKBENCH_CONFIG"], env["WORKBENCH_OUT"] = str(config_path), str(trial_dir)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
+    with open(trial_dir / "log.txt", "wb") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
+        # the tuner's working directory: relative paths in the config mean what they mean to the user
+        try:
+            return config_path, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                                 cwd=cwd, env=env, start_new_session=True, preexec_fn=_pdeathsig())
+        except OSError as e:  # the command itself cannot start: the study's to fix, not a crash of its config
+            reason = f"cannot start {cmd[0]!r}: {e.strerror or e}" + (f" (cwd {cwd})" if cwd else "")
+            log.write((reason + "\n").encode())
+            return config_path, reason
+
+
+def classify(rc: int | None, failure: Mapping[str, Any], tail: str, *, windows: list[float],
+             summary: Mapping[str, Any] | None = None, rss_gib: float | None = None, host_gib: float | None = None,
+             oom_kill_rose: bool | None = None) -> tuple[str, str, bool]:
+    """(status, reason, killed from outside) of a trial process that exited by itself with ``rc`` (negative: the
+    signal), given its ``failure.json`` (``kind``, ``message``), its log ``tail``, its measured ``windows``, its
+    ``summary``, its last RSS against the host's memory, and whether the kernel's OOM-kill count rose meanwhile
+    (None: unknown). Pure: the table of outcomes in the module docstring."""
+    if rc == 0 and failure.get("kind") is None:
+        if not windows:
+            return "no_report", ("exited 0 without reporting a measured window (does it run training.max_steps "
+                                 "steps, calling run.step() after each?)"), False
+        last = (summary or {}).get("last_loss")
+        if last is not None and not math.isfinite(float(last)):
+            return "nan_loss", f"final loss {last}", False
+        return "ok", "", False
+    kind = failure.get("kind") or _exit_code_kinds().get(rc, "crash")
+    if kind not in STATUSES or kind in ("ok", "pruned"):
+        kind = "crash"
+    reason = str(failure.get("message") or "")
+    outside = False
+    if rc is not None and rc < 0:
+        kind = "crash"
+        reason = f"killed by {_signal_name(rc)}" + (f"; {reason}" if reason else "")
+        if rc == -signal.SIGKILL:
+            if oom_kill_rose:
+                kind, reason = "oom", reason + " (the kernel's OOM killer: its oom_kill count rose)"
+            elif isinstance(rss_gib, (int, float)) and host_gib and rss_gib >= HOST_MEMORY_SHARE_OOM * host_gib:
+                kind, reason = "oom", reason + f" (its RSS had reached {rss_gib:.1f} of {host_gib:.1f} GiB)"
+            else:
+                outside = True
+                reason += " from outside (no OOM kill recorded, memory not near the host's)"
+    elif not reason:
+        reason = f"exit code {rc}"
+    if kind == "crash" and any(m in tail for m in _OOM_MARKERS):
+        kind = "oom"
+    return kind, reason, outside
+
+
 def run_trial(
     cfg: Config,
     trial_dir: Path,
@@ -393,81 +545,19 @@ def run_trial(
     directory (default the tuner's). A KeyboardInterrupt kills the child's group and propagates.
     """
     trial_dir = Path(os.path.abspath(trial_dir))  # absolute for the child; not resolved: a symlink is refused
-    _fresh_dir(trial_dir)
-    config_path = dump_config(cfg, trial_dir / "config.yaml")
     phase = on_phase or (lambda _text: None)
     phase("launching")
-    cmd = launch(cfg, config_path, trial_dir)
-    env = {**os.environ, **(env or {})}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["WORKBENCH_CONFIG"], env["WORKBENCH_OUT"] = str(config_path), str(trial_dir)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-    warm = cfg.training.warmup_measure_steps
-    n_windows = max(1, (cfg.training.max_steps - warm) // cfg.training.log_every)
-    metrics = _MetricsTail(trial_dir / "metrics.jsonl")
-    heartbeat = trial_dir / "heartbeat"
-    windows: list[float] = []
-    last_window: dict[str, Any] | None = None
-    killed_reason, killed_kind = "", "timeout"
-    pruned = False
-
     oom_kills_before = _oom_kills()
     t0 = time.monotonic()
-    with open(trial_dir / "log.txt", "wb") as log:
-        log.write(("$ " + " ".join(cmd) + "\n").encode())
-        log.flush()
-        # the tuner's working directory: relative paths in the config mean what they mean to the user
-        try:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                                    env=env, start_new_session=True, preexec_fn=_pdeathsig())
-        except OSError as e:  # the command itself cannot start: the study's to fix, not a crash of its config
-            reason = f"cannot start {cmd[0]!r}: {e.strerror or e}" + (f" (cwd {cwd})" if cwd else "")
-            log.write((reason + "\n").encode())
-            return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=reason,
-                                log_tail=reason)
+    config_path, proc = _launch(cfg, trial_dir, launch, env, cwd)
+    if isinstance(proc, str):
+        return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=proc, log_tail=proc)
+    dog = Watchdog(proc, trial_dir, cfg, timeout_s=timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
+                   on_window=on_window, phase=phase, poll_s=poll_s)
     try:
         if on_launch is not None:
             on_launch(proc.pid)
-        beat, beat_at = None, t0
-        while True:
-            rc = proc.poll()
-            for rec in metrics.read():
-                v = rec.get(REAL_TOKENS_PER_S)
-                if not isinstance(v, (int, float)) or not isinstance(rec.get("step"), int) or rec["step"] <= warm:
-                    continue  # only measured windows after the warm-up count
-                windows.append(float(v))
-                last_window = rec
-                phase(f"measuring window {len(windows) + 1}/{n_windows}" if len(windows) < n_windows
-                      else "finishing")
-                if on_window is not None and on_window(len(windows) - 1, float(v)) and rc is None and not pruned:
-                    pruned = True
-            if pruned:
-                _kill_group(proc)
-                break
-            if rc is not None:
-                break
-            now = time.monotonic()
-            b = _read_heartbeat(heartbeat)
-            # an empty read is a beat being rewritten (a writer truncates the file, then writes the step), not a
-            # lost heartbeat: it keeps the last beat seen
-            if b is not None and b != beat:
-                beat, beat_at = b, now
-                if not windows:
-                    in_warmup = b.isdigit() and int(b) <= warm
-                    phase(f"warm-up (step {b}/{warm})" if in_warmup else f"measuring window 1/{n_windows}")
-            if beat is None and now - t0 > heartbeat_timeout_s:
-                killed_kind = "no_report"
-                killed_reason = (f"no heartbeat {heartbeat_timeout_s:g} s after launch: the process does not report "
-                                 "(a loop of one's own reports through workbench.run(); docs/trial-contract.md)")
-            elif now - t0 > timeout_s:
-                killed_reason = f"exceeded the trial time limit of {timeout_s:g} s" + (
-                    f" (last step {beat})" if beat else " before its first step")
-            elif beat not in (None, "0") and now - beat_at > heartbeat_timeout_s:  # "0": started, compiling
-                killed_reason = f"no step for {heartbeat_timeout_s:g} s (hung after step {beat})"
-            if killed_reason:
-                _kill_group(proc)
-                break
-            time.sleep(poll_s)
+        seen = dog.watch(t0)
     except BaseException:
         with interrupts_held():  # the child's group is ended whatever else arrives meanwhile (a burst of Ctrl-Cs)
             _kill_group(proc)
@@ -476,14 +566,8 @@ def run_trial(
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, signal.SIGKILL)  # stray grandchildren of a finished trial
     wall = time.monotonic() - t0
-    if not pruned:
-        for rec in metrics.read():  # windows written between the last poll and the exit
-            v = rec.get(REAL_TOKENS_PER_S)
-            if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > warm:
-                windows.append(float(v))
-                last_window = rec
-                if on_window is not None:
-                    on_window(len(windows) - 1, float(v))  # for the pruner's statistics; the trial is over
+    if not seen.pruned:
+        dog.drain()
 
     summary = None
     with contextlib.suppress(OSError, json.JSONDecodeError):
@@ -492,45 +576,20 @@ def run_trial(
     with contextlib.suppress(OSError, json.JSONDecodeError):
         failure = json.loads((trial_dir / "failure.json").read_text())
     tail = read_log_tail(trial_dir)
-    out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, last_window)
-
-    if killed_reason:
-        out.status, out.failure_reason = killed_kind, killed_reason
-    elif pruned:
+    windows = seen.windows
+    out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, seen.last_window)
+    if seen.killed_reason:
+        out.status, out.failure_reason = seen.killed_kind, seen.killed_reason
+    elif seen.pruned:
         out.status = "pruned"
         out.failure_reason = f"pruned after window {len(windows)} ({windows[-1]:,.0f} tok/s/gpu)"
-    elif rc == 0 and failure.get("kind") is None:
-        if not windows:
-            out.status = "no_report"
-            out.failure_reason = ("exited 0 without reporting a measured window (does it run training.max_steps "
-                                  "steps, calling run.step() after each?)")
-        elif summary is not None and summary.get("last_loss") is not None and not math.isfinite(
-                float(summary["last_loss"])):
-            out.status, out.failure_reason = "nan_loss", f"final loss {summary['last_loss']}"
-        else:
-            out.value = statistics.median(windows)
     else:
-        kind = failure.get("kind") or _exit_code_kinds().get(rc, "crash")
-        if kind not in STATUSES or kind in ("ok", "pruned"):
-            kind = "crash"
-        reason = str(failure.get("message") or "")
-        if rc is not None and rc < 0:
-            kind = "crash"
-            reason = f"killed by {_signal_name(rc)}" + (f"; {reason}" if reason else "")
-            if rc == -signal.SIGKILL:
-                after = _oom_kills()
-                rss = (last_window or {}).get("memory/max_rss_gib")
-                host = _host_memory_gib()
-                if oom_kills_before is not None and after is not None and after > oom_kills_before:
-                    kind, reason = "oom", reason + " (the kernel's OOM killer: its oom_kill count rose)"
-                elif isinstance(rss, (int, float)) and host and rss >= HOST_MEMORY_SHARE_OOM * host:
-                    kind, reason = "oom", reason + f" (its RSS had reached {rss:.1f} of {host:.1f} GiB)"
-                else:
-                    out.killed_from_outside = True
-                    reason += " from outside (no OOM kill recorded, memory not near the host's)"
-        elif not reason:
-            reason = f"exit code {rc}"
-        if kind == "crash" and any(m in tail for m in _OOM_MARKERS):
-            kind = "oom"
-        out.status, out.failure_reason = kind, reason
+        after = _oom_kills() if rc == -signal.SIGKILL else None
+        rose = None if oom_kills_before is None or after is None else after > oom_kills_before
+        out.status, out.failure_reason, out.killed_from_outside = classify(
+            rc, failure, tail, windows=windows, summary=summary, rss_gib=(seen.last_window or {}).get(
+                MAX_RSS_GIB), host_gib=_host_memory_gib() if rc == -signal.SIGKILL else None,
+            oom_kill_rose=rose)
+        if out.status == "ok":
+            out.value = statistics.median(windows)
     return out
