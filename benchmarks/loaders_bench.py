@@ -57,6 +57,7 @@ from loaders._staging import _fill_row  # noqa: E402
 from loaders.format import MANIFEST_NAME, ShardSet, ShardWriter  # noqa: E402
 from loaders.pipeline import BatchPipeline, EpochPlan, StagingRing, default_block_bytes  # noqa: E402
 from loaders.reader import make_reader, probe_io_uring  # noqa: E402
+from workbench.vocab import PADDING_RATIO
 
 __all__ = ["BenchConfig", "build_corpus", "build_reference", "run_bench", "main"]
 
@@ -237,7 +238,7 @@ def _run_pipeline(shards: ShardSet, cfg: BenchConfig, backend: str, depth: int) 
     return {"real_tokens": real, "batches": batches, "wall_s": wall, "cpu_s": cpu,
             "read_latency_ms_p50": m["io/read_latency_ms_p50"], "read_latency_ms_p90": m["io/read_latency_ms_p90"],
             "read_latency_ms_p99": m["io/read_latency_ms_p99"], "backend": m["io/backend"],
-            "padding_ratio": m["data/padding_ratio"]}
+            "padding_ratio": m[PADDING_RATIO]}
 
 
 def _run_memmap(shards: ShardSet, ref: Path, cfg: BenchConfig) -> dict[str, Any]:

@@ -58,6 +58,8 @@ from _run import ROOT, child_env, commit, run_logged
 
 sys.path.insert(0, str(ROOT))
 from workbench.train.fingerprint import versions  # noqa: E402
+from workbench.vocab import (COMPILE_S, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, PADDED_TOKENS_PER_S, PADDING_RATIO,
+                             REAL_TOKENS_PER_S, STEP_S)
 
 WB_SETS = {
     "wb_eager": [],
@@ -74,9 +76,9 @@ LAUNCH_KEYS = ("launch_calls_per_step", "launch_call_ms_per_step", "device_busy_
 """The ``profile/*`` keys of ``launch_overhead`` a ``--launch-profile`` run adds to its variant's row."""
 REF_KINDS = ("ref_eager", "ref_compiled", "ref_recipe")  # reference_loop.py: eager, --compile, --recipe
 AS_IS = ("wb_default", "wb_base", "wb_config", "wb_alt")  # configurations run with their own data settings
-METRICS = ["throughput/real_tokens_per_s_per_gpu", "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
-           "time/step_s", "memory/max_reserved_gib", "memory/max_allocated_gib", "last_loss", "time/compile_s",
-           "data/padding_ratio", "throughput/samples_per_s_per_gpu", *(f"profile/{k}" for k in LAUNCH_KEYS)]
+METRICS = [REAL_TOKENS_PER_S, PADDED_TOKENS_PER_S, "mfu_pct",
+           STEP_S, MAX_RESERVED_GIB, MAX_ALLOCATED_GIB, "last_loss", COMPILE_S,
+           PADDING_RATIO, "throughput/samples_per_s_per_gpu", *(f"profile/{k}" for k in LAUNCH_KEYS)]
 
 
 def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         results.append(res)
         status = "ok" if res["returncode"] == 0 else f"FAILED rc={res['returncode']}"
         print(f"[{name}#{rep}] {status} in {res['wall_s']:.0f} s: "
-              f"{res.get('throughput/real_tokens_per_s_per_gpu') or 0:,.0f} tok/s", flush=True)
+              f"{res.get(REAL_TOKENS_PER_S) or 0:,.0f} tok/s", flush=True)
         if res["returncode"]:
             print(res.get("log_tail", "")[-1500:], flush=True)
         # written after every variant: a run cut short keeps what it measured
@@ -218,10 +220,10 @@ def main(argv: list[str] | None = None) -> None:
         print("no results")
         return
     wide = df.pivot_table(index="variant", columns="metric", values="value", aggfunc="median")
-    cols = [c for c in ["throughput/real_tokens_per_s_per_gpu", "throughput/samples_per_s_per_gpu",
+    cols = [c for c in [REAL_TOKENS_PER_S, "throughput/samples_per_s_per_gpu",
                         "profile/device_idle_ms_per_step", "profile/launch_calls_per_step",
-                        "throughput/padded_tokens_per_s_per_gpu", "mfu_pct",
-                        "time/step_s", "memory/max_reserved_gib", "time/data_wait_s", "time/forward_s",
+                        PADDED_TOKENS_PER_S, "mfu_pct",
+                        STEP_S, MAX_RESERVED_GIB, "time/data_wait_s", "time/forward_s",
                         "time/backward_s", "time/optimizer_s"] if c in wide.columns]
     print(f"\n{ver}\n{config}")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:,.4g}".format):
@@ -248,7 +250,7 @@ def ratio_table(df, reference: str) -> str:
     on, the 95% t-interval of the ratio (workbench.tune.stats.speedup_interval)."""
     from workbench.tune.stats import speedup_interval
 
-    tok = df[df["metric"] == "throughput/real_tokens_per_s_per_gpu"]
+    tok = df[df["metric"] == REAL_TOKENS_PER_S]
     chosen = best_of_family(tok, reference)
     if chosen is None:
         return f"no {reference} run to divide by"

@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 from _run import child_env, run_logged
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
+from workbench.vocab import REAL_TOKENS_PER_S, STEP_S  # noqa: E402
+
 GIB = 1024 ** 3
 
 BASE_SETS = ["data.seq_len=2048", "data.bucket_width=128", "data.num_workers=4", "training.dtype=bf16",
@@ -69,8 +73,8 @@ def rows_of(res: dict, stamp: str, config: str) -> list[dict]:
                "memory/unused_at_peak_allocated_pct": fr["at_peak_allocated_pct"],
                "memory/max_reserved_minus_allocated_gib": fr["max_bytes"] / GIB,
                "memory/alloc_retries": doc.get("alloc_retries"),
-               "throughput/real_tokens_per_s_per_gpu": run.get("throughput/real_tokens_per_s_per_gpu"),
-               "time/step_s": run.get("time/step_s")}
+               REAL_TOKENS_PER_S: run.get(REAL_TOKENS_PER_S),
+               STEP_S: run.get(STEP_S)}
     settings = ",".join(f"{k}:{v}" for k, v in res["settings"].items()) or "torch defaults"
     return [{"benchmark": "memory", "micro_batch": res["micro_batch"], "variant": res["variant"],
              "settings": settings, "metric": m, "value": v, "gpu": run.get("gpu"), "torch": run.get("torch"),

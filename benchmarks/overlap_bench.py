@@ -57,7 +57,7 @@ import torch.distributed as dist  # noqa: E402
 from workbench.config import merge_overrides, preset_config  # noqa: E402
 from workbench.train.fingerprint import versions  # noqa: E402
 from workbench.train.model import get_preset  # noqa: E402
-from workbench.vocab import REAL_TOKENS_PER_S  # noqa: E402
+from workbench.vocab import COMM_EXPOSED_S, COMM_OVERLAP_PCT, COMM_TOTAL_S, REAL_TOKENS_PER_S, STEP_S  # noqa: E402
 
 
 def model_config(layers: int, path: Path) -> Path:
@@ -121,11 +121,11 @@ def rows_of(res: dict, ver: dict, stamp: str, config: str, compute_only_step: fl
     st = {k: np.asarray(v, dtype=float) for k, v in res.get("steps", {}).items()}
     if not len(st.get("step_s", [])):
         return []
-    per_step = {REAL_TOKENS_PER_S: st["real_tokens"] / st["step_s"], "time/step_s": st["step_s"],
+    per_step = {REAL_TOKENS_PER_S: st["real_tokens"] / st["step_s"], STEP_S: st["step_s"],
                 "time/grad_sync_s": st["grad_sync"]}
     if res["provider"] != "compute_only":
-        per_step["comm/total_s"] = st["comm_s"]
-        per_step["comm/exposed_s"] = st["comm_exposed_s"]
+        per_step[COMM_TOTAL_S] = st["comm_s"]
+        per_step[COMM_EXPOSED_S] = st["comm_exposed_s"]
         if compute_only_step is not None:
             per_step["exposed_vs_compute_only_s"] = st["step_s"] - compute_only_step
     base = {"benchmark": "overlap", "config_name": res["name"], "provider": res["provider"],
@@ -134,8 +134,8 @@ def rows_of(res: dict, ver: dict, stamp: str, config: str, compute_only_step: fl
             "cuda": ver["cuda"], "nccl": ver["nccl"], "timestamp": stamp, "config": config}
     out = [{**base, "metric": m, "value": float(np.median(v)), "p20": float(np.percentile(v, 20)),
             "p80": float(np.percentile(v, 80)), "n": len(v)} for m, v in per_step.items() if np.isfinite(v).all()]
-    if res["summary"].get("comm/overlap_pct") is not None and res["provider"] != "compute_only":
-        out.append({**base, "metric": "comm/overlap_pct", "value": res["summary"]["comm/overlap_pct"], "p20": None,
+    if res["summary"].get(COMM_OVERLAP_PCT) is not None and res["provider"] != "compute_only":
+        out.append({**base, "metric": COMM_OVERLAP_PCT, "value": res["summary"][COMM_OVERLAP_PCT], "p20": None,
                     "p80": None, "n": len(st["step_s"])})
     return out
 
@@ -196,8 +196,8 @@ def main(argv: list[str] | None = None) -> None:
             continue
         s = res["summary"]
         print(f"[{conf['name']}] {s[REAL_TOKENS_PER_S] or 0:,.0f} tok/s/gpu, step "
-              f"{1000 * (s['time/step_s'] or 0):.1f} ms, comm {1000 * (s.get('comm/total_s') or 0):.1f} ms, exposed "
-              f"{1000 * (s.get('comm/exposed_s') or 0):.1f} ms, overlap {s.get('comm/overlap_pct') or 0:.0f}% "
+              f"{1000 * (s[STEP_S] or 0):.1f} ms, comm {1000 * (s.get(COMM_TOTAL_S) or 0):.1f} ms, exposed "
+              f"{1000 * (s.get(COMM_EXPOSED_S) or 0):.1f} ms, overlap {s.get(COMM_OVERLAP_PCT) or 0:.0f}% "
               f"({res['wall_s']:.0f} s)", flush=True)
         co = next((r for r in results if r["provider"] == "compute_only"), None)
         co_step = float(np.median(co["steps"]["step_s"])) if co and co.get("steps") else None
@@ -208,8 +208,8 @@ def main(argv: list[str] | None = None) -> None:
             [{k: v for k, v in r.items() if k != "steps"} for r in results], indent=1, default=str))
         df = pd.read_csv(out / "overlap_bench.csv")
         wide = df.pivot_table(index="config_name", columns="metric", values="value", aggfunc="first", sort=False)
-        cols = [c for c in (REAL_TOKENS_PER_S, "time/step_s", "comm/total_s", "comm/exposed_s",
-                            "comm/overlap_pct", "exposed_vs_compute_only_s") if c in wide.columns]
+        cols = [c for c in (REAL_TOKENS_PER_S, STEP_S, COMM_TOTAL_S, COMM_EXPOSED_S,
+                            COMM_OVERLAP_PCT, "exposed_vs_compute_only_s") if c in wide.columns]
         print(f"\n{ver}\n{config}")
         with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format",
                                "{:,.4g}".format):

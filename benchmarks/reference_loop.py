@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from loaders.synth import SynthSpec, generate_documents, write_bin  # noqa: E402
 from workbench.train.flops import flops_per_token, peak_tflops  # noqa: E402
 from workbench.train.model import Llama, get_preset  # noqa: E402
+from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, PADDED_TOKENS_PER_S, REAL_TOKENS_PER_S, STEP_S
 
 
 def apply_recipe(model: Llama) -> list[str]:
@@ -167,15 +168,15 @@ def main(argv: list[str] | None = None) -> dict:
     peak = peak_tflops(name)
     out = {
         "variant": "reference_recipe" if a.recipe else "reference_compiled" if a.compile else "reference_eager",
-        "throughput/real_tokens_per_s_per_gpu": tok_s,
-        "throughput/padded_tokens_per_s_per_gpu": tok_s,  # no padding in random windows
+        REAL_TOKENS_PER_S: tok_s,
+        PADDED_TOKENS_PER_S: tok_s,  # no padding in random windows
         "mfu_pct": 100 * tok_s * flops_per_token(args, T) / (peak * 1e12) if peak else None,
-        "time/step_s": wall / a.steps,
+        STEP_S: wall / a.steps,
         "time/step_s_median": float(np.median(times)),
         "time/step_s_p20": float(np.percentile(times, 20)),
         "time/step_s_p80": float(np.percentile(times, 80)),
-        "memory/max_reserved_gib": torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None,
-        "memory/max_allocated_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
+        MAX_RESERVED_GIB: torch.cuda.max_memory_reserved(device) / 2**30 if device.type == "cuda" else None,
+        MAX_ALLOCATED_GIB: torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda"
         else None,
         "last_loss": float(loss.detach()),
         "steps": a.steps, "micro_batch": B, "global_batch": G, "grad_accum_steps": len(sizes), "seq_len": T,

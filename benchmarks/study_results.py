@@ -24,9 +24,11 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workbench.tune.samplers import infeasible  # noqa: E402
+from workbench.vocab import (COMPILE_S, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, PREDICTED_PEAK_GIB, REAL_TOKENS_PER_S,
+                             STEP_S)
 
-SUMMARY_METRICS = ("throughput/real_tokens_per_s_per_gpu", "mfu_pct", "time/step_s", "time/compile_s",
-                   "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/predicted_peak_gib")
+SUMMARY_METRICS = (REAL_TOKENS_PER_S, "mfu_pct", STEP_S, COMPILE_S,
+                   MAX_RESERVED_GIB, MAX_ALLOCATED_GIB, PREDICTED_PEAK_GIB)
 CACHE_METRICS = ("compile/fx_graph_cache_hit", "compile/fx_graph_cache_miss", "compile/aot_autograd_cache_hit",
                  "compile/aot_autograd_cache_miss")
 

@@ -26,6 +26,7 @@ from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _ba
                        bytes_per_sample, default_block_bytes)
 from .format import Frame, ShardSet
 from .reader import OrderedReader, make_reader
+from workbench.vocab import PADDING_RATIO
 
 __all__ = [
     "EpochPlan",
@@ -641,7 +642,7 @@ class BatchPipeline:
             "decode/mb_per_s": dec_b / 1e6 / dec_s if dec_s > 0 else float("nan"),
             "decode/tokens_per_s": dec_t / dec_s if dec_s > 0 else float("nan"),
             "decode/busy_s": dec_s,
-            "data/padding_ratio": 1 - self._real / self._padded if self._padded else float("nan"),
+            PADDING_RATIO: 1 - self._real / self._padded if self._padded else float("nan"),
             "data/consumer_wait_s": self._wait_s,
             "data/batches": self._n_batches,
             "data/batches_assembled": self._assembled if self._threads else 0,

@@ -68,3 +68,15 @@ def test_the_rules_compute_what_they_say():
         merge_overrides(captured, {"hardware.gpus": 2})
     with pytest.raises(ConfigError, match="must be a multiple of data.micro_batch_size x hardware.gpus = 4 x 1 = 4"):
         merge_overrides(cfg, {"data.micro_batch_size": 4, "training.global_batch_size": 6})
+
+
+def test_shared_metric_keys_are_written_once_in_the_vocabulary():
+    """A metric key read in several modules is a constant of workbench.vocab; no product file spells it out."""
+    import workbench.vocab as vocab
+
+    keys = {v: k for k, v in vars(vocab).items() if k.isupper() and isinstance(v, str) and "/" in v}
+    assert {"memory/max_reserved_gib", "time/step_s", REAL := "throughput/real_tokens_per_s_per_gpu"} <= set(keys)
+    pattern = re.compile("|".join(re.escape(f'"{k}"') + "|" + re.escape(f"'{k}'") for k in keys))
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in _product_files() if p.name != "vocab.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not hits, f"spelt out instead of workbench.vocab's constants (e.g. {keys[REAL]}):\n" + "\n".join(hits)

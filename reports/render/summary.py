@@ -9,7 +9,7 @@ import numpy as np
 from reports.render.figures import ARM_COLORS, HALF_W, _figure, _Figures, _kfmt
 from reports.render.tables import _esc, _isnum, _missing, _table, fmt
 from reports.sections.summary import Summary
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDING_RATIO, REAL_TOKENS_PER_S, STEP_S
 
 
 def _summary(s: Summary, figs: _Figures) -> str:
@@ -41,9 +41,9 @@ def _summary(s: Summary, figs: _Figures) -> str:
                    " The study's other ratios are against its base config.</p>")
 
     labels = {REAL_TOKENS_PER_S: "real tokens/s/GPU",
-              "mfu_pct": "MFU (%)", "memory/max_reserved_gib": "peak reserved (GiB)",
-              "memory/max_allocated_gib": "peak allocated (GiB)", "memory/max_rss_gib": "peak host RSS (GiB)",
-              "data/padding_ratio": "padding ratio", "time/step_s": "step time (s)"}
+              "mfu_pct": "MFU (%)", MAX_RESERVED_GIB: "peak reserved (GiB)",
+              MAX_ALLOCATED_GIB: "peak allocated (GiB)", MAX_RSS_GIB: "peak host RSS (GiB)",
+              PADDING_RATIO: "padding ratio", STEP_S: "step time (s)"}
     table = s.table.copy()
     table.insert(1, "what", [labels.get(m, m) for m in table["metric"]])
     out.append('<div class="cols"><div>')

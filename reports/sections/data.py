@@ -25,6 +25,7 @@ from reports.sections._common import (
     ok_trials,
     packings,
 )
+from workbench.vocab import PADDING_RATIO
 
 __all__ = ["DataSection", "data_section", "headroom"]
 
@@ -83,7 +84,7 @@ def data_section(data: StudyData) -> DataSection:
             found, bw = lookup_key((run.config if run else None) or {}, "data.bucket_width")
             bw = bw if found else None
         row = {"trial": t.number, "value": _objective(t), "bucket_width": num(bw),
-               "padding_ratio": _run_metric(s, run, "data/padding_ratio"),
+               "padding_ratio": _run_metric(s, run, PADDING_RATIO),
                "io_backend": s.get("io/backend")}
         for k in _IO_KEYS:
             row[k.split("/")[1].replace("tokens_per_s", "decode_tokens_per_s") if k.startswith("decode")
@@ -108,7 +109,7 @@ def data_section(data: StudyData) -> DataSection:
             continue
         backends = [r.summary.get("io/backend") for r in runs if r.summary.get("io/backend")]
         vals: dict[str, Any] = {"io_backend": backends[0] if backends else None}
-        for k in (*_IO_KEYS, TPUT, "data/padding_ratio"):
+        for k in (*_IO_KEYS, TPUT, PADDING_RATIO):
             col = {"decode/tokens_per_s": "decode_tokens_per_s", TPUT: "real_tokens_per_s_per_gpu"}.get(
                 k, k.split("/")[1])
             vals[col] = _median(_run_metric(r.summary, r, k) for r in runs)

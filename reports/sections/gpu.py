@@ -28,6 +28,7 @@ import pandas as pd
 from reports._load import RunData, StudyData, num
 from reports.sections._common import _median, baseline_runs, best_runs
 from reports.sections._traces import op_self_times, read_events, trace_table
+from workbench.vocab import STEP_S
 
 __all__ = ["KINDS", "KIND_RULES", "DeviceTime", "GpuTime", "device_time", "gpu_section", "work_kind"]
 
@@ -240,10 +241,10 @@ def _window_flops(run: RunData) -> tuple[float, float]:
     """(model FLOPs per step, achieved TFLOP/s) over a run's metrics.jsonl windows, weighted by their steps; NaN
     where the windows carry no ``flops/achieved_tflops_per_gpu`` (workbench/train/metrics.py)."""
     m = run.metrics
-    if m is None or "flops/achieved_tflops_per_gpu" not in m or "time/step_s" not in m:
+    if m is None or "flops/achieved_tflops_per_gpu" not in m or STEP_S not in m:
         return math.nan, math.nan
     rate = pd.to_numeric(m["flops/achieved_tflops_per_gpu"], errors="coerce")
-    step = pd.to_numeric(m["time/step_s"], errors="coerce")
+    step = pd.to_numeric(m[STEP_S], errors="coerce")
     steps = pd.to_numeric(m["steps"], errors="coerce").fillna(1) if "steps" in m else pd.Series(1.0, index=m.index)
     ok = rate.notna() & step.notna() & (rate > 0) & (step > 0)
     if not ok.any():

@@ -21,6 +21,7 @@ from reports.sections._common import (
     knob_names,
     ok_trials,
 )
+from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PREDICTED_PEAK_GIB
 
 __all__ = ["Memory", "memory_section"]
 
@@ -72,8 +73,8 @@ class Memory(NamedTuple):
     gradient lifetimes at all, as before the analysis existed) or read."""
 
 
-_MEM_KEYS = ("memory/max_allocated_gib", "memory/max_reserved_gib", "memory/max_rss_gib",
-             "memory/predicted_peak_gib")
+_MEM_KEYS = (MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB,
+             PREDICTED_PEAK_GIB)
 
 
 def memory_section(data: StudyData) -> Memory:
@@ -98,10 +99,10 @@ def memory_section(data: StudyData) -> Memory:
         if not s:
             run = data.trial_run(t.number)
             s = run.summary if run else {}
-        a, r = num(s.get("memory/max_allocated_gib")), num(s.get("memory/max_reserved_gib"))
+        a, r = num(s.get(MAX_ALLOCATED_GIB)), num(s.get(MAX_RESERVED_GIB))
         rows.append({"trial": t.number, "value": _objective(t), "max_allocated_gib": a,
                      "max_reserved_gib": r, "reserved_minus_allocated_gib": r - a,
-                     "predicted_peak_gib": num(s.get("memory/predicted_peak_gib")),
+                     "predicted_peak_gib": num(s.get(PREDICTED_PEAK_GIB)),
                      **{k: t.params.get(k) for k in mem_knobs}})
     by_trial = pd.DataFrame(rows, columns=["trial", "value", "max_allocated_gib", "max_reserved_gib",
                                            "reserved_minus_allocated_gib", "predicted_peak_gib", *mem_knobs])

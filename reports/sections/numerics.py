@@ -12,6 +12,7 @@ from typing import NamedTuple
 import pandas as pd
 
 from reports._load import StudyData, num
+from workbench.vocab import COMPILE_S
 
 __all__ = ["CompileSection", "NumericsSection", "compile_section", "numerics_section"]
 
@@ -33,13 +34,13 @@ def compile_section(data: StudyData) -> CompileSection:
     rows = []
     for t in data.trials:
         s = t.user_attrs.get("summary") if isinstance(t.user_attrs.get("summary"), dict) else {}
-        if "time/compile_s" not in s:
+        if COMPILE_S not in s:
             continue
         fx_h, fx_m = num(s.get("compile/fx_graph_cache_hit")), num(s.get("compile/fx_graph_cache_miss"))
         aot_h, aot_m = num(s.get("compile/aot_autograd_cache_hit")), num(s.get("compile/aot_autograd_cache_miss"))
         total = sum(x for x in (fx_h, fx_m) if x == x)
         cache = "n/a" if not total else ("warm" if fx_m == 0 else "cold")
-        rows.append({"trial": t.number, "compile_s": num(s.get("time/compile_s")), "fx_hits": fx_h,
+        rows.append({"trial": t.number, "compile_s": num(s.get(COMPILE_S)), "fx_hits": fx_h,
                      "fx_misses": fx_m, "aot_hits": aot_h, "aot_misses": aot_m, "cache": cache})
     table = pd.DataFrame(rows, columns=["trial", "compile_s", "fx_hits", "fx_misses", "aot_hits", "aot_misses",
                                         "cache"])

@@ -12,6 +12,7 @@ import pandas as pd
 from reports._load import PHASES, RunData, StudyData, num
 from reports.sections._common import _median, baseline_runs, best_runs, best_trial_number, packings
 from reports.sections._traces import top_ops, trace_table
+from workbench.vocab import COMM_EXPOSED_S, COMM_OVERLAP_PCT, COMM_TOTAL_S
 
 __all__ = ["TimeSection", "time_section"]
 
@@ -185,14 +186,14 @@ def _comm_table(arms: dict[str, list[RunData]]) -> tuple[pd.DataFrame, str | Non
     """Exposed communication and overlap achieved per arm (run summaries' ``comm/*``; workbench/train/metrics.py)."""
     rows = {}
     for arm, runs in arms.items():
-        with_comm = [r for r in runs if math.isfinite(r.metric("comm/total_s"))]
+        with_comm = [r for r in runs if math.isfinite(r.metric(COMM_TOTAL_S))]
         if not with_comm:
             continue
-        total = _median(r.metric("comm/total_s") for r in with_comm)
-        exposed = _median(r.metric("comm/exposed_s") for r in with_comm)
+        total = _median(r.metric(COMM_TOTAL_S) for r in with_comm)
+        exposed = _median(r.metric(COMM_EXPOSED_S) for r in with_comm)
         first = with_comm[0].summary
         rows[arm] = {"comm_total_s": total, "comm_exposed_s": exposed,
-                     "overlap_pct": _median(r.metric("comm/overlap_pct") for r in with_comm),
+                     "overlap_pct": _median(r.metric(COMM_OVERLAP_PCT) for r in with_comm),
                      "mode": first.get("comm/mode"), "buckets": num(first.get("comm/buckets")),
                      "bucket_size_mb": num(first.get("comm/bucket_size_mb")),
                      "overlap_ratio": num(first.get("comm/overlap_ratio")),

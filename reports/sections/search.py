@@ -23,6 +23,7 @@ from reports.sections._common import (
     ok_trials,
     trial_status,
 )
+from workbench.vocab import MAX_RESERVED_GIB
 
 __all__ = ["NOT_FAILED", "Search", "Trials", "search_section", "trials_section"]
 
@@ -224,7 +225,7 @@ def trials_section(data: StudyData) -> Trials:
         row = {"trial": t.number, "state": t.state.name.lower(), "status": status}
         for i, c in enumerate(obj_cols):
             row[c] = _objective(t, i)
-        row.update({"mfu_pct": num(s.get("mfu_pct")), "max_reserved_gib": num(s.get("memory/max_reserved_gib")),
+        row.update({"mfu_pct": num(s.get("mfu_pct")), "max_reserved_gib": num(s.get(MAX_RESERVED_GIB)),
                     "duration_s": duration, "failure_kind": kind, "failure_reason": str(reason)})
         row.update({k: t.params.get(k) for k in names})
         rows.append(row)

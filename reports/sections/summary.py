@@ -24,6 +24,7 @@ from reports.sections._common import (
 )
 from workbench.tune.result import describe_data, reference_line, result_headline
 from reports.sections.phases import _phase_means
+from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDING_RATIO, STEP_S
 
 __all__ = ["Speedup", "Summary", "summary_section"]
 
@@ -150,12 +151,12 @@ def _table(rows: list[tuple], base: list, best: list) -> pd.DataFrame:
     """The best-vs-baseline table: the throughput ``rows`` given, then the runs' other metrics and step time."""
     rows = list(rows)
     step_b, step_t = _phase_means(base), _phase_means(best)
-    for key in ("mfu_pct", "memory/max_reserved_gib", "memory/max_allocated_gib", "memory/max_rss_gib",
-                "data/padding_ratio"):
+    for key in ("mfu_pct", MAX_RESERVED_GIB, MAX_ALLOCATED_GIB, MAX_RSS_GIB,
+                PADDING_RATIO):
         bv, tv = _median(r.metric(key) for r in base), _median(r.metric(key) for r in best)
         if math.isfinite(bv) or math.isfinite(tv):
             rows.append((key, bv, tv, "median over runs' summaries"))
-    rows.append(("time/step_s", step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
+    rows.append((STEP_S, step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
                  "mean over measured steps of phases.csv"))
     table = pd.DataFrame(rows, columns=["metric", "baseline", "best", "source"])
     with np.errstate(divide="ignore", invalid="ignore"):

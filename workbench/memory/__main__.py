@@ -28,7 +28,7 @@ from workbench.memory import fit, lifetimes
 from workbench.memory.analysis import analyze_snapshot, format_table
 from workbench.train.run import load_run_config, synthetic_dir_for
 from workbench.train.trainer import Trainer
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.vocab import REAL_TOKENS_PER_S, STEP_S
 
 __all__ = ["main"]
 
@@ -169,7 +169,7 @@ def _analyze(args: argparse.Namespace) -> int:
         "grad_accum_steps": summary.get("grad_accum_steps"), "warmup_steps": warmup, "config_hash": config_hash(cfg),
         "allocator_env": trainer.allocator_env or os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
         REAL_TOKENS_PER_S: summary.get(REAL_TOKENS_PER_S),
-        "time/step_s": summary.get("time/step_s"), "gpu": torch.cuda.get_device_name(dev),
+        STEP_S: summary.get(STEP_S), "gpu": torch.cuda.get_device_name(dev),
         "torch": torch.__version__, "cuda": torch.version.cuda,
         "recording": "allocator history on during the measured steps (no stacks)",
     }

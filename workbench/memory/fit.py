@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.files import write_json
-from workbench.vocab import EXIT_CODES, REAL_TOKENS_PER_S
+from workbench.vocab import EXIT_CODES, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, REAL_TOKENS_PER_S, STEP_S
 
 __all__ = ["ProbeError", "largest_fitting", "probe_command", "run_fit"]
 
@@ -120,9 +120,9 @@ def _search(source: Sequence[str], *, start: int, multiple: int, limit: int, ste
         row: dict[str, Any] = {"micro_batch": m, "returncode": rc, "wall_s": round(time.monotonic() - t0, 1)}
         if rc == 0:
             s = json.loads((d / "summary.json").read_text())
-            row.update({k: s.get(k) for k in ("memory/max_allocated_gib", "memory/max_reserved_gib",
+            row.update({k: s.get(k) for k in (MAX_ALLOCATED_GIB, MAX_RESERVED_GIB,
                                               REAL_TOKENS_PER_S,
-                                              "throughput/samples_per_s_per_gpu", "time/step_s")})
+                                              "throughput/samples_per_s_per_gpu", STEP_S)})
         probes.append(row)
         save()
         print(f"  {label}: micro-batch {m}: "

@@ -15,7 +15,7 @@ from workbench.config import Config
 from workbench.train.hf import model_args
 from workbench.train.model import ModelArgs, num_params
 from workbench.train.vla import VLA_PRESETS
-from workbench.vocab import padded_vocab
+from workbench.vocab import PREDICTED_PEAK_GIB, padded_vocab
 
 __all__ = ["MODEL_ERROR", "MemoryPrediction", "predict_peak", "predicted_oom", "summary_fields"]
 
@@ -86,7 +86,7 @@ def predict_peak(cfg: Config, args: ModelArgs | None = None, *, autocast: bool =
 
 def summary_fields(pred: MemoryPrediction) -> dict[str, Any]:
     """The prediction as summary keys: ``memory/predicted_peak_gib`` and its parts."""
-    return {"memory/predicted_peak_gib": round(pred.total / 2**30, 3), "memory/predicted": pred.as_gib()}
+    return {PREDICTED_PEAK_GIB: round(pred.total / 2**30, 3), "memory/predicted": pred.as_gib()}
 
 
 def predicted_oom(cfg: Config, gpu_memory_gib: float | None) -> str:

@@ -45,7 +45,9 @@ from typing import Any
 import torch
 
 from workbench.train.timing import PHASES
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.vocab import (ALLOCATOR_REUSE_RATIO, COMM_EXPOSED_S, COMM_OVERLAP_PCT, COMM_TOTAL_S, DEVICE_TOTAL_GIB,
+                             MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDED_TOKENS_PER_S, PADDING_RATIO,
+                             REAL_TOKENS_PER_S, STEP_S)
 
 __all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
            "PrometheusExporter", "LaunchTimer"]
@@ -80,17 +82,17 @@ def memory_snapshot(device: torch.device) -> dict[str, float | None]:
         cur_alloc = stats.get("allocated_bytes.all.current", 0) / GIB
         cur_res = stats.get("reserved_bytes.all.current", 0) / GIB
         return {
-            "memory/max_allocated_gib": round(alloc, 4),
-            "memory/max_reserved_gib": round(reserved, 4),
+            MAX_ALLOCATED_GIB: round(alloc, 4),
+            MAX_RESERVED_GIB: round(reserved, 4),
             "memory/fragmentation_gib": round(cur_res - cur_alloc, 4),
             "memory/alloc_retries": int(stats.get("num_alloc_retries", 0)),
-            "memory/device_total_gib": round(torch.cuda.get_device_properties(device).total_memory / GIB, 2),
-            "memory/allocator_reuse_ratio": _allocator_reuse(stats),
+            DEVICE_TOTAL_GIB: round(torch.cuda.get_device_properties(device).total_memory / GIB, 2),
+            ALLOCATOR_REUSE_RATIO: _allocator_reuse(stats),
         }
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB  # Linux: KiB
-    return {"memory/max_allocated_gib": None, "memory/max_reserved_gib": None,
+    return {MAX_ALLOCATED_GIB: None, MAX_RESERVED_GIB: None,
             "memory/fragmentation_gib": None, "memory/alloc_retries": None,
-            "memory/allocator_reuse_ratio": None, "memory/max_rss_gib": round(rss, 4)}
+            ALLOCATOR_REUSE_RATIO: None, MAX_RSS_GIB: round(rss, 4)}
 
 
 def _allocator_reuse(stats: dict[str, Any]) -> float | None:
@@ -111,11 +113,11 @@ def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
     out: dict[str, Any] = {
         "step": steps[-1].step,
         "steps": len(steps),
-        "time/step_s": wall / len(steps),
+        STEP_S: wall / len(steps),
         "time/step_s_median": statistics.median(s.phases["step"] for s in steps),
         REAL_TOKENS_PER_S: real / wall if wall else 0.0,
-        "throughput/padded_tokens_per_s_per_gpu": padded / wall if wall else 0.0,
-        "data/padding_ratio": 1 - real / padded if padded else 0.0,
+        PADDED_TOKENS_PER_S: padded / wall if wall else 0.0,
+        PADDING_RATIO: 1 - real / padded if padded else 0.0,
         "mfu_pct": (100 * flops / wall / (peak_tflops * 1e12)) if (peak_tflops and wall) else None,
         "flops/achieved_tflops_per_gpu": flops / wall / 1e12 if wall else 0.0,
     }
@@ -137,10 +139,10 @@ def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
 def _comm_metrics(total: list[float | None], exposed: list[float | None]) -> dict[str, float | None]:
     pairs = [(t, e) for t, e in zip(total, exposed) if t is not None and e is not None]
     if not pairs:
-        return {"comm/total_s": None, "comm/exposed_s": None, "comm/overlap_pct": None}
+        return {COMM_TOTAL_S: None, COMM_EXPOSED_S: None, COMM_OVERLAP_PCT: None}
     t, e = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-    return {"comm/total_s": t / len(pairs), "comm/exposed_s": e / len(pairs),
-            "comm/overlap_pct": 100 * min(1.0, max(0.0, 1 - e / t)) if t > 0 else None}
+    return {COMM_TOTAL_S: t / len(pairs), COMM_EXPOSED_S: e / len(pairs),
+            COMM_OVERLAP_PCT: 100 * min(1.0, max(0.0, 1 - e / t)) if t > 0 else None}
 
 
 def summarize_comm(windows: list[dict[str, Any]]) -> dict[str, float | None]:
@@ -149,8 +151,8 @@ def summarize_comm(windows: list[dict[str, Any]]) -> dict[str, float | None]:
     exposed: list[float | None] = []
     for w in windows:
         n = w.get("steps", 0)
-        total += [w.get("comm/total_s")] * n
-        exposed += [w.get("comm/exposed_s")] * n
+        total += [w.get(COMM_TOTAL_S)] * n
+        exposed += [w.get(COMM_EXPOSED_S)] * n
     return _comm_metrics(total, exposed)
 
 
@@ -229,7 +231,7 @@ class LaunchTimer:
 
 
 _QUANTILES = (("0.5", "p50"), ("0.9", "p90"), ("0.99", "p99"))
-_REUSE_POOLS = (("staging", "memory/staging_reuse_ratio"), ("cuda_allocator", "memory/allocator_reuse_ratio"))
+_REUSE_POOLS = (("staging", "memory/staging_reuse_ratio"), ("cuda_allocator", ALLOCATOR_REUSE_RATIO))
 
 
 class PrometheusExporter:
@@ -328,7 +330,7 @@ class PrometheusExporter:
                          REAL_TOKENS_PER_S)
         yield from gauge("loongforge_mfu_percent", "model FLOPs utilisation over the latest window, %", "mfu_pct")
         yield from gauge("loongforge_memory_reserved_gib", "peak GiB reserved by the CUDA caching allocator",
-                         "memory/max_reserved_gib")
+                         MAX_RESERVED_GIB)
         yield from gauge("loongforge_loss", "training loss (last step of the latest window)", "loss")
         phases = [(p, num(f"time/{p}_s")) for p in PHASES]
         if any(v is not None for _, v in phases):

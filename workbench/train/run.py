@@ -20,7 +20,7 @@ from workbench.train.reload import ConfigSource
 from workbench.train.session import classify_exception
 from workbench.train.trainer import Trainer, build_model_args
 from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, REAL_TOKENS_PER_S, STEP_S
 
 __all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir",
            "synthetic_dir_for", "synthetic_vla_dir"]
@@ -151,12 +151,12 @@ def print_summary(s: dict[str, Any]) -> None:
     mfu_text = f"MFU {mfu:.1f}%" if isinstance(mfu, (int, float)) else "MFU n/a (no peak FLOP/s for this device)"
     print(f"summary: {s['steps']} steps ({measured}), "
           f"{f(s[REAL_TOKENS_PER_S], ',.0f')} real tok/s/gpu, "
-          f"{mfu_text}, step {f(s['time/step_s'], '.4f')} s, "
+          f"{mfu_text}, step {f(s[STEP_S], '.4f')} s, "
           f"loss {f(s['first_loss'], '.4f')} -> {f(s['last_loss'], '.4f')}")
     ph = s["phase_s_per_step"]
     print("  phases s/step: " + ", ".join(f"{k} {f(v, '.4f')}" for k, v in ph.items()))
-    mem = s.get("memory/max_reserved_gib")
-    print(f"  memory: peak reserved {f(mem, '.2f')} GiB, allocated {f(s.get('memory/max_allocated_gib'), '.2f')}"
-          f" GiB" if mem is not None else f"  memory: peak RSS {f(s.get('memory/max_rss_gib'), '.2f')} GiB")
+    mem = s.get(MAX_RESERVED_GIB)
+    print(f"  memory: peak reserved {f(mem, '.2f')} GiB, allocated {f(s.get(MAX_ALLOCATED_GIB), '.2f')}"
+          f" GiB" if mem is not None else f"  memory: peak RSS {f(s.get(MAX_RSS_GIB), '.2f')} GiB")
 
 

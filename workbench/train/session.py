@@ -42,7 +42,8 @@ from workbench.files import write_json
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
 from workbench.train.profiling import StepProfiler
 from workbench.train.timing import PHASES, PhaseTimer
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.vocab import (COMM_OVERLAP_PCT, COMM_TOTAL_S, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDED_TOKENS_PER_S,
+                             REAL_TOKENS_PER_S, STEP_S)
 
 log = logging.getLogger("workbench")
 
@@ -202,20 +203,20 @@ class RunSession:
         """Throughput, MFU, step time and phases over the measured windows (weighted by their steps), the losses."""
         windows = self.windows
         steps = sum(w["steps"] for w in windows)
-        wall = sum(w["time/step_s"] * w["steps"] for w in windows)
+        wall = sum(w[STEP_S] * w["steps"] for w in windows)
 
         def rate(key: str) -> float:
-            return sum(w[key] * w["time/step_s"] * w["steps"] for w in windows)
+            return sum(w[key] * w[STEP_S] * w["steps"] for w in windows)
 
         achieved = rate("flops/achieved_tflops_per_gpu")
         s: dict[str, Any] = {
             "steps": self.step, "measured_steps": steps,
             REAL_TOKENS_PER_S: rate(REAL_TOKENS_PER_S) / wall if wall else None,
-            "throughput/padded_tokens_per_s_per_gpu": rate("throughput/padded_tokens_per_s_per_gpu") / wall
+            PADDED_TOKENS_PER_S: rate(PADDED_TOKENS_PER_S) / wall
             if wall else None,
             "mfu_pct": (100 * achieved / wall / self.peak) if (wall and self.peak and achieved) else None,
             "peak_tflops": self.peak,
-            "time/step_s": wall / steps if steps else None,
+            STEP_S: wall / steps if steps else None,
             "phase_s_per_step": {p: (sum(w[f"time/{p}_s"] * w["steps"] for w in windows) / steps
                                      if steps and windows[0][f"time/{p}_s"] is not None else None)
                                  for p in PHASES},
@@ -253,11 +254,11 @@ def progress_line(m: dict[str, Any], total: int) -> str:
     phases = " ".join(f"{short[p]} {m[f'time/{p}_pct']:.0f}%" for p in PHASES) \
         if m["time/forward_pct"] is not None else "phase timing off"
     mfu = f"MFU {m['mfu_pct']:.1f}%" if m.get("mfu_pct") is not None else "MFU n/a"
-    mem = m.get("memory/max_reserved_gib")
-    mem_s = f"mem {mem:.2f} GiB" if mem is not None else f"rss {m.get('memory/max_rss_gib', 0):.2f} GiB"
+    mem = m.get(MAX_RESERVED_GIB)
+    mem_s = f"mem {mem:.2f} GiB" if mem is not None else f"rss {m.get(MAX_RSS_GIB, 0):.2f} GiB"
     loss = m.get("loss")
-    comm = f" | comm {1000 * m['comm/total_s']:.1f} ms, {m['comm/overlap_pct']:.0f}% hidden" \
-        if m.get("comm/total_s") and m.get("comm/overlap_pct") is not None else ""
+    comm = f" | comm {1000 * m[COMM_TOTAL_S]:.1f} ms, {m[COMM_OVERLAP_PCT]:.0f}% hidden" \
+        if m.get(COMM_TOTAL_S) and m.get(COMM_OVERLAP_PCT) is not None else ""
     loss_s = f"loss {loss:.4f}" if loss is not None else "loss n/a"
     return (f"step {m['step']}/{total} | {m[REAL_TOKENS_PER_S]:,.0f} tok/s/gpu | {mfu} | "
             f"{phases}{comm} | {mem_s} | {loss_s}")

@@ -40,6 +40,7 @@ from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
 from workbench.train.session import NanLossError, RunSession, resolve_device
 from workbench.train.workload import workload_for
+from workbench.vocab import COMPILE_S
 
 log = logging.getLogger("workbench")
 
@@ -473,7 +474,7 @@ class Trainer:
     def _summary(self, elapsed: float, interrupted: bool) -> dict[str, Any]:
         s = self.session.summary()  # throughput, MFU, phases and losses over the measured windows
         s.update({
-            "elapsed_s": elapsed, "interrupted": interrupted, "time/compile_s": self.compile_s,
+            "elapsed_s": elapsed, "interrupted": interrupted, COMPILE_S: self.compile_s,
             "model_params": sum(p.numel() for p in self.model.parameters()),
             "grad_accum_steps": self.grad_accum,
             **self.reloader.summary(),
