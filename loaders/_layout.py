@@ -7,13 +7,15 @@ The layout is described in docs/loaders.md ("The shard format"); the public name
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from pathlib import Path
+from typing import IO
 
 import numpy as np
 import xxhash
+
+from workbench.files import atomic_write
 
 # The newest index version this code reads. A writer writes the oldest version that can hold its record kind:
 # token shards stay version 1 (readable by every earlier reader), vla shards are version 2 (an older reader
@@ -110,13 +112,11 @@ def write_index(path: Path, cols: dict[str, np.ndarray], *, tok_itemsize: int, p
         directory += _COLDIR.pack(name.encode(), _DTYPE_CODES[arr.dtype.newbyteorder("<")], 0, pos)
         blobs.append((pos, arr.astype(arr.dtype.newbyteorder("<")).tobytes()))
         pos = _align(pos + arr.nbytes)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "wb") as fh:
+    def write(fh: IO[bytes]) -> None:
         fh.write(head + directory)
         for off, blob in blobs:
             fh.seek(off)
             fh.write(blob)
         fh.truncate(max(pos, fh.tell()))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
+
+    atomic_write(path, write)

@@ -1,6 +1,6 @@
 """Publishing a shard directory atomically: the writer's temporary and moved-aside directories, the rename into
 place (``renameat2(RENAME_EXCHANGE)`` where the kernel has it), durable writes, ``remove_stale_partials``, and
-``_atomic_write`` for a single file (the synthetic corpora's), and the preprocessors' checks of an output path.
+the preprocessors' checks of an output path. A single file is written with ``workbench.files.atomic_write``.
 
 See docs/loaders.md ("The shard format", directory layout); ``loaders.format`` re-exports
 ``remove_stale_partials``.
@@ -9,13 +9,10 @@ See docs/loaders.md ("The shard format", directory layout); ``loaders.format`` r
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import socket
-import tempfile
 from pathlib import Path
-from typing import IO, Callable
 
 from ._layout import INDEX_NAME, MANIFEST_NAME
 
@@ -120,49 +117,6 @@ def _close_synced(fh) -> None:
     fh.flush()
     os.fsync(fh.fileno())
     fh.close()
-
-
-def _write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh, indent=2)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-_UMASK = os.umask(0)  # read once at import (os.umask can only be read by setting it)
-os.umask(_UMASK)
-
-
-def _atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> Path:
-    """Write via ``write(fileobj)`` to a temp file next to ``path``, then os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp creates 0600; use the usual mode
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
 
 
 def _check_output(out: Path, overwrite: bool) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from ._publish import _atomic_write
+from workbench.files import atomic_write
 from .format import VLAShardWriter
 
 __all__ = ["VLASynthSpec", "iter_vla_samples", "generate_vla", "write_vla_npz", "write_vla_shards",
@@ -208,7 +208,7 @@ def write_vla_npz(data: dict[str, np.ndarray], path: str | os.PathLike, *, layou
         raise ValueError(f"layout={layout!r}: expected 'nchw' or 'nhwc'")
     images = data["images"] if layout == "nchw" else np.ascontiguousarray(data["images"].transpose(0, 2, 3, 1))
     arrays = {**data, "images": images}
-    return _atomic_write(path, lambda f: np.savez(f, **arrays))
+    return atomic_write(path, lambda f: np.savez(f, **arrays))
 
 
 def write_vla_shards(spec: VLASynthSpec, out_dir: str | os.PathLike, **writer: Any) -> dict:

@@ -23,7 +23,9 @@ import zstandard as zstd
 
 from ._layout import (FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, MAX_FRAME_BYTES, MIN_FRAME_BYTES, _file_xxh3,
                       bucket_length, position_dtype_for, token_dtype_for, write_index)
-from ._publish import _PARTIAL, _close_synced, _fsync_dir, _move_into_place, _owner_tag, _write_json_atomic
+from workbench.files import fsync_dir, write_json
+
+from ._publish import _PARTIAL, _close_synced, _move_into_place, _owner_tag
 
 # The sizes and parameters below are measured choices; docs/loaders.md ("Why these sizes") has the figures.
 # A frame amortises its read, checksum and context over ~25 records of 2,048 tokens and stays cheap to seek.
@@ -343,11 +345,11 @@ class ShardWriter:
         manifest = self._manifest(buckets, baselines, timing, extra)
         if on_manifest is not None:
             on_manifest(manifest)
-        _write_json_atomic(self.tmp / MANIFEST_NAME, manifest)
+        write_json(self.tmp / MANIFEST_NAME, manifest)
         for sub in ("data", "dicts", "."):  # data and dictionaries are durable before the rename publishes them
-            _fsync_dir(self.tmp / sub)
+            fsync_dir(self.tmp / sub)
         _move_into_place(self.tmp, self.out_dir)
-        _fsync_dir(self.out_dir.parent)
+        fsync_dir(self.out_dir.parent)
         self._closed = True
         return manifest
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ._publish import _atomic_write
+from workbench.files import atomic_write
 from ._vla_synth import (VLA_COLOURS, VLA_SHAPES, VLA_WORDS, VLASynthSpec, generate_vla, iter_vla_samples,
                          write_vla_npz, write_vla_shards)
 
@@ -382,7 +382,7 @@ def write_bin(docs: Sequence[np.ndarray], path: str | os.PathLike[str], eos_id: 
         raise ValueError(f"token id {top} >= 65536 does not fit the uint16 .bin format; "
                          "use write_npy or write_npz")
     stream = _flat_stream(arrs, int(eos_id), np.dtype(np.uint16))
-    return _atomic_write(path, lambda f: f.write(memoryview(stream.astype("<u2", copy=False))))
+    return atomic_write(path, lambda f: f.write(memoryview(stream.astype("<u2", copy=False))))
 
 
 def write_npz(docs: Sequence[np.ndarray], path: str | os.PathLike[str], pad_id: int = 0,
@@ -413,7 +413,7 @@ def write_npz(docs: Sequence[np.ndarray], path: str | os.PathLike[str], pad_id: 
     if kept.sum():
         input_ids[mask] = np.concatenate([a[:row_len] for a in arrs]).astype(np.int64)
     attention_mask = mask.astype(np.int64)
-    return _atomic_write(path, lambda f: np.savez(f, input_ids=input_ids,
+    return atomic_write(path, lambda f: np.savez(f, input_ids=input_ids,
                                                   attention_mask=attention_mask))
 
 
@@ -431,7 +431,7 @@ def write_npy(docs: Sequence[np.ndarray], path: str | os.PathLike[str], eos_id: 
     dtype = next(np.dtype(t) for t in (np.uint8, np.uint16, np.uint32, np.uint64)
                  if top <= np.iinfo(t).max)
     stream = _flat_stream(arrs, int(eos_id), dtype)
-    return _atomic_write(path, lambda f: np.save(f, stream, allow_pickle=False))
+    return atomic_write(path, lambda f: np.save(f, stream, allow_pickle=False))
 
 
 # ---------------------------------------------------------------------------

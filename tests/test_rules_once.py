@@ -80,3 +80,14 @@ def test_shared_metric_keys_are_written_once_in_the_vocabulary():
     hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for p in _product_files() if p.name != "vocab.py"
             for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not hits, f"spelt out instead of workbench.vocab's constants (e.g. {keys[REAL]}):\n" + "\n".join(hits)
+
+
+def test_files_are_replaced_atomically_by_one_helper():
+    """The temp file, fsync, ``os.replace`` and fsync of the folder are workbench.files.atomic_write's, which every
+    writer of the packages uses (the trust rule: a reader sees the old file or the whole new one)."""
+    pattern = re.compile(r"os\.replace\(|mkstemp\(")
+    hits = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+            for top in ("workbench", "loaders", "kernels", "reports")
+            for p in sorted((ROOT / top).rglob("*.py")) if p.relative_to(ROOT).as_posix() != "workbench/files.py"
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line.split("#", 1)[0])]
+    assert not hits, "a temp file replaced by hand; use workbench.files.atomic_write:\n" + "\n".join(hits)
