@@ -9,7 +9,7 @@ one row of the phase table ``phases.csv`` (seconds per phase, step time, tokens,
 bucket length, loss). ``PrometheusExporter`` serves the run to Prometheus in its own
 types under the seed's names (gauges for the latest window, ``*_total`` counters,
 summaries for the read latency and the CUDA graph launch overhead); the names and
-definitions are in README.md ("Prometheus").
+definitions are in docs/operations.md ("Prometheus").
 
 MFU = achieved model FLOP/s / peak FLOP/s, where achieved = sum over steps of
 real tokens x ``flops_per_token(model, bucket length)`` (6 x parameters + 12 x
@@ -235,7 +235,7 @@ _REUSE_POOLS = (("staging", "memory/staging_reuse_ratio"), ("cuda_allocator", AL
 
 
 class PrometheusExporter:
-    """Serves the run on ``port`` in Prometheus's own types, under the seed's names (README, "Prometheus").
+    """Serves the run on ``port`` in Prometheus's own types, under the seed's names (docs/operations.md, "Prometheus").
 
     Gauges carry the latest window, counters (``*_total``) the whole run, summaries (``_count``, ``_sum`` and
     ``{quantile=...}``) a cumulative count and sum with quantiles over the reader's recent reads (or graph

@@ -116,7 +116,8 @@ class StudyRecords:
         """The validated result where Optuna's tools see it, as study attributes: ``result/...`` (verdict, the
         exported trial, the baseline, the best candidate's speedup and interval) and ``validated/trial_<n>`` for each
         candidate (its role and A/B figures; a finished trial's own attributes cannot change). Optuna's own best
-        trial is the best single search run; the tuner's winner is the validated one (README, "Optuna's tools")."""
+        trial is the best single search run; the tuner's winner is the validated one (docs/cli.md, "Optuna's own
+        tools")."""
         assert self.study is not None
         study, best = self.study, result.get("best") or {}
         study.set_user_attr("result/verdict", result["verdict"])
