@@ -3,9 +3,11 @@
     python -m workbench.tune --study examples/hf_trainer.yaml   # tune it
     python examples/hf_trainer.py                               # run it alone, on the default config
 
-A tiny ``LlamaForCausalLM`` on random token windows. The trial's config sets the micro-batch
-(``per_device_train_batch_size``; accumulation holds ``training.global_batch_size``), ``torch.compile``
-(``loongforge.compute_domain.compile`` -> ``torch_compile``), and the loop's own ``user.optim``.
+The study's model (``model:``, a preset or an HF config.json; ``tiny`` by default) as a ``LlamaForCausalLM``, on
+random token windows. The trial's config sets the micro-batch
+(``per_device_train_batch_size``; accumulation holds ``training.global_batch_size``) and the loop's own
+``user.optim``; ``run.prepare(model)`` applies the rest to the model (workbench/train/hf_prepare.py): the attention
+implementation, Liger's or the project's kernels, FP8, activation checkpointing and per-layer ``torch.compile``.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import workbench
+from workbench.train.hf import hf_config_dict, model_args
 from workbench.train.hf_callback import WorkbenchCallback
 
 
@@ -35,20 +38,21 @@ def main() -> None:
     with workbench.run() as run:
         cfg = run.config
         torch.manual_seed(cfg.training.seed)
-        model = LlamaForCausalLM(LlamaConfig(hidden_size=64, intermediate_size=176, num_attention_heads=4,
-                                             num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
-                                             max_position_embeddings=cfg.data.seq_len))
+        # the study's model (a preset or a config.json) as a transformers LlamaForCausalLM
+        hf = hf_config_dict(model_args(cfg.model.name, cfg.model.config_path))
+        hf["max_position_embeddings"] = max(hf["max_position_embeddings"], cfg.data.seq_len)
+        model = LlamaForCausalLM(LlamaConfig(**hf)).to(run.device)
+        model = run.prepare(model)  # the trial's knobs on the model, before the Trainer wraps it
         B, accum = cfg.data.micro_batch_size, cfg.effective_grad_accum_steps()
-        mode = cfg.loongforge.compute_domain.compile
         args = TrainingArguments(
             output_dir=str(run.out_dir or "hf-trainer-out"), max_steps=run.max_steps, per_device_train_batch_size=B,
             gradient_accumulation_steps=accum, learning_rate=cfg.training.learning_rate,
             weight_decay=cfg.training.weight_decay, max_grad_norm=cfg.training.grad_clip,
-            optim=run.user.get("optim", "adamw_torch"), torch_compile=mode != "none",
-            torch_compile_mode=None if mode in ("none", "default") else mode, use_cpu=run.device.type == "cpu",
+            optim=run.user.get("optim", "adamw_torch"), use_cpu=run.device.type == "cpu",
+            bf16=cfg.training.dtype == "bf16" or (cfg.training.dtype == "auto" and run.device.type == "cuda"),
             dataloader_num_workers=0, logging_strategy="no", save_strategy="no", report_to=[],
             disable_tqdm=True, seed=cfg.training.seed)
-        data = RandomWindows(run.max_steps * B * accum, cfg.data.seq_len, 256, cfg.data.seed)
+        data = RandomWindows(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed)
         trainer = Trainer(model=model, args=args, train_dataset=data,
                           callbacks=[WorkbenchCallback(run, tokens_per_step=B * accum * cfg.data.seq_len)])
         trainer.train()

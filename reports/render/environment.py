@@ -25,6 +25,9 @@ def _environment(s: Environment, figs: _Figures) -> str:
     out.append("<h3>Fingerprint and versions</h3>")
     out.append(_table(s.fingerprint, cls="kv left") if len(s.fingerprint) else
                _missing("No environment fingerprint recorded (no environment.json)."))
+    if len(s.patches):
+        out.append('<h3 id="model-patches">Model patches (run.prepare)</h3>')
+        out.append(_table(s.patches, cls="kv left"))
     out.append("<h3>Hardware</h3>")
     out.append(_table(s.hardware, cls="kv left") if len(s.hardware) else _missing("No hardware recorded."))
     out.append("</div></div>")

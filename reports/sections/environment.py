@@ -34,6 +34,9 @@ class Environment(NamedTuple):
     """knob, reason: knobs left out of the search on this hardware."""
     noise: NoiseFloor | None
     message: str | None
+    patches: pd.DataFrame = pd.DataFrame(columns=["key", "value"])
+    """key, value: what run.prepare() changed in the exported run's Hugging Face model (``patch`` rows) and the
+    versions of the libraries that did it (the exported provenance's ``patches``); empty when nothing was."""
 
 
 def _kv(d: Any) -> pd.DataFrame:
@@ -85,5 +88,10 @@ def environment_section(data: StudyData) -> Environment:
     message = None
     if not data.tune and not fp:
         message = "No environment recorded yet (no tune.json, no environment.json)."
+    prepared = data.provenance.get("patches") if isinstance(data.provenance.get("patches"), dict) else {}
+    patches = pd.DataFrame([("patch", str(line)) for line in prepared.get("applied") or []]
+                           + [(f"{dist} version", v or "not installed")
+                              for dist, v in (prepared.get("versions") or {}).items()], columns=["key", "value"])
     return Environment(study=study_df, fingerprint=_kv(fp), hardware=_kv(data.tune.get("hardware")),
-                       dropped=pd.DataFrame(dropped, columns=["knob", "reason"]), noise=noise, message=message)
+                       dropped=pd.DataFrame(dropped, columns=["knob", "reason"]), noise=noise, message=message,
+                       patches=patches)

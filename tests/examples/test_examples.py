@@ -86,6 +86,15 @@ def test_plain_loop_tunes_end_to_end(tmp_path, subprocess_env):
 
 def test_hf_trainer_tunes_end_to_end(tmp_path, subprocess_env):
     space = {"micro_batch_size": {"choices": [1, 8]}, "user.optim": {"choices": ["adamw_torch"]}}
-    spec = _small_spec(tmp_path, "hf_trainer", space, {}, trials=1, profile_steps=0)
+    # run.prepare() applies the base's choices (eager attention, every other layer recomputed) in every run
+    base = {"hf": {"attention": "eager"}, "training": {"global_batch_size": 8, "learning_rate": 0.001,
+                                                       "activation_checkpointing": "selective",
+                                                       "activation_checkpointing_every": 2}}
+    spec = _small_spec(tmp_path, "hf_trainer", space, base, trials=1, profile_steps=0)
     r, study = _tune(tmp_path, spec, subprocess_env)
     _check_study(r, study, ["python", "hf_trainer.py"], {"micro_batch_size", "user.optim"}, traces=False)
+    prov = load_config(study / "config.yaml").provenance
+    assert prov.patches["applied"] == ["attention: eager", "activation checkpointing: 2 of 4 decoder layers"]
+    assert prov.patches["versions"]["transformers"] and "liger-kernel" in prov.patches["versions"]
+    page = (study / "report.html").read_text()
+    assert 'id="model-patches"' in page and "activation checkpointing: 2 of 4 decoder layers" in page

@@ -114,8 +114,9 @@ def test_dropping_on_a_cpu_host():
     kept, dropped = drop_unsupported(names, {"io_uring"})
     assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "packing",
                     "activation_checkpointing", "activation_checkpointing_every", "compile", "compile_scope",
-                    "compile_shapes"]
+                    "compile_shapes", "hf_attention"]
     reasons = {d.knob: d.reason for d in dropped}
+    assert reasons["liger"] == "needs cuda and Liger-Kernel (pip install liger-kernel)"
     assert reasons["graph_capture"] == "needs cuda"
     assert reasons["fp8"] == "needs an FP8 GPU (compute capability 8.9+) and torchao"
     assert reasons["bucket_size_mb"] == "needs multi-gpu"
@@ -133,8 +134,9 @@ def test_dropping_on_a_gpu_host_without_io_uring():
     assert "graph_capture" in kept and "pinned_block_kb" in kept
     fp8_casts = {"fp8_cast", "fp8_head", "fp8_amax_num_warps", "fp8_amax_block_size", "fp8_amax_programs_per_sm",
                  "fp8_cast_num_warps", "fp8_cast_block_m", "fp8_cast_block_n"}  # the Triton casts: FP8 GPUs only
-    assert {d.knob for d in dropped} == {"io_uring_entries", "bucket_size_mb", "overlap_ratio", "fp8", *fp8_casts}
-    kept, dropped = drop_unsupported(list(knob_names()), {"cuda", "multi_gpu", "io_uring", "fp8"})
+    assert {d.knob for d in dropped} == {"io_uring_entries", "bucket_size_mb", "overlap_ratio", "fp8", "liger",
+                                         *fp8_casts}
+    kept, dropped = drop_unsupported(list(knob_names()), {"cuda", "multi_gpu", "io_uring", "fp8", "liger"})
     assert not dropped
 
 
@@ -156,3 +158,8 @@ def test_detect_capabilities_here(monkeypatch):
     monkeypatch.setattr(fp8, "fp8_unsupported_reason", lambda *a: None)
     assert detect_capabilities(8) == {"cuda", "multi_gpu", "fp8"}
     assert detect_capabilities(16) == {"cuda", "fp8"}
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: object() if n == "liger_kernel" else real(n, *a))
+    assert detect_capabilities(1) == {"cuda", "fp8", "liger"}  # Liger-Kernel installed, on a GPU

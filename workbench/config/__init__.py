@@ -30,7 +30,7 @@ from __future__ import annotations
 from workbench.config.overrides import merge_overrides, parse_overrides, preset_config
 from workbench.config.schema import (GRAPH_CAPTURING_COMPILE_MODES, MIB, AllocatorConfig, ComputeDomainConfig, Config,
                                      config_hash, CONFIG_VERSION, DataConfig, DEFAULT_PROMETHEUS_PORT, field_docs,
-                                     HardwareConfig, IODomainConfig, LoongforgeConfig, MemoryDomainConfig,
+                                     HardwareConfig, HFConfig, IODomainConfig, LoongforgeConfig, MemoryDomainConfig,
                                      MetricsConfig, MODEL_PRESETS, ModelConfig, OpsConfig, OverlapConfig, Provenance,
                                      TrainingConfig, accumulation, bucket_bytes, graph_capture_on, validate)
 from workbench.config.typecheck import from_dict, to_dict
@@ -53,6 +53,7 @@ __all__ = [
     "ConfigError",
     "DataConfig",
     "HardwareConfig",
+    "HFConfig",
     "IODomainConfig",
     "LoongforgeConfig",
     "MemoryDomainConfig",

@@ -485,6 +485,22 @@ class HardwareConfig:
 
 
 @dataclass(kw_only=True)
+class HFConfig:
+    """How ``run.prepare(model)`` changes a Hugging Face ``transformers`` model (workbench/train/hf_prepare.py); the
+    built-in models read none of it. Compile, FP8, activation checkpointing and the Triton ops come from their own
+    keys, for an HF model as for the built-in one."""
+
+    attention: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    """The model's attention implementation (``attn_implementation``)."""
+    liger: bool = False
+    """Liger-Kernel's patches of the model: RMSNorm, SwiGLU, RoPE, and the fused linear cross-entropy, which never
+    materialises the logits (CUDA, ``pip install liger-kernel``). Excludes the project's Triton ops."""
+
+    def __post_init__(self) -> None:
+        _check_ranges(self)
+
+
+@dataclass(kw_only=True)
 class MetricsConfig:
     """What the trial measures and where it writes it."""
 
@@ -552,6 +568,10 @@ class Provenance:
     trainer: dict[str, Any] | None = None
     """The study's own training loop: ``command``, ``cwd``, ``env`` (docs/trial-contract.md); null for the built-in
     loop, which ``python -m workbench.train --config`` runs."""
+    patches: dict[str, Any] | None = None
+    """What ``run.prepare(model)`` changed in the Hugging Face model of the exported run (``applied``: one line each)
+    and the versions of the libraries that did it (transformers, torchao, liger-kernel); null when nothing was
+    prepared."""
     fingerprint: dict[str, str] = field(default_factory=dict)
     """Environment: GPU, driver, CUDA, torch, Triton, NCCL versions."""
     created: str | None = None
@@ -599,6 +619,8 @@ class Config:
     """Where the trial runs."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     """Measurement outputs."""
+    hf: HFConfig = field(default_factory=HFConfig)
+    """What ``run.prepare(model)`` changes in a Hugging Face model."""
     user: dict[str, str | int | float | bool | None] = field(default_factory=dict)
     """Values of a loop of one's own: the study's user.* knobs land here (user.x -> user: {x: ...}); the built-in
     loop reads none of them."""
@@ -709,10 +731,18 @@ def _iter_sections(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 # --------------------------------------------------------------------------- dict conversion
 
 
+_LATER_SECTIONS = {"hf": HFConfig}
+"""Sections added after configs were stored (studies' hashes, exported configs): left out of the hash at defaults."""
+
+
 def config_hash(cfg: Config, length: int = 12) -> str:
-    """Short stable hash of the config's content, excluding provenance."""
+    """Short stable hash of the config's content, excluding provenance. A section added after configs were stored
+    (:data:`_LATER_SECTIONS`) counts only once it leaves its defaults, so the hash of an earlier config holds."""
     data = to_dict(cfg)
     data.pop("provenance", None)
+    for name, default in _LATER_SECTIONS.items():
+        if data.get(name) == to_dict(default()):
+            data.pop(name)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 

@@ -277,6 +277,19 @@ class Run:
         self.out_dir = out_dir
         self.stop_requested = False
         """Set by SIGINT or SIGTERM: the loop should finish its step and leave the ``with`` block."""
+        self.prepared: dict[str, Any] = {}
+        """What :meth:`prepare` changed, for the summary."""
+
+    def prepare(self, model: Any) -> Any:
+        """The trial's knobs applied to a Hugging Face ``transformers`` model, in place
+        (workbench/train/hf_prepare.py): attention, Liger's or the project's kernels, FP8, checkpointing, compile.
+        Returns the model; what changed goes to the run's summary (``hf/patches``, ``hf/versions``). Raises
+        ConfigError (an ``invalid_config`` trial) for a choice this model cannot take."""
+        from workbench.train.hf_prepare import describe, prepare  # (imports torchao and the kernels on demand)
+
+        model, applied = prepare(model, self.config, self.device)
+        self.prepared = describe(applied)
+        return model
 
     @property
     def user(self) -> dict[str, Any]:
@@ -360,7 +373,8 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
         for sig, handler in held.items():
             signal.signal(sig, handler)
         session.close()
-    summary = {**session.summary(), "elapsed_s": time.perf_counter() - t0, "interrupted": handle.stop_requested}
+    summary = {**session.summary(), **handle.prepared, "elapsed_s": time.perf_counter() - t0,
+               "interrupted": handle.stop_requested}
     if out_dir is not None and rank == 0:
         write_json(out_dir / "summary.json", summary, default=str)
 

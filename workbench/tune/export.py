@@ -52,18 +52,21 @@ def export_config(
     *,
     fingerprint: Mapping[str, str] | None = None,
     launch_record: list[Mapping[str, Any]] | None = None,
+    patches: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``study_dir/config.yaml`` (the result's exported config, with provenance) and ``environment.json``;
     returns its path.
 
     ``launch_record``: the winner's ``kernels/launch`` (what its Triton kernels ran with). Those launch parameters
     are pinned in the export, under the values the study searched, so the file runs the measured kernels even
-    if the shape-dependent defaults change in a later version."""
+    if the shape-dependent defaults change in a later version. ``patches``: what ``run.prepare()`` changed in the
+    exported run's Hugging Face model (its summary's ``hf/patches`` and ``hf/versions``)."""
     study_dir = Path(study_dir)
     fp = {str(k): str(v) for k, v in (fingerprint if fingerprint is not None else environment_fingerprint()).items()}
     created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     trainer = spec.trainer.record() if spec.trainer is not None else None  # env values as <set>
-    prov = Provenance(**provenance_fields(result), trainer=trainer, fingerprint=fp, created=created)
+    prov = Provenance(**provenance_fields(result), trainer=trainer, fingerprint=fp, created=created,
+                      patches=dict(patches) if patches else None)
     cfg = spec.export_config(result["exported"]["params"])
     data = to_dict(cfg)
     if prov.trial is not None and launch_record:

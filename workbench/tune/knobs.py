@@ -16,7 +16,9 @@ Capabilities (``detect_capabilities``):
 * ``io_uring``: the kernel lets this process set up an io_uring ring
   (``loaders.reader.probe_io_uring`` where the loader provides it, else liburing);
 * ``fp8``: a CUDA device of compute capability 8.9 or newer and torchao installed
-  (``workbench.train.fp8.fp8_unsupported_reason``).
+  (``workbench.train.fp8.fp8_unsupported_reason``);
+* ``liger``: a CUDA device and Liger-Kernel installed (its Triton kernels do not run under Triton's CPU
+  interpreter).
 
 A knob that changes the numbers the loop computes, not only how fast
 (``numerics=True``: FP8), must also pass the tuner's numerics guard: its loss is
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -54,7 +57,7 @@ __all__ = [
     "user_knob",
 ]
 
-CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring", "fp8"})
+CAPABILITIES = frozenset({"cuda", "multi_gpu", "io_uring", "fp8", "liger"})
 """Every capability a knob may require."""
 
 KnobKind = Literal["int", "float", "categorical", "bool"]
@@ -134,6 +137,12 @@ _SYNC = frozenset({"grad_sync"})
 
 def _op_backend_free(values: Mapping[str, Any]) -> bool:
     return not values.get("triton_fusion")  # triton_fusion: true overrides the per-op choice
+
+
+def _no_triton_op(values: Mapping[str, Any]) -> bool:
+    """No op runs on the project's Triton kernels: Liger's patches replace the same modules."""
+    return not values.get("triton_fusion") and all(values.get(f"{op}_backend", "torch") == "torch"
+                                                   for op in ("rmsnorm", "swiglu", "rope", "loss"))
 
 
 def _op_uses_triton(op: str, values: Mapping[str, Any]) -> bool:
@@ -235,6 +244,13 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="fused_residual_norm", key="loongforge.compute_domain.fused_residual_norm", kind="bool",
          requires=_CUDA, condition=functools.partial(_op_uses_triton, "rmsnorm"), inactive=False,
          doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)",
+         phases=_COMPUTE),
+    # a Hugging Face model's own switches (run.prepare: workbench/train/hf_prepare.py)
+    Knob(name="hf_attention", key="hf.attention", kind="categorical",
+         doc="attention implementation of a Hugging Face model (sdpa, eager, flash_attention_2)", phases=_COMPUTE),
+    Knob(name="liger", key="hf.liger", kind="bool", requires=frozenset({"cuda", "liger"}),
+         condition=_no_triton_op, inactive=False,
+         doc="Liger-Kernel's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy in a Hugging Face model",
          phases=_COMPUTE),
     *_launch_knobs(),
     # communication overlap
@@ -355,6 +371,8 @@ def detect_capabilities(gpus: int = 1) -> frozenset[str]:
         caps.add("io_uring")
     if "cuda" in caps and fp8.fp8_unsupported_reason("cuda") is None:
         caps.add("fp8")
+    if "cuda" in caps and importlib.util.find_spec("liger_kernel") is not None:
+        caps.add("liger")
     return frozenset(caps)
 
 
@@ -369,7 +387,7 @@ class DroppedKnob:
         return {"knob": self.knob, "reason": self.reason}
 
 
-_NEEDS = {"fp8": "an FP8 GPU (compute capability 8.9+) and torchao"}
+_NEEDS = {"fp8": "an FP8 GPU (compute capability 8.9+) and torchao", "liger": "Liger-Kernel (pip install liger-kernel)"}
 
 
 def drop_unsupported(names: Iterable[str], capabilities: Iterable[str]) -> tuple[list[str], list[DroppedKnob]]:

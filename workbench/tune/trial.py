@@ -79,7 +79,7 @@ __all__ = [
 LOG_TAIL_LINES = 30
 KILL_GRACE_S = 3.0  # SIGTERM -> SIGKILL; the train CLI needs no cleanup when it is killed
 _OOM_MARKERS = ("CUDA out of memory", "OutOfMemoryError", "out of memory")
-_SUMMARY_KEEP_DICTS = ("phase_s_per_step",)
+_SUMMARY_KEEP = ("phase_s_per_step", "hf/patches", "hf/versions")  # the structured keys a trial record keeps
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout holding workbench/, loaders/, kernels/
 
@@ -170,7 +170,7 @@ def _slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
             if isinstance(v, float) and not math.isfinite(v):
                 v = None
             out[k] = v
-        elif k in _SUMMARY_KEEP_DICTS and isinstance(v, dict):
+        elif k in _SUMMARY_KEEP and isinstance(v, (dict, list)):
             out[k] = v
     return out
 

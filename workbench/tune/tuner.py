@@ -955,7 +955,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             result = self._result(validation, sessions_wall_s(self._sessions or []))
             self._record_in_study(result)
             path = export_config(self.spec, self.study_dir, result,
-                                 launch_record=winner_launch_record(self.study, result))
+                                 launch_record=winner_launch_record(self.study, result),
+                                 patches=exported_patches(self.study, result, self.study_dir))
             self._write_tune_json(started, finished, result)
             if self.report is not None:
                 self.progress.set(phase="report")
@@ -999,6 +1000,21 @@ def _spec_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     keys = sorted(set(old) | set(new))
     return [k for k in keys if k not in ("budget",) and json.dumps(old.get(k), sort_keys=True, default=str)
             != json.dumps(new.get(k), sort_keys=True, default=str)]
+
+
+def exported_patches(study: optuna.Study, result: Mapping[str, Any], study_dir: Path) -> dict[str, Any] | None:
+    """What ``run.prepare()`` changed in the exported run's Hugging Face model (the exported trial's summary, else
+    the first baseline run's), as the provenance's ``patches``; None when nothing was prepared."""
+    trial = ((result or {}).get("exported") or {}).get("trial")
+    summary: Mapping[str, Any] = {}
+    if trial is not None:
+        with contextlib.suppress(IndexError, ValueError, TypeError):
+            summary = study.trials[int(trial)].user_attrs.get("summary") or {}
+    else:
+        with contextlib.suppress(OSError, ValueError):
+            summary = json.loads((study_dir / "baseline" / "0" / "summary.json").read_text())
+    applied = summary.get("hf/patches")
+    return {"applied": list(applied), "versions": summary.get("hf/versions") or {}} if applied else None
 
 
 def winner_launch_record(study: optuna.Study, result: Mapping[str, Any]) -> list[dict[str, Any]] | None:

@@ -1,0 +1,151 @@
+"""run.prepare(model) on a tiny Hugging Face LlamaForCausalLM (issue 41): each patch keeps the loss and the gradients
+of the unpatched model within tolerance (fp32; FP8 emulated by torchao on the CPU; the project's Triton ops under
+the interpreter, in a process of their own), says what it did, and a model the patches do not know is refused with
+one line naming its type and the knob. Liger-Kernel's kernels do not run under Triton's CPU interpreter: its patch
+is measured on the GPU (benchmarks/)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+import torch  # noqa: E402
+
+from workbench.config import ConfigError, merge_overrides, preset_config  # noqa: E402
+from workbench.train.hf_prepare import prepare  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def _model(layers: int = 4) -> torch.nn.Module:
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
+                                   num_hidden_layers=layers, vocab_size=256, max_position_embeddings=64)
+    return transformers.LlamaForCausalLM(cfg)
+
+
+def _cfg(**over):
+    return merge_overrides(preset_config("tiny"), {"hardware.device": "cpu", **over})
+
+
+def _loss_and_grads(model: torch.nn.Module) -> tuple[float, dict[str, torch.Tensor]]:
+    model.train()
+    x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+    loss = model(input_ids=x, labels=x).loss
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _compare(over: dict, *, rel: float, lines: list[str], layers: int = 4) -> None:
+    ref_loss, ref_grads = _loss_and_grads(_model(layers))
+    model, applied = prepare(_model(layers), _cfg(**over), CPU)
+    assert applied == lines
+    loss, grads = _loss_and_grads(model)
+    assert loss == pytest.approx(ref_loss, rel=rel)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        err = (g - ref_grads[name]).norm() / ref_grads[name].norm().clamp_min(1e-12)
+        assert err < max(rel * 10, 1e-5), name
+
+
+def test_nothing_asked_leaves_the_model_alone():
+    model = _model()
+    same, applied = prepare(model, _cfg(), CPU)
+    assert same is model and applied == []
+
+
+@pytest.mark.parametrize("over, lines", [
+    ({"hf.attention": "eager"}, ["attention: eager"]),
+    ({"training.activation_checkpointing": "full"}, ["activation checkpointing: 4 of 4 decoder layers"]),
+    ({"training.activation_checkpointing": "selective", "training.activation_checkpointing_every": 2},
+     ["activation checkpointing: 2 of 4 decoder layers"]),
+])
+def test_each_patch_keeps_the_loss_and_gradients(over, lines):
+    _compare(over, rel=1e-5, lines=lines)
+
+
+def test_selective_checkpointing_recomputes_the_layers_the_built_in_model_would():
+    model, _ = prepare(_model(), _cfg(**{"training.activation_checkpointing": "selective",
+                                         "training.activation_checkpointing_every": 2}), CPU)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [False, True, False, True]
+
+
+def test_fp8_converts_the_decoder_linears_only():
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    over = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_modules.size_filter": False}
+    _compare(over, rel=0.02, lines=["fp8 tensorwise (torchao): 28 decoder Linears"])  # 4 layers x 7 Linears
+    model, _ = prepare(_model(), _cfg(**over), CPU)
+    assert isinstance(model.model.layers[0].mlp.up_proj, Float8Linear)
+    assert not isinstance(model.lm_head, Float8Linear)  # the head stays in the compute dtype
+
+
+def test_compile_each_decoder_layer(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    _compare({"loongforge.compute_domain.compile": "default", "loongforge.compute_domain.compile_shapes": "static"},
+             rel=1e-4, lines=["torch.compile (default): each of 1 decoder layers"], layers=1)
+
+
+def test_the_projects_triton_ops_replace_the_norms_and_mlps(subprocess_env):
+    script = textwrap.dedent("""
+        import os
+        os.environ["TRITON_INTERPRET"] = "1"  # before any kernel is imported
+        import json, torch, transformers
+        from workbench.config import merge_overrides, preset_config
+        from workbench.train.hf_prepare import prepare
+
+        def model():
+            torch.manual_seed(0)
+            return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
+                num_hidden_layers=2, vocab_size=256))
+
+        x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+        ref = model()
+        ref_loss = ref(input_ids=x, labels=x).loss
+        ref_loss.backward()
+        cfg = merge_overrides(preset_config("tiny"), {"hardware.device": "cpu",
+                                                      "loongforge.compute_domain.ops.rmsnorm": "triton",
+                                                      "loongforge.compute_domain.ops.swiglu": "triton"})
+        m, applied = prepare(model(), cfg, torch.device("cpu"))
+        loss = m(input_ids=x, labels=x).loss
+        loss.backward()
+        g, rg = m.model.layers[0].mlp.up_proj.weight.grad, ref.model.layers[0].mlp.up_proj.weight.grad
+        print(json.dumps(applied))
+        print(abs(loss.item() - ref_loss.item()) / ref_loss.item(), ((g - rg).norm() / rg.norm()).item())
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=subprocess_env,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    applied, errors = r.stdout.strip().splitlines()[-2:]
+    assert json.loads(applied) == ["rmsnorm: the project's Triton kernel in 5 modules",
+                                   "swiglu: the project's Triton kernel in 2 MLPs"]
+    loss_err, grad_err = map(float, errors.split())
+    assert loss_err < 1e-5 and grad_err < 1e-4
+
+
+@pytest.mark.parametrize("over, key", [
+    ({"hf.attention": "eager"}, "hf.attention"),
+    ({"training.activation_checkpointing": "full"}, "training.activation_checkpointing"),
+])
+def test_a_model_the_patches_do_not_know_is_one_line_naming_its_type_and_the_knob(over, key):
+    gpt2 = transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64))
+    with pytest.raises(ConfigError) as e:
+        prepare(gpt2, _cfg(**over), CPU)
+    msg = str(e.value)
+    assert msg.startswith(f"{key}: ") and "type 'gpt2'" in msg and "\n" not in msg
+
+
+def test_rope_or_loss_on_triton_and_liger_with_the_projects_ops_are_refused():
+    with pytest.raises(ConfigError, match=r"^loongforge\.compute_domain\.ops\.rope: got 'triton'.*hf\.liger: true"):
+        prepare(_model(), _cfg(**{"loongforge.compute_domain.ops.rope": "triton"}), CPU)
+    with pytest.raises(ConfigError, match=r"^loongforge\.compute_domain\.fp8_head: "):
+        prepare(_model(), _cfg(**{"loongforge.compute_domain.fp8": "tensorwise",
+                                  "loongforge.compute_domain.fp8_head": True}), CPU)

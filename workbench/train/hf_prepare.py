@@ -1,0 +1,222 @@
+"""The trial's knobs applied to a Hugging Face ``transformers`` model: ``model = run.prepare(model)``.
+
+The same call serves a plain loop and an HF ``Trainer`` (prepare the model before handing it over). It reads the
+config the study wrote for the trial, so the exported config runs the same patches again through the same call:
+
+* ``hf.attention``: the model's attention implementation (``set_attn_implementation``);
+* ``hf.liger``: Liger-Kernel's patches of the instance (RMSNorm, SwiGLU, RoPE, the fused linear cross-entropy,
+  which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit);
+* ``loongforge.compute_domain.ops`` (or ``triton_fusion``): the project's Triton RMSNorm and SwiGLU in place of the
+  model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``);
+* ``loongforge.compute_domain.fp8``: torchao float8 training of the decoder's Linears (``fp8_modules``, matched
+  against names under the decoder, ``layers.0.mlp.up_proj``; the LM head stays in the compute dtype);
+* ``training.activation_checkpointing``: every decoder layer (full) or every ``activation_checkpointing_every``-th
+  (selective), through HF's own per-layer switch, non-reentrant;
+* ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
+  model, in the config's mode.
+
+Order matters and is fixed: kernels and FP8 swap modules, checkpointing wraps layers, compile comes last. A model
+whose layout the patches do not know (a decoder at ``model.model.layers`` with ``*RMSNorm`` and gated ``*MLP``
+modules, of a type in :data:`MODEL_TYPES`) is refused with one ConfigError naming its type and the knob that asked
+(an ``invalid_config`` trial). :func:`prepare` returns the model and one line per change, which the run's summary
+keeps (``hf/patches``) with the versions of the libraries that made them (``hf/versions``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata
+import logging
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from workbench.config import Config, ConfigError
+from workbench.train.fp8 import convert_to_fp8
+from workbench.train.ops import resolve
+
+log = logging.getLogger("workbench")
+
+__all__ = ["MODEL_TYPES", "describe", "prepare", "versions"]
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""HF model types whose layout the patches know: Liger patches each by its own function, and their decoders share
+the modules the project's ops replace."""
+
+
+def versions() -> dict[str, str | None]:
+    """The versions of the libraries a prepared model's patches come from (None: not installed)."""
+    out: dict[str, str | None] = {}
+    for dist in ("transformers", "torchao", "liger-kernel"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+def _asked(cfg: Config) -> list[str]:
+    """The config keys that ask prepare() to change the model, in the order it applies them."""
+    cd, t = cfg.loongforge.compute_domain, cfg.training
+    keys = []
+    if cfg.hf.attention != "sdpa":
+        keys.append("hf.attention")
+    if cfg.hf.liger:
+        keys.append("hf.liger")
+    if any(b == "triton" for b in cd.effective_ops().values()):
+        keys.append("loongforge.compute_domain.ops")
+    if cd.fp8 != "none":
+        keys.append("loongforge.compute_domain.fp8")
+    if t.activation_checkpointing != "none":
+        keys.append("training.activation_checkpointing")
+    if cd.compile != "none":
+        keys.append("loongforge.compute_domain.compile")
+    return keys
+
+
+def _decoder(model: nn.Module, cfg: Config) -> tuple[str, nn.Module, nn.ModuleList]:
+    """(model type, the decoder, its layers), or a ConfigError naming the type and the first knob that asked."""
+    mtype = getattr(getattr(model, "config", None), "model_type", None)
+    decoder = getattr(model, "model", None)
+    layers = getattr(decoder, "layers", None)
+    if mtype in MODEL_TYPES and isinstance(layers, nn.ModuleList):
+        return mtype, decoder, layers
+    asked = _asked(cfg)
+    raise ConfigError(
+        f"run.prepare() patches Hugging Face decoders of type {', '.join(MODEL_TYPES)} (model.model.layers); this "
+        f"model is {type(model).__name__} of type {mtype!r}: leave this knob at its default for it, or prepare the "
+        "model yourself", key=asked[0] if asked else "hf")
+
+
+def _liger(model: nn.Module, mtype: str) -> str:
+    try:
+        liger = importlib.import_module("liger_kernel.transformers")
+    except ImportError as e:
+        raise ConfigError(f"got true, but Liger-Kernel is not installed ({e}); pip install liger-kernel, or set "
+                          "hf.liger: false", key="hf.liger") from None
+    apply: Callable[..., None] = getattr(liger, f"apply_liger_kernel_to_{mtype}")
+    apply(model=model, rope=True, swiglu=True, rms_norm=True, cross_entropy=False, fused_linear_cross_entropy=True)
+    return f"liger: rms_norm, swiglu, rope, fused_linear_cross_entropy ({mtype})"
+
+
+def _norm_forward(norm: nn.Module, fn: Callable) -> Callable:
+    def forward(hidden_states: torch.Tensor) -> torch.Tensor:
+        return fn(hidden_states, norm.weight, norm.variance_epsilon)
+    return forward
+
+
+def _mlp_forward(mlp: nn.Module, fn: Callable) -> Callable:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return mlp.down_proj(fn(mlp.gate_proj(x), mlp.up_proj(x)))
+    return forward
+
+
+def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[str]:
+    """The project's Triton RMSNorm and SwiGLU in place of the model's modules' forwards (instance attributes: the
+    modules and their parameters stay). RoPE and the loss on Triton are refused: they are HF functions, not
+    modules (Liger patches those)."""
+    cd = cfg.loongforge.compute_domain
+    backends = cd.effective_ops()
+    for op in ("rope", "loss"):
+        if backends[op] == "triton":
+            raise ConfigError(f"got 'triton', but a Hugging Face model's {op} is a function of its modeling file, "
+                              "not a module the project's kernel can replace; set it to torch, or hf.liger: true",
+                              key=f"loongforge.compute_domain.ops.{op}")
+    wanted = {op: b for op, b in backends.items() if op in ("rmsnorm", "swiglu") and b == "triton"}
+    if not wanted:
+        return []
+    if cfg.hf.liger:
+        raise ConfigError("got true with the project's Triton ops chosen: both replace the same modules; choose one",
+                          key="hf.liger")
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":  # as the built-in loop's rule
+        log.warning("Triton ops requested on the CPU: the model keeps its torch ops")
+        return []
+    ops = resolve(wanted)
+    out = []
+    if "rmsnorm" in wanted:
+        norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")]
+        for m in norms:
+            m.forward = _norm_forward(m, ops.rmsnorm)
+        out.append(f"rmsnorm: the project's Triton kernel in {len(norms)} modules")
+    if "swiglu" in wanted:
+        mlps = [m for m in model.modules() if all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj"))]
+        acts = {getattr(getattr(m, "config", None), "hidden_act", "silu") for m in mlps}
+        if acts - {"silu"}:
+            raise ConfigError(f"got 'triton', but the model's MLP activation is {sorted(acts)}, not silu (SwiGLU)",
+                              key="loongforge.compute_domain.ops.swiglu")
+        for m in mlps:
+            m.forward = _mlp_forward(m, ops.swiglu)
+        out.append(f"swiglu: the project's Triton kernel in {len(mlps)} MLPs")
+    return out
+
+
+def _checkpointing(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None:
+    t = cfg.training
+    if t.activation_checkpointing == "none":
+        return None
+    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x; the older name before
+    if enable is not None:
+        enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    every = 1 if t.activation_checkpointing == "full" else t.activation_checkpointing_every
+    chosen = [i for i in range(len(layers)) if (i + 1) % every == 0]  # the built-in model's rule
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = i in chosen
+    return f"activation checkpointing: {len(chosen)} of {len(layers)} decoder layers"
+
+
+def _compile(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None:
+    cd = cfg.loongforge.compute_domain
+    if cd.compile == "none":
+        return None
+    mode = None if cd.compile == "default" else cd.compile
+    dynamic = cd.compile_shapes == "dynamic"
+    if cd.compile_scope == "layer":
+        for layer in layers:
+            layer.compile(mode=mode, dynamic=dynamic)
+        return f"torch.compile ({cd.compile}): each of {len(layers)} decoder layers"
+    model.compile(mode=mode, dynamic=dynamic)
+    return f"torch.compile ({cd.compile}): the whole model"
+
+
+def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Module, list[str]]:
+    """Apply ``cfg``'s choices to the HF ``model`` in place (see the module docstring); returns the model and one
+    line per change. Raises ConfigError naming the key for a choice this model cannot take."""
+    if not _asked(cfg):
+        return model, []
+    mtype, decoder, layers = _decoder(model, cfg)
+    cd = cfg.loongforge.compute_domain
+    applied: list[str] = []
+    if cfg.hf.attention != getattr(model.config, "_attn_implementation", None):
+        try:
+            model.set_attn_implementation(cfg.hf.attention)
+        except (ImportError, ValueError) as e:
+            raise ConfigError(f"got {cfg.hf.attention!r}, which this model or machine cannot run ({e})",
+                              key="hf.attention") from None
+        applied.append(f"attention: {cfg.hf.attention}")
+    applied += _project_ops(model, cfg, device)
+    if cfg.hf.liger:
+        applied.append(_liger(model, mtype))
+    if cd.fp8 != "none":
+        if cd.fp8_head or cd.fp8_cast == "triton":
+            key = "fp8_head" if cd.fp8_head else "fp8_cast"
+            raise ConfigError("the project's FP8 casts and head are built into its own model; for a Hugging Face "
+                              "model use fp8_cast: torchao and fp8_head: false",
+                              key=f"loongforge.compute_domain.{key}")
+        chosen = convert_to_fp8(decoder, cd, device.type, device.index or 0)
+        applied.append(f"fp8 {cd.fp8} (torchao): {len(chosen)} decoder Linears")
+    for line in (_checkpointing(model, layers, cfg), _compile(model, layers, cfg)):
+        if line is not None:
+            applied.append(line)
+    for line in applied:
+        log.info("prepared: %s", line)
+    return model, applied
+
+
+def describe(applied: list[str]) -> dict[str, Any]:
+    """The summary's record of a prepared model: ``hf/patches`` and ``hf/versions``."""
+    return {"hf/patches": list(applied), "hf/versions": versions()}
