@@ -28,18 +28,18 @@ RECORD_KINDS = ("tokens", "vla")
 _KIND_VERSION = {"tokens": 1, "vla": 2}
 INDEX_NAME = "index.lbx"
 MANIFEST_NAME = "manifest.json"
-_HEADER = struct.Struct("<8sIIIIQIIQQI")  # up to the crc, 60 bytes
-_HEADER_SIZE = 128
+HEADER = struct.Struct("<8sIIIIQIIQQI")  # up to the crc, 60 bytes
+HEADER_SIZE = 128
 # Version 2: bytes 64..127 of the header (reserved, zero, in version 1): record kind (index into RECORD_KINDS),
 # image channels, height, width, action steps, action dimension, 36 reserved bytes, crc32 of bytes 64..123.
-_HEADER_EXT = struct.Struct("<IIIIII")
-_HEADER_EXT_AT, _HEADER_EXT_CRC_AT = 64, 124
-_COLDIR = struct.Struct("<16sIIQ")
+HEADER_EXT = struct.Struct("<IIIIII")
+HEADER_EXT_AT, HEADER_EXT_CRC_AT = 64, 124
+COLDIR = struct.Struct("<16sIIQ")
 _ALIGN = 64
 # numpy dtype codes stored in the column directory
-_DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8"),
+DTYPES = {1: np.dtype("<u1"), 2: np.dtype("<u2"), 4: np.dtype("<u4"), 8: np.dtype("<u8"),
            14: np.dtype("<i4"), 18: np.dtype("<i8")}
-_DTYPE_CODES = {v: k for k, v in _DTYPES.items()}
+_DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 
 # A vla record's image and action element types (fixed by the kind; docs/loaders.md, "VLA records").
 IMAGE_DTYPE = np.dtype("u1")
@@ -67,11 +67,11 @@ def bucket_length(length: int, width: int, max_len: int) -> int:
     return min(max_len, -(-length // width) * width)
 
 
-def _align(n: int) -> int:
+def align_up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
 
 
-def _file_xxh3(path: Path) -> str:
+def file_xxh3(path: Path) -> str:
     h = xxhash.xxh3_64()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
@@ -82,8 +82,8 @@ def _file_xxh3(path: Path) -> str:
 def header_extension(record_kind: str, image_shape: tuple[int, int, int] = (0, 0, 0),
                      action_shape: tuple[int, int] = (0, 0)) -> bytes:
     """Bytes 64..127 of a version-2 header: the record kind and the vla shapes, with their crc32."""
-    ext = _HEADER_EXT.pack(RECORD_KINDS.index(record_kind), *image_shape, *action_shape)
-    ext = ext.ljust(_HEADER_EXT_CRC_AT - _HEADER_EXT_AT, b"\0")
+    ext = HEADER_EXT.pack(RECORD_KINDS.index(record_kind), *image_shape, *action_shape)
+    ext = ext.ljust(HEADER_EXT_CRC_AT - HEADER_EXT_AT, b"\0")
     return ext + struct.pack("<I", zlib.crc32(ext))
 
 
@@ -98,20 +98,20 @@ def write_index(path: Path, cols: dict[str, np.ndarray], *, tok_itemsize: int, p
     n_buckets = len(cols["bucket.length"])
     n_frames = len(cols["frame.offset"])
     n_records = len(cols["rec.length"])
-    head = _HEADER.pack(MAGIC, version, tok_itemsize, pos_itemsize, bucket_width, vocab_size,
+    head = HEADER.pack(MAGIC, version, tok_itemsize, pos_itemsize, bucket_width, vocab_size,
                         n_buckets, n_dicts, n_frames, n_records, len(cols))
     head += struct.pack("<I", zlib.crc32(head))
-    head = head.ljust(_HEADER_EXT_AT, b"\0")
+    head = head.ljust(HEADER_EXT_AT, b"\0")
     head += header_extension(record_kind, image_shape, action_shape) if version >= 2 else b""
-    head = head.ljust(_HEADER_SIZE, b"\0")
-    pos = _align(_HEADER_SIZE + _COLDIR.size * len(cols))
+    head = head.ljust(HEADER_SIZE, b"\0")
+    pos = align_up(HEADER_SIZE + COLDIR.size * len(cols))
     directory, blobs = b"", []
     for name, arr in cols.items():
         assert len(name.encode()) <= 16, f"column name {name!r} longer than 16 bytes"
         arr = np.ascontiguousarray(arr)
-        directory += _COLDIR.pack(name.encode(), _DTYPE_CODES[arr.dtype.newbyteorder("<")], 0, pos)
+        directory += COLDIR.pack(name.encode(), _DTYPE_CODES[arr.dtype.newbyteorder("<")], 0, pos)
         blobs.append((pos, arr.astype(arr.dtype.newbyteorder("<")).tobytes()))
-        pos = _align(pos + arr.nbytes)
+        pos = align_up(pos + arr.nbytes)
     def write(fh: IO[bytes]) -> None:
         fh.write(head + directory)
         for off, blob in blobs:

@@ -16,11 +16,11 @@ from pathlib import Path
 
 from ._layout import INDEX_NAME, MANIFEST_NAME
 
-_PARTIAL = ".partial-"  # temporary directory: .<name>.partial-<pid>@<host>-<random>
+PARTIAL = ".partial-"  # temporary directory: .<name>.partial-<pid>@<host>-<random>
 _OLD = ".old-"          # previous directory moved aside (fallback overwrite path): .<name>.old-<pid>@<host>
 
 
-def _owner_tag() -> str:
+def owner_tag() -> str:
     return f"{os.getpid()}@{socket.gethostname()}"
 
 
@@ -50,12 +50,12 @@ def remove_stale_partials(out_dir: str | os.PathLike) -> list[Path]:
     host = socket.gethostname()
     acted = []
     for p in sorted(out.parent.iterdir()):
-        for tag in (_PARTIAL, _OLD):
+        for tag in (PARTIAL, _OLD):
             prefix = f".{out.name}{tag}"
             if not p.name.startswith(prefix):
                 continue
             pid, at, rest = p.name[len(prefix):].partition("@")
-            phost = rest.rsplit("-", 1)[0] if tag == _PARTIAL else rest
+            phost = rest.rsplit("-", 1)[0] if tag == PARTIAL else rest
             if not at or not pid.isdigit() or phost != host or _pid_alive(int(pid)):
                 continue
             if tag == _OLD and not out.exists():
@@ -93,7 +93,7 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
 
 
-def _move_into_place(tmp: Path, out: Path) -> None:
+def move_into_place(tmp: Path, out: Path) -> None:
     """Rename ``tmp`` to ``out``. An existing ``out`` is swapped out atomically where the kernel has
     RENAME_EXCHANGE; elsewhere it is moved aside first and moved back if the second rename fails."""
     if not out.exists():
@@ -102,7 +102,7 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     if _exchange(tmp, out):
         shutil.rmtree(tmp, ignore_errors=True)  # tmp now holds the previous directory
         return
-    old = out.with_name(f".{out.name}{_OLD}{_owner_tag()}")
+    old = out.with_name(f".{out.name}{_OLD}{owner_tag()}")
     os.rename(out, old)
     try:
         os.rename(tmp, out)
@@ -113,13 +113,13 @@ def _move_into_place(tmp: Path, out: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def _close_synced(fh) -> None:
+def close_synced(fh) -> None:
     fh.flush()
     os.fsync(fh.fileno())
     fh.close()
 
 
-def _check_output(out: Path, overwrite: bool) -> None:
+def check_output_path(out: Path, overwrite: bool) -> None:
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
@@ -131,7 +131,7 @@ def _check_output(out: Path, overwrite: bool) -> None:
                               f"{INDEX_NAME}); refusing to replace it with --overwrite")
 
 
-def _missing_ancestors(path: Path) -> list[Path]:
+def missing_ancestors(path: Path) -> list[Path]:
     """Directories above ``path`` that do not exist yet, deepest first."""
     missing = []
     p = path.parent

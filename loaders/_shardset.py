@@ -21,9 +21,9 @@ import numpy as np
 import xxhash
 import zstandard as zstd
 
-from ._layout import (_COLDIR, _DTYPES, _HEADER, _HEADER_EXT, _HEADER_EXT_AT, _HEADER_EXT_CRC_AT, _HEADER_SIZE,
+from ._layout import (COLDIR, DTYPES, HEADER, HEADER_EXT, HEADER_EXT_AT, HEADER_EXT_CRC_AT, HEADER_SIZE,
                       ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAGIC, MANIFEST_NAME, RECORD_KINDS,
-                      ShardFormatError, _align, _file_xxh3, bucket_length)
+                      ShardFormatError, align_up, file_xxh3, bucket_length)
 
 # Frames whose index rows are checked per step when a directory is opened (bounds the memory on huge ones).
 _CHECK_FRAME_BLOCK = 1 << 16
@@ -162,11 +162,11 @@ class ShardSet:
             size = path.stat().st_size
         except FileNotFoundError:
             raise ShardFormatError(f"{path}: index file is missing") from None
-        if size < _HEADER_SIZE:
-            raise ShardFormatError(f"{path}: truncated ({size} bytes, the header alone is {_HEADER_SIZE})")
+        if size < HEADER_SIZE:
+            raise ShardFormatError(f"{path}: truncated ({size} bytes, the header alone is {HEADER_SIZE})")
         with open(path, "rb") as fh:
-            head = fh.read(_HEADER_SIZE)
-        fields = _HEADER.unpack_from(head)
+            head = fh.read(HEADER_SIZE)
+        fields = HEADER.unpack_from(head)
         (magic, version, ti, pi, width, vocab, nb, nd, nf, nr, ncol) = fields
         if magic != MAGIC:
             raise ShardFormatError(f"{path}: bad magic {magic!r}, expected {MAGIC!r}: not a loongbin index")
@@ -175,8 +175,8 @@ class ShardSet:
                                    f"({FORMAT_VERSION}); upgrade loongforge-workbench to read it")
         if version < 1:
             raise ShardFormatError(f"{path}: format version {version} is not a valid version")
-        (crc,) = struct.unpack_from("<I", head, _HEADER.size)
-        if crc != zlib.crc32(head[:_HEADER.size]):
+        (crc,) = struct.unpack_from("<I", head, HEADER.size)
+        if crc != zlib.crc32(head[:HEADER.size]):
             raise ShardFormatError(f"{path}: header checksum mismatch (corrupt index)")
         if ti not in (2, 4) or pi not in (2, 4):
             raise ShardFormatError(f"{path}: token/position itemsize {ti}/{pi}, expected 2 or 4")
@@ -188,29 +188,29 @@ class ShardSet:
         rows = {"bucket": nb, "frame": nf, "rec": nr}
         self._cols: dict[str, np.ndarray] = {}
         with open(path, "rb") as fh:
-            fh.seek(_HEADER_SIZE)
-            directory = fh.read(_COLDIR.size * ncol)
-        if len(directory) < _COLDIR.size * ncol:
+            fh.seek(HEADER_SIZE)
+            directory = fh.read(COLDIR.size * ncol)
+        if len(directory) < COLDIR.size * ncol:
             raise ShardFormatError(f"{path}: truncated column directory")
         end = 0
         for i in range(ncol):
-            raw_name, code, _, off = _COLDIR.unpack_from(directory, i * _COLDIR.size)
+            raw_name, code, _, off = COLDIR.unpack_from(directory, i * COLDIR.size)
             try:
                 name = raw_name.rstrip(b"\0").decode("ascii")
             except UnicodeDecodeError:
                 raise ShardFormatError(f"{path}: column directory entry {i}: name {raw_name!r} is not ASCII "
                                        f"(corrupt index)") from None
-            if code not in _DTYPES:
+            if code not in DTYPES:
                 raise ShardFormatError(f"{path}: column {name}: unknown dtype code {code}")
             n = rows.get(name.split(".")[0])
             if n is None:
                 raise ShardFormatError(f"{path}: unknown column {name!r}")
-            dt = _DTYPES[code]
+            dt = DTYPES[code]
             if off + n * dt.itemsize > size:
                 raise ShardFormatError(f"{path}: truncated: column {name} needs bytes up to "
                                        f"{off + n * dt.itemsize}, the file has {size}")
             self._cols[name] = np.memmap(path, dt, "r", off, (n,)) if n else np.zeros(0, dt)
-            end = max(end, _align(off + n * dt.itemsize))
+            end = max(end, align_up(off + n * dt.itemsize))
         if size < end:  # the writer pads the file to the aligned end of its last column
             raise ShardFormatError(f"{path}: truncated: {size} bytes, the columns end at byte {end}")
         for need in ("bucket.length", "bucket.dict", "bucket.frame0", "bucket.nframes", "frame.bucket",
@@ -231,11 +231,11 @@ class ShardSet:
         """The record kind and the vla shapes: version 1 holds tokens; version 2 says so in bytes 64..127."""
         kind, C, H, W, K, A = 0, 0, 0, 0, 0, 0
         if self.version >= 2:
-            ext = head[_HEADER_EXT_AT:_HEADER_EXT_CRC_AT]
-            (crc,) = struct.unpack_from("<I", head, _HEADER_EXT_CRC_AT)
+            ext = head[HEADER_EXT_AT:HEADER_EXT_CRC_AT]
+            (crc,) = struct.unpack_from("<I", head, HEADER_EXT_CRC_AT)
             if crc != zlib.crc32(ext):
                 raise ShardFormatError(f"{path}: header extension checksum mismatch (corrupt index)")
-            kind, C, H, W, K, A = _HEADER_EXT.unpack_from(ext)
+            kind, C, H, W, K, A = HEADER_EXT.unpack_from(ext)
             if kind >= len(RECORD_KINDS):
                 raise ShardFormatError(f"{path}: record kind {kind} is unknown to this reader (it knows "
                                        f"{', '.join(f'{i} {k}' for i, k in enumerate(RECORD_KINDS))})")
@@ -263,7 +263,7 @@ class ShardSet:
         want = (self.manifest.get("checksums") or {}).get("index_xxh3")
         if want is None:
             return
-        if _file_xxh3(path) != want:
+        if file_xxh3(path) != want:
             raise ShardFormatError(f"{path}: checksum mismatch (xxh3-64 differs from {MANIFEST_NAME}): the index is "
                                    f"corrupt; re-run `python -m loaders.preprocess`")
 

@@ -17,28 +17,28 @@ import torch
 
 # Seconds between checks of the stop flag while a thread waits: short enough that
 # close() returns promptly, long enough to cost nothing.
-_POLL_S = 0.05
+POLL_S = 0.05
 # int32 tokens, int32 position ids, uint8 loss mask: the staging layout of one token.
-_STAGED_BYTES_PER_TOKEN = 4 + 4 + 1
-_PAGE = 4096
+STAGED_BYTES_PER_TOKEN = 4 + 4 + 1
+PAGE = 4096
 
 
 def bytes_per_sample(max_len: int) -> int:
     """Staging bytes of one record padded to ``max_len``: int32 tokens + int32 positions + uint8 mask."""
-    return max_len * _STAGED_BYTES_PER_TOKEN
+    return max_len * STAGED_BYTES_PER_TOKEN
 
 
-def _batch_bytes(B: int, T: int) -> int:
+def batch_bytes(B: int, T: int) -> int:
     """Staging bytes of a [B, T] batch."""
-    return B * T * _STAGED_BYTES_PER_TOKEN
+    return B * T * STAGED_BYTES_PER_TOKEN
 
 
 def default_block_bytes(max_len: int, micro_batch: int) -> int:
     """The seed's formula: ceil(bytes_per_sample x micro_batch / 4096) x 4096."""
-    return math.ceil(bytes_per_sample(max_len) * micro_batch / _PAGE) * _PAGE
+    return math.ceil(bytes_per_sample(max_len) * micro_batch / PAGE) * PAGE
 
 
-class _HostToken:
+class HostToken:
     """Completion token of a CPU staging block: completes when the consumer releases the batch."""
 
     __slots__ = ("_ring", "done")
@@ -71,7 +71,7 @@ class StagingRing:
         self.blocks = [torch.empty(block_bytes, dtype=torch.uint8, pin_memory=pin) for _ in range(num_blocks)]
         self.pinned = pin
         self.guard = guard
-        self._pending: list[Any] = [None] * num_blocks  # None | _HostToken | torch.cuda.Event
+        self._pending: list[Any] = [None] * num_blocks  # None | HostToken | torch.cuda.Event
         self._next = 0
         self._cv = threading.Condition()
         self._closed = False
@@ -92,10 +92,10 @@ class StagingRing:
                 if self._closed:
                     raise RuntimeError("staging ring closed")
                 tok = self._pending[i]
-                if tok is None or not self.guard or not isinstance(tok, _HostToken) or tok.done:
+                if tok is None or not self.guard or not isinstance(tok, HostToken) or tok.done:
                     break
-                self._cv.wait(_POLL_S)
-        if self.guard and tok is not None and not isinstance(tok, _HostToken):
+                self._cv.wait(POLL_S)
+        if self.guard and tok is not None and not isinstance(tok, HostToken):
             tok.synchronize()  # CUDA event of the h2d copy out of this block; host wait, this thread only
         self._pending[i] = None
         self._next = (i + 1) % len(self.blocks)
@@ -105,9 +105,9 @@ class StagingRing:
             self.fresh += 1
         return i
 
-    def hand_out(self, i: int) -> _HostToken:
+    def hand_out(self, i: int) -> HostToken:
         """Mark block ``i`` as lent to the consumer; it is refilled after the token completes."""
-        tok = _HostToken(self)
+        tok = HostToken(self)
         self._pending[i] = tok
         return tok
 
@@ -123,12 +123,12 @@ class StagingRing:
         ``zero=False`` leaves the block's old bytes: only for a caller that writes every element (fill packing).
         """
         n = B * T
-        if n * _STAGED_BYTES_PER_TOKEN > self.block_bytes:
-            raise ValueError(f"a [{B}, {T}] batch needs {n * _STAGED_BYTES_PER_TOKEN} staging bytes, "
+        if n * STAGED_BYTES_PER_TOKEN > self.block_bytes:
+            raise ValueError(f"a [{B}, {T}] batch needs {n * STAGED_BYTES_PER_TOKEN} staging bytes, "
                              f"the block has {self.block_bytes}")
         a = self.blocks[i].numpy()
         if zero:
-            a[:n * _STAGED_BYTES_PER_TOKEN] = 0
+            a[:n * STAGED_BYTES_PER_TOKEN] = 0
         return (a[:4 * n].view(np.int32).reshape(B, T), a[4 * n:8 * n].view(np.int32).reshape(B, T),
                 a[8 * n:9 * n].reshape(B, T))
 
@@ -138,8 +138,8 @@ class StagingRing:
             self._cv.notify_all()
 
 
-def _fill_row(tok_BT: np.ndarray, pos_BT: np.ndarray, mask_BT: np.ndarray, i: int,
-              t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
+def fill_row(tok_BT: np.ndarray, pos_BT: np.ndarray, mask_BT: np.ndarray, i: int,
+             t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
     """Copy one record into row ``i`` of zeroed views (``StagingRing.views``: the rest is padding)."""
     L = len(t)
     tok_BT[i, :L] = t  # uint16 -> int32 on the way
@@ -148,8 +148,8 @@ def _fill_row(tok_BT: np.ndarray, pos_BT: np.ndarray, mask_BT: np.ndarray, i: in
     return L
 
 
-def _fill_span(tok_N: np.ndarray, pos_N: np.ndarray, mask_N: np.ndarray, d: int,
-               t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
+def fill_span(tok_N: np.ndarray, pos_N: np.ndarray, mask_N: np.ndarray, d: int,
+              t: np.ndarray, p: np.ndarray, m: np.ndarray) -> int:
     """Copy one record slice to flat offset ``d`` of a batch's [B x T] views (fill packing: rows end to end)."""
     L = len(t)
     tok_N[d:d + L] = t  # uint16 -> int32 on the way
@@ -179,7 +179,7 @@ class Batch:
     bucket: int
     record_ids: np.ndarray       # global record ids, row order (fill: stream order)
     event: Any = field(default=None, repr=False)    # CUDA: the h2d copy's event
-    _token: _HostToken | None = field(default=None, repr=False)
+    _token: HostToken | None = field(default=None, repr=False)
 
     @property
     def seq_len(self) -> int:

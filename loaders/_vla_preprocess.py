@@ -19,9 +19,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ._publish import _check_output, _missing_ancestors
+from ._publish import check_output_path, missing_ancestors
 from .format import MAX_FRAME_BYTES, MIN_FRAME_BYTES, VLAShardWriter, remove_stale_partials
-from .inputs import _read_npy_header
+from .inputs import read_npy_header
 
 __all__ = ["IMAGE_LAYOUTS", "VLAInput", "open_vla_npz", "preprocess_vla"]
 
@@ -66,7 +66,7 @@ class VLAInput:
                 for r0 in range(0, n, step):
                     yield arr[r0:r0 + step]
                 return
-            _read_npy_header(fh, f"{self.path}: {m.name}")
+            read_npy_header(fh, f"{self.path}: {m.name}")
             for r0 in range(0, n, step):
                 r = min(step, n - r0)
                 buf = fh.read(r * row)
@@ -141,7 +141,7 @@ def open_vla_npz(path: str | Path, *, image_layout: str = "auto", allow_pickle: 
         for key in ("images", "tokens", "actions", "lengths"):
             if key in names:
                 with zf.open(names[key]) as fh:
-                    shape, fortran, dtype = _read_npy_header(fh, f"{p}: {key}")
+                    shape, fortran, dtype = read_npy_header(fh, f"{p}: {key}")
                 members[key] = _Member(key, names[key], shape, dtype, fortran)
         img, act, tok = members["images"], members["actions"], members["tokens"]
         if img.dtype != np.uint8 or len(img.shape) != 4:
@@ -230,7 +230,7 @@ def preprocess_vla(inputs: list[str], output: str, *, text_len: int | None = Non
         raise ValueError(f"frame_kb={frame_kb!r}: expected an integer in {MIN_FRAME_BYTES // 1024}.."
                          f"{MAX_FRAME_BYTES // 1024}")
     out = Path(output)
-    _check_output(out, overwrite)  # an existing directory is replaced only when it is a shard directory
+    check_output_path(out, overwrite)  # an existing directory is replaced only when it is a shard directory
     files = [open_vla_npz(p, image_layout=image_layout, allow_pickle=allow_pickle) for p in inputs]
     for f in files[1:]:
         if (f.image_shape, f.action_shape) != (files[0].image_shape, files[0].action_shape):
@@ -247,7 +247,7 @@ def preprocess_vla(inputs: list[str], output: str, *, text_len: int | None = Non
     for p in remove_stale_partials(out):
         if not quiet:
             print(f"removed {p} (left by an interrupted run)", file=sys.stderr)
-    created = _missing_ancestors(out)
+    created = missing_ancestors(out)
     try:
         return _write(files, out, vocab, vocab_size is None, T, image_layout, zstd_level, frame_kb, num_workers,
                       overwrite, compare, tokenizer, t0)

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._staging import _PAGE, _HostToken
+from ._staging import PAGE, HostToken
 
 # Every tensor of a batch starts on a 64-byte boundary of the block: aligned for any dtype, and a device view of
 # a float32 / int32 region needs an offset that is a multiple of 4.
@@ -59,7 +59,7 @@ class VLALayout:
 
     def block_bytes(self) -> int:
         """The default staging block: the batch's bytes rounded up to whole 4 KiB pages."""
-        return -(-self.nbytes // _PAGE) * _PAGE
+        return -(-self.nbytes // PAGE) * PAGE
 
     def views(self, buf: Any) -> dict[str, Any]:
         """Views of ``buf`` (a uint8 torch tensor: a staging block or its device copy) per region, shaped;
@@ -103,7 +103,7 @@ class VLABatch:
     record_ids: np.ndarray        # global record ids, row order
     bucket: int = 0               # one bucket: the text length
     event: Any = field(default=None, repr=False)    # CUDA: the h2d copy's event
-    _token: _HostToken | None = field(default=None, repr=False)
+    _token: HostToken | None = field(default=None, repr=False)
 
     @property
     def samples(self) -> int:

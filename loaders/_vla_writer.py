@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard as zstd
 
-from ._layout import (ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAX_FRAME_BYTES, _file_xxh3,
+from ._layout import (ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAX_FRAME_BYTES, file_xxh3,
                       token_dtype_for)
-from ._writer import ShardWriter, _Bucket, _ordered, _Spill
+from ._writer import ShardWriter, Bucket, ordered_buckets, Spill
 
 # Frames of 1 MiB, the largest the format allows: 6 records of 3 x 224 x 224 (one 150,528-byte image nearly fills
 # the 256 KiB token default alone). On the synthetic corpus (level 3) six records a frame compressed 1.52x, one a
@@ -39,14 +39,14 @@ def _positive_shape(name: str, shape: object, n: int) -> tuple[int, ...]:
     return out
 
 
-class _VLASpill(_Spill):
+class _VLASpill(Spill):
     """The vla bucket's records as they arrive: actions, tokens and images, one file each."""
 
     COLUMNS = ("act", "tok", "img")
 
 
 @dataclass
-class _VLABucket(_Bucket):
+class _VLABucket(Bucket):
     """The one bucket of a vla shard set; ``cols`` are (actions float32, tokens, images uint8) memmaps."""
 
     act_len: int = 0                # action elements per record (K x A)
@@ -141,7 +141,7 @@ class VLAShardWriter(ShardWriter):
         self.input_action_bytes += act.nbytes
         self.input_image_bytes += image.nbytes
 
-    def _prepare_bucket(self, args: tuple[int, int]) -> _Bucket:
+    def _prepare_bucket(self, args: tuple[int, int]) -> Bucket:
         bi, blen = args
         spill = self._spill[blen]
         lens = np.asarray(spill.lengths, np.int64)
@@ -150,11 +150,11 @@ class VLAShardWriter(ShardWriter):
         return _VLABucket(bi, blen, lens, offs, cols, self._frames_of(lens), None, -1, None,
                           act_len=self._act_len, img_len=self._img_len)
 
-    def _index_header(self, buckets: list[_Bucket]) -> dict:
+    def _index_header(self, buckets: list[Bucket]) -> dict:
         return {**super()._index_header(buckets), "record_kind": "vla", "image_shape": self.image_shape,
                 "action_shape": self.action_shape}
 
-    def _manifest(self, buckets: list[_Bucket], baselines: dict, timing: dict, extra: dict) -> dict:
+    def _manifest(self, buckets: list[Bucket], baselines: dict, timing: dict, extra: dict) -> dict:
         (b,) = buckets
         n, padded = len(b.lens), len(b.lens) * self.text_len
         inputs = self.input_image_bytes + self.input_action_bytes + self.input_token_bytes
@@ -183,11 +183,11 @@ class VLAShardWriter(ShardWriter):
                          "padded_tokens": padded, "padding_ratio": round(1 - self.real_tokens / padded, 6),
                          "raw_bytes": b.raw_bytes, "compressed_bytes": b.compressed_bytes, "dict_id": -1}],
             "compression": compression,
-            "checksums": {"index_xxh3": _file_xxh3(self.tmp / INDEX_NAME), "dicts": {}},
+            "checksums": {"index_xxh3": file_xxh3(self.tmp / INDEX_NAME), "dicts": {}},
             "writer_seconds": timing, **extra,
         }
 
-    def _baselines(self, pool: ThreadPoolExecutor, buckets: list[_Bucket]) -> dict:
+    def _baselines(self, pool: ThreadPoolExecutor, buckets: list[Bucket]) -> dict:
         """Each column of each frame compressed alone (what images, actions and tokens cost apart), and the
         whole payload as one zstd stream; all at the writer's level, no dictionary."""
         (b,) = buckets
@@ -200,7 +200,7 @@ class VLAShardWriter(ShardWriter):
 
         whole = zstd.ZstdCompressor(level=self.level).compressobj()
         raw, comp, w = [0, 0, 0], [0, 0, 0], 0
-        for i, (payload, r, c) in enumerate(_ordered(pool, apart, b.frames, 2 * self.num_workers)):
+        for i, (payload, r, c) in enumerate(ordered_buckets(pool, apart, b.frames, 2 * self.num_workers)):
             self._progress("baselines", i, len(b.frames))
             raw, comp = [x + y for x, y in zip(raw, r)], [x + y for x, y in zip(comp, c)]
             w += len(whole.compress(payload))

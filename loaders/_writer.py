@@ -21,11 +21,11 @@ import numpy as np
 import xxhash
 import zstandard as zstd
 
-from ._layout import (FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, MAX_FRAME_BYTES, MIN_FRAME_BYTES, _file_xxh3,
+from ._layout import (FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, MAX_FRAME_BYTES, MIN_FRAME_BYTES, file_xxh3,
                       bucket_length, position_dtype_for, token_dtype_for, write_index)
 from workbench.files import fsync_dir, write_json
 
-from ._publish import _PARTIAL, _close_synced, _move_into_place, _owner_tag
+from ._publish import PARTIAL, close_synced, move_into_place, owner_tag
 
 # The sizes and parameters below are measured choices; docs/loaders.md ("Why these sizes") has the figures.
 # A frame amortises its read, checksum and context over ~25 records of 2,048 tokens and stays cheap to seek.
@@ -39,7 +39,7 @@ _SAMPLES_PER_DICT_BYTE = 100
 _GLOBAL_DICT_MAX_SAMPLES = 20000
 
 
-def _ordered(pool: ThreadPoolExecutor, fn, items, window: int):
+def ordered_buckets(pool: ThreadPoolExecutor, fn, items, window: int):
     """``map(fn, items)`` on the pool with at most ``window`` tasks in flight, results in order."""
     pending: deque = deque()
     for x in items:
@@ -50,7 +50,7 @@ def _ordered(pool: ThreadPoolExecutor, fn, items, window: int):
         yield pending.popleft().result()
 
 
-class _Spill:
+class Spill:
     """One bucket's records as they arrive: a file per column, plus the record lengths."""
 
     COLUMNS = ("tok", "pos", "mask")
@@ -66,7 +66,7 @@ class _Spill:
 
 
 @dataclass
-class _Bucket:
+class Bucket:
     """A bucket while the writer closes: spilled columns (memory-mapped), dictionary, frames."""
 
     index: int
@@ -131,13 +131,13 @@ class ShardWriter:
         self.tok_dtype = token_dtype_for(vocab_size)
         self.pos_dtype = position_dtype_for(max_len)
         self.out_dir.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}{_PARTIAL}{_owner_tag()}-",
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{self.out_dir.name}{PARTIAL}{owner_tag()}-",
                                          dir=self.out_dir.parent))
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(self.tmp, 0o777 & ~umask)  # mkdtemp makes it 0700; the result is read by other jobs
         (self.tmp / "spill").mkdir()
-        self._spill: dict[int, _Spill] = {}
+        self._spill: dict[int, Spill] = {}
         self.n_records = 0
         self.real_tokens = 0
         # the reference: the input's token ids (at the stored width) as one plain zstd stream, same level, no
@@ -187,7 +187,7 @@ class ShardWriter:
         blen = bucket_length(n, self.bucket_width, self.max_len)
         spill = self._spill.get(blen)
         if spill is None:
-            spill = self._spill[blen] = _Spill(self.tmp / "spill", blen)
+            spill = self._spill[blen] = Spill(self.tmp / "spill", blen)
         ft, fp, fm = spill.files
         tok = np.ascontiguousarray(tokens, self.tok_dtype)
         ft.write(tok.data)
@@ -257,7 +257,7 @@ class ShardWriter:
         d.precompute_compress(level=self.level)
         return d
 
-    def _prepare_bucket(self, args: tuple[int, int]) -> _Bucket:
+    def _prepare_bucket(self, args: tuple[int, int]) -> Bucket:
         """Map a bucket's spilled columns, plan its frames and train its dictionary (in a worker thread)."""
         bi, blen = args
         spill = self._spill[blen]
@@ -272,8 +272,8 @@ class ShardWriter:
                 fh.write(d.as_bytes())
                 fh.flush()
                 os.fsync(fh.fileno())
-        return _Bucket(bi, blen, lens, offs, cols, self._frames_of(lens), d, dict_id,
-                       samples if self.compare_baselines else None)
+        return Bucket(bi, blen, lens, offs, cols, self._frames_of(lens), d, dict_id,
+                      samples if self.compare_baselines else None)
 
     def _compressor(self, key, dict_data) -> zstd.ZstdCompressor:
         """A per-thread compressor (zstd contexts must not be shared between threads)."""
@@ -286,7 +286,7 @@ class ShardWriter:
                                                  write_content_size=True, write_checksum=True)
         return c
 
-    def _compress_frame(self, task: tuple[_Bucket, tuple[int, int]]) -> tuple[bytes, int]:
+    def _compress_frame(self, task: tuple[Bucket, tuple[int, int]]) -> tuple[bytes, int]:
         b, (first, n) = task
         payload = b.payload(first, n)
         return self._compressor(("bucket", b.index), b.dict).compress(payload), len(payload)
@@ -329,7 +329,8 @@ class ShardWriter:
         pool = ThreadPoolExecutor(self.num_workers)
         try:
             t0 = time.perf_counter()
-            buckets = list(_ordered(pool, self._prepare_bucket, enumerate(sorted(self._spill)), self.num_workers))
+            buckets = list(ordered_buckets(pool, self._prepare_bucket, enumerate(sorted(self._spill)),
+                                           self.num_workers))
             t1 = time.perf_counter()
             self._write_frames(pool, buckets)
             t2 = time.perf_counter()
@@ -348,22 +349,22 @@ class ShardWriter:
         write_json(self.tmp / MANIFEST_NAME, manifest)
         for sub in ("data", "dicts", "."):  # data and dictionaries are durable before the rename publishes them
             fsync_dir(self.tmp / sub)
-        _move_into_place(self.tmp, self.out_dir)
+        move_into_place(self.tmp, self.out_dir)
         fsync_dir(self.out_dir.parent)
         self._closed = True
         return manifest
 
-    def _write_frames(self, pool: ThreadPoolExecutor, buckets: list[_Bucket]) -> None:
+    def _write_frames(self, pool: ThreadPoolExecutor, buckets: list[Bucket]) -> None:
         """Compress every frame (in parallel, bounded) and append it to its bucket's data file, in order."""
         tasks = [(b, f) for b in buckets for f in b.frames]
         fh, cur = None, None
         try:
-            for i, ((b, (first, n)), (comp, dlen)) in enumerate(zip(tasks, _ordered(
+            for i, ((b, (first, n)), (comp, dlen)) in enumerate(zip(tasks, ordered_buckets(
                     pool, self._compress_frame, tasks, 2 * self.num_workers))):
                 self._progress("compress", i, len(tasks))
                 if b is not cur:
                     if fh is not None:
-                        _close_synced(fh)
+                        close_synced(fh)
                     fh, cur, off = open(self.tmp / "data" / f"b{b.length}.lbd", "wb"), b, 0
                     b.written = []
                 fh.write(comp)
@@ -373,13 +374,13 @@ class ShardWriter:
                 b.raw_bytes += dlen
             self._progress("compress", len(tasks), len(tasks))
             if fh is not None:
-                _close_synced(fh)
+                close_synced(fh)
                 fh = None
         finally:
             if fh is not None:
                 fh.close()
 
-    def _write_index(self, buckets: list[_Bucket]) -> None:
+    def _write_index(self, buckets: list[Bucket]) -> None:
         nf = [len(b.written) for b in buckets]
         fr = np.array([f for b in buckets for f in b.written], dtype=np.uint64).reshape(-1, 6)
         first_frame = np.cumsum([0] + nf)[:-1]
@@ -402,13 +403,13 @@ class ShardWriter:
         }
         write_index(self.tmp / INDEX_NAME, cols, **self._index_header(buckets))
 
-    def _index_header(self, buckets: list[_Bucket]) -> dict:
+    def _index_header(self, buckets: list[Bucket]) -> dict:
         """The index header's fields (``write_index``'s keyword arguments); a record kind adds its own."""
         return {"tok_itemsize": self.tok_dtype.itemsize, "pos_itemsize": self.pos_dtype.itemsize,
                 "bucket_width": self.bucket_width, "vocab_size": self.vocab_size,
                 "n_dicts": sum(b.dict_id >= 0 for b in buckets)}
 
-    def _manifest(self, buckets: list[_Bucket], baselines: dict, timing: dict, extra: dict) -> dict:
+    def _manifest(self, buckets: list[Bucket], baselines: dict, timing: dict, extra: dict) -> dict:
         rows = []
         padded_total = 0
         for b in buckets:
@@ -440,8 +441,8 @@ class ShardWriter:
             "stored_vs_plain_zstd": round(stored / plain, 4),
             "raw_bytes": raw, "per_bucket_dict_bytes": comp,
             "ratio_per_bucket_dict": round(raw / comp, 4), **baselines}
-        checksums = {"index_xxh3": _file_xxh3(self.tmp / INDEX_NAME),
-                     "dicts": {str(b.dict_id): _file_xxh3(self.tmp / "dicts" / f"{b.dict_id}.zdict")
+        checksums = {"index_xxh3": file_xxh3(self.tmp / INDEX_NAME),
+                     "dicts": {str(b.dict_id): file_xxh3(self.tmp / "dicts" / f"{b.dict_id}.zdict")
                                for b in buckets if b.dict_id >= 0}}
         return {
             "format": "loongbin", "version": FORMAT_VERSION, "complete": True,
@@ -454,7 +455,7 @@ class ShardWriter:
             "writer_seconds": timing, **extra,
         }
 
-    def _baselines(self, pool: ThreadPoolExecutor, buckets: list[_Bucket]) -> dict:
+    def _baselines(self, pool: ThreadPoolExecutor, buckets: list[Bucket]) -> dict:
         """Same frames with one global dictionary and with none; and the whole payload as one zstd stream."""
         samples = [s for b in buckets for s in (b.samples or [])]
         gdict = self._train(samples[:: max(1, len(samples) // _GLOBAL_DICT_MAX_SAMPLES)])
@@ -469,7 +470,7 @@ class ShardWriter:
         whole = zstd.ZstdCompressor(level=self.level).compressobj()
         g = n = w = 0
         tasks = [(b, f) for b in buckets for f in b.frames]
-        for i, (payload, gl, nl) in enumerate(_ordered(pool, both, tasks, 2 * self.num_workers)):
+        for i, (payload, gl, nl) in enumerate(ordered_buckets(pool, both, tasks, 2 * self.num_workers)):
             self._progress("baselines", i, len(tasks))
             g += gl
             n += nl

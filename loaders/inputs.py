@@ -39,7 +39,7 @@ class _Member:
     fortran: bool = False
 
 
-def _read_npy_header(fh: IO[bytes], where: str) -> tuple[tuple, bool, np.dtype]:
+def read_npy_header(fh: IO[bytes], where: str) -> tuple[tuple, bool, np.dtype]:
     try:
         version = np.lib.format.read_magic(fh)
         if version == (1, 0):
@@ -94,7 +94,7 @@ class InputFile:
             self._stream = np.memmap(p, dt, "r")
         elif self.format == "npy":
             with open(p, "rb") as fh:
-                shape, fortran, dtype = _read_npy_header(fh, str(p))
+                shape, fortran, dtype = read_npy_header(fh, str(p))
             _check_int_dtype(dtype, str(p))
             if len(shape) not in (1, 2):
                 raise ValueError(f"{p}: shape {shape}, expected a 1-D token stream or a 2-D [documents, length] array")
@@ -136,7 +136,7 @@ class InputFile:
                 if key not in names:
                     continue
                 with zf.open(names[key]) as fh:
-                    shape, fortran, dtype = _read_npy_header(fh, f"{p}: {key}")
+                    shape, fortran, dtype = read_npy_header(fh, f"{p}: {key}")
                 _check_int_dtype(dtype, f"{p}: {key}", allow_bool=key == "attention_mask")
                 members[key] = _Member(key, shape, dtype, zip_path=names[key], fortran=fortran)
         ids, mask = members["input_ids"], members.get("attention_mask")
@@ -174,7 +174,7 @@ class InputFile:
                 yield arr[r0:r0 + step]
             return
         with zf.open(m.zip_path) as fh:
-            _read_npy_header(fh, f"{self.path}: {m.name}")
+            read_npy_header(fh, f"{self.path}: {m.name}")
             row_bytes = L * m.dtype.itemsize
             for r0 in range(0, n_rows, step):
                 r = min(step, n_rows - r0)

@@ -22,7 +22,7 @@ import torch
 
 from ._plans import PACKINGS, EpochPlan, FillPlan, plan_buckets, record_frames
 from ._settings import CONFIG_FIELDS, check_arguments, config_arguments, config_error, config_shards
-from ._staging import (_POLL_S, _STAGED_BYTES_PER_TOKEN, Batch, StagingRing, _batch_bytes, _fill_row, _fill_span,
+from ._staging import (POLL_S, STAGED_BYTES_PER_TOKEN, Batch, StagingRing, batch_bytes, fill_row, fill_span,
                        bytes_per_sample, default_block_bytes)
 from .format import Frame, ShardSet
 from .reader import OrderedReader, make_reader
@@ -44,7 +44,7 @@ __all__ = [
 _STATE_VERSION = 1
 
 
-class _Stopped(Exception):
+class Stopped(Exception):
     """Internal: a background thread noticed close()."""
 
 
@@ -215,11 +215,11 @@ class BatchPipeline:
         longest = int(self._bucket_len.max())
         max_len = int(self.shards.manifest.get("max_len", longest)) if self.packing == "bucket" else longest
         block = pinned_block_kb * 1024 if pinned_block_kb is not None else default_block_bytes(max_len, micro_batch)
-        if block < _batch_bytes(micro_batch, longest):
+        if block < batch_bytes(micro_batch, longest):
             what = "the packed rows" if self.packing == "fill" else "the largest bucket"
             raise ValueError(f"pinned_block_kb={pinned_block_kb}: a staging block of {block} bytes is too small for "
-                             f"{what} ({micro_batch} x {longest} tokens x {_STAGED_BYTES_PER_TOKEN} "
-                             f"bytes = {_batch_bytes(micro_batch, longest)} bytes); need pinned_block_kb >= "
+                             f"{what} ({micro_batch} x {longest} tokens x {STAGED_BYTES_PER_TOKEN} "
+                             f"bytes = {batch_bytes(micro_batch, longest)} bytes); need pinned_block_kb >= "
                              f"{math.ceil(default_block_bytes(longest, micro_batch) / 1024)}")
         return block
 
@@ -282,7 +282,7 @@ class BatchPipeline:
         ahead, deadline = min(self.prefetch_batches, len(self.ring)), time.monotonic() + timeout
         with self._cv:  # the assembler counts and notifies under it; an error or the end stops it early
             while self._assembled < ahead and self._threads[1].is_alive() and time.monotonic() < deadline:
-                self._cv.wait(_POLL_S)
+                self._cv.wait(POLL_S)
 
     def _stop_threads(self, restart: bool = True) -> None:
         if not self._threads:
@@ -365,7 +365,7 @@ class BatchPipeline:
                     return
                 with self._cv:  # run at most prefetch_batches batches ahead of the assembler
                     while first_use >= self._assembled + self.prefetch_batches and not self._stop.is_set():
-                        self._cv.wait(_POLL_S)
+                        self._cv.wait(POLL_S)
                 if self._stop.is_set():
                     return
                 if self._decode_pool is not None:
@@ -398,17 +398,17 @@ class BatchPipeline:
         with self._cv:
             while key not in self._store:
                 if self._stop.is_set():
-                    raise _Stopped
+                    raise Stopped
                 if self._reader_error is not None:
                     raise self._reader_error
                 if self._reader_done:  # a bug, not a data error: say so rather than wait forever
                     raise RuntimeError(f"loaders: frame {frame} of epoch {epoch} is needed but the reader "
                                        f"thread finished without reading it")
-                self._cv.wait(_POLL_S)
+                self._cv.wait(POLL_S)
             fut = self._store[key][0]
         while True:
             if self._stop.is_set():
-                raise _Stopped
+                raise Stopped
             if _wait_future(fut):
                 return fut.result()  # raises the decode error (ShardFormatError...) here, in batch order
 
@@ -427,7 +427,7 @@ class BatchPipeline:
         try:
             i = self.ring.acquire()
         except RuntimeError:
-            raise _Stopped from None
+            raise Stopped from None
         tok_BT, pos_BT, mask_BT = self.ring.views(i, B, T)
         frames: dict[int, Frame] = {}
         uses: collections.Counter = collections.Counter()
@@ -438,7 +438,7 @@ class BatchPipeline:
             if fr is None:
                 fr = frames[f] = self._frame(epoch, f)
             uses[f] += 1
-            real += _fill_row(tok_BT, pos_BT, mask_BT, row, *fr.record(r - int(self._first_rec[f])))
+            real += fill_row(tok_BT, pos_BT, mask_BT, row, *fr.record(r - int(self._first_rec[f])))
         for f, n in uses.items():
             self._unref(epoch, f, n)
         return self._ship(i, B, T, real=real, epoch=epoch, index=k, bucket=bucket, record_ids=ids)
@@ -450,7 +450,7 @@ class BatchPipeline:
         try:
             i = self.ring.acquire()
         except RuntimeError:
-            raise _Stopped from None
+            raise Stopped from None
         tok_BT, pos_BT, mask_BT = self.ring.views(i, B, T, zero=False)  # the slices cover all of it: no padding
         tok_N, pos_N, mask_N = tok_BT.reshape(-1), pos_BT.reshape(-1), mask_BT.reshape(-1)  # views, contiguous
         frames: dict[int, Frame] = {}
@@ -463,7 +463,7 @@ class BatchPipeline:
                 fr = frames[f] = self._frame(epoch, f)
             uses[f] += 1
             t, p, m = fr.record(r - int(self._first_rec[f]))
-            real += _fill_span(tok_N, pos_N, mask_N, d, t[a:a + n], p[a:a + n], m[a:a + n])
+            real += fill_span(tok_N, pos_N, mask_N, d, t[a:a + n], p[a:a + n], m[a:a + n])
         if real != B * T:  # a plan bug, not a data error: unwritten staging bytes would reach the model
             raise RuntimeError(f"loaders: fill batch {k} of epoch {epoch} has {real} tokens, expected {B} x {T}")
         for f, n in uses.items():
@@ -493,11 +493,11 @@ class BatchPipeline:
     def _put(self, item: Any) -> None:
         while not self._stop.is_set():
             try:
-                self._queue.put(item, timeout=_POLL_S)
+                self._queue.put(item, timeout=POLL_S)
                 return
             except queue.Full:
                 continue
-        raise _Stopped
+        raise Stopped
 
     def _assembler_main(self) -> None:
         try:
@@ -512,12 +512,12 @@ class BatchPipeline:
                         self._assembled += 1
                         self._cv.notify_all()
             self._put(_END)
-        except _Stopped:
+        except Stopped:
             pass
         except BaseException as e:
             try:
                 self._put(e)
-            except _Stopped:
+            except Stopped:
                 pass
             self._stop.set()  # the reader stops too; the consumer gets the error at next()
 
@@ -540,7 +540,7 @@ class BatchPipeline:
         t0 = time.perf_counter()
         while True:
             try:
-                item = self._queue.get(timeout=_POLL_S)
+                item = self._queue.get(timeout=POLL_S)
                 break
             except queue.Empty:
                 if not self._threads[1].is_alive() and self._queue.empty():
@@ -657,7 +657,7 @@ class BatchPipeline:
         return m
 
 
-def _wait_future(f: Future, timeout: float | None = _POLL_S) -> bool:
+def _wait_future(f: Future, timeout: float | None = POLL_S) -> bool:
     """Wait for ``f`` (without raising its exception); True once it is done."""
     try:
         f.exception(timeout=timeout)

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loaders._publish import _check_output, _missing_ancestors
+from loaders._publish import check_output_path, missing_ancestors
 from loaders.format import (
     MAX_FRAME_BYTES,
     MIN_FRAME_BYTES,
@@ -238,7 +238,7 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
     if tokenizer is not None and (not isinstance(tokenizer, str) or not tokenizer.strip()):
         raise ValueError(f"tokenizer={tokenizer!r}: expected a tokenizer name or path, or None")
     out = Path(output)
-    _check_output(out, overwrite)
+    check_output_path(out, overwrite)
     for p in remove_stale_partials(out):
         _log(quiet, f"removed {p} (left by an interrupted run)")
     files = [open_input(p, eos_id=cfg.eos_id, bin_dtype=cfg.bin_dtype) for p in inputs]
@@ -250,7 +250,7 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
         warnings.warn(f"--vocab-size not given: inferred {vocab} (max id + 1) from the inputs; pass "
                       f"--vocab-size to fix the token dtype and reject out-of-range ids", stacklevel=2)
 
-    created = _missing_ancestors(out)
+    created = missing_ancestors(out)
     counts = _Counts()
     total_bytes = sum(f.nbytes for f in files)
     try:

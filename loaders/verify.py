@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from loaders._layout import _file_xxh3
+from loaders._layout import file_xxh3
 from loaders.format import MANIFEST_NAME, ShardFormatError, ShardSet, VLAFrame
 
 __all__ = ["verify", "summary", "format_summary", "main"]
@@ -54,7 +54,7 @@ def _check_checksums(s: ShardSet) -> None:
         want = sums.get("dicts", {}).get(str(d))
         if want is None:
             raise ShardFormatError(f"{s.root / MANIFEST_NAME}: checksums.dicts has no entry for dictionary {d}")
-        if _file_xxh3(path) != want:
+        if file_xxh3(path) != want:
             raise ShardFormatError(f"{path}: dictionary {d}: checksum mismatch (xxh3-64 differs from "
                                    f"{MANIFEST_NAME}): the dictionary is corrupt")
 

@@ -25,7 +25,7 @@ from ._plans import EpochPlan, FillPlan
 from ._settings import VLA_CONFIG_FIELDS, check_vla_arguments
 from ._vla_staging import VLABatch, VLALayout
 from .format import ShardSet, VLAFrame
-from .pipeline import BatchPipeline, _Stopped
+from .pipeline import BatchPipeline, Stopped
 
 __all__ = ["VLAPipeline", "VLABatch", "VLALayout", "AugmentSettings", "augment_image", "sample_rng",
            "VLA_CONFIG_FIELDS"]
@@ -162,7 +162,7 @@ class VLAPipeline(BatchPipeline):
         try:
             i = self.ring.acquire()
         except RuntimeError:
-            raise _Stopped from None
+            raise Stopped from None
         blk = self.ring.blocks[i].numpy()
         v = self.layout.views(blk)
         regions = self.layout.regions

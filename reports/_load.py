@@ -126,18 +126,18 @@ def lookup_key(tree: Any, key: str) -> tuple[bool, Any]:
             break
     else:
         return True, node
-    hits = [(p, v) for p, v in _flatten(tree).items() if p == key or p.endswith("." + key)]
+    hits = [(p, v) for p, v in flatten_dict(tree).items() if p == key or p.endswith("." + key)]
     if len(hits) == 1:
         return True, hits[0][1]
     return False, None
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, Any]:
+def flatten_dict(tree: dict, prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in tree.items():
         path = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, dict) and v:
-            out.update(_flatten(v, path))
+            out.update(flatten_dict(v, path))
         else:
             out[path] = v
     return out

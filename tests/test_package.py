@@ -30,3 +30,23 @@ def test_this_projects_kernels_imports_from_any_directory(tmp_path):
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert Path(run.stdout.strip()) == ROOT / "kernels" / "__init__.py"
+
+
+def test_no_module_imports_another_modules_private_name():
+    """A name one module imports from another is public (no leading underscore): what is shared inside a package
+    says so by its name, and an underscore name stays with the module that defines it (issue 42)."""
+    import ast
+
+    packages = ("workbench", "loaders", "kernels", "reports")
+    found = []
+    for top in packages:
+        for path in sorted((ROOT / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.ImportFrom):
+                    continue
+                ours = node.level > 0 or (node.module or "").split(".")[0] in packages
+                for alias in node.names:
+                    if ours and alias.name.startswith("_") and not alias.name.startswith("__"):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {alias.name} from "
+                                     f"{'.' * node.level}{node.module or ''}")
+    assert not found, "private names imported across modules:\n" + "\n".join(found)

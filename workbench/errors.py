@@ -35,7 +35,7 @@ class ConfigError(ValueError):
 
     def with_prefix(self, prefix: str) -> ConfigError:
         """The same error with ``prefix`` prepended to its key path."""
-        return type(self)(self.message, key=_join(prefix, self.key), source=self.source, line=self.line)
+        return type(self)(self.message, key=join_keys(prefix, self.key), source=self.source, line=self.line)
 
     def with_source(self, source: str) -> ConfigError:
         """The same error attributed to the file ``source``."""
@@ -46,7 +46,7 @@ def _rebuild_error(message: str, key: str, source: str | None, line: int | None)
     return ConfigError(message, key=key, source=source, line=line)
 
 
-def _join(prefix: str, key: str) -> str:
+def join_keys(prefix: str, key: str) -> str:
     if not prefix:
         return key
     if not key:

@@ -12,47 +12,48 @@ import datetime
 from collections.abc import Callable
 from typing import Any
 
-from reports.render.assets import _CSS, _JS
-from reports.render.data import _data
-from reports.render.environment import _environment
-from reports.render.figures import _Figures
-from reports.render.gpu import _gpu
-from reports.render.guide import _guide
-from reports.render.kernels import _kernels
-from reports.render.memory import _memory
-from reports.render.numerics import _compile, _numerics
-from reports.render.phases import _time
-from reports.render.search import _search, _trials
-from reports.render.summary import _summary
-from reports.render.tables import _esc, _missing
+from reports.render.assets import CSS, JS
+from reports.render.data import render_data
+from reports.render.environment import render_environment
+from reports.render.figures import Figures
+from reports.render.gpu import render_gpu
+from reports.render.guide import render_guide
+from reports.render.kernels import render_kernels
+from reports.render.memory import render_memory
+from reports.render.numerics import render_compile, render_numerics
+from reports.render.phases import render_time
+from reports.render.search import render_search, render_trials
+from reports.render.summary import render_summary
+from reports.render.tables import esc, missing_note
 from reports.sections import SECTIONS, ReportData, SectionFailed, Trials
 
 __all__ = ["render_html"]
 
 
-_RENDERERS: dict[str, Callable[[Any, _Figures], str]] = {
-    "summary": _summary, "guide": _guide, "search": _search, "time": _time, "gpu": _gpu, "compile": _compile,
-    "numerics": _numerics, "memory": _memory, "kernels": _kernels,
-    "data": _data, "trials": _trials, "environment": _environment,
+_RENDERERS: dict[str, Callable[[Any, Figures], str]] = {
+    "summary": render_summary, "guide": render_guide, "search": render_search, "time": render_time,
+    "gpu": render_gpu, "compile": render_compile, "numerics": render_numerics, "memory": render_memory,
+    "kernels": render_kernels,
+    "data": render_data, "trials": render_trials, "environment": render_environment,
 }
 
 
 def render_html(report: ReportData) -> str:
     """The whole report as one self-contained HTML document."""
     data = report.study
-    figs = _Figures()
+    figs = Figures()
     name = data.study_name or data.study_dir.name
     parts = []
     for i, (key, heading, _) in enumerate(SECTIONS, start=1):
         section = getattr(report, key)
         body: str
         if isinstance(section, SectionFailed):
-            body = f'<p class="missing error section-error">This section could not be built: {_esc(section.error)}</p>'
+            body = f'<p class="missing error section-error">This section could not be built: {esc(section.error)}</p>'
         else:
             try:
                 body = ""
                 if section.message and key not in ("memory", "kernels", "guide"):  # those place their own
-                    body = _missing(section.message)
+                    body = missing_note(section.message)
                     if section_is_empty(key, section):
                         parts.append(_section(key, i, heading, body))
                         continue
@@ -63,36 +64,36 @@ def render_html(report: ReportData) -> str:
 
                 logging.getLogger(__name__).warning("rendering section %s failed:\n%s", key, traceback.format_exc())
                 body = (f'<p class="missing error section-error">This section could not be drawn: '
-                        f"{_esc(type(e).__name__)}: {_esc(e)}</p>")
+                        f"{esc(type(e).__name__)}: {esc(e)}</p>")
         parts.append(_section(key, i, heading, body))
 
     trials = report.trials
     counts = ""
     if isinstance(trials, Trials) and len(trials.status_counts):
-        counts = " — " + ", ".join(f"{_esc(k)} {int(v)}" for k, v in trials.status_counts.items())
+        counts = " — " + ", ".join(f"{esc(k)} {int(v)}" for k, v in trials.status_counts.items())
     n_trials = len(data.trials)
     now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     model = data.spec.get("model")
     model = model.get("name") if isinstance(model, dict) else model
     sub = [f"{n_trials} trials{counts}"]
     if model:
-        sub.insert(0, f"model {_esc(model)}")
+        sub.insert(0, f"model {esc(model)}")
     if data.spec.get("gpus"):
-        sub.insert(1 if model else 0, f"{_esc(data.spec['gpus'])} GPU(s)")
-    nav = "".join(f'<a href="#{key}">{i}. {_esc(h)}</a>' for i, (key, h, _) in enumerate(SECTIONS, start=1))
+        sub.insert(1 if model else 0, f"{esc(data.spec['gpus'])} GPU(s)")
+    nav = "".join(f'<a href="#{key}">{i}. {esc(h)}</a>' for i, (key, h, _) in enumerate(SECTIONS, start=1))
     problems = ""
     if data.problems:
-        problems = "<p>Unreadable files: " + "; ".join(_esc(p) for p in data.problems) + "</p>"
+        problems = "<p>Unreadable files: " + "; ".join(esc(p) for p in data.problems) + "</p>"
     return (
         "<!DOCTYPE html>\n"
         '<html lang="en">\n<head>\n<meta charset="utf-8">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>Study report: {_esc(name)}</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-        f"<header><h1>Study report: {_esc(name)}</h1>"
+        f"<title>Study report: {esc(name)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
+        f"<header><h1>Study report: {esc(name)}</h1>"
         f"<p>{' · '.join(sub)}</p>"
-        f"<p>Generated {now} from <code>{_esc(data.study_dir)}</code></p>{problems}</header>\n"
+        f"<p>Generated {now} from <code>{esc(data.study_dir)}</code></p>{problems}</header>\n"
         f"<nav>{nav}</nav>\n<main>\n" + "\n".join(parts) + "\n</main>\n"
-        f"<script>{_JS}</script>\n</body>\n</html>\n"
+        f"<script>{JS}</script>\n</body>\n</html>\n"
     )
 
 
@@ -106,4 +107,4 @@ def section_is_empty(key: str, section: Any) -> bool:
 
 
 def _section(key: str, i: int, heading: str, body: str) -> str:
-    return f'<section id="{key}">\n<h2>{i}. {_esc(heading)}</h2>\n{body}\n</section>'
+    return f'<section id="{key}">\n<h2>{i}. {esc(heading)}</h2>\n{body}\n</section>'

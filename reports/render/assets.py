@@ -1,7 +1,7 @@
 """The page's style sheet and script, inlined in every report (the page fetches nothing)."""
 
 
-_CSS = """
+CSS = """
 :root { --fg:#1d1d1f; --muted:#6b6b6b; --line:#dcdcdc; --accent:#4e79a7; --bad:#c0392b;
   --page:1800px; --gutter:clamp(14px, 2.2vw, 40px); --measure:110ch; }
 * { box-sizing: border-box; }
@@ -83,7 +83,7 @@ summary { cursor:pointer; }
 
 
 # Sort a table by clicking its header: numbers by value (data-v), text alphabetically, blanks last.
-_JS = """
+JS = """
 (function () {
   function key(cell) {
     var v = cell.getAttribute('data-v');

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.render.figures import ARM_COLORS, STATUS_OK, _figure, _Figures, _kfmt
-from reports.render.tables import _missing, _pct, _table
+from reports.render.figures import ARM_COLORS, STATUS_OK, new_figure, Figures, kfmt
+from reports.render.tables import missing_note, fmt_pct, html_table
 from reports.sections.data import DataSection
 
 
-def _data(s: DataSection, figs: _Figures) -> str:
+def render_data(s: DataSection, figs: Figures) -> str:
     out = ['<div class="cols3">']
     bt = s.by_trial
     pad = bt.dropna(subset=["bucket_width", "padding_ratio"])
     if s.padding_message:
-        out.append(_missing(s.padding_message))
+        out.append(missing_note(s.padding_message))
     elif len(pad):
         def draw():
-            fig = _figure(4.2, 3.0)
+            fig = new_figure(4.2, 3.0)
             ax = fig.add_subplot()
             ax.scatter(pad["bucket_width"], pad["padding_ratio"] * 100, s=14, color="#4e79a7", alpha=0.7,
                        zorder=3, label="trial")
@@ -37,12 +37,12 @@ def _data(s: DataSection, figs: _Figures) -> str:
 
         out.append(figs.svg(draw))
     else:
-        out.append(_missing("No padding ratio per bucket width yet."))
+        out.append(missing_note("No padding ratio per bucket width yet."))
     io_df = s.io
     q = ["read_latency_ms_p50", "read_latency_ms_p90", "read_latency_ms_p99"]
     if len(io_df) and io_df[q].notna().any().any():
         def draw():
-            fig = _figure(4.2, 3.0)
+            fig = new_figure(4.2, 3.0)
             ax = fig.add_subplot()
             x = np.arange(len(q))
             w = 0.8 / len(io_df)
@@ -58,13 +58,13 @@ def _data(s: DataSection, figs: _Figures) -> str:
 
         out.append(figs.svg(draw))
     else:
-        out.append(_missing("No read latency recorded (io/read_latency_ms_*)."))
+        out.append(missing_note("No read latency recorded (io/read_latency_ms_*)."))
     dec = bt.dropna(subset=["loader_headroom"])
     if len(dec):
         def draw():
             from matplotlib.ticker import LogLocator, MaxNLocator, NullLocator
 
-            fig = _figure(4.2, 3.0)
+            fig = new_figure(4.2, 3.0)
             ax = fig.add_subplot()
             ax.scatter(dec["value"], dec["loader_headroom"], s=14, color="#4e79a7", zorder=3)
             lo, hi = float(dec["loader_headroom"].min()), float(dec["loader_headroom"].max())
@@ -78,7 +78,7 @@ def _data(s: DataSection, figs: _Figures) -> str:
             ax.yaxis.set_minor_locator(NullLocator())
             ax.yaxis.set_major_formatter(lambda v, _pos: _times(v))
             ax.xaxis.set_major_locator(MaxNLocator(nbins=5))  # a third of the page: long labels such as 3.25k
-            ax.xaxis.set_major_formatter(_kfmt)
+            ax.xaxis.set_major_formatter(kfmt)
             ax.set_xlabel("training: real tokens/s/GPU")
             ax.set_ylabel("loader headroom (decode ÷ training)")
             ax.set_title("Loader throughput vs training")
@@ -89,22 +89,22 @@ def _data(s: DataSection, figs: _Figures) -> str:
                                   "one decode core is slower than the step: the step waits for data unless "
                                   "several workers decode."))
     else:
-        out.append(_missing("No loader throughput recorded (decode/tokens_per_s)."))
+        out.append(missing_note("No loader throughput recorded (decode/tokens_per_s)."))
     out.append("</div>")
     if len(io_df):
-        out.append(_table(io_df.reset_index(), cls="compact",
-                          formats={"padding_ratio": _pct,
+        out.append(html_table(io_df.reset_index(), cls="compact",
+                              formats={"padding_ratio": fmt_pct,
                                    "loader_headroom": _times},
-                          headers={"io_backend": "io backend", "read_latency_ms_p50": "read p50 (ms)",
+                              headers={"io_backend": "io backend", "read_latency_ms_p50": "read p50 (ms)",
                                    "read_latency_ms_p90": "read p90 (ms)", "read_latency_ms_p99": "read p99 (ms)",
                                    "decode_tokens_per_s": "decode tokens/s",
                                    "real_tokens_per_s_per_gpu": "real tokens/s/GPU",
                                    "loader_headroom": "loader headroom", "padding_ratio": "padding"}))
     if len(s.padding):
-        out.append(_table(s.padding, cls="compact",
-                          formats={c: _pct for c in ("padding_ratio_median", "padding_ratio_min",
+        out.append(html_table(s.padding, cls="compact",
+                              formats={c: fmt_pct for c in ("padding_ratio_median", "padding_ratio_min",
                                                      "padding_ratio_max")},
-                          headers={"bucket_width": "bucket width", "padding_ratio_median": "padding (median)",
+                              headers={"bucket_width": "bucket width", "padding_ratio_median": "padding (median)",
                                    "padding_ratio_min": "min", "padding_ratio_max": "max",
                                    "tokens_per_s_median": "tokens/s/GPU (median)"}))
     return "\n".join(out)

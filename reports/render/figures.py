@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from reports.render.tables import _esc, _isnum, fmt
+from reports.render.tables import esc, isnum, fmt
 
 __all__ = ["ARM_COLORS", "FULL_W", "HALF_W", "PHASE_COLORS", "STATUS_FAILED", "STATUS_OK", "STATUS_PRUNED"]
 
@@ -54,7 +54,7 @@ _RC = {
 }
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -64,7 +64,7 @@ def _figure(width: float, height: float):
     return fig
 
 
-class _Figures:
+class Figures:
     """Draws under the report's rcParams and returns inline ``<svg>`` markup with ids unique per figure."""
 
     def __init__(self) -> None:
@@ -136,7 +136,7 @@ def _inline_svg(svg: str, prefix: str, number: int | None = None, title: str = "
         svg = svg[:m.start()] + re.sub(r'\s+width="[^"]*"\s+height="[^"]*"', f' style="max-width:{max_px:.0f}px"',
                                        m.group(0), count=1) + svg[m.end():]
     if number is not None:
-        svg = re.sub(r"<svg\b", f'<svg data-figure="{number}" data-title="{_esc(title)}"', svg, count=1)
+        svg = re.sub(r"<svg\b", f'<svg data-figure="{number}" data-title="{esc(title)}"', svg, count=1)
     return svg.strip()
 
 
@@ -144,7 +144,7 @@ def _value_key(v: Any) -> tuple:
     """A knob value compared across types: numpy and Python numbers alike, bools apart from numbers."""
     if isinstance(v, (bool, np.bool_)):
         return ("b", bool(v))
-    if _isnum(v):
+    if isnum(v):
         return ("n", float(v))
     return ("s", str(v))
 
@@ -153,8 +153,8 @@ def _missing_value(v: Any) -> bool:
     return v is None or v is pd.NA or (isinstance(v, (float, np.floating)) and math.isnan(v))
 
 
-def _knob_axis(ax, values: pd.Series, kind: str | None = None, choices: list | None = None,
-               log: bool = False) -> np.ndarray:
+def knob_axis(ax, values: pd.Series, kind: str | None = None, choices: list | None = None,
+              log: bool = False) -> np.ndarray:
     """x positions for a knob's values, with ticks that suit the knob.
 
     A categorical knob (or any knob with a value that is not a number: bools, strings) is evenly spaced with its
@@ -165,7 +165,7 @@ def _knob_axis(ax, values: pd.Series, kind: str | None = None, choices: list | N
 
     vals = list(values)
     present = [v for v in vals if not _missing_value(v)]
-    if kind == "categorical" or not all(_isnum(v) for v in present):
+    if kind == "categorical" or not all(isnum(v) for v in present):
         cats = list(choices or [])
         keys = [_value_key(c) for c in cats]
         for v in sorted(present, key=_value_key):
@@ -199,13 +199,13 @@ def _knob_axis(ax, values: pd.Series, kind: str | None = None, choices: list | N
     return pos
 
 
-def _kfmt(v: float, _pos: Any = None) -> str:
+def kfmt(v: float, _pos: Any = None) -> str:
     """An axis tick in thousands or millions: 12k, 1.5M."""
     if abs(v) >= 1e6:
         return f"{v / 1e6:g}M"
     return f"{v / 1000:g}k" if abs(v) >= 1000 else f"{v:g}"
 
 
-def _grid(n: int, cols: int) -> tuple[int, int]:
+def grid_axes(n: int, cols: int) -> tuple[int, int]:
     cols = max(1, min(cols, n))
     return math.ceil(n / cols), cols

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from reports.render.figures import _Figures
-from reports.render.tables import _esc, _missing
+from reports.render.figures import Figures
+from reports.render.tables import esc, missing_note
 from reports.sections.guide import Guide
 
 
@@ -15,29 +15,29 @@ def _absent(path: str, present: bool, storage: str | None) -> str:
     if present:
         return ""
     if path == "study.db" and storage and not storage.startswith("sqlite"):
-        return f" (this study's is at {_esc(storage)})"
+        return f" (this study's is at {esc(storage)})"
     return " (not there yet)"
 
 
-def _guide(s: Guide, figs: _Figures) -> str:
+def render_guide(s: Guide, figs: Figures) -> str:
     if not s.base:
         base = ""
     elif s.base.endswith((".yaml", ".yml")) or "/" in s.base:
-        base = f" (<code>{_esc(s.base)}</code>)"
+        base = f" (<code>{esc(s.base)}</code>)"
     else:
-        base = f" ({_esc(s.base)})"
+        base = f" ({esc(s.base)})"
     repeats = _n(s.baseline_repeats, "time", "several times")
     window = (f"{_n(s.warmup_steps, 'warm-up step', 'warm-up steps')}, then "
               f"{_n(s.windows, 'window', 'measured windows')} of {_n(s.window_steps, 'step', 'steps')}")
     rounds = _n(s.ab_rounds, "round", "several rounds")
     who = f"the {s.candidates} best trials" if s.candidates else "the best trials"
     conf = f"{s.confidence:.0%}" if s.confidence else "95%"
-    method = f" ({_esc(s.method)})" if s.method else ""
+    method = f" ({esc(s.method)})" if s.method else ""
     phases = ", ".join(f"<code>{p}</code>" for p in s.phases)
-    files = "".join(f"<li><code>{_esc(r.path)}</code> — {_esc(r.what)}{_absent(r.path, r.present, s.storage)}</li>"
+    files = "".join(f"<li><code>{esc(r.path)}</code> — {esc(r.what)}{_absent(r.path, r.present, s.storage)}</li>"
                     for r in s.files.itertuples())
     return "\n".join([
-        _missing(s.message) if s.message else "",
+        missing_note(s.message) if s.message else "",
         '<div class="guide">',
         f"<p><strong>Baseline</strong> is the study's base config{base}, run {repeats} before the search "
         "(<code>baseline/</code>). The spread of those runs is the noise floor (Environment): a difference "
@@ -53,7 +53,7 @@ def _guide(s: Guide, figs: _Figures) -> str:
         f"<p><strong>Phases</strong> split each measured step: {phases}. <code>data_wait</code> is the step "
         "waiting for the loader, <code>grad_sync</code> the gradient communication not hidden under backward; "
         "together they add up to the step time.</p>",
-        f"<p><strong>Raw files</strong>, in <code>{_esc(s.study_dir)}</code>:</p>",
+        f"<p><strong>Raw files</strong>, in <code>{esc(s.study_dir)}</code>:</p>",
         f'<ul class="files">{files}</ul>',
         "</div>",
     ])

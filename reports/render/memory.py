@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import numpy as np
 
-from reports.render.figures import FULL_W, HALF_W, _figure, _Figures, _grid, _knob_axis
-from reports.render.tables import _esc, _missing, _short_names, _table
+from reports.render.figures import FULL_W, HALF_W, new_figure, Figures, grid_axes, knob_axis
+from reports.render.tables import esc, missing_note, short_names, html_table
 from reports.sections.memory import Memory
 
 
-def _memory(s: Memory, figs: _Figures) -> str:
+def render_memory(s: Memory, figs: Figures) -> str:
     out = []
     pk = s.peaks
     if s.message is None:
         out.append('<div class="cols"><div>')
         if len(pk) and pk[["max_allocated_gib", "max_reserved_gib"]].notna().any().any():
             def draw():
-                fig = _figure(HALF_W, 2.6)
+                fig = new_figure(HALF_W, 2.6)
                 ax = fig.add_subplot()
                 y = np.arange(len(pk))
                 ax.barh(y - 0.18, pk["max_allocated_gib"], height=0.34, color="#4e79a7", label="peak allocated")
@@ -36,11 +36,12 @@ def _memory(s: Memory, figs: _Figures) -> str:
 
             out.append(figs.svg(draw))
         out.append("</div><div>")
-        out.append(_table(pk.reset_index(), cls="compact",
-                          headers={"max_allocated_gib": "peak allocated GiB", "max_reserved_gib": "peak reserved GiB",
-                                   "reserved_minus_allocated_gib": "reserved − allocated GiB",
-                                   "max_rss_gib": "host RSS GiB",
-                                   "predicted_peak_gib": "predicted GiB (memory model)"}))
+        out.append(html_table(pk.reset_index(), cls="compact",
+                              headers={"max_allocated_gib": "peak allocated GiB",
+                                       "max_reserved_gib": "peak reserved GiB",
+                                       "reserved_minus_allocated_gib": "reserved − allocated GiB",
+                                       "max_rss_gib": "host RSS GiB",
+                                       "predicted_peak_gib": "predicted GiB (memory model)"}))
         out.append('<p class="note">Medians over the runs of each arm; reserved − allocated is what the '
                    "caching allocator holds but does not use (fragmentation and cached blocks). The "
                    "prediction (workbench/train/memory_model.py) is of the peak allocated: state, saved "
@@ -49,19 +50,19 @@ def _memory(s: Memory, figs: _Figures) -> str:
         bt = s.by_trial
         knobs = s.memory_knobs
         if len(bt) and knobs and bt["reserved_minus_allocated_gib"].notna().any():
-            short = _short_names(knobs)
+            short = short_names(knobs)
 
             def draw():
-                rows, cols = _grid(len(knobs), 5)
-                fig = _figure(FULL_W * min(1.0, (cols + 0.3) / 5), 1.8 * rows + 0.5)
+                rows, cols = grid_axes(len(knobs), 5)
+                fig = new_figure(FULL_W * min(1.0, (cols + 0.3) / 5), 1.8 * rows + 0.5)
                 axes = fig.subplots(rows, cols, squeeze=False, sharey=True,
                                     gridspec_kw={"hspace": 0.6, "wspace": 0.1, "top": 1 - 0.5 / (1.8 * rows + 0.5)})
                 for i, ax in enumerate(axes.flat):
                     if i >= len(knobs):
                         ax.set_visible(False)
                         continue
-                    x = _knob_axis(ax, bt[knobs[i]], s.knob_kinds.get(knobs[i]), s.knob_choices.get(knobs[i]),
-                                   log=knobs[i] in s.log_knobs)
+                    x = knob_axis(ax, bt[knobs[i]], s.knob_kinds.get(knobs[i]), s.knob_choices.get(knobs[i]),
+                                  log=knobs[i] in s.log_knobs)
                     ax.scatter(x, bt["reserved_minus_allocated_gib"], s=12, color="#4e79a7", zorder=3)
                     ax.set_title(short[knobs[i]], fontsize=8.5, fontweight="normal")
                     if i % cols == 0:
@@ -71,17 +72,17 @@ def _memory(s: Memory, figs: _Figures) -> str:
 
             out.append(figs.svg(draw, "Fragmentation = peak reserved − peak allocated, per finished trial."))
         else:
-            out.append(_missing("No memory knob in the search space: no fragmentation-vs-knob view."
-                                if not knobs else "No per-trial memory figures."))
+            out.append(missing_note("No memory knob in the search space: no fragmentation-vs-knob view."
+                                    if not knobs else "No per-trial memory figures."))
     else:
-        out.append(_missing(s.message))
+        out.append(missing_note(s.message))
 
     out.append("<h3>Allocation sizes and suggestions</h3>")
     if s.histogram is not None:
         hg = s.histogram
 
         def draw():
-            fig = _figure(FULL_W * 0.6, 2.6)
+            fig = new_figure(FULL_W * 0.6, 2.6)
             ax = fig.add_subplot()
             labels = [_bytes(v) for v in hg["size_bytes"]]
             ax.bar(range(len(hg)), hg["count"], color="#4e79a7")
@@ -91,14 +92,14 @@ def _memory(s: Memory, figs: _Figures) -> str:
             ax.set_title("Allocation-size histogram")
             return fig
 
-        out.append(figs.svg(draw, f"From {_esc(s.analysis_source or 'memory_analysis.json')}."))
+        out.append(figs.svg(draw, f"From {esc(s.analysis_source or 'memory_analysis.json')}."))
     if s.analysis_summary is not None and len(s.analysis_summary):
-        out.append(_table(s.analysis_summary.reset_index() if s.analysis_summary.index.name
-                          else s.analysis_summary, cls="compact"))
+        out.append(html_table(s.analysis_summary.reset_index() if s.analysis_summary.index.name
+                              else s.analysis_summary, cls="compact"))
     frag = s.fragmentation
     if frag is not None and len(frag) and {"event", "fragmentation_gib"} <= set(frag.columns):
         def draw_frag():
-            fig = _figure(FULL_W * 0.6, 2.4)
+            fig = new_figure(FULL_W * 0.6, 2.4)
             ax = fig.add_subplot()
             ax.plot(frag["event"], frag["fragmentation_gib"], color="#4e79a7", lw=1)
             ax.set_xlabel("allocator event")
@@ -108,29 +109,29 @@ def _memory(s: Memory, figs: _Figures) -> str:
 
         out.append(figs.svg(draw_frag))
     if s.suggestions:
-        out.append("<ul>" + "".join(f"<li>{_esc(x)}</li>" for x in s.suggestions) + "</ul>")
+        out.append("<ul>" + "".join(f"<li>{esc(x)}</li>" for x in s.suggestions) + "</ul>")
     if s.analysis_message:
-        out.append(_missing(s.analysis_message))
+        out.append(missing_note(s.analysis_message))
     if s.lifetimes is not None or s.lifetimes_message:  # a study without lifetimes.json shows none of this
         out.append("<h3>Gradient lifetimes</h3>")
         if s.lifetimes is not None:
             out.append(_lifetimes(s, figs))
         if s.lifetimes_message:
-            out.append(_missing(s.lifetimes_message))
+            out.append(missing_note(s.lifetimes_message))
     return "\n".join(out)
 
 
 _SLOT_COLORS = ("#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f")
 
 
-def _lifetimes(s: Memory, figs: _Figures) -> str:
+def _lifetimes(s: Memory, figs: Figures) -> str:
     """The buckets' lifetimes over the backward, live gradient bytes under both plans, the summary and notes."""
     lt, tl = s.lifetimes, s.lifetimes_timeline
     out = []
 
     def draw():
         n = len(lt)
-        fig = _figure(FULL_W, min(7.0, 1.6 + 0.16 * n))
+        fig = new_figure(FULL_W, min(7.0, 1.6 + 0.16 * n))
         left, right = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1.2, 1.0], "wspace": 0.25})
         y = np.arange(n)
         colors = [_SLOT_COLORS[int(v) % len(_SLOT_COLORS)] if np.isfinite(v) else "#8c8c8c" for v in lt["slot"]]
@@ -170,16 +171,16 @@ def _lifetimes(s: Memory, figs: _Figures) -> str:
                               "model's backward graph; buckets are the training loop's (overlap.py)."))
     if s.lifetimes_summary is not None and len(s.lifetimes_summary):
         out.append('<div class="cols"><div>')
-        out.append(_table(s.lifetimes_summary, cls="compact"))
+        out.append(html_table(s.lifetimes_summary, cls="compact"))
         out.append('<p class="note">Today every gradient lives until the optimizer step. The lifetime-aware plan '
                    "gives each bucket one buffer, freed once its all-reduce and a per-bucket optimizer update are "
                    "done, with one bucket in flight while the next fills; buffers whose lifetimes do not overlap "
                    "share a slot (docs/memory.md).</p>")
         if s.lifetimes_notes:
-            out.append("<ul>" + "".join(f"<li>No saving at this config: {_esc(x)}.</li>"
+            out.append("<ul>" + "".join(f"<li>No saving at this config: {esc(x)}.</li>"
                                         for x in s.lifetimes_notes) + "</ul>")
         out.append("</div><div>")
-        out.append(_table(lt, cls="compact", headers={
+        out.append(html_table(lt, cls="compact", headers={
             "mib": "MiB", "first_tick": "first", "ready_tick": "last", "alloc_tick": "buffer from",
             "release_tick": "freed at"}))
         out.append("</div></div>")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from reports.render.figures import _figure, _Figures
-from reports.render.tables import _table, fmt
+from reports.render.figures import new_figure, Figures
+from reports.render.tables import html_table, fmt
 from reports.sections.numerics import CompileSection, NumericsSection
 
 
-def _compile(s: CompileSection, figs: _Figures) -> str:
+def render_compile(s: CompileSection, figs: Figures) -> str:
     out = []
     cold, warm = s.cold_median_s, s.warm_median_s
     parts = []
@@ -18,15 +18,15 @@ def _compile(s: CompileSection, figs: _Figures) -> str:
     out.append("<p>Compile seconds per trial, outside the measured windows. The trials of a study share one "
                "Inductor/AOTAutograd cache and one Triton cache (<code>compile-cache/</code> in the study "
                "directory)" + (": " + "; ".join(parts) if parts else "") + ".</p>")
-    out.append(_table(s.table, cls="compact", headers={"compile_s": "compile (s)", "fx_hits": "FX graph hits",
+    out.append(html_table(s.table, cls="compact", headers={"compile_s": "compile (s)", "fx_hits": "FX graph hits",
                                                         "fx_misses": "FX graph misses", "aot_hits": "AOT hits",
                                                         "aot_misses": "AOT misses"},
-                      formats={c: (lambda v: fmt(v, 0) if v == v else "—") for c in
+                          formats={c: (lambda v: fmt(v, 0) if v == v else "—") for c in
                                ("fx_hits", "fx_misses", "aot_hits", "aot_misses")}))
     return "\n".join(out)
 
 
-def _numerics(s: NumericsSection, figs: _Figures) -> str:
+def render_numerics(s: NumericsSection, figs: Figures) -> str:
     out = []
     if len(s.baseline_losses) > 1:
         lo, hi = min(s.baseline_losses), max(s.baseline_losses)
@@ -37,15 +37,15 @@ def _numerics(s: NumericsSection, figs: _Figures) -> str:
                    "loss over the last measured window is within the tolerance of the reference's on the same "
                    "data: the baseline repeats, or the trial's twin (the same config with the numerics knobs at "
                    "their base values).</p>")
-        out.append(_table(s.checks, cls="compact", headers={"reference_loss": "reference loss",
+        out.append(html_table(s.checks, cls="compact", headers={"reference_loss": "reference loss",
                                                              "rel_diff": "difference", "tolerance": "tolerance"},
-                          formats={"rel_diff": lambda v: f"{v:.2%}", "tolerance": lambda v: f"{v:.2%}",
+                              formats={"rel_diff": lambda v: f"{v:.2%}", "tolerance": lambda v: f"{v:.2%}",
                                    "loss": lambda v: fmt(v, 5), "reference_loss": lambda v: fmt(v, 5)}))
     if s.curves is not None and len(s.curves):
         curves = s.curves
 
         def draw():
-            fig = _figure(7.5, 2.8)
+            fig = new_figure(7.5, 2.8)
             ax = fig.add_subplot(1, 1, 1)
             for name, g in curves.groupby("variant", sort=False):
                 ax.plot(g["step"], g["loss"], lw=1.0, label=str(name))
@@ -57,7 +57,7 @@ def _numerics(s: NumericsSection, figs: _Figures) -> str:
         out.append(figs.svg(draw, caption="Convergence check: the same model, seed and data with and without the "
                                           "numerics knob (convergence.csv in the study directory)."))
         if s.curve_tail is not None:
-            out.append(_table(s.curve_tail, cls="compact", headers={"mean_loss": "mean loss, last 50 steps",
+            out.append(html_table(s.curve_tail, cls="compact", headers={"mean_loss": "mean loss, last 50 steps",
                                                                       "rel_diff": "vs the first"},
-                              formats={"rel_diff": lambda v: f"{v:+.3%}", "mean_loss": lambda v: fmt(v, 5)}))
+                                  formats={"rel_diff": lambda v: f"{v:+.3%}", "mean_loss": lambda v: fmt(v, 5)}))
     return "\n".join(out)

@@ -6,12 +6,12 @@ import numpy as np
 import pandas as pd
 
 from reports._load import PHASES
-from reports.render.figures import ARM_COLORS, FULL_W, HALF_W, PHASE_COLORS, STATUS_OK, _figure, _Figures
-from reports.render.tables import _esc, _missing, _ms, _table
+from reports.render.figures import ARM_COLORS, FULL_W, HALF_W, PHASE_COLORS, STATUS_OK, new_figure, Figures
+from reports.render.tables import esc, missing_note, fmt_ms, html_table
 from reports.sections.phases import TimeSection
 
 
-def _time(s: TimeSection, figs: _Figures) -> str:
+def render_time(s: TimeSection, figs: Figures) -> str:
     if not len(s.breakdown) and s.message:  # no phase timings (the message is drawn): the traces alone
         return _traces(s)
     out = []
@@ -19,7 +19,7 @@ def _time(s: TimeSection, figs: _Figures) -> str:
     out.append('<div class="cols"><div>')
 
     def draw_stack():
-        fig = _figure(HALF_W, 0.6 * len(bd) + 1.6)
+        fig = new_figure(HALF_W, 0.6 * len(bd) + 1.6)
         ax = fig.add_subplot()
         left = np.zeros(len(bd))
         for p in PHASES:
@@ -44,7 +44,7 @@ def _time(s: TimeSection, figs: _Figures) -> str:
     if len(st):
         def draw_dist():
             arms = list(dict.fromkeys(st["run"]))
-            fig = _figure(HALF_W, 0.6 * len(arms) + 1.6)
+            fig = new_figure(HALF_W, 0.6 * len(arms) + 1.6)
             ax = fig.add_subplot()
             data = [st[st["run"] == a]["step_s"].to_numpy() * 1000 for a in arms]
             ax.set_xlim(0, max(d.max() for d in data if len(d)) * 1.05)
@@ -63,11 +63,11 @@ def _time(s: TimeSection, figs: _Figures) -> str:
 
         out.append(figs.svg(draw_dist))
     else:
-        out.append(_missing("No per-step times (no phases.csv)."))
+        out.append(missing_note("No per-step times (no phases.csv)."))
     out.append("</div></div>")
     if s.by_length_runs:
         def draw_len():
-            fig = _figure(FULL_W, 2.6)
+            fig = new_figure(FULL_W, 2.6)
             arms = [a for a in dict.fromkeys(st["run"]) if a in s.by_length_runs]
             axes = fig.subplots(1, len(arms), squeeze=False, sharey=True, sharex=True,
                                 gridspec_kw={"wspace": 0.06})[0]
@@ -87,13 +87,13 @@ def _time(s: TimeSection, figs: _Figures) -> str:
 
         out.append(figs.svg(draw_len))
     if s.by_length_message:
-        out.append(_missing(s.by_length_message))
+        out.append(missing_note(s.by_length_message))
 
     tl = s.timeline
     if len(tl):
         def draw_tl():
             arms = list(dict.fromkeys(tl["run"]))
-            fig = _figure(FULL_W, 0.55 * len(arms) + 1.4)
+            fig = new_figure(FULL_W, 0.55 * len(arms) + 1.4)
             ax = fig.add_subplot()
             for y, arm in enumerate(arms):
                 g = tl[tl["run"] == arm]
@@ -124,26 +124,26 @@ def _time(s: TimeSection, figs: _Figures) -> str:
         for p in PHASES:
             tab[p] = [f"{1000 * v:,.1f} ({100 * v / tot:.0f}%)" if tot else "—"
                       for v, tot in zip(t[p], t["step_s"])]
-        tab["step"] = [_ms(v) for v in t["step_s"]]
+        tab["step"] = [fmt_ms(v) for v in t["step_s"]]
         tab["steps"] = list(t["steps"])
         tab["source"] = list(t["source"])
         out.append("<h3>Milliseconds per step (share of the step)</h3>")
-        out.append(_table(tab, cls="compact nowrap", col_classes={"source": "wrap"}))
+        out.append(html_table(tab, cls="compact nowrap", col_classes={"source": "wrap"}))
     if len(s.step_stats):
         ss = s.step_stats.reset_index()
-        out.append(_table(ss, cls="compact", formats={c: _ms for c in ("median_s", "p10_s", "p90_s")}
-                          | {"cv_pct": lambda v: f"{v:.1f}%", "noise_cv_pct": lambda v: f"{v:.2f}%"},
-                          headers={"median_s": "median", "p10_s": "p10", "p90_s": "p90", "cv_pct": "CV (all steps)",
+        out.append(html_table(ss, cls="compact", formats={c: fmt_ms for c in ("median_s", "p10_s", "p90_s")}
+                              | {"cv_pct": lambda v: f"{v:.1f}%", "noise_cv_pct": lambda v: f"{v:.2f}%"},
+                              headers={"median_s": "median", "p10_s": "p10", "p90_s": "p90", "cv_pct": "CV (all steps)",
                                    "noise_cv_pct": "CV at one bucket length"}))
         out.append('<p class="note">Step times vary with the bucket length of each step; the CV at one bucket '
                    "length (median over lengths with at least 3 steps) is the run-to-run noise.</p>")
     out.append("<h3>Gradient communication</h3>")
     if s.comm is not None and len(s.comm):
-        out.append(_table(s.comm.reset_index() if s.comm.index.name else s.comm, cls="compact"))
+        out.append(html_table(s.comm.reset_index() if s.comm.index.name else s.comm, cls="compact"))
         out.append('<p class="note">Exposed communication is the grad_sync phase; overlap achieved = '
                    "communication hidden under backward / total communication.</p>")
     else:
-        out.append(_missing(s.comm_message or "No gradient communication: a single-process study."))
+        out.append(missing_note(s.comm_message or "No gradient communication: a single-process study."))
     out.append(_traces(s))
     return "\n".join(out)
 
@@ -154,32 +154,32 @@ def _traces(s: TimeSection) -> str:
     out = ["<h3>Profiler traces</h3>"]
     tr = s.traces
     if tr is None or not len(tr):
-        out.append(_missing(s.traces_message or "No profiler traces."))
+        out.append(missing_note(s.traces_message or "No profiler traces."))
         return "\n".join(out)
     tab = pd.DataFrame({"run": list(tr.index), "trial": list(tr["trial"]), "steps": list(tr["steps"]),
                         "trace": list(tr["file"]), "memory snapshot": [m or "—" for m in tr["memory_snapshot"]],
                         "status": list(tr["status"])})
-    out.append(_table(tab, cls="compact", col_classes={"trace": "wrap", "memory snapshot": "wrap"},
-                      formats={"trial": lambda v: "—" if v is None or v != v else f"#{int(v)}"},
-                      links={"trace": list(tr["trace_href"]), "memory snapshot": list(tr["snapshot_href"])}))
+    out.append(html_table(tab, cls="compact", col_classes={"trace": "wrap", "memory snapshot": "wrap"},
+                          formats={"trial": lambda v: "—" if v is None or v != v else f"#{int(v)}"},
+                          links={"trace": list(tr["trace_href"]), "memory snapshot": list(tr["snapshot_href"])}))
     out.append('<p class="note">Paths from the study directory, linked where the file is there. To open a trace, '
                "save the trace.json (the link) and load it in ui.perfetto.dev (Open trace file) or drag it onto "
                "chrome://tracing: each step is a <code>step N</code> range, each phase a range of its name; a "
                "memory_snapshot.pickle (CUDA runs) opens in pytorch.org/memory_viz. The traces come from runs of "
                "their own after the validation: no measured run is profiled.</p>")
     if s.top_ops is not None and len(s.top_ops):
-        out.append(f"<h3>Top {len(s.top_ops)} {_esc(s.top_ops_kind)} by self time ({_esc(s.top_ops_of)}'s "
+        out.append(f"<h3>Top {len(s.top_ops)} {esc(s.top_ops_kind)} by self time ({esc(s.top_ops_of)}'s "
                    "trace)</h3>")
-        out.append(_table(s.top_ops, cls="compact", clip=("name",),
-                          formats={"self_ms": lambda v: f"{v:,.2f}", "total_ms": lambda v: f"{v:,.2f}",
+        out.append(html_table(s.top_ops, cls="compact", clip=("name",),
+                              formats={"self_ms": lambda v: f"{v:,.2f}", "total_ms": lambda v: f"{v:,.2f}",
                                    "self_pct": lambda v: f"{v:.1f}%", "self_ms_per_step": lambda v: f"{v:,.2f}"},
-                          headers={"self_ms": "self (ms)", "total_ms": "total (ms)", "self_pct": "share of self",
+                              headers={"self_ms": "self (ms)", "total_ms": "total (ms)", "self_pct": "share of self",
                                    "self_ms_per_step": "self ms/step"},
-                          titles={"self_ms": "its duration less that of the ops nested in it, summed over calls",
+                              titles={"self_ms": "its duration less that of the ops nested in it, summed over calls",
                                   "self_pct": "share of the self time of every op of this kind in the trace"}))
         out.append('<p class="note">Self time: an op\'s duration less that of the ops nested in it on the same '
                    "thread; on a CUDA trace the GPU kernels, on a CPU trace the aten ops. Profiled steps carry the "
                    "profiler's overhead: compare shares, not absolute times, with the phase table above.</p>")
     else:
-        out.append(_missing(s.top_ops_message or "No op in the kept traces."))
+        out.append(missing_note(s.top_ops_message or "No op in the kept traces."))
     return "\n".join(out)

@@ -13,22 +13,22 @@ from reports.render.figures import (
     STATUS_FAILED,
     STATUS_OK,
     STATUS_PRUNED,
-    _figure,
-    _Figures,
-    _grid,
-    _kfmt,
-    _knob_axis,
+    new_figure,
+    Figures,
+    grid_axes,
+    kfmt,
+    knob_axis,
 )
-from reports.render.tables import _esc, _missing, _short_names, _table, fmt
+from reports.render.tables import esc, missing_note, short_names, html_table, fmt
 from reports.sections.search import NOT_FAILED, Search, Trials
 
 
-def _search(s: Search, figs: _Figures) -> str:
+def render_search(s: Search, figs: Figures) -> str:
     out = []
     h = s.history
     if len(h):
         def draw():
-            fig = _figure(FULL_W, 3.4)
+            fig = new_figure(FULL_W, 3.4)
             ax = fig.add_subplot()
             if s.baseline_band:
                 med, lo, hi = s.baseline_band
@@ -44,7 +44,7 @@ def _search(s: Search, figs: _Figures) -> str:
             ax.scatter(failed["trial"], failed["value"], s=26, marker="x", color=STATUS_FAILED,
                        label="failed (objective 0)", zorder=3)
             ax.step(h["trial"], h["best_so_far"], where="post", color="#f28e2b", lw=1.8, label="best so far")
-            ax.yaxis.set_major_formatter(_kfmt)
+            ax.yaxis.set_major_formatter(kfmt)
             ax.set_xlabel("trial")
             ax.set_ylabel("real tokens/s/GPU" if "tokens" in s.objective_name else s.objective_name)
             ax.set_title(f"Optimization history ({s.direction})")
@@ -55,21 +55,21 @@ def _search(s: Search, figs: _Figures) -> str:
     if s.gpu_minutes is not None:
         out.append("<h3>Where the GPU-minutes went</h3>" if s.gpu_minutes.attrs.get("device") != "cpu"
                    else "<h3>Where the CPU-minutes went (a CPU study)</h3>")
-        out.append(f"<p>{_esc(s.gpu_minutes_line or '')}.</p>")
-        out.append(_table(s.gpu_minutes, cls="compact",
-                          formats={"gpu_minutes": lambda v: f"{v:.2f}", "share": lambda v: f"{v:.0%}"},
-                          headers={"gpu_minutes": "minutes"}, table_id="gpu-minutes"))
+        out.append(f"<p>{esc(s.gpu_minutes_line or '')}.</p>")
+        out.append(html_table(s.gpu_minutes, cls="compact",
+                              formats={"gpu_minutes": lambda v: f"{v:.2f}", "share": lambda v: f"{v:.0%}"},
+                              headers={"gpu_minutes": "minutes"}, table_id="gpu-minutes"))
     if s.profile_line:
         out.append("<h3>What led the first proposals</h3>")
-        out.append(f'<p id="profile-lead">{_esc(s.profile_line[0].upper() + s.profile_line[1:])}. Knobs held there '
+        out.append(f'<p id="profile-lead">{esc(s.profile_line[0].upper() + s.profile_line[1:])}. Knobs held there '
                    "are searched after the startup trials.</p>")
-    short = _short_names(s.knob_names)
+    short = short_names(s.knob_names)
     out.append('<div class="cols"><div>')
     if s.importances is not None and len(s.importances):
         imp = s.importances
 
         def draw():
-            fig = _figure(HALF_W * 0.9, 0.32 * len(imp) + 1.0)
+            fig = new_figure(HALF_W * 0.9, 0.32 * len(imp) + 1.0)
             ax = fig.add_subplot()
             ax.barh([short.get(k, k) for k in imp["knob"]], imp["importance"], color=STATUS_OK)
             ax.invert_yaxis()
@@ -82,14 +82,14 @@ def _search(s: Search, figs: _Figures) -> str:
                                   "trials table."))
     else:
         out.append("<h3>Parameter importances</h3>")
-        out.append(_missing(s.importances_message or "No importances."))
+        out.append(missing_note(s.importances_message or "No importances."))
     out.append("</div><div>")
     if s.pareto is not None:
         p = s.pareto
         n0, n1 = p.columns[1], p.columns[2]
 
         def draw():
-            fig = _figure(HALF_W, 3.6)
+            fig = new_figure(HALF_W, 3.6)
             ax = fig.add_subplot()
             off, on = p[~p["on_front"]], p[p["on_front"]].sort_values(n0)
             ax.scatter(off[n0], off[n1], s=18, color=STATUS_PRUNED, label="dominated")
@@ -99,7 +99,7 @@ def _search(s: Search, figs: _Figures) -> str:
                             fontsize=7.5)
             ax.set_xlabel(n0)
             ax.set_ylabel(n1)
-            ax.xaxis.set_major_formatter(_kfmt)
+            ax.xaxis.set_major_formatter(kfmt)
             ax.set_title("Pareto front (labels: trial)")
             ax.legend(fontsize=8)
             return fig
@@ -107,7 +107,7 @@ def _search(s: Search, figs: _Figures) -> str:
         out.append(figs.svg(draw))
     elif s.pareto_message:
         out.append("<h3>Pareto front</h3>")
-        out.append(_missing(s.pareto_message))
+        out.append(missing_note(s.pareto_message))
     out.append("</div></div>")
 
     kn = s.knobs
@@ -118,8 +118,8 @@ def _search(s: Search, figs: _Figures) -> str:
             from matplotlib.colors import Normalize
             from matplotlib.ticker import MaxNLocator
 
-            rows, cols = _grid(len(names), 5)
-            fig = _figure(FULL_W, 2.1 * rows + 0.4)
+            rows, cols = grid_axes(len(names), 5)
+            fig = new_figure(FULL_W, 2.1 * rows + 0.4)
             best = kn["value"].max()
             axes = fig.subplots(rows, cols, squeeze=False, sharey=True,
                                 gridspec_kw={"hspace": 0.45, "wspace": 0.08, "top": 1 - 0.45 / (2.1 * rows + 0.4)})
@@ -130,14 +130,14 @@ def _search(s: Search, figs: _Figures) -> str:
                     ax.set_visible(False)
                     continue
                 shown.append(ax)
-                x = _knob_axis(ax, kn[names[i]], s.knob_kinds.get(names[i]), s.knob_choices.get(names[i]),
-                               log=names[i] in s.log_knobs)
+                x = knob_axis(ax, kn[names[i]], s.knob_kinds.get(names[i]), s.knob_choices.get(names[i]),
+                              log=names[i] in s.log_knobs)
                 points = ax.scatter(x, kn["value"], s=14, c=kn["trial"], cmap="viridis", norm=norm, zorder=3)
                 top = kn["value"] == best
                 ax.scatter(x[top.to_numpy()], kn["value"][top], s=60, facecolors="none",
                            edgecolors="#e15759", lw=1.4, zorder=4)
                 ax.set_title(short.get(names[i], names[i]), fontsize=9, fontweight="normal")
-                ax.yaxis.set_major_formatter(_kfmt)
+                ax.yaxis.set_major_formatter(kfmt)
                 if i % cols == 0:
                     ax.set_ylabel("tokens/s/GPU")
             bar = fig.colorbar(points, ax=shown, fraction=0.02, pad=0.012, aspect=30)
@@ -150,17 +150,17 @@ def _search(s: Search, figs: _Figures) -> str:
 
         out.append(figs.svg(draw))
     elif not s.message:
-        out.append(_missing("No finished trial yet: no knob view."))
+        out.append(missing_note("No finished trial yet: no knob view."))
     return "\n".join(out)
 
 
-def _trials(s: Trials, figs: _Figures) -> str:
+def render_trials(s: Trials, figs: Figures) -> str:
     out = []
-    counts = ", ".join(f"{_esc(k)}: {int(v)}" for k, v in s.status_counts.items())
+    counts = ", ".join(f"{esc(k)}: {int(v)}" for k, v in s.status_counts.items())
     out.append(f"<p>{len(s.table)} trials — {counts}. Click a column header to sort; the table scrolls sideways "
                "in its box, the trial number staying in view.</p>")
-    out.extend(f'<p class="note">{_esc(n)}</p>' for n in s.notes)
-    short = _short_names(s.knob_names)
+    out.extend(f'<p class="note">{esc(n)}</p>' for n in s.notes)
+    short = short_names(s.knob_names)
     # Knob headers may break after "_" or "." (a zero-width space): a column is then as wide as its values.
     headers = {k: re.sub(r"([_.])", "\\1\u200b", short[k]) for k in s.knob_names} | {
         "max_reserved_gib": "reserved GiB", "duration_s": "duration (s)", "failure_kind": "failure",
@@ -171,15 +171,15 @@ def _trials(s: Trials, figs: _Figures) -> str:
     last = [c for c in ("failure_kind", "failure_reason") if c in s.table.columns]
     table = s.table[[c for c in s.table.columns if c not in last] + last]
     out.append('<div class="scroll">')
-    out.append(_table(table, sortable=True, headers=headers, titles=titles, formats=formats,
-                      table_id="trials-table", cls="trials", col_classes={"failure_reason": "reason"},
-                      clip=("failure_reason",), box=False,
-                      row_class=lambda r: "" if r["status"] in ("ok", "running") else
-                      ("pruned" if r["status"] in NOT_FAILED else "failed")))
+    out.append(html_table(table, sortable=True, headers=headers, titles=titles, formats=formats,
+                          table_id="trials-table", cls="trials", col_classes={"failure_reason": "reason"},
+                          clip=("failure_reason",), box=False,
+                          row_class=lambda r: "" if r["status"] in ("ok", "running") else
+                          ("pruned" if r["status"] in NOT_FAILED else "failed")))
     out.append("</div>")
     if len(s.log_tails):
         out.append("<h3>Log tails of failed trials</h3>")
         for _, r in s.log_tails.iterrows():
-            out.append(f"<details><summary>trial {int(r['trial'])}: {_esc(r['status'])}</summary>"
-                       f"<pre>{_esc(r['log_tail'])}</pre></details>")
+            out.append(f"<details><summary>trial {int(r['trial'])}: {esc(r['status'])}</summary>"
+                       f"<pre>{esc(r['log_tail'])}</pre></details>")
     return "\n".join(out)

@@ -6,38 +6,38 @@ import math
 
 import numpy as np
 
-from reports.render.figures import ARM_COLORS, HALF_W, _figure, _Figures, _kfmt
-from reports.render.tables import _esc, _isnum, _missing, _table, fmt
+from reports.render.figures import ARM_COLORS, HALF_W, new_figure, Figures, kfmt
+from reports.render.tables import esc, isnum, missing_note, html_table, fmt
 from reports.sections.summary import Summary
 from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDING_RATIO, REAL_TOKENS_PER_S, STEP_S
 
 
-def _summary(s: Summary, figs: _Figures) -> str:
+def render_summary(s: Summary, figs: Figures) -> str:
     out = []
     best = f"trial {s.best_trial}" if s.best_trial is not None else "—"
     tp = s.table.set_index("metric")
     b, t = (tp.loc[REAL_TOKENS_PER_S, ["baseline", "best"]]
             if REAL_TOKENS_PER_S in tp.index else (math.nan, math.nan))
     if s.headline is not None:
-        head = [f"<strong>Result:</strong> <span class=\"result\">{_esc(s.headline)}</span>"]
+        head = [f"<strong>Result:</strong> <span class=\"result\">{esc(s.headline)}</span>"]
     elif s.best_trial is None:
-        head = [f"Baseline: <strong>{_esc(fmt(b))}</strong> real tokens/s/GPU; no trial has finished yet"]
+        head = [f"Baseline: <strong>{esc(fmt(b))}</strong> real tokens/s/GPU; no trial has finished yet"]
     else:
-        head = [f"<strong>Best: {_esc(best)}</strong> ({_esc(s.best_how)}): "
-                f"<strong>{_esc(fmt(t))}</strong> real tokens/s/GPU vs baseline {_esc(fmt(b))}"]
+        head = [f"<strong>Best: {esc(best)}</strong> ({esc(s.best_how)}): "
+                f"<strong>{esc(fmt(t))}</strong> real tokens/s/GPU vs baseline {esc(fmt(b))}"]
     if s.speedup is not None and s.headline is None:
         sp = s.speedup
         ci = (f" (95% interval {sp.ci_low:.3f}–{sp.ci_high:.3f})"
-              if _isnum(sp.ci_low) and not math.isnan(sp.ci_low) else " (no interval: not re-measured)")
+              if isnum(sp.ci_low) and not math.isnan(sp.ci_low) else " (no interval: not re-measured)")
         sig = {True: ", significant", False: ", <em>not</em> significant", None: ""}[
             sp.significant if sp.significant in (True, False) else None]
         rounds = f" over {sp.rounds} interleaved A/B rounds" if sp.rounds else ""
-        head.append(f"; speedup <strong class=\"speedup\">{sp.median:.3f}×</strong>{_esc(ci)}{sig}{_esc(rounds)}"
-                    f' <span class="src">[{_esc(sp.source)}]</span>')
+        head.append(f"; speedup <strong class=\"speedup\">{sp.median:.3f}×</strong>{esc(ci)}{sig}{esc(rounds)}"
+                    f' <span class="src">[{esc(sp.source)}]</span>')
     out.append('<p class="headline">' + "".join(head) + ".</p>")
-    out.extend(f'<p class="note">{_esc(n)}</p>' for n in s.notes)
+    out.extend(f'<p class="note">{esc(n)}</p>' for n in s.notes)
     if s.reference is not None:
-        out.append(f'<h3>Against plain loops</h3><p class="reference">{_esc(s.reference[0].upper() + s.reference[1:])}.'
+        out.append(f'<h3>Against plain loops</h3><p class="reference">{esc(s.reference[0].upper() + s.reference[1:])}.'
                    " The study's other ratios are against its base config.</p>")
 
     labels = {REAL_TOKENS_PER_S: "real tokens/s/GPU",
@@ -48,30 +48,31 @@ def _summary(s: Summary, figs: _Figures) -> str:
     table.insert(1, "what", [labels.get(m, m) for m in table["metric"]])
     out.append('<div class="cols"><div>')
     out.append("<h3>Best vs baseline</h3>")
-    out.append(_table(table[["what", "baseline", "best", "ratio"]], headers={"what": "", "ratio": "best / baseline"},
-                      formats={"ratio": lambda v: "—" if math.isnan(v) else f"{v:.3f}×"}, cls="compact",
-                      row_titles=list(table["metric"])))
+    out.append(html_table(table[["what", "baseline", "best", "ratio"]],
+                          headers={"what": "", "ratio": "best / baseline"},
+                          formats={"ratio": lambda v: "—" if math.isnan(v) else f"{v:.3f}×"}, cls="compact",
+                          row_titles=list(table["metric"])))
     sources = dict(zip(table["metric"], table["source"]))
     notes = [f"Throughput — {sources.get(REAL_TOKENS_PER_S, '?')}."]
     notes.append("Other rows: median over the runs' summaries (baseline repeats and the best config's runs); "
                  "step time: mean over the measured steps of phases.csv.")
-    out.append('<p class="note">' + " ".join(_esc(n) for n in notes) + "</p>")
+    out.append('<p class="note">' + " ".join(esc(n) for n in notes) + "</p>")
     out.append("</div><div>")
     out.append("<h3>Knobs that changed</h3>")
     k = s.knobs
     if k.empty:
-        out.append(_missing("No knob values recorded."))
+        out.append(missing_note("No knob values recorded."))
     else:
         changed = k[k["changed"].map(lambda c: c is not False)]
         same = k[k["changed"].map(lambda c: c is False)]
         if changed.empty:
-            out.append(_missing("The best config uses the baseline's value of every knob."))
+            out.append(missing_note("The best config uses the baseline's value of every knob."))
         else:
-            out.append(_table(changed[["knob", "baseline", "best"]], cls="compact left",
-                              formats={"baseline": lambda v: fmt(v) if v is not None else "? (not in baseline config)"}))
+            out.append(html_table(changed[["knob", "baseline", "best"]], cls="compact left",
+                                  formats={"baseline": lambda v: fmt(v) if v is not None else "? (not in baseline config)"}))
         if len(same):
             out.append(f'<p class="note">Unchanged ({len(same)}): '
-                       + ", ".join(f"<code>{_esc(n)}</code>" for n in same["knob"]) + ".</p>")
+                       + ", ".join(f"<code>{esc(n)}</code>" for n in same["knob"]) + ".</p>")
     out.append("</div></div>")
 
     if len(s.ab_runs):
@@ -79,7 +80,7 @@ def _summary(s: Summary, figs: _Figures) -> str:
 
         def draw():
             cands = list(dict.fromkeys(ab["candidate"]))
-            fig = _figure(HALF_W, 0.55 * len(cands) + 1.2)
+            fig = new_figure(HALF_W, 0.55 * len(cands) + 1.2)
             ax = fig.add_subplot()
             rng = np.random.default_rng(0)
             for i, c in enumerate(cands):
@@ -92,7 +93,7 @@ def _summary(s: Summary, figs: _Figures) -> str:
                         ax.plot([np.median(v)] * 2, [i + dy - 0.12, i + dy + 0.12], color=color, lw=2)
             ax.set_yticks(range(len(cands)), [f"trial {c}" for c in cands])
             ax.invert_yaxis()
-            ax.xaxis.set_major_formatter(_kfmt)
+            ax.xaxis.set_major_formatter(kfmt)
             ax.set_xlabel("real tokens/s/GPU (each dot one run; bar = median)")
             ax.set_title("A/B re-measurement: candidates interleaved with the baseline")
             ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))
@@ -103,10 +104,10 @@ def _summary(s: Summary, figs: _Figures) -> str:
         out.append(figs.svg(draw))
         out.append("</div><div>")
         out.append("<h3>Candidates re-measured</h3>")
-        out.append(_table(s.candidates, cls="compact",
-                          formats={"speedup_median": lambda v: f"{v:.3f}×", "ci_low": lambda v: f"{v:.3f}",
+        out.append(html_table(s.candidates, cls="compact",
+                              formats={"speedup_median": lambda v: f"{v:.3f}×", "ci_low": lambda v: f"{v:.3f}",
                                    "ci_high": lambda v: f"{v:.3f}"},
-                          headers={"speedup_median": "speedup (median)", "rounds": "A/B pairs",
+                              headers={"speedup_median": "speedup (median)", "rounds": "A/B pairs",
                                    "ci_low": "interval low", "ci_high": "interval high"}))
         out.append("</div></div>")
 
@@ -114,7 +115,7 @@ def _summary(s: Summary, figs: _Figures) -> str:
     if s.config_text:  # collapsed: a full config is hundreds of lines, the summary stays one screen
         lines = len(s.config_text.splitlines())
         out.append(f'<details class="config"><summary>Show the exported config.yaml ({lines:,} lines)</summary>'
-                   f'<pre class="config">{_esc(s.config_text)}</pre></details>')
+                   f'<pre class="config">{esc(s.config_text)}</pre></details>')
     else:
-        out.append(_missing("No config exported yet (no config.yaml in the study directory)."))
+        out.append(missing_note("No config exported yet (no config.yaml in the study directory)."))
     return "\n".join(out)

@@ -14,11 +14,11 @@ import pandas as pd
 __all__ = ["fmt"]
 
 
-def _esc(x: Any) -> str:
+def esc(x: Any) -> str:
     return html.escape(str(x), quote=True)
 
 
-def _isnum(v: Any) -> bool:
+def isnum(v: Any) -> bool:
     return isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, (bool, np.bool_))
 
 
@@ -44,24 +44,24 @@ def fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def _pct(v: float) -> str:
-    return "—" if not _isnum(v) or math.isnan(v) else f"{100 * v:.1f}%"
+def fmt_pct(v: float) -> str:
+    return "—" if not isnum(v) or math.isnan(v) else f"{100 * v:.1f}%"
 
 
-def _ms(v: float) -> str:
-    return "—" if not _isnum(v) or math.isnan(v) else f"{1000 * v:,.1f} ms"
+def fmt_ms(v: float) -> str:
+    return "—" if not isnum(v) or math.isnan(v) else f"{1000 * v:,.1f} ms"
 
 
-def _missing(text: str) -> str:
-    return f'<p class="missing">{_esc(text)}</p>'
+def missing_note(text: str) -> str:
+    return f'<p class="missing">{esc(text)}</p>'
 
 
-def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None = None,
-           headers: dict[str, str] | None = None, titles: dict[str, str] | None = None,
-           sortable: bool = False, index: bool = False, cls: str = "", row_class: Callable | None = None,
-           table_id: str | None = None, row_titles: list[str] | None = None,
-           col_classes: dict[str, str] | None = None, links: dict[str, list[str | None]] | None = None,
-           clip: tuple[str, ...] = (), box: bool = True) -> str:
+def html_table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None = None,
+               headers: dict[str, str] | None = None, titles: dict[str, str] | None = None,
+               sortable: bool = False, index: bool = False, cls: str = "", row_class: Callable | None = None,
+               table_id: str | None = None, row_titles: list[str] | None = None,
+               col_classes: dict[str, str] | None = None, links: dict[str, list[str | None]] | None = None,
+               clip: tuple[str, ...] = (), box: bool = True) -> str:
     """An HTML table; numeric cells carry their raw value in ``data-v`` for sorting.
 
     ``links`` maps a column to one href per row (None: no link): that cell's text becomes a link. The cells of the
@@ -74,27 +74,27 @@ def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None 
         df = df.reset_index()
     classes = " ".join(c for c in ("sortable" if sortable else "", cls) if c)
     out = ['<div class="tbox">'] if box else []
-    out += [f'<table{f" id={chr(34)}{_esc(table_id)}{chr(34)}" if table_id else ""}'
+    out += [f'<table{f" id={chr(34)}{esc(table_id)}{chr(34)}" if table_id else ""}'
            f'{f" class={chr(34)}{classes}{chr(34)}" if classes else ""}><thead><tr>']
     for c in df.columns:
         title = titles.get(c, c if headers.get(c, c) != c else "")
-        out.append(f'<th{f" title={chr(34)}{_esc(title)}{chr(34)}" if title else ""}>'
-                   f"{_esc(headers.get(c, c))}</th>")
+        out.append(f'<th{f" title={chr(34)}{esc(title)}{chr(34)}" if title else ""}>'
+                   f"{esc(headers.get(c, c))}</th>")
     out.append("</tr></thead><tbody>")
     for i, (_, row) in enumerate(df.iterrows()):
         rc = row_class(row) if row_class else ""
-        title = f' title="{_esc(row_titles[i])}"' if row_titles else ""
-        out.append(f'<tr class="{_esc(rc)}"{title}>' if rc else f"<tr{title}>")
+        title = f' title="{esc(row_titles[i])}"' if row_titles else ""
+        out.append(f'<tr class="{esc(rc)}"{title}>' if rc else f"<tr{title}>")
         for c in df.columns:
             v = row[c]
             text = formats[c](v) if c in formats else fmt(v)
             extra = f" {col_classes[c]}" if c in col_classes else ""
             href = links[c][i] if c in links else None
             linked = isinstance(href, str) and href
-            body = f'<a href="{_esc(quote(href))}">{_esc(text)}</a>' if linked else _esc(text)
+            body = f'<a href="{esc(quote(href))}">{esc(text)}</a>' if linked else esc(text)
             if c in clip and text:
-                body = f'<div class="clip" title="{_esc(text)}">{body}</div>'
-            if _isnum(v):
+                body = f'<div class="clip" title="{esc(text)}">{body}</div>'
+            if isnum(v):
                 raw = "" if math.isnan(float(v)) else repr(float(v))
                 out.append(f'<td class="num{extra}" data-v="{raw}">{body}</td>')
             else:
@@ -104,7 +104,7 @@ def _table(df: pd.DataFrame, *, formats: dict[str, Callable[[Any], str]] | None 
     return "".join(out)
 
 
-def _short_names(names: list[str]) -> dict[str, str]:
+def short_names(names: list[str]) -> dict[str, str]:
     """Shortest unique dotted suffix of each knob name (``data.bucket_width`` -> ``bucket_width``)."""
     out = {}
     for n in names:

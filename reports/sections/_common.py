@@ -66,7 +66,7 @@ def _flatten_space(space: dict) -> list[str]:
     return out
 
 
-def _log_knobs(data: StudyData) -> list[str]:
+def log_scale_knobs(data: StudyData) -> list[str]:
     """Knobs searched on a log scale (their Optuna distribution has log=True), in knob order."""
     logs = {k for t in data.trials for k, d in t.distributions.items() if getattr(d, "log", False)}
     return [k for k in knob_names(data) if k in logs]
@@ -103,13 +103,13 @@ def knob_kinds(data: StudyData) -> tuple[dict[str, str], dict[str, list]]:
     return kinds, choices
 
 
-def _objective(t: Any, i: int = 0) -> float:
+def objective_of(t: Any, i: int = 0) -> float:
     if t.values and len(t.values) > i:
         return float(t.values[i])
     return math.nan
 
 
-def _better(direction: str) -> Callable[[float, float], bool]:
+def better_than(direction: str) -> Callable[[float, float], bool]:
     return (lambda a, b: a > b) if direction != "minimize" else (lambda a, b: a < b)
 
 
@@ -134,7 +134,7 @@ def best_trial_number(data: StudyData) -> tuple[int | None, str]:
     if not ok:
         return None, "no finished trial"
     direction = data.directions[0] if data.directions else "maximize"
-    key = (lambda t: _objective(t)) if direction != "minimize" else (lambda t: -_objective(t))
+    key = (lambda t: objective_of(t)) if direction != "minimize" else (lambda t: -objective_of(t))
     return max(ok, key=key).number, "best objective (not re-measured)"
 
 
@@ -167,25 +167,25 @@ def baseline_runs(data: StudyData) -> list[RunData]:
     return list(data.baseline_runs) + data.validation_baseline_runs()
 
 
-def _median(values: Iterable[float]) -> float:
+def median_of(values: Iterable[float]) -> float:
     vals = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
     return float(statistics.median(vals)) if vals else math.nan
 
 
-def _numbers(values: Any) -> list[float]:
+def finite_numbers(values: Any) -> list[float]:
     if not isinstance(values, list):
         return []
     return [num(v) for v in values if math.isfinite(num(v))]
 
 
-def _candidate(data: StudyData, number: int | None) -> dict | None:
+def candidate_of(data: StudyData, number: int | None) -> dict | None:
     for c in data.validation.get("candidates") or []:
         if isinstance(c, dict) and c.get("trial") == number and number is not None:
             return c
     return None
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_config(a: Any, b: Any) -> bool:
     if isinstance(a, bool) or isinstance(b, bool):
         return a is b or a == b and type(a) is type(b)
     if isinstance(a, (int, float)) and isinstance(b, (int, float)):

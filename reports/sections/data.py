@@ -16,8 +16,8 @@ import pandas as pd
 from reports._load import RunData, StudyData, knob_key, lookup_key, num
 from reports.sections._common import (
     TPUT,
-    _median,
-    _objective,
+    median_of,
+    objective_of,
     baseline_runs,
     best_runs,
     best_trial_number,
@@ -68,7 +68,7 @@ def _run_metric(summary: dict, run: RunData | None, key: str) -> float:
     v = num(summary.get(key))
     if math.isfinite(v) or run is None or run.metrics is None or key not in run.metrics:
         return v
-    return _median(pd.to_numeric(run.metrics[key], errors="coerce"))
+    return median_of(pd.to_numeric(run.metrics[key], errors="coerce"))
 
 
 def data_section(data: StudyData) -> DataSection:
@@ -83,7 +83,7 @@ def data_section(data: StudyData) -> DataSection:
         else:
             found, bw = lookup_key((run.config if run else None) or {}, "data.bucket_width")
             bw = bw if found else None
-        row = {"trial": t.number, "value": _objective(t), "bucket_width": num(bw),
+        row = {"trial": t.number, "value": objective_of(t), "bucket_width": num(bw),
                "padding_ratio": _run_metric(s, run, PADDING_RATIO),
                "io_backend": s.get("io/backend")}
         for k in _IO_KEYS:
@@ -112,7 +112,7 @@ def data_section(data: StudyData) -> DataSection:
         for k in (*_IO_KEYS, TPUT, PADDING_RATIO):
             col = {"decode/tokens_per_s": "decode_tokens_per_s", TPUT: "real_tokens_per_s_per_gpu"}.get(
                 k, k.split("/")[1])
-            vals[col] = _median(_run_metric(r.summary, r, k) for r in runs)
+            vals[col] = median_of(_run_metric(r.summary, r, k) for r in runs)
         vals["loader_headroom"] = headroom(vals["decode_tokens_per_s"], vals["real_tokens_per_s_per_gpu"])
         io[arm] = vals
     io_df = pd.DataFrame.from_dict(io, orient="index", columns=[

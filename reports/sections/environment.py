@@ -7,8 +7,8 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from reports._load import StudyData, _flatten, mask_url, num
-from reports.sections._common import _numbers
+from reports._load import StudyData, flatten_dict, mask_url, num
+from reports.sections._common import finite_numbers
 
 __all__ = ["Environment", "NoiseFloor", "environment_section"]
 
@@ -42,7 +42,7 @@ class Environment(NamedTuple):
 def _kv(d: Any) -> pd.DataFrame:
     if not isinstance(d, dict):
         return pd.DataFrame(columns=["key", "value"])
-    flat = _flatten(d)
+    flat = flatten_dict(d)
     return pd.DataFrame([(k, _scalar(v)) for k, v in flat.items()], columns=["key", "value"])
 
 
@@ -61,7 +61,7 @@ def environment_section(data: StudyData) -> Environment:
     for key in ("model", "base", "gpus", "sampler", "pruner", "budget", "protocol", "objective"):
         if key in spec:
             v = spec[key]
-            study.append((key, ", ".join(f"{k}={_scalar(x)}" for k, x in _flatten(v).items())
+            study.append((key, ", ".join(f"{k}={_scalar(x)}" for k, x in flatten_dict(v).items())
                           if isinstance(v, dict) else _scalar(v)))
     for key in ("started", "finished"):
         if data.tune.get(key):
@@ -82,7 +82,7 @@ def environment_section(data: StudyData) -> Environment:
     nf = data.tune.get("noise_floor")
     noise = None
     if isinstance(nf, dict) and math.isfinite(num(nf.get("median"))):
-        runs = _numbers(nf.get("runs"))
+        runs = finite_numbers(nf.get("runs"))
         noise = NoiseFloor(num(nf.get("median")), num(nf.get("min")), num(nf.get("max")),
                            num(nf.get("rel_spread")), num(nf.get("cv")), runs)
     message = None

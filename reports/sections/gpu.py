@@ -26,7 +26,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import RunData, StudyData, num
-from reports.sections._common import _median, baseline_runs, best_runs
+from reports.sections._common import median_of, baseline_runs, best_runs
 from reports.sections._traces import op_self_times, read_events, trace_table
 from workbench.vocab import STEP_S
 
@@ -261,9 +261,9 @@ def _flops(trace_run: RunData, runs: list[RunData], dt: DeviceTime,
     per_step_src = "the trace run's window: flops/achieved_tflops_per_gpu × time/step_s"
     measured = [_window_flops(r) for r in runs]
     if not math.isfinite(per_step):
-        per_step = _median(f for f, _ in measured)
+        per_step = median_of(f for f, _ in measured)
         per_step_src = f"median over {len(runs)} measured run(s)' windows"
-    achieved = _median(a for _, a in measured)
+    achieved = median_of(a for _, a in measured)
     peak = next((p for r in [trace_run, *runs] if math.isfinite(p := r.metric("peak_tflops")) and p > 0), math.nan)
     if not math.isfinite(per_step) and not math.isfinite(achieved):
         return (pd.DataFrame(columns=["metric", "value", "peak_pct", "source"]),

@@ -11,9 +11,9 @@ import pandas as pd
 
 from reports._load import StudyData, knob_key, num
 from reports.sections._common import (
-    _log_knobs,
-    _median,
-    _objective,
+    log_scale_knobs,
+    median_of,
+    objective_of,
     baseline_runs,
     best_runs,
     best_trial_number,
@@ -82,7 +82,7 @@ def memory_section(data: StudyData) -> Memory:
     arms = {"baseline": baseline_runs(data), "best": best_runs(data, number)}
     peaks = {}
     for arm, runs in arms.items():
-        vals = {k.split("/")[1]: _median(r.metric(k) for r in runs) for k in _MEM_KEYS}
+        vals = {k.split("/")[1]: median_of(r.metric(k) for r in runs) for k in _MEM_KEYS}
         vals["reserved_minus_allocated_gib"] = vals["max_reserved_gib"] - vals["max_allocated_gib"]
         if any(math.isfinite(v) for v in vals.values()):
             peaks[arm] = vals
@@ -100,7 +100,7 @@ def memory_section(data: StudyData) -> Memory:
             run = data.trial_run(t.number)
             s = run.summary if run else {}
         a, r = num(s.get(MAX_ALLOCATED_GIB)), num(s.get(MAX_RESERVED_GIB))
-        rows.append({"trial": t.number, "value": _objective(t), "max_allocated_gib": a,
+        rows.append({"trial": t.number, "value": objective_of(t), "max_allocated_gib": a,
                      "max_reserved_gib": r, "reserved_minus_allocated_gib": r - a,
                      "predicted_peak_gib": num(s.get(PREDICTED_PEAK_GIB)),
                      **{k: t.params.get(k) for k in mem_knobs}})
@@ -120,7 +120,7 @@ def memory_section(data: StudyData) -> Memory:
     lifetimes, lt_summary, lt_timeline, lt_notes, lt_msg = _lifetimes(data)
     kinds, choices = knob_kinds(data)
     return Memory(peaks=peaks_df, by_trial=by_trial, memory_knobs=mem_knobs,
-                  log_knobs=[k for k in _log_knobs(data) if k in mem_knobs], histogram=histogram,
+                  log_knobs=[k for k in log_scale_knobs(data) if k in mem_knobs], histogram=histogram,
                   suggestions=suggestions, analysis_source=source, analysis_message=a_msg, message=message,
                   analysis_summary=summary, fragmentation=timeline, suggested_allocator=suggested,
                   knob_kinds={k: kinds[k] for k in mem_knobs if k in kinds},

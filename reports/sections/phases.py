@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import PHASES, RunData, StudyData, num
-from reports.sections._common import _median, baseline_runs, best_runs, best_trial_number, packings
+from reports.sections._common import median_of, baseline_runs, best_runs, best_trial_number, packings
 from reports.sections._traces import top_ops, trace_table
 from workbench.vocab import COMM_EXPOSED_S, COMM_OVERLAP_PCT, COMM_TOTAL_S
 
@@ -62,7 +62,7 @@ def _measured(runs: list[RunData]) -> list[tuple[RunData, pd.DataFrame]]:
     return [(r, r.measured_phases) for r in runs if r.measured_phases is not None]
 
 
-def _phase_means(runs: list[RunData]) -> dict[str, Any]:
+def phase_means(runs: list[RunData]) -> dict[str, Any]:
     """Mean seconds per step per phase over every measured step of the runs (summary fallback)."""
     tables = _measured(runs)
     if tables:
@@ -91,7 +91,7 @@ def time_section(data: StudyData) -> TimeSection:
     arms = {"baseline": baseline_runs(data), "best": best_runs(data, number)}
     rows = {}
     for arm, runs in arms.items():
-        m = _phase_means(runs)
+        m = phase_means(runs)
         if m:
             rows[arm] = m
     breakdown = pd.DataFrame.from_dict(rows, orient="index",
@@ -189,11 +189,11 @@ def _comm_table(arms: dict[str, list[RunData]]) -> tuple[pd.DataFrame, str | Non
         with_comm = [r for r in runs if math.isfinite(r.metric(COMM_TOTAL_S))]
         if not with_comm:
             continue
-        total = _median(r.metric(COMM_TOTAL_S) for r in with_comm)
-        exposed = _median(r.metric(COMM_EXPOSED_S) for r in with_comm)
+        total = median_of(r.metric(COMM_TOTAL_S) for r in with_comm)
+        exposed = median_of(r.metric(COMM_EXPOSED_S) for r in with_comm)
         first = with_comm[0].summary
         rows[arm] = {"comm_total_s": total, "comm_exposed_s": exposed,
-                     "overlap_pct": _median(r.metric(COMM_OVERLAP_PCT) for r in with_comm),
+                     "overlap_pct": median_of(r.metric(COMM_OVERLAP_PCT) for r in with_comm),
                      "mode": first.get("comm/mode"), "buckets": num(first.get("comm/buckets")),
                      "bucket_size_mb": num(first.get("comm/bucket_size_mb")),
                      "overlap_ratio": num(first.get("comm/overlap_ratio")),

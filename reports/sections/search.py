@@ -15,9 +15,9 @@ from workbench.tune.profiled import profile_line
 from workbench.tune.result import gpu_minutes_line
 from reports.sections._common import (
     TPUT,
-    _better,
-    _log_knobs,
-    _objective,
+    better_than,
+    log_scale_knobs,
+    objective_of,
     knob_kinds,
     knob_names,
     ok_trials,
@@ -69,12 +69,12 @@ class Search(NamedTuple):
 def search_section(data: StudyData) -> Search:
     direction = data.directions[0] if data.directions else "maximize"
     name = data.metric_names[0] if data.metric_names else TPUT
-    better = _better(direction)
+    better = better_than(direction)
     rows, best = [], math.nan
     for t in data.trials:
         status = trial_status(t)
         if t.state.name == "COMPLETE" and t.values:
-            value = _objective(t)
+            value = objective_of(t)
         elif t.state.name == "PRUNED" and t.intermediate_values:
             value = float(t.intermediate_values[max(t.intermediate_values)])
         else:
@@ -91,9 +91,9 @@ def search_section(data: StudyData) -> Search:
 
     names = knob_names(data)
     ok = ok_trials(data)
-    knobs = pd.DataFrame([{"trial": t.number, "value": _objective(t), **{k: t.params.get(k) for k in names}}
+    knobs = pd.DataFrame([{"trial": t.number, "value": objective_of(t), **{k: t.params.get(k) for k in names}}
                           for t in ok], columns=["trial", "value", *names])
-    log_knobs = _log_knobs(data)
+    log_knobs = log_scale_knobs(data)
     kinds, choices = knob_kinds(data)
     importances, imp_msg = _importances(data, ok)
     pareto, pareto_msg = _pareto(data, ok)
@@ -224,7 +224,7 @@ def trials_section(data: StudyData) -> Trials:
         duration = t.duration.total_seconds() if t.duration is not None else math.nan
         row = {"trial": t.number, "state": t.state.name.lower(), "status": status}
         for i, c in enumerate(obj_cols):
-            row[c] = _objective(t, i)
+            row[c] = objective_of(t, i)
         row.update({"mfu_pct": num(s.get("mfu_pct")), "max_reserved_gib": num(s.get(MAX_RESERVED_GIB)),
                     "duration_s": duration, "failure_kind": kind, "failure_reason": str(reason)})
         row.update({k: t.params.get(k) for k in names})

@@ -11,11 +11,11 @@ import pandas as pd
 from reports._load import StudyData, lookup_key, num
 from reports.sections._common import (
     TPUT,
-    _candidate,
-    _median,
-    _numbers,
-    _objective,
-    _same,
+    candidate_of,
+    median_of,
+    finite_numbers,
+    objective_of,
+    same_config,
     baseline_runs,
     best_runs,
     best_trial_number,
@@ -23,7 +23,7 @@ from reports.sections._common import (
     study_result,
 )
 from workbench.tune.result import describe_data, reference_line, result_headline
-from reports.sections.phases import _phase_means
+from reports.sections.phases import phase_means
 from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDING_RATIO, STEP_S
 
 __all__ = ["Speedup", "Summary", "summary_section"]
@@ -74,31 +74,31 @@ def _summary(data: StudyData) -> Summary:
     notes: list[str] = []
     base = baseline_runs(data)
     best = best_runs(data, number)
-    cand = _candidate(data, number)
+    cand = candidate_of(data, number)
 
     result = study_result(data)
     if result is not None:
         return _from_result(data, result, number, how)
     # Throughput: interleaved A/B runs where they exist (same conditions for both arms).
     rows = []
-    b_runs = _numbers((cand or {}).get("baseline_runs")) or _numbers(data.validation.get("baseline_runs"))
+    b_runs = finite_numbers((cand or {}).get("baseline_runs")) or finite_numbers(data.validation.get("baseline_runs"))
     if b_runs:
-        b_tput, b_src = _median(b_runs), f"median of {len(b_runs)} interleaved baseline runs"
+        b_tput, b_src = median_of(b_runs), f"median of {len(b_runs)} interleaved baseline runs"
     elif any(math.isfinite(r.metric(TPUT)) for r in data.baseline_runs):
         vals = [r.metric(TPUT) for r in data.baseline_runs]
-        b_tput, b_src = _median(vals), f"median of {sum(map(math.isfinite, vals))} baseline repeats"
+        b_tput, b_src = median_of(vals), f"median of {sum(map(math.isfinite, vals))} baseline repeats"
     elif math.isfinite(num((data.tune.get("noise_floor") or {}).get("median"))):
         b_tput, b_src = num(data.tune["noise_floor"]["median"]), "noise floor median"
     elif math.isfinite(num(data.provenance.get("baseline_tokens_per_s_per_gpu"))):
         b_tput, b_src = num(data.provenance["baseline_tokens_per_s_per_gpu"]), "exported config"
     else:
         b_tput, b_src = math.nan, "not measured"
-    c_runs = _numbers((cand or {}).get("runs"))
+    c_runs = finite_numbers((cand or {}).get("runs"))
     trial = data.trial(number) if number is not None else None
     if c_runs:
-        t_tput, t_src = _median(c_runs), f"median of {len(c_runs)} interleaved re-runs"
+        t_tput, t_src = median_of(c_runs), f"median of {len(c_runs)} interleaved re-runs"
     elif trial is not None and trial.values:
-        t_tput, t_src = _objective(trial), "the trial's measurement"
+        t_tput, t_src = objective_of(trial), "the trial's measurement"
     elif best and math.isfinite(best[0].metric(TPUT)):
         t_tput, t_src = best[0].metric(TPUT), "the trial's summary.json"
     else:
@@ -110,7 +110,7 @@ def _summary(data: StudyData) -> Summary:
     knobs = _changed_knobs(data, number)
 
     candidates = pd.DataFrame(
-        [(c.get("trial"), len(_numbers(c.get("runs"))), num(c.get("speedup_median")), num(c.get("ci_low")),
+        [(c.get("trial"), len(finite_numbers(c.get("runs"))), num(c.get("speedup_median")), num(c.get("ci_low")),
           num(c.get("ci_high")), c.get("significant"))
          for c in data.validation.get("candidates") or [] if isinstance(c, dict)],
         columns=["trial", "rounds", "speedup_median", "ci_low", "ci_high", "significant"])
@@ -119,7 +119,7 @@ def _summary(data: StudyData) -> Summary:
         if not isinstance(c, dict):
             continue
         for arm, key in (("baseline", "baseline_runs"), ("candidate", "runs")):
-            for i, v in enumerate(_numbers(c.get(key))):
+            for i, v in enumerate(finite_numbers(c.get(key))):
                 ab.append((c.get("trial"), arm, i, v))
     ab_runs = pd.DataFrame(ab, columns=["candidate", "arm", "round", "tokens_per_s"])
 
@@ -150,10 +150,10 @@ def _summary(data: StudyData) -> Summary:
 def _table(rows: list[tuple], base: list, best: list) -> pd.DataFrame:
     """The best-vs-baseline table: the throughput ``rows`` given, then the runs' other metrics and step time."""
     rows = list(rows)
-    step_b, step_t = _phase_means(base), _phase_means(best)
+    step_b, step_t = phase_means(base), phase_means(best)
     for key in ("mfu_pct", MAX_RESERVED_GIB, MAX_ALLOCATED_GIB, MAX_RSS_GIB,
                 PADDING_RATIO):
-        bv, tv = _median(r.metric(key) for r in base), _median(r.metric(key) for r in best)
+        bv, tv = median_of(r.metric(key) for r in base), median_of(r.metric(key) for r in best)
         if math.isfinite(bv) or math.isfinite(tv):
             rows.append((key, bv, tv, "median over runs' summaries"))
     rows.append((STEP_S, step_b.get("step_s", math.nan), step_t.get("step_s", math.nan),
@@ -185,7 +185,7 @@ def _from_result(data: StudyData, result: dict, number: int | None, how: str) ->
         columns=["trial", "rounds", "speedup_median", "ci_low", "ci_high", "significant"])
     ab = [(c.get("trial"), arm, i, v) for c in data.validation.get("candidates") or [] if isinstance(c, dict)
           for arm, key in (("baseline", "baseline_runs"), ("candidate", "runs"))
-          for i, v in enumerate(_numbers(c.get(key)))]
+          for i, v in enumerate(finite_numbers(c.get(key)))]
     notes = [f"Data: {describe_data(result.get('data') or {})}."]
     if result.get("noise_warning"):
         notes.insert(0, result["noise_warning"][0].upper() + result["noise_warning"][1:] + ".")
@@ -201,11 +201,11 @@ def _from_result(data: StudyData, result: dict, number: int | None, how: str) ->
 
 def _speedup(data: StudyData, number: int | None, b: float, t: float) -> Speedup | None:
     winner = data.validation.get("winner")
-    cand = _candidate(data, number)
+    cand = candidate_of(data, number)
     for src, d in (("validation.json winner", winner), ("validation.json candidate", cand)):
         if isinstance(d, dict) and math.isfinite(num(d.get("speedup_median"))) and (
                 d.get("trial", number) == number):
-            rounds = len(_numbers((cand or {}).get("ratios"))) or len(_numbers((cand or {}).get("runs")))
+            rounds = len(finite_numbers((cand or {}).get("ratios"))) or len(finite_numbers((cand or {}).get("runs")))
             return Speedup(num(d["speedup_median"]), num(d.get("ci_low")), num(d.get("ci_high")),
                            d.get("significant"), rounds, src)
     prov = data.provenance
@@ -235,6 +235,6 @@ def _changed_knobs(data: StudyData, number: int | None) -> pd.DataFrame:
             found, bv = lookup_key(best_cfg or {}, k)
             bv = bv if found else None
         found, av = lookup_key(base_cfg, k)
-        changed = None if not found else not _same(av, bv)
+        changed = None if not found else not same_config(av, bv)
         rows.append((k, av if found else None, bv, changed))
     return pd.DataFrame(rows, columns=["knob", "baseline", "best", "changed"])

@@ -42,7 +42,7 @@ def _sections(cls: type = Config) -> list[type]:
     """Every section dataclass reachable from ``cls``, ``cls`` included."""
     out = [cls]
     for f in dataclasses.fields(cls):
-        section = typecheck._section_class(typecheck._hints(cls)[f.name])
+        section = typecheck.section_class(typecheck.type_hints_of(cls)[f.name])
         if section is not None and section not in out:
             out.extend(s for s in _sections(section) if s not in out)
     return out

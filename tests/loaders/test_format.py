@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import loaders._publish as publish
-from loaders._layout import _DTYPES
+from loaders._layout import DTYPES
 from loaders.format import (
     INDEX_NAME,
     MAX_FRAME_BYTES,
@@ -161,7 +161,7 @@ def test_index_columns_are_mmapable(tmp_path):
             name = name.rstrip(b"\0").decode()
             assert off % 64 == 0  # aligned
             col = s.col(name)
-            mm = np.memmap(path, _DTYPES[code], "r", off, (len(col),))
+            mm = np.memmap(path, DTYPES[code], "r", off, (len(col),))
             assert np.array_equal(mm, col)
 
 

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 import pytest
 
-from loaders._layout import _file_xxh3
+from loaders._layout import file_xxh3
 from loaders.format import INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet
 from test_format import _random_records, _write
 
@@ -45,7 +45,7 @@ def test_every_flipped_index_byte_is_caught_at_open(shards):
 
 def _rewrite_checksum(d):
     m = json.loads((d / MANIFEST_NAME).read_text())
-    m["checksums"]["index_xxh3"] = _file_xxh3(d / INDEX_NAME)
+    m["checksums"]["index_xxh3"] = file_xxh3(d / INDEX_NAME)
     (d / MANIFEST_NAME).write_text(json.dumps(m))
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import VLA_SPEC, write_vla
-from loaders._layout import _file_xxh3
+from loaders._layout import file_xxh3
 from loaders.format import (FORMAT_VERSION, INDEX_NAME, MANIFEST_NAME, ShardFormatError, ShardSet, VLAFrame,
                             VLAShardWriter)
 from loaders.pipeline import BatchPipeline
@@ -159,7 +159,7 @@ def test_a_consistent_but_wrong_index_names_the_frame(vla_dir, tmp_path):
     struct.pack_into("<I", data, 124, zlib.crc32(bytes(data[64:124])))
     index.write_bytes(bytes(data))
     m = json.loads((bad / MANIFEST_NAME).read_text())
-    m["checksums"]["index_xxh3"] = _file_xxh3(index)
+    m["checksums"]["index_xxh3"] = file_xxh3(index)
     (bad / MANIFEST_NAME).write_text(json.dumps(m))
     with pytest.raises(ShardFormatError, match=rf"{INDEX_NAME}: frame 0: frame\.dlen \d+, its records hold \d+ tokens "
                                                rf"and \d+ records x 3\d+ bytes"):

@@ -35,9 +35,9 @@ from optuna.trial import TrialState
 import reports
 from reports import build_report, compute_sections
 from reports._load import PHASES
-from reports.render.figures import _Figures
-from reports.render.memory import _memory
-from reports.render.tables import _missing
+from reports.render.figures import Figures
+from reports.render.memory import render_memory
+from reports.render.tables import missing_note
 
 REPO = Path(__file__).resolve().parents[2]
 LIFETIMES = REPO / "tests" / "assets" / "lifetimes_gr00t-n1.6_clip0_2026-12-01.json"
@@ -673,7 +673,7 @@ def test_memory_gradient_lifetimes(rep, fx):
 
 def _memory_html(memory) -> str:
     """The Memory section's HTML alone (its own figure numbering)."""
-    return _memory(memory, _Figures())
+    return render_memory(memory, Figures())
 
 
 def test_memory_without_lifetimes_renders_as_before(rep, fx, tmp_path):
@@ -691,7 +691,7 @@ def test_memory_without_lifetimes_renders_as_before(rep, fx, tmp_path):
     (d / "lifetimes.json").write_text("{")
     m = compute_sections(d, f"sqlite:///{d / 'study.db'}", fx.name).memory
     assert m.lifetimes is None and m.lifetimes_message.startswith("lifetimes.json could not be read")
-    assert _memory_html(m).endswith(f"<h3>Gradient lifetimes</h3>\n{_missing(m.lifetimes_message)}")
+    assert _memory_html(m).endswith(f"<h3>Gradient lifetimes</h3>\n{missing_note(m.lifetimes_message)}")
 
 
 def test_memory_lifetimes_that_do_not_apply_say_why(fx, tmp_path):

@@ -10,9 +10,9 @@ from typing import Any, get_args, get_origin
 import yaml
 
 from workbench.config.schema import Config
-from workbench.config.typecheck import _describe, _hints, _section_class, _show, _unknown_key, from_dict, to_dict
-from workbench.config.yaml_io import _Loader
-from workbench.errors import ConfigError, _join
+from workbench.config.typecheck import describe_type, type_hints_of, section_class, show_value, unknown_key, from_dict, to_dict
+from workbench.config.yaml_io import StrictLoader
+from workbench.errors import ConfigError, join_keys
 
 
 # --------------------------------------------------------------------------- overrides
@@ -40,13 +40,13 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any) -> None:
         path = ".".join(parts[:i])
         if section is not None:
             if part not in {f.name for f in fields(section)}:
-                raise _unknown_key(section, part, path)
-            tp = _hints(section)[part]
+                raise unknown_key(section, part, path)
+            tp = type_hints_of(section)[part]
         elif get_origin(tp) is dict:
             tp = get_args(tp)[1]
         else:
-            raise ConfigError(f"is {_describe(tp)}, it has no key {part!r}", key=path)
-        child_section = _section_class(tp)
+            raise ConfigError(f"is {describe_type(tp)}, it has no key {part!r}", key=path)
+        child_section = section_class(tp)
         if i == len(parts) - 1:
             if child_section is not None and isinstance(value, Mapping) and isinstance(node.get(part), dict):
                 for key, item in value.items():  # merge into the section, key by key
@@ -57,7 +57,7 @@ def _apply_override(data: dict[str, Any], parts: list[str], value: Any) -> None:
         if node.get(part) is None:
             node[part] = {}  # e.g. provenance.study on a config without provenance
         if not isinstance(node[part], dict):
-            raise ConfigError(f"is {_show(node[part])}, it has no key {parts[i + 1]!r}", key=_join(path, part))
+            raise ConfigError(f"is {show_value(node[part])}, it has no key {parts[i + 1]!r}", key=join_keys(path, part))
         node, section = node[part], child_section
 
 
@@ -72,7 +72,7 @@ def parse_overrides(items: Iterable[str]) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ConfigError(f"override {item!r} is not of the form key=value")
         try:
-            out[key.strip()] = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+            out[key.strip()] = yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
         except yaml.YAMLError as e:
             raise ConfigError(f"cannot parse the value {text!r}: {e}", key=key.strip()) from None
     return out

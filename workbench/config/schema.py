@@ -19,8 +19,8 @@ from typing import Any, Literal, TypeVar
 
 
 from kernels.registry import LAUNCH_SPACES
-from workbench.config.typecheck import _check_ranges, _choices, _show, _suggest, schema_root, to_dict
-from workbench.errors import ConfigError, _join
+from workbench.config.typecheck import check_ranges, choices_text, show_value, suggest, schema_root, to_dict
+from workbench.errors import ConfigError, join_keys
 
 
 CONFIG_VERSION = 1
@@ -54,15 +54,15 @@ class ModelConfig:
     (a resumed run)."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.checkpoint_path is not None and not os.path.exists(self.checkpoint_path):
             raise ConfigError(f"got {self.checkpoint_path!r}, which does not exist (from {os.getcwd()}); expected an "
                               "HF model.safetensors, model.safetensors.index.json, a folder holding one, or a "
                               "latest.pt of this loop", key="checkpoint_path")
         if self.config_path is None and self.name not in MODEL_PRESETS:
-            hint = _suggest(self.name, MODEL_PRESETS)
+            hint = suggest(self.name, MODEL_PRESETS)
             raise ConfigError(
-                f"got {self.name!r}; expected a preset, one of {_choices(MODEL_PRESETS)}"
+                f"got {self.name!r}; expected a preset, one of {choices_text(MODEL_PRESETS)}"
                 + (f" (did you mean {hint!r}?)" if hint else "")
                 + ", or set config_path to an HF-format config.json for a custom model",
                 key="name",
@@ -93,7 +93,7 @@ class AugmentConfig:
     """Saturation factor drawn in [1 - s, 1 + s]."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)
@@ -132,7 +132,7 @@ class DataConfig:
     """vla shards: image augmentation in the decode workers."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.bucket_width > self.seq_len:
             raise ConfigError(
                 f"got {self.bucket_width}; must be <= seq_len ({self.seq_len})", key="bucket_width"
@@ -191,7 +191,7 @@ class TrainingConfig:
     """N of selective checkpointing: every N-th decoder block is recomputed."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.checkpoint_every > 0 and self.checkpoint_dir is None:
             raise ConfigError(
                 f"got {self.checkpoint_every}, but checkpoint_dir is not set; "
@@ -219,7 +219,7 @@ class IODomainConfig:
     """Reader threads of the thread-pool backend."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)
@@ -238,7 +238,7 @@ class AllocatorConfig:
     """Reclaim cached blocks when usage exceeds this fraction of the allowed memory."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
     def to_env(self) -> str:
         """The PYTORCH_CUDA_ALLOC_CONF / PYTORCH_ALLOC_CONF value for the set fields; "" when none is set."""
@@ -263,7 +263,7 @@ class MemoryDomainConfig:
     """CUDA caching-allocator settings, applied through the environment of the trial process."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)
@@ -280,7 +280,7 @@ class OpsConfig:
     """Cross-entropy loss backend."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 GRAPH_CAPTURING_COMPILE_MODES = ("reduce-overhead", "max-autotune")
@@ -321,7 +321,7 @@ class Fp8ModulesConfig:
     multiples of 16)."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         for key in ("include", "exclude"):
             for i, pattern in enumerate(getattr(self, key)):
                 if not pattern.strip():
@@ -389,7 +389,7 @@ class ComputeDomainConfig:
     materialised, as with ops.loss: torch."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         _check_kernel_launch(self.kernels)
         if self.fp8_cast == "triton" and self.fp8 not in ("none", "tensorwise"):  # with none: nothing to cast
             raise ConfigError(f"got 'triton' with fp8: {self.fp8!r}; the Triton casts implement the tensorwise recipe "
@@ -439,7 +439,7 @@ class OverlapConfig:
     """Gradient sync with several GPUs: the workbench's overlap scheduler, or DistributedDataParallel (a baseline)."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
     @property
     def bucket_bytes(self) -> int:
@@ -461,7 +461,7 @@ class LoongforgeConfig:
     """Gradient bucketing and communication/compute overlap."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 # --------------------------------------------------------------------------- hardware, metrics, provenance
@@ -481,7 +481,7 @@ class HardwareConfig:
     """Share of device memory the process may use."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)
@@ -497,7 +497,7 @@ class HFConfig:
     materialises the logits (CUDA, ``pip install liger-kernel``). Excludes the project's Triton ops."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
 
 
 @dataclass(kw_only=True)
@@ -518,7 +518,7 @@ class MetricsConfig:
     (Perfetto), and on CUDA a memory snapshot; 0 = off. Needs an output directory."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         try:
             ipaddress.ip_address(self.prometheus_addr)
         except ValueError:
@@ -578,15 +578,15 @@ class Provenance:
     """ISO 8601 time of the export."""
 
     def __post_init__(self) -> None:
-        _check_ranges(self)
+        check_ranges(self)
         if self.speedup_ci is not None:
             if len(self.speedup_ci) != 2:
                 raise ConfigError(
-                    f"got {_show(self.speedup_ci)}; expected two numbers [low, high]", key="speedup_ci"
+                    f"got {show_value(self.speedup_ci)}; expected two numbers [low, high]", key="speedup_ci"
                 )
             low, high = self.speedup_ci
             if low > high:
-                raise ConfigError(f"got {_show(self.speedup_ci)}; low must be <= high", key="speedup_ci")
+                raise ConfigError(f"got {show_value(self.speedup_ci)}; low must be <= high", key="speedup_ci")
         if self.created is not None:
             try:
                 datetime.datetime.fromisoformat(self.created)
@@ -682,7 +682,7 @@ def validate(cfg: Config) -> None:
     it first re-checks every section (types, ranges and per-section rules).
     """
     _check_version(cfg.version)
-    _check_ranges(cfg)
+    check_ranges(cfg)
     for path, section in _iter_sections(cfg):
         try:
             section.__post_init__()
@@ -723,7 +723,7 @@ def _iter_sections(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
         children = value.items() if isinstance(value, dict) else [(None, value)]
         for key, child in children:
             if is_dataclass(child) and not isinstance(child, type):
-                child_path = _join(path, f.name if key is None else f"{f.name}.{key}")
+                child_path = join_keys(path, f.name if key is None else f"{f.name}.{key}")
                 yield from _iter_sections(child, child_path)
                 yield child_path, child
 

@@ -1,5 +1,5 @@
 """The typed checking of config sections: a value against its field's type hint (``_coerce``) and the bounds in
-the field's metadata (``_check_ranges``), generic over any dataclass; every failure a ConfigError naming the key."""
+the field's metadata (``check_ranges``), generic over any dataclass; every failure a ConfigError naming the key."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin, get_type_hints
 
 
-from workbench.errors import ConfigError, _join
+from workbench.errors import ConfigError, join_keys
 
 T = TypeVar("T")
 
@@ -26,12 +26,12 @@ class _Mismatch(ConfigError):
     """A value of the wrong type at exactly ``key`` (lets a union re-describe what it allows)."""
 
 
-def _show(value: Any) -> str:
+def show_value(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _suggest(word: Any, choices: Iterable[str]) -> str | None:
+def suggest(word: Any, choices: Iterable[str]) -> str | None:
     if not isinstance(word, str):
         return None
     close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
@@ -42,7 +42,7 @@ def _suggest(word: Any, choices: Iterable[str]) -> str | None:
 
 
 @functools.cache
-def _hints(cls: type) -> dict[str, Any]:
+def type_hints_of(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
@@ -50,15 +50,15 @@ def _is_union(tp: Any) -> bool:
     return get_origin(tp) in (Union, types.UnionType)
 
 
-def _section_class(tp: Any) -> type | None:
+def section_class(tp: Any) -> type | None:
     """The dataclass in ``tp`` (``Section`` or ``Section | None``), else None."""
     if _is_union(tp):
         members = [a for a in get_args(tp) if a is not type(None)]
-        return _section_class(members[0]) if len(members) == 1 else None
+        return section_class(members[0]) if len(members) == 1 else None
     return tp if isinstance(tp, type) and is_dataclass(tp) else None
 
 
-def _choices(values: Iterable[Any]) -> str:
+def choices_text(values: Iterable[Any]) -> str:
     return ", ".join(repr(v) for v in values)
 
 
@@ -95,22 +95,22 @@ def _describe_bounds(meta: Mapping[str, Any], leaf: Any) -> str:
     return text
 
 
-def _describe(tp: Any, meta: Mapping[str, Any] | None = None) -> str:
+def describe_type(tp: Any, meta: Mapping[str, Any] | None = None) -> str:
     """What values of type ``tp`` (with bounds ``meta`` on its numbers) look like, in words."""
     meta = meta or {}
     if _is_union(tp):
         args = get_args(tp)
-        parts = [_describe(a, meta) for a in args if a is not type(None)]
+        parts = [describe_type(a, meta) for a in args if a is not type(None)]
         if type(None) in args:
             parts.append("null")
         return " or ".join(parts)
     origin = get_origin(tp)
     if origin is Literal:
-        return f"one of {_choices(get_args(tp))}"
+        return f"one of {choices_text(get_args(tp))}"
     if origin is list:
-        return f"a list of ({_describe(get_args(tp)[0], meta)})"
+        return f"a list of ({describe_type(get_args(tp)[0], meta)})"
     if origin is dict:
-        return f"a mapping (name -> {_describe(get_args(tp)[1], meta)})"
+        return f"a mapping (name -> {describe_type(get_args(tp)[1], meta)})"
     if tp is bool:
         return "a boolean (true/false)"
     if tp in (int, float):
@@ -125,7 +125,7 @@ def _describe(tp: Any, meta: Mapping[str, Any] | None = None) -> str:
 
 
 def _mismatch(value: Any, tp: Any, path: str, meta: Mapping[str, Any] | None, note: str = "") -> _Mismatch:
-    message = f"got {_show(value)} ({type(value).__name__}); expected {_describe(tp, meta)}"
+    message = f"got {show_value(value)} ({type(value).__name__}); expected {describe_type(tp, meta)}"
     return _Mismatch(message + note, key=path)
 
 
@@ -156,7 +156,7 @@ def _coerce(value: Any, tp: Any, path: str, meta: Mapping[str, Any] | None = Non
         for choice in args:
             if value == choice and type(value) is type(choice):
                 return value
-        hint = _suggest(value, [a for a in args if isinstance(a, str)])
+        hint = suggest(value, [a for a in args if isinstance(a, str)])
         raise _mismatch(value, tp, path, meta, f" (did you mean {hint!r}?)" if hint else "")
     if tp is bool:
         if isinstance(value, bool):
@@ -189,8 +189,8 @@ def _coerce(value: Any, tp: Any, path: str, meta: Mapping[str, Any] | None = Non
         out = {}
         for key, item in value.items():
             if not isinstance(key, str):
-                raise _Mismatch(f"key {_show(key)} ({type(key).__name__}) is not a string", key=path)
-            out[key] = _coerce(item, args[1], _join(path, key), meta)
+                raise _Mismatch(f"key {show_value(key)} ({type(key).__name__}) is not a string", key=path)
+            out[key] = _coerce(item, args[1], join_keys(path, key), meta)
         return out
     if isinstance(tp, type) and is_dataclass(tp):
         if isinstance(value, tp):
@@ -210,25 +210,25 @@ def _check_bounds(value: Any, meta: Mapping[str, Any], path: str, leaf: Any) -> 
         return
     if isinstance(value, dict):
         for key, item in value.items():
-            _check_bounds(item, meta, _join(path, key), leaf)
+            _check_bounds(item, meta, join_keys(path, key), leaf)
         return
     if not isinstance(value, numbers.Real):
         return
     allowed = _describe_bounds(meta, leaf)
     if meta.get("power_of_two") and not (isinstance(value, int) and value > 0 and value & (value - 1) == 0):
-        raise ConfigError(f"got {_show(value)}, not a power of two; expected {allowed}", key=path)
+        raise ConfigError(f"got {show_value(value)}, not a power of two; expected {allowed}", key=path)
     if (
         ("ge" in meta and not value >= meta["ge"])
         or ("gt" in meta and not value > meta["gt"])
         or ("le" in meta and not value <= meta["le"])
         or ("lt" in meta and not value < meta["lt"])
     ):
-        raise ConfigError(f"got {_show(value)}, out of range; expected {allowed}", key=path)
+        raise ConfigError(f"got {show_value(value)}, out of range; expected {allowed}", key=path)
     if "multiple_of" in meta and value % meta["multiple_of"]:
-        raise ConfigError(f"got {_show(value)}, not a multiple of {meta['multiple_of']}; expected {allowed}", key=path)
+        raise ConfigError(f"got {show_value(value)}, not a multiple of {meta['multiple_of']}; expected {allowed}", key=path)
 
 
-def _check_ranges(obj: Any) -> None:
+def check_ranges(obj: Any) -> None:
     """Check every field of a config dataclass against its type hint, then its metadata bounds.
 
     Called from each section's ``__post_init__``, so a section built directly is held to the
@@ -236,7 +236,7 @@ def _check_ranges(obj: Any) -> None:
     where a float is expected, tuple -> list, mapping -> section). Error keys are relative to
     ``obj``; ``from_dict`` prefixes them with the section's path.
     """
-    hints = _hints(type(obj))
+    hints = type_hints_of(type(obj))
     for f in fields(obj):
         tp = hints[f.name]
         value = _coerce(getattr(obj, f.name), tp, f.name, f.metadata)
@@ -256,16 +256,16 @@ def schema_root(cls: type[T]) -> type[T]:
     return cls
 
 
-def _unknown_key(cls: type, key: Any, path: str) -> ConfigError:
+def unknown_key(cls: type, key: Any, path: str) -> ConfigError:
     names = [f.name for f in fields(cls)]
     section = f"'{path}'" if path else "the top level"
-    hint = _suggest(key, names)
+    hint = suggest(key, names)
     if hint is None and isinstance(key, str):
         elsewhere = [p for p in _schema_paths() if p.rsplit(".", 1)[-1] == key]
         hint = elsewhere[0] if elsewhere else None
     message = "unknown key" + (f"; did you mean {hint!r}?" if hint else "")
     message += f" Allowed keys of {section}: {', '.join(names)}"
-    return ConfigError(message, key=_join(path, str(key)))
+    return ConfigError(message, key=join_keys(path, str(key)))
 
 
 @functools.cache
@@ -274,9 +274,9 @@ def _schema_paths(cls: type | None = None, prefix: str = "") -> tuple[str, ...]:
     cls = cls or _ROOTS[0]
     out: list[str] = []
     for f in fields(cls):
-        path = _join(prefix, f.name)
+        path = join_keys(prefix, f.name)
         out.append(path)
-        section = _section_class(_hints(cls)[f.name])
+        section = section_class(type_hints_of(cls)[f.name])
         if section is not None:
             out.extend(_schema_paths(section, path))
     return tuple(out)
@@ -297,13 +297,13 @@ def from_dict(cls: type[T], data: Mapping[str, Any], path: str = "") -> T:
             check(data)
         except ConfigError as e:
             raise e.with_prefix(path) from None
-    hints = _hints(cls)
+    hints = type_hints_of(cls)
     known = {f.name: f for f in fields(cls)}
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
         if key not in known:
-            raise _unknown_key(cls, key, path)
-        kwargs[key] = _coerce(value, hints[key], _join(path, key), known[key].metadata)
+            raise unknown_key(cls, key, path)
+        kwargs[key] = _coerce(value, hints[key], join_keys(path, key), known[key].metadata)
     missing = [
         name
         for name, f in known.items()

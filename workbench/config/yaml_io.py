@@ -14,7 +14,7 @@ from typing import Any, get_args
 import yaml
 
 from workbench.config.schema import Config, config_hash, field_docs
-from workbench.config.typecheck import _hints, _section_class, from_dict, to_dict
+from workbench.config.typecheck import type_hints_of, section_class, from_dict, to_dict
 from workbench.errors import ConfigError
 from workbench.files import write_text
 
@@ -40,7 +40,7 @@ def _resolvers_without(base: type, drop: set[str]) -> dict[str, list[Any]]:
     return {ch: [(tag, rx) for tag, rx in lst if tag not in drop] for ch, lst in base.yaml_implicit_resolvers.items()}
 
 
-class _Loader(yaml.SafeLoader):
+class StrictLoader(yaml.SafeLoader):
     """SafeLoader that reads 3e-4 as a float, keeps timestamps as strings and rejects duplicate keys."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -59,8 +59,8 @@ class _Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-_Loader.yaml_implicit_resolvers = _resolvers_without(yaml.SafeLoader, {_FLOAT_TAG, _TIMESTAMP_TAG})
-_Loader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_RE, list("-+0123456789."))
+StrictLoader.yaml_implicit_resolvers = _resolvers_without(yaml.SafeLoader, {_FLOAT_TAG, _TIMESTAMP_TAG})
+StrictLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_RE, list("-+0123456789."))
 
 
 class _Dumper(yaml.SafeDumper):
@@ -91,11 +91,11 @@ def _flow(value: Any) -> str:
 
 
 def _emit(data: Mapping[str, Any], tp: Any, indent: int, out: list[str], comments: bool) -> None:
-    section = _section_class(tp)
+    section = section_class(tp)
     docs = field_docs(section) if comments and section is not None else {}
     pad = "  " * indent
     for key, value in data.items():
-        child_tp = _hints(section)[key] if section is not None else (get_args(tp)[1] if get_args(tp) else Any)
+        child_tp = type_hints_of(section)[key] if section is not None else (get_args(tp)[1] if get_args(tp) else Any)
         if indent == 0:
             out.append("")
         if key in docs:
@@ -142,7 +142,7 @@ def load_yaml(text: str, source: str, what: str = "config") -> Any:
     naming ``source`` and the line."""
     check_yaml_text(text, source, what)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+        return yaml.load(text, Loader=StrictLoader)  # noqa: S506 (a SafeLoader subclass)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         message = "invalid YAML" + (f" (column {mark.column + 1})" if mark is not None else "")

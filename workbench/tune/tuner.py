@@ -42,7 +42,7 @@ from workbench.tune.spaces import fit_micro_batches
 from workbench.tune.study import KnobRange, StudySpec, spec_from_dict
 from workbench.tune.trial import (Launcher, TrialOutcome, command_launcher, interrupts_held, launch_command,
                                   not_launched_outcome, read_log_tail, run_trial)
-from workbench.tune.validation import Validation, _feasible, _now
+from workbench.tune.validation import Validation, is_feasible, now_iso
 from workbench.vocab import REAL_TOKENS_PER_S
 from workbench.tune.verify import Verification
 
@@ -384,7 +384,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                 continue
             other = optuna.load_study(study_name=summary.study_name, storage=self.storage,
                                       sampler=optuna.samplers.RandomSampler(0))
-            ok = [t for t in other.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if _feasible(t)]
+            ok = [t for t in other.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)) if is_feasible(t)]
             exported = a.get("result/exported_trial")
             pick = next((t for t in ok if t.number == exported), None) or max(ok, key=lambda t: t.values[0],
                                                                                default=None)
@@ -518,7 +518,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         return list(self.study.user_attrs.get("baseline_runs", []))
 
     def _best_text(self) -> str:
-        ok = [t for t in self._trials((TrialState.COMPLETE,)) if _feasible(t)]
+        ok = [t for t in self._trials((TrialState.COMPLETE,)) if is_feasible(t)]
         if not ok:
             return ""
         best = max(ok, key=lambda t: t.values[0])
@@ -750,7 +750,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         crash or interrupt, which may be the machine's doing)."""
         for t in self._trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
             if (t.number != number and t.user_attrs.get("config_hash") == h and "duplicate_of" not in t.user_attrs
-                    and (_feasible(t) or t.state == TrialState.PRUNED or t.user_attrs.get("status") == "oom")):
+                    and (is_feasible(t) or t.state == TrialState.PRUNED or t.user_attrs.get("status") == "oom")):
                 return t
         return None
 
@@ -916,7 +916,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
         Returns validation.json's content (None for a worker). KeyboardInterrupt propagates after the
         running trial is marked FAIL.
         """
-        started = _now()
+        started = now_iso()
         self._t0 = time.monotonic()
         self._sessions = None  # read from an earlier tune.json at the first write
         if self.study is None and self.spec is not None and not self.worker:
@@ -950,7 +950,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             self.progress.set(phase="validating", best="")
             validation = self.validate()
             self.progress.set(phase="exporting")
-            finished = _now()
+            finished = now_iso()
             self._session(started, finished)
             result = self._result(validation, sessions_wall_s(self._sessions or []))
             self._record_in_study(result)

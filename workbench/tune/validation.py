@@ -37,7 +37,7 @@ def plain_loop_config(base: Config) -> Config:
     return merge_overrides(base, PLAIN_LOOP)
 
 
-def _now() -> str:
+def now_iso() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
@@ -45,7 +45,7 @@ def _finite_or_none(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
-def _feasible(t: FrozenTrial) -> bool:
+def is_feasible(t: FrozenTrial) -> bool:
     return (t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
             and all(v <= 0 for v in t.constraints.values()))
 
@@ -66,7 +66,7 @@ class Validation:
             front = {t.number for t in self.study.best_trials}  # the feasible Pareto front
             pool = [t for t in pool if t.number in front]
         # by throughput (objective 0); in multi-objective studies, among the Pareto front
-        ok = sorted((t for t in pool if _feasible(t)), key=lambda t: (-t.values[0], t.number))
+        ok = sorted((t for t in pool if is_feasible(t)), key=lambda t: (-t.values[0], t.number))
         out: list[FrozenTrial] = []
         skipped: list[dict[str, Any]] = []
         seen = {base_hash}
@@ -133,7 +133,7 @@ class Validation:
                         continue
                     a_value, b_value = a.value, b.value
                     pairs = dict(study.user_attrs.get("ab_pairs", {}))
-                    pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": _now()}
+                    pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": now_iso()}
                     study.set_user_attr("ab_pairs", pairs)
                 res["runs"].append(b_value)
                 res["baseline_runs"].append(a_value)
@@ -219,7 +219,7 @@ class Validation:
             "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
             "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
             "ab_min_rounds": min_rounds, "candidates": candidates, "skipped": skipped,
-            "winner": winner, "reference": reference, "traces": traces, "complete": True, "finished": _now(),
+            "winner": winner, "reference": reference, "traces": traces, "complete": True, "finished": now_iso(),
         }
         write_json(path, data)
         return data
