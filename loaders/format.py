@@ -3,7 +3,7 @@ per bucket, and an mmap-able index; and its ``"vla"`` record kind (an image, tok
 
 The format's public names, each defined in one private module: ``_layout`` (names, version, record kinds, dtype
 and bucket rules, the index file), ``_publish`` (the atomic rename into place), ``_writer`` (``ShardWriter``),
-``_vla_writer`` (``VLAShardWriter``) and ``_shardset`` (``ShardSet``, ``Frame``, ``VLAFrame``). The directory
+``vla.writer`` (``VLAShardWriter``) and ``_shardset`` (``ShardSet``, ``Frame``, ``VLAFrame``). The directory
 layout, frames, integrity layers and the index file are described in docs/loaders.md ("The shard format", "VLA
 records").
 """
@@ -15,7 +15,7 @@ from ._layout import (ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAN
                       token_dtype_for, write_index)
 from ._publish import remove_stale_partials
 from ._shardset import Frame, ShardSet, VLAFrame
-from ._vla_writer import DEFAULT_VLA_FRAME_BYTES, VLAShardWriter
+from .vla.writer import DEFAULT_VLA_FRAME_BYTES, VLAShardWriter
 from ._writer import DEFAULT_DICT_SIZE, DEFAULT_FRAME_BYTES, ShardWriter
 
 __all__ = [

@@ -34,7 +34,7 @@ from loaders.format import (
     ShardWriter,
     remove_stale_partials,
 )
-from loaders._vla_preprocess import IMAGE_LAYOUTS, preprocess_vla
+from loaders.vla.preprocess import IMAGE_LAYOUTS, preprocess_vla
 from loaders.inputs import BIN_DTYPES, InputFile, open_input
 from loaders.verify import format_summary
 

@@ -6,7 +6,7 @@ and writers for the three input formats of the preprocessor. The model of text a
 described in docs/loaders.md ("The synthetic corpus").
 
 Its VLA variant (``VLASynthSpec``, ``generate_vla``, ``write_vla_npz``, ``write_vla_shards``, defined in
-``loaders._vla_synth``): tabletop images, pick-up instructions and action chunks that follow from both
+``loaders.vla.synth``): tabletop images, pick-up instructions and action chunks that follow from both
 (docs/loaders.md, "VLA records").
 
 CLI::
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from workbench.files import atomic_write
-from ._vla_synth import (VLA_COLOURS, VLA_SHAPES, VLA_WORDS, VLASynthSpec, generate_vla, iter_vla_samples,
+from .vla.synth import (VLA_COLOURS, VLA_SHAPES, VLA_WORDS, VLASynthSpec, generate_vla, iter_vla_samples,
                          write_vla_npz, write_vla_shards)
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""The GR00T N1.6 VLA (workbench/train/vla.py): training, parameter count, shapes, the flow-matching loss's
+"""The GR00T N1.6 VLA (workbench/train/vla/): training, parameter count, shapes, the flow-matching loss's
 randomness, gradients, activation checkpointing and FLOPs.
 
 The tiny preset on the CPU in float32; the full preset only on the meta device (structure and sizes, no memory).

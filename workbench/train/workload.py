@@ -29,7 +29,12 @@ from workbench.train.ops import OpSet
 from workbench.train.vla import VLA, VLA_PRESETS, get_vla_preset, vla_flops_per_sample
 from workbench.vocab import REAL_TOKENS_PER_S
 
-__all__ = ["LanguageModel", "VisionLanguageAction", "Workload", "workload_for"]
+__all__ = ["LanguageModel", "VisionLanguageAction", "Workload", "is_vla", "workload_for"]
+
+
+def is_vla(cfg: Config) -> bool:
+    """Whether ``cfg`` trains the vision-language-action workload (a VLA preset) rather than the language model."""
+    return cfg.model.name in VLA_PRESETS
 
 
 class Workload:
@@ -222,4 +227,4 @@ class VisionLanguageAction(Workload):
 
 def workload_for(cfg: Config) -> Workload:
     """The workload of ``cfg``'s model: a VLA preset, else a language model."""
-    return VisionLanguageAction(cfg) if cfg.model.name in VLA_PRESETS else LanguageModel(cfg)
+    return VisionLanguageAction(cfg) if is_vla(cfg) else LanguageModel(cfg)

@@ -15,8 +15,7 @@ import optuna
 from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError, TuneError, UnsafePathError
 from workbench.files import remove_tree
-from workbench.train.workload import workload_for
-from workbench.train.vla import VLA_PRESETS
+from workbench.train.workload import is_vla, workload_for
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.numerics import check_loss, data_key, window_loss
 from workbench.tune.profiled import phase_shares, profile_line, profile_record
@@ -228,7 +227,7 @@ class Measurement:
         assert spec is not None
         if self.lifetimes is None or (self.study_dir / "lifetimes.json").exists():
             return
-        if spec.trainer is not None or spec.base_config().model.name in VLA_PRESETS:
+        if spec.trainer is not None or is_vla(spec.base_config()):
             return  # the analysis models the built-in language model: a loop of one's own, or the VLA, is not it
         try:
             line = self.lifetimes(spec.measured_base_config(), self.study_dir)

@@ -19,7 +19,7 @@ from typing import Any
 
 from workbench.config import Config, ConfigError, merge_overrides
 from workbench.train.memory_model import predicted_oom
-from workbench.train.vla import VLA_PRESETS
+from workbench.train.workload import is_vla
 
 __all__ = ["AUTO", "auto_space", "fit_micro_batches", "micro_batch_choices"]
 
@@ -79,7 +79,7 @@ def micro_batch_choices(cfg: Config) -> list[int]:
 
 def auto_space(cfg: Config) -> dict[str, dict[str, list[Any]]]:
     """The default space of ``cfg``'s workload, as a study's ``space`` in plain data (knob -> {choices: [...]})."""
-    vla = cfg.model.name in VLA_PRESETS
+    vla = is_vla(cfg)
     table = dict(_VLA_SPACE if vla else _LM_SPACE)
     if cfg.hardware.gpus > 1 and not vla:
         table.update(_OVERLAP_SPACE)
@@ -97,7 +97,7 @@ def fit_micro_batches(base: Config, choices: list[int], space: Mapping[str, list
     """The micro-batch ``choices`` that may fit a GPU of ``gpu_memory_gib`` by the memory model, under some setting
     of the memory-saving knobs in ``space`` (knob -> its choices), and one line naming those dropped ('' when none
     is). Without a GPU, or for a workload the model does not cover (the VLA), every choice is kept."""
-    if not gpu_memory_gib or base.hardware.device == "cpu" or base.model.name in VLA_PRESETS:
+    if not gpu_memory_gib or base.hardware.device == "cpu" or is_vla(base):
         return list(choices), ""
     lean = [[(key, v) for v in space[name]] for name, key in _LEAN_KNOBS.items() if name in space]
     kept, why = [], {}

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from workbench.files import atomic_write
-from .format import VLAShardWriter
+from ..format import VLAShardWriter
 
 __all__ = ["VLASynthSpec", "iter_vla_samples", "generate_vla", "write_vla_npz", "write_vla_shards",
            "VLA_COLOURS", "VLA_SHAPES", "VLA_WORDS"]

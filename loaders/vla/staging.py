@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._staging import PAGE, HostToken
+from .._staging import PAGE, HostToken
 
 # Every tensor of a batch starts on a 64-byte boundary of the block: aligned for any dtype, and a device view of
 # a float32 / int32 region needs an offset that is a multiple of 4.

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard as zstd
 
-from ._layout import (ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAX_FRAME_BYTES, file_xxh3,
+from .._layout import (ACTION_DTYPE, FORMAT_VERSION, IMAGE_DTYPE, INDEX_NAME, MAX_FRAME_BYTES, file_xxh3,
                       token_dtype_for)
-from ._writer import ShardWriter, Bucket, ordered_buckets, Spill
+from .._writer import ShardWriter, Bucket, ordered_buckets, Spill
 
 # Frames of 1 MiB, the largest the format allows: 6 records of 3 x 224 x 224 (one 150,528-byte image nearly fills
 # the 256 KiB token default alone). On the synthetic corpus (level 3) six records a frame compressed 1.52x, one a

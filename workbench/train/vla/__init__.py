@@ -7,7 +7,7 @@ One sample: an RGB image (uint8), an instruction of T tokens and an action chunk
                                                                        --backbone blocks, norm--> h_BSD
     actions_BKA, t_B, eps_BKA --> x_t --action_head(x_t, t, h_BSD)--> v_BKA  ~  actions - eps
 
-The layers live in :mod:`workbench.train._vla_parts` (its docstring has the shape legend: I image tokens,
+The layers live in :mod:`workbench.train.vla.parts` (its docstring has the shape legend: I image tokens,
 S = I + T backbone tokens, E/D/G the ViT/backbone/head widths, K action horizon, A action dim).
 
 **The loss: flow matching** (pi0's and GR00T's convention: t = 0 is noise, t = 1 the data)::
@@ -38,7 +38,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from workbench.train._vla_parts import (
+from workbench.train.vla.parts import (
     PIXEL_MEAN,
     PIXEL_STD,
     ActionHead,

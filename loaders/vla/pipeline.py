@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._augment import AugmentSettings, augment_image, sample_rng
-from ._plans import EpochPlan, FillPlan
-from ._settings import VLA_CONFIG_FIELDS, check_vla_arguments
-from ._vla_staging import VLABatch, VLALayout
-from .format import ShardSet, VLAFrame
-from .pipeline import BatchPipeline, Stopped
+from .augment import AugmentSettings, augment_image, sample_rng
+from .._plans import EpochPlan, FillPlan
+from .._settings import VLA_CONFIG_FIELDS, check_vla_arguments
+from .staging import VLABatch, VLALayout
+from ..format import ShardSet, VLAFrame
+from ..pipeline import BatchPipeline, Stopped
 
 __all__ = ["VLAPipeline", "VLABatch", "VLALayout", "AugmentSettings", "augment_image", "sample_rng",
            "VLA_CONFIG_FIELDS"]

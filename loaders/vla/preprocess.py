@@ -19,9 +19,9 @@ from typing import Iterator
 
 import numpy as np
 
-from ._publish import check_output_path, missing_ancestors
-from .format import MAX_FRAME_BYTES, MIN_FRAME_BYTES, VLAShardWriter, remove_stale_partials
-from .inputs import read_npy_header
+from .._publish import check_output_path, missing_ancestors
+from ..format import MAX_FRAME_BYTES, MIN_FRAME_BYTES, VLAShardWriter, remove_stale_partials
+from ..inputs import read_npy_header
 
 __all__ = ["IMAGE_LAYOUTS", "VLAInput", "open_vla_npz", "preprocess_vla"]
 
