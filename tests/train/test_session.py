@@ -102,3 +102,31 @@ def test_a_profile_traces_the_loops_steps_and_phases(tmp_path):
     assert names.count("forward") == 2 and names.count("data_wait") == 2
     s = json.loads((tmp_path / "summary.json").read_text())
     assert s["profile/steps"] == 2 and s["profile/first_step"] == 3
+
+
+def test_the_built_in_loop_and_the_run_api_write_one_failure_record(tmp_path, subprocess_env):
+    """python -m workbench.train and workbench.run() name an error the same way in failure.json (they drifted
+    once: a ConfigError raised as one of its private subclasses was named by the subclass in one of them)."""
+    import json
+    import subprocess
+    import sys
+
+    from workbench.config import ConfigError
+    from workbench.train.session import failure_record, write_failure
+
+    class _Deep(ConfigError):
+        pass
+
+    assert failure_record(_Deep("bad", key="data.seq_len")) == {"kind": "invalid_config",
+                                                                "message": "ConfigError: data.seq_len: bad"}
+    assert write_failure(tmp_path, MemoryError("CUDA out of memory")) == {
+        "kind": "oom", "message": "MemoryError: CUDA out of memory"}
+    assert json.loads((tmp_path / "failure.json").read_text())["kind"] == "oom"
+    script = ("import workbench\n"
+              "from workbench.config import ConfigError\n"
+              "class _Deep(ConfigError): pass\n"
+              f"with workbench.run(out={str(tmp_path / 'own')!r}):\n"
+              "    raise _Deep('bad', key='data.seq_len')\n")
+    subprocess.run([sys.executable, "-c", script], env=subprocess_env, capture_output=True, timeout=120)
+    assert json.loads((tmp_path / "own" / "failure.json").read_text()) == {
+        "kind": "invalid_config", "message": "ConfigError: data.seq_len: bad"}

@@ -44,7 +44,6 @@ import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from workbench.config.schema import MODEL_PRESETS  # noqa: E402
-from workbench.errors import ConfigError  # noqa: E402
 from workbench.files import write_json  # noqa: E402
 from workbench.vocab import EXIT_CODES  # noqa: E402
 
@@ -106,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of
         # torch and the loop, which take seconds on a loaded host; compiling may take a while after it
         Path(args.heartbeat).write_text("0")
-    from workbench.train.run import classify_exception, load_run_config, print_summary, run
+    from workbench.train.run import load_run_config, print_summary, run
+    from workbench.train.session import failure_record, write_failure
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(name)s: %(message)s")
     out = Path(args.out) if args.out else None
@@ -120,17 +120,15 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as e:  # noqa: BLE001 - classified, recorded, re-exit with its code
         if isinstance(e, SystemExit):
             raise
-        kind = classify_exception(e)
-        # a ConfigError's subclasses are details of where it was raised (LaunchConfigError excepted)
-        name = "ConfigError" if isinstance(e, ConfigError) and type(e).__name__.startswith("_") else type(e).__name__
-        msg = f"{name}: {e}"
+        record = failure_record(e)
+        kind, msg = record["kind"], record["message"]
         print(f"error ({kind}): {msg}", file=sys.stderr)
         # a crash is a bug to report: its traceback goes to the log; a file the run cannot read or write is not
         if args.debug or (kind == "crash" and not isinstance(e, OSError)):
             traceback.print_exc()
         if out:
             try:
-                write_json(out / "failure.json", {"kind": kind, "message": msg[:4000]}, indent=None)
+                write_failure(out, e)
             except OSError as werr:  # the output directory itself may be what failed: the line above says it
                 print(f"  (failure.json not written: {werr.strerror or werr}: {werr.filename or out})",
                       file=sys.stderr)

@@ -47,8 +47,8 @@ from workbench.vocab import (COMM_OVERLAP_PCT, COMM_TOTAL_S, MAX_RESERVED_GIB, M
 
 log = logging.getLogger("workbench")
 
-__all__ = ["CONFIG_ENV", "OUT_ENV", "NanLossError", "Run", "RunSession", "classify_exception", "progress_line",
-           "resolve_device", "run"]
+__all__ = ["CONFIG_ENV", "OUT_ENV", "NanLossError", "Run", "RunSession", "StopSignals", "classify_exception",
+           "failure_record", "progress_line", "resolve_device", "run", "write_failure"]
 
 CONFIG_ENV = "WORKBENCH_CONFIG"
 """The environment variable holding the trial's config.yaml (set by the tuner for a study's ``trainer.command``)."""
@@ -347,36 +347,67 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
     session = RunSession(cfg, device=resolve_device(cfg), out_dir=out_dir, world=world, rank=rank,
                          heartbeat=out_dir / "heartbeat" if out_dir and rank == 0 else None)
     handle = Run(cfg, session, out_dir)
-    main = threading.current_thread() is threading.main_thread()
-    held: dict[int, Any] = {}
-
-    def on_signal(signum: int, frame: Any) -> None:
-        if handle.stop_requested:
-            raise KeyboardInterrupt
-        handle.stop_requested = True
-
-    if main:
-        held = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopSignals()
     t0 = time.perf_counter()
-    session.start()
-    session.begin_step()
-    try:
-        yield handle
-        session.close_window()
-    except BaseException as e:
-        if out_dir is not None and rank == 0:
-            kind = classify_exception(e)
-            write_json(out_dir / "failure.json", {"kind": kind, "message": f"{type(e).__name__}: {e}"[:4000]},
-                       indent=None)
-        raise
-    finally:
-        for sig, handler in held.items():
-            signal.signal(sig, handler)
-        session.close()
+    with stop:
+        session.start()
+        session.begin_step()
+        try:
+            yield handle
+            session.close_window()
+        except BaseException as e:
+            if out_dir is not None and rank == 0:
+                write_failure(out_dir, e)
+            raise
+        finally:
+            handle.stop_requested = handle.stop_requested or stop.requested
+            session.close()
     summary = {**session.summary(), **handle.prepared, "elapsed_s": time.perf_counter() - t0,
                "interrupted": handle.stop_requested}
     if out_dir is not None and rank == 0:
         write_json(out_dir / "summary.json", summary, default=str)
+
+
+class StopSignals:
+    """SIGINT and SIGTERM ask the loop to stop after its step (``requested``); a second one stops it at once
+    (KeyboardInterrupt). ``extra``: more signals and their handlers for the same span (the Trainer's SIGUSR1
+    reload). The handlers held before come back on leaving. Off the main thread, where Python delivers no signal,
+    it installs nothing. The one stop rule of the built-in loop and of ``workbench.run()``."""
+
+    def __init__(self, extra: Mapping[int, Callable[[int, Any], None]] | None = None) -> None:
+        self.requested = False
+        self.extra = dict(extra or {})
+        self._held: dict[int, Any] = {}
+
+    def _on_stop(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __enter__(self) -> StopSignals:
+        if threading.current_thread() is threading.main_thread():
+            handlers = {signal.SIGINT: self._on_stop, signal.SIGTERM: self._on_stop, **self.extra}
+            self._held = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, handler in self._held.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._held = {}
+
+
+def failure_record(e: BaseException) -> dict[str, str]:
+    """failure.json's content for ``e``: its failure kind and ``<name>: <message>`` (a ConfigError raised as one of
+    its private subclasses is named ConfigError; LaunchConfigError keeps its name)."""
+    name = "ConfigError" if isinstance(e, ConfigError) and type(e).__name__.startswith("_") else type(e).__name__
+    return {"kind": classify_exception(e), "message": f"{name}: {e}"[:4000]}
+
+
+def write_failure(out_dir: Path, e: BaseException) -> dict[str, str]:
+    """Write ``out_dir/failure.json`` for ``e`` (the trial contract's record of why a run ended); returns it."""
+    record = failure_record(e)
+    write_json(out_dir / "failure.json", record, indent=None)
+    return record
 
 
 def classify_exception(e: BaseException) -> str:

@@ -14,7 +14,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -38,7 +37,7 @@ from workbench.train.model import ModelArgs
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
-from workbench.train.session import NanLossError, RunSession, resolve_device
+from workbench.train.session import NanLossError, RunSession, StopSignals, resolve_device
 from workbench.train.workload import workload_for
 from workbench.vocab import COMPILE_S
 
@@ -411,50 +410,41 @@ class Trainer:
         session = self.session
         total = session.total = max_steps or self.cfg.training.max_steps
         interrupted = False
-        stop, reload = {"flag": False}, {"flag": False}
-
-        def _on_stop(signum, frame):  # SIGINT or SIGTERM: finish the step, then stop and checkpoint; a second one
-            if stop["flag"]:           # stops at once
-                raise KeyboardInterrupt
-            stop["flag"] = True
+        reload = {"flag": False}
 
         def _on_sigusr1(signum, frame):  # re-read the config file after the step (reload_config)
             reload["flag"] = True
 
-        main_thread = threading.current_thread() is threading.main_thread()  # signals need the main thread
-        held = {}
-        if main_thread:
-            held = {sig: signal.signal(sig, handler) for sig, handler in
-                    ((signal.SIGINT, _on_stop), (signal.SIGTERM, _on_stop), (signal.SIGUSR1, _on_sigusr1))}
-        t_start = time.perf_counter()
-        self.precompile()
-        session.step = self.step  # a resumed run counts on from its checkpoint
-        session.start()
-        try:
-            while self.step < total:
-                session.begin_step()
-                session.step_done(*self.train_step())
-                done = self.step >= total
-                # a reload waits for the profile's end; it closes the window first, as the profile's end does
-                reload_now = reload["flag"] and not (done or stop["flag"] or self.profiler.active)
-                if session.at_boundary() or stop["flag"] or reload_now:
-                    session.close_window()  # note: one CPU-GPU sync per window, here
-                    session.end_profile()
-                ck_every = self.cfg.training.checkpoint_every
-                if self.ckpt_dir and ck_every and self.step % ck_every == 0:
-                    self.save_checkpoint()
-                if stop["flag"]:
-                    interrupted = True
-                    break
-                if reload_now:
-                    reload["flag"] = False
-                    self.reload_config()  # a recompile's time is time/compile_s ...
-                    self.timer.start()  # ... charged to no step: the next one starts after it
-        finally:
-            for sig, handler in held.items():  # (python -m workbench.train's own: SIGUSR1 ignored with a line)
-                signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-            self.timer.record = False
-            self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
+        # SIGINT or SIGTERM: finish the step, then stop and checkpoint; a second one stops at once. On leaving, the
+        # handlers before it come back (python -m workbench.train's: SIGUSR1 ignored with a line)
+        with StopSignals({signal.SIGUSR1: _on_sigusr1}) as stop:
+            t_start = time.perf_counter()
+            self.precompile()
+            session.step = self.step  # a resumed run counts on from its checkpoint
+            session.start()
+            try:
+                while self.step < total:
+                    session.begin_step()
+                    session.step_done(*self.train_step())
+                    done = self.step >= total
+                    # a reload waits for the profile's end; it closes the window first, as the profile's end does
+                    reload_now = reload["flag"] and not (done or stop.requested or self.profiler.active)
+                    if session.at_boundary() or stop.requested or reload_now:
+                        session.close_window()  # note: one CPU-GPU sync per window, here
+                        session.end_profile()
+                    ck_every = self.cfg.training.checkpoint_every
+                    if self.ckpt_dir and ck_every and self.step % ck_every == 0:
+                        self.save_checkpoint()
+                    if stop.requested:
+                        interrupted = True
+                        break
+                    if reload_now:
+                        reload["flag"] = False
+                        self.reload_config()  # a recompile's time is time/compile_s ...
+                        self.timer.start()  # ... charged to no step: the next one starts after it
+            finally:
+                self.timer.record = False
+                self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
         if self.ckpt_dir:
             self.save_checkpoint()
         return self._summary(time.perf_counter() - t_start, interrupted)
