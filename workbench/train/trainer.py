@@ -97,77 +97,13 @@ class Trainer:
         self.amp_dtype = torch.bfloat16 if (t.dtype == "bf16" or (t.dtype == "auto" and self.device.type == "cuda")) \
             else None
 
-        # model and ops: what differs between a language model and the VLA is the workload's (workload.py)
-        self.workload = workload_for(cfg)  # checks the model before any work: an invalid_config
-        self.args = self.workload.args
-        cd = cfg.loongforge.compute_domain
-        backends = cd.effective_ops()
-        if "triton" in backends.values() or cd.triton_casts:
-            if self.device.type == "cuda":
-                import kernels  # here, not at the top: only a Triton kernel on CUDA needs Triton imported
-
-                kernels.configure(cd.kernels)  # LaunchConfigError: invalid_config
-            elif "triton" in backends.values():  # Triton ops run on CUDA (tests run them under TRITON_INTERPRET=1)
-                log.warning("Triton ops requested on the CPU: using the torch ops")
-                backends = {op: "torch" if b == "triton" else b for op, b in backends.items()}
-        with torch.device(self.device):  # parameters are made and initialised where they train
-            self.model = self.workload.build(resolve(backends, fused_residual_norm=cd.fused_residual_norm))
-        self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
-        self.trust_checkpoint = trust_checkpoint  # the user's flag only, never a config key (a study sets those)
-        resuming = self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists()
-        if cfg.model.checkpoint_path and not resuming:  # a resumed run's own checkpoint has the newer weights
-            n = self.workload.load_weights(cfg.model.checkpoint_path)
-            log.info("loaded %d tensors from %s", n, cfg.model.checkpoint_path)
-        # FP8 swaps Linears for torchao's Float8Linear (same parameters) before anything wraps or compiles them
-        self.fp8_linears = convert_to_fp8(self.model, cd, self.device.type, self.device.index or 0)
-        if self.fp8_linears and self.device.type == "cpu":
-            log.warning("FP8 on the CPU: torchao emulates the FP8 matmuls (FP8's numbers, not its speed)")
-        self.model.set_activation_checkpointing(t.activation_checkpointing, t.activation_checkpointing_every)
+        self._build_model(trust_checkpoint)
         self.loss_module: nn.Module = LossModule(self.model)
-        self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
-        # graph capture by segment: forward+backward (graphs_on), and the optimizer too (opt_graph_on)
-        self.graphs_on = cfg.loongforge.compute_domain.captures and self.device.type == "cuda"
-        self.opt_graph_on = self.graphs_on and cfg.loongforge.compute_domain.graph_capture == "fwd_bwd+optimizer"
-        if self.world > 1:
-            ov = cfg.loongforge.overlap
-            if ov.mode == "ddp":
-                if self.graphs_on and (conflict := cfg.ddp_capture_conflict(self.world)) is not None:
-                    raise ConfigError(conflict, key="loongforge.overlap.mode")
-                self.loss_module = nn.parallel.DistributedDataParallel(
-                    self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
-                    bucket_cap_mb=ov.bucket_size_mb)
-                self.comm = DDPCommTimer(self.loss_module, bucket_size_mb=ov.bucket_size_mb)
-            else:  # starts every rank from rank 0's parameters, as DDP does
-                ratio = cfg.effective_overlap_ratio if self.graphs_on else ov.overlap_ratio  # (CPU: no graphs)
-                if ratio != ov.overlap_ratio:
-                    log.warning("loongforge.overlap.overlap_ratio=%s has no effect under graph capture: the gradient "
-                                "all-reduces run after the graph replay (workbench/train/overlap.py)", ov.overlap_ratio)
-                self.comm = OverlapScheduler(layer_units(self.model), bucket_size_mb=ov.bucket_size_mb,
-                                             overlap_ratio=ratio)
-        self.compute = self.loss_module
-        mode = cfg.loongforge.compute_domain.compile
-        if mode != "none":
-            from torch import _dynamo
-
-            # one compiled graph per bucket shape: allow as many as there are buckets
-            _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
-            dynamic = cfg.loongforge.compute_domain.compile_shapes == "dynamic"
-            if cfg.loongforge.compute_domain.compile_scope == "layer":
-                self.workload.compile_parts(mode=mode, dynamic=dynamic)  # each block in place, and the head
-            else:
-                self.compute = torch.compile(self.loss_module, mode=mode, dynamic=dynamic)
+        self._wire_gradient_sync()
+        self._compile_model()
         self.compile_s = 0.0
 
-        # optimizer: fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        lr: float | torch.Tensor = t.learning_rate
-        if self.opt_graph_on:
-            lr = torch.tensor(t.learning_rate, device=self.device)
-        self.opt = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr, betas=(t.beta1, t.beta2), fused=self.device.type == "cuda",
-            capturable=self.opt_graph_on)
+        self.opt = self._optimizer()
         self.grad_accum = self._grad_accum()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._opt_graph: torch.cuda.CUDAGraph | None = None
@@ -197,7 +133,7 @@ class Trainer:
         self.session.annotate, self.session.window_extras = self._comm_per_step, self._window_extras
         self.timer, self.profiler, self.writer = self.session.timer, self.session.profiler, self.session.writer
         self.step = 0
-        if resuming:
+        if self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists():  # a resumed run
             self.load_checkpoint(self.ckpt_dir / "latest.pt")
 
     # ------------------------------------------------------------------ setup helpers
@@ -403,6 +339,90 @@ class Trainer:
         self.opt.step()
         for p in self.model.parameters():
             p.grad.zero_()  # in place: the graphs hold these tensors
+
+    def _build_model(self, trust_checkpoint: bool) -> None:
+        """The workload's model on its device, with its ops (Triton's on CUDA), its weights (a checkpoint_path, unless
+        a run resumes), FP8 Linears and activation checkpointing."""
+        cfg, t = self.cfg, self.cfg.training
+        cd = cfg.loongforge.compute_domain
+        # what differs between a language model and the VLA is the workload's (workload.py)
+        self.workload = workload_for(cfg)  # checks the model before any work: an invalid_config
+        self.args = self.workload.args
+        backends = cd.effective_ops()
+        if "triton" in backends.values() or cd.triton_casts:
+            if self.device.type == "cuda":
+                import kernels  # here, not at the top: only a Triton kernel on CUDA needs Triton imported
+
+                kernels.configure(cd.kernels)  # LaunchConfigError: invalid_config
+            elif "triton" in backends.values():  # Triton ops run on CUDA (tests run them under TRITON_INTERPRET=1)
+                log.warning("Triton ops requested on the CPU: using the torch ops")
+                backends = {op: "torch" if b == "triton" else b for op, b in backends.items()}
+        with torch.device(self.device):  # parameters are made and initialised where they train
+            self.model = self.workload.build(resolve(backends, fused_residual_norm=cd.fused_residual_norm))
+        self.ckpt_dir = Path(t.checkpoint_dir) if t.checkpoint_dir else None
+        self.trust_checkpoint = trust_checkpoint  # the user's flag only, never a config key (a study sets those)
+        resuming = self.ckpt_dir is not None and (self.ckpt_dir / "latest.pt").exists()
+        if cfg.model.checkpoint_path and not resuming:  # a resumed run's own checkpoint has the newer weights
+            n = self.workload.load_weights(cfg.model.checkpoint_path)
+            log.info("loaded %d tensors from %s", n, cfg.model.checkpoint_path)
+        # FP8 swaps Linears for torchao's Float8Linear (same parameters) before anything wraps or compiles them
+        self.fp8_linears = convert_to_fp8(self.model, cd, self.device.type, self.device.index or 0)
+        if self.fp8_linears and self.device.type == "cpu":
+            log.warning("FP8 on the CPU: torchao emulates the FP8 matmuls (FP8's numbers, not its speed)")
+        self.model.set_activation_checkpointing(t.activation_checkpointing, t.activation_checkpointing_every)
+
+    def _wire_gradient_sync(self) -> None:
+        """Gradient sync with several processes (DDP or the overlap scheduler) and the graph-capture switches."""
+        cfg = self.cfg
+        self.comm: OverlapScheduler | DDPCommTimer | None = None  # gradient sync with several processes
+        # graph capture by segment: forward+backward (graphs_on), and the optimizer too (opt_graph_on)
+        self.graphs_on = cfg.loongforge.compute_domain.captures and self.device.type == "cuda"
+        self.opt_graph_on = self.graphs_on and cfg.loongforge.compute_domain.graph_capture == "fwd_bwd+optimizer"
+        if self.world > 1:
+            ov = cfg.loongforge.overlap
+            if ov.mode == "ddp":
+                if self.graphs_on and (conflict := cfg.ddp_capture_conflict(self.world)) is not None:
+                    raise ConfigError(conflict, key="loongforge.overlap.mode")
+                self.loss_module = nn.parallel.DistributedDataParallel(
+                    self.loss_module, device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                    bucket_cap_mb=ov.bucket_size_mb)
+                self.comm = DDPCommTimer(self.loss_module, bucket_size_mb=ov.bucket_size_mb)
+            else:  # starts every rank from rank 0's parameters, as DDP does
+                ratio = cfg.effective_overlap_ratio if self.graphs_on else ov.overlap_ratio  # (CPU: no graphs)
+                if ratio != ov.overlap_ratio:
+                    log.warning("loongforge.overlap.overlap_ratio=%s has no effect under graph capture: the gradient "
+                                "all-reduces run after the graph replay (workbench/train/overlap.py)", ov.overlap_ratio)
+                self.comm = OverlapScheduler(layer_units(self.model), bucket_size_mb=ov.bucket_size_mb,
+                                             overlap_ratio=ratio)
+
+    def _compile_model(self) -> None:
+        """``self.compute``: the loss module, compiled per the config (each block in place, or the whole loss)."""
+        cd = self.cfg.loongforge.compute_domain
+        self.compute = self.loss_module
+        mode = cd.compile
+        if mode != "none":
+            from torch import _dynamo
+
+            # one compiled graph per bucket shape: allow as many as there are buckets
+            _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
+            dynamic = cd.compile_shapes == "dynamic"
+            if cd.compile_scope == "layer":
+                self.workload.compile_parts(mode=mode, dynamic=dynamic)  # each block in place, and the head
+            else:
+                self.compute = torch.compile(self.loss_module, mode=mode, dynamic=dynamic)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        """Fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture."""
+        t = self.cfg.training
+        decay = [p for p in self.model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
+        lr: float | torch.Tensor = t.learning_rate
+        if self.opt_graph_on:
+            lr = torch.tensor(t.learning_rate, device=self.device)
+        return torch.optim.AdamW(
+            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=lr, betas=(t.beta1, t.beta2), fused=self.device.type == "cuda",
+            capturable=self.opt_graph_on)
 
     # ------------------------------------------------------------------ the run
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
