@@ -236,16 +236,7 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                     f"study {self.study_name!r} in {self.storage_shown} was created from a different spec "
                     f"(differs in: {', '.join(diff)}); use another --study-name, or start the coordinator with "
                     f"this spec and --reset")
-        if "active_knobs" in attrs:  # the space of an existing study does not change with the machine
-            self.active = list(attrs["active_knobs"])
-            self.dropped = list(attrs.get("dropped_knobs", []))
-            mine_lost = [d.knob for d in dropped if d.knob in self.active]
-            if mine_lost:
-                warnings.warn(f"this machine cannot act on {', '.join(mine_lost)}, which the study searches; "
-                              "its trials here measure them without effect", stacklevel=2)
-        else:
-            self.active = kept
-            self.dropped = [d.to_dict() for d in dropped]
+        self._settle_space(attrs, kept, dropped)
         if not self.worker and not study.metric_names:
             # the objective's name as Optuna's tools show it (the dashboard, `optuna trials`)
             with warnings.catch_warnings():
@@ -255,21 +246,8 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
             study.set_user_attr("spec", mine)
             study.set_user_attr("active_knobs", self.active)
             study.set_user_attr("dropped_knobs", self.dropped)
-        if self.trials_override is not None:
-            self.budget = self.trials_override
-        elif self.worker and "budget_trials" in attrs:
-            self.budget = attrs["budget_trials"]
-        else:
-            self.budget = spec.budget.trials
-        self.hardware = {"capabilities": sorted(caps), "gpus": spec.gpus, "cpu_count": os.cpu_count(),
-                         "host": socket.gethostname()}
-        if "cuda" in caps:
-            import torch
-
-            self.hardware.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
-                                 gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
-        if self.gpu_budget_override is None and self.worker and "budget_gpu_minutes" in attrs:
-            self.gpu_budget_override = attrs["budget_gpu_minutes"]
+        self._settle_budget(attrs)
+        self.hardware = _hardware(caps, spec.gpus)
         if not self.worker:
             study.set_user_attr("budget_trials", self.budget)
             study.set_user_attr("budget_gpu_minutes", self.gpu_minutes)
@@ -287,6 +265,33 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
                                   sampler=self._sampler(trials_before), pruner=self._pruner())
         self.study = study
         return study
+
+    def _settle_space(self, attrs: Mapping[str, Any], kept: list[str], dropped: list[DroppedKnob]) -> None:
+        """The knobs searched: a stored study's own (its space does not change with the machine; one warning for
+        those this machine cannot act on), else the spec's less those this machine dropped."""
+        if "active_knobs" in attrs:
+            self.active = list(attrs["active_knobs"])
+            self.dropped = list(attrs.get("dropped_knobs", []))
+            mine_lost = [d.knob for d in dropped if d.knob in self.active]
+            if mine_lost:
+                warnings.warn(f"this machine cannot act on {', '.join(mine_lost)}, which the study searches; "
+                              "its trials here measure them without effect", stacklevel=3)
+        else:
+            self.active = kept
+            self.dropped = [d.to_dict() for d in dropped]
+
+    def _settle_budget(self, attrs: Mapping[str, Any]) -> None:
+        """The trial budget (--trials, else a worker takes the coordinator's, else the spec's) and a worker's
+        GPU-minute budget (the coordinator's)."""
+        assert self.spec is not None
+        if self.trials_override is not None:
+            self.budget = self.trials_override
+        elif self.worker and "budget_trials" in attrs:
+            self.budget = attrs["budget_trials"]
+        else:
+            self.budget = self.spec.budget.trials
+        if self.gpu_budget_override is None and self.worker and "budget_gpu_minutes" in attrs:
+            self.gpu_budget_override = attrs["budget_gpu_minutes"]
 
     def _fit_micro_batches(self, study: optuna.Study, attrs: Mapping[str, Any]) -> None:
         """Bound the space's micro_batch_size by the memory model on this GPU (``workbench.tune.spaces``), with one
@@ -984,6 +989,19 @@ class Tuner(CoordinatorLease, Measurement, Validation, Verification, StudyRecord
 
 def _as_dropped(items: Sequence[Mapping[str, str]]) -> list[Any]:
     return [DroppedKnob(d["knob"], d["reason"]) for d in items]
+
+
+def _hardware(caps: frozenset[str], gpus: int) -> dict[str, Any]:
+    """tune.json's ``hardware``: the capabilities, the GPUs a trial holds, the host, and the GPU's name, count and
+    memory where there is one."""
+    hw: dict[str, Any] = {"capabilities": sorted(caps), "gpus": gpus, "cpu_count": os.cpu_count(),
+                          "host": socket.gethostname()}
+    if "cuda" in caps:
+        import torch
+
+        hw.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
+                  gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
+    return hw
 
 
 def _users_own_file(source: str | None) -> bool:
