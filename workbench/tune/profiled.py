@@ -25,7 +25,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.tune.knobs import Knob
-from workbench.tune.samplers import infeasible
+from workbench.tune.samplers import WrappedSampler, infeasible
 from workbench.vocab import PHASES
 
 __all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record"]
@@ -81,13 +81,13 @@ def profile_line(record: Mapping[str, Any]) -> str:
             f"{', '.join(held)} at the base value (their phases take under {HOT_SHARE:.0%} of the step)")
 
 
-class ProfileLed(optuna.samplers.BaseSampler):
+class ProfileLed(WrappedSampler):
     """``sampler``, except that while fewer than ``startup_trials`` trials have finished, a knob the study's
     ``profile`` holds is given its base value (see the module docstring). The profile is read from the study
     (``profile`` user attr) when a trial is sampled: it exists once the baseline ran, in every process."""
 
     def __init__(self, sampler: optuna.samplers.BaseSampler, startup_trials: int) -> None:
-        self.sampler = sampler
+        super().__init__(sampler)
         self.startup_trials = startup_trials
 
     def held(self, study: Study) -> Mapping[str, Any]:
@@ -98,9 +98,6 @@ class ProfileLed(optuna.samplers.BaseSampler):
         done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t)
                    for t in study.get_trials(deepcopy=False))
         return record["held"] if done < self.startup_trials else {}
-
-    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self.sampler.infer_relative_search_space(study, trial)
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
@@ -114,15 +111,6 @@ class ProfileLed(optuna.samplers.BaseSampler):
         if param_name in held and _fits(param_distribution, held[param_name]):
             return held[param_name]
         return self.sampler.sample_independent(study, trial, param_name, param_distribution)
-
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self.sampler.before_trial(study, trial)
-
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
-        self.sampler.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self.sampler.reseed_rng()
 
 
 def _fits(dist: BaseDistribution, value: Any) -> bool:

@@ -37,8 +37,8 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.errors import ConfigError
 from workbench.vocab import FAILURE_KINDS
 
-__all__ = ["LearnsFromFailures", "OrdinalGPSampler", "SAMPLERS", "gp_sampler", "infeasible", "learning_view",
-           "make_sampler", "ordinal_choices", "tpe_sampler", "untried_config"]
+__all__ = ["LearnsFromFailures", "OrdinalGPSampler", "SAMPLERS", "WrappedSampler", "gp_sampler", "infeasible",
+           "learning_view", "make_sampler", "ordinal_choices", "tpe_sampler", "untried_config"]
 
 CONSTRAINTS = ("failed", "memory", "finite_loss")
 """The constraints every trial carries (> 0 = violated), in the order of the ``constraint`` user attr."""
@@ -94,12 +94,36 @@ def learning_view(study: Study, trial: FrozenTrial) -> tuple[list[FrozenTrial], 
     return trials, view
 
 
-class LearnsFromFailures(optuna.samplers.BaseSampler):
-    """Any Optuna sampler, sampling from :func:`learning_view` of the study: the failed trials teach it where the
-    infeasible configs are, as COMPLETE trials with the ``failed`` constraint would."""
+class WrappedSampler(optuna.samplers.BaseSampler):
+    """A sampler around another (``self.sampler``): what a subclass does not override goes to it as it is."""
 
     def __init__(self, sampler: optuna.samplers.BaseSampler) -> None:
         self.sampler = sampler
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self.sampler.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self.sampler.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        return self.sampler.sample_independent(study, trial, param_name, param_distribution)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self.sampler.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
+        self.sampler.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self.sampler.reseed_rng()
+
+
+class LearnsFromFailures(WrappedSampler):
+    """Any Optuna sampler, sampling from :func:`learning_view` of the study: the failed trials teach it where the
+    infeasible configs are, as COMPLETE trials with the ``failed`` constraint would."""
 
     def _view(self, study: Study, trial: FrozenTrial) -> tuple[Study, FrozenTrial]:
         _, view = learning_view(study, trial)
@@ -116,14 +140,6 @@ class LearnsFromFailures(optuna.samplers.BaseSampler):
                            param_distribution: BaseDistribution) -> Any:
         return self.sampler.sample_independent(*self._view(study, trial), param_name, param_distribution)
 
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self.sampler.before_trial(study, trial)
-
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState, values: Any) -> None:
-        self.sampler.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self.sampler.reseed_rng()
 
 SAMPLERS = ("tpe", "gp", "random", "nsga2")
 """The samplers :func:`make_sampler` builds (a study's ``sampler.name``; ``grid`` needs the space: workbench.tune)."""
