@@ -150,6 +150,9 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     # on this CPU the minutes are CPU-minutes, and the result line says so
     assert g["device"] == "cpu" and gpu_minutes_line(g).startswith(f"CPU-minutes: {g['total']:.1f} of 10 (")
     assert gpu_minutes_line({**g, "device": "cuda"}).startswith("GPU-minutes: ")
+    rate = {"stages": [{"windows": 1, "trials": 2}], "configs_per_gpu_minute": 1.5}
+    assert gpu_minutes_line(g, rate).endswith("; 1.50 configs a CPU-minute")  # a CPU study's own unit throughout
+    assert gpu_minutes_line({**g, "device": "cuda"}, rate).endswith("; 1.50 configs a GPU-minute")
 
 
 def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():

@@ -220,7 +220,7 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
         rate = screening.get("configs_per_gpu_minute")
         text += (f"; trials measured: {stages}" + (f"; {screening['refused_without_run']} refused without a run"
                                                    if screening.get("refused_without_run") else "")
-                 + (f"; {rate:.2f} configs a GPU-minute" if rate else ""))
+                 + (f"; {rate:.2f} configs a {unit.removesuffix('s')}" if rate else ""))
     return text
 
 
