@@ -4,7 +4,7 @@
     python examples/hf_trainer.py                               # run it alone, on the default config
 
 The study's model (``model:``, a preset or an HF config.json; ``tiny`` by default) as a ``LlamaForCausalLM``, on
-random token windows. The trial's config sets the micro-batch
+windows of a seeded synthetic stream it can learn. The trial's config sets the micro-batch
 (``per_device_train_batch_size``; accumulation holds ``training.global_batch_size``) and the loop's own
 ``user.optim``; ``run.prepare(model)`` applies the rest to the model (workbench/train/hf_prepare.py): the attention
 implementation, Liger's or the project's kernels, FP8, activation checkpointing and per-layer ``torch.compile``.
@@ -16,16 +16,26 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 import workbench
+from workbench.train.flops import flops_per_token
 from workbench.train.hf import hf_config_dict, model_args
 from workbench.train.hf_callback import WorkbenchCallback
 
 
-class RandomWindows(torch.utils.data.Dataset):
-    """``n`` windows of ``seq_len`` tokens from one seeded random stream (the labels are the inputs: the model
-    shifts them)."""
+class Windows(torch.utils.data.Dataset):
+    """``n`` windows of ``seq_len`` tokens from one seeded stream that a model can learn: each token is its
+    predecessor's fixed successor (a random table of the seed) three times in four, else a random token, so the
+    loss falls from ln(vocab) towards the stream's entropy and a patch that changes the numerics shows in it. The
+    labels are the inputs (the model shifts them)."""
 
     def __init__(self, n: int, seq_len: int, vocab: int, seed: int) -> None:
-        self.ids = torch.randint(0, vocab, (n, seq_len), generator=torch.Generator().manual_seed(seed))
+        g = torch.Generator().manual_seed(seed)
+        successor = torch.randint(0, vocab, (vocab,), generator=g)
+        noise = torch.randint(0, vocab, (n, seq_len), generator=g)
+        keep = torch.rand(n, seq_len, generator=g) < 0.75
+        ids = noise.clone()
+        for t in range(1, seq_len):
+            ids[:, t] = torch.where(keep[:, t], successor[ids[:, t - 1]], noise[:, t])
+        self.ids = ids
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -39,12 +49,14 @@ def main() -> None:
         cfg = run.config
         torch.manual_seed(cfg.training.seed)
         # the study's model (a preset or a config.json) as a transformers LlamaForCausalLM
-        hf = hf_config_dict(model_args(cfg.model.name, cfg.model.config_path))
+        args = model_args(cfg.model.name, cfg.model.config_path)
+        hf = hf_config_dict(args)
         hf["max_position_embeddings"] = max(hf["max_position_embeddings"], cfg.data.seq_len)
-        model = LlamaForCausalLM(LlamaConfig(**hf)).to(run.device)
+        with run.device:  # built where it trains: no copy of the weights from the host
+            model = LlamaForCausalLM(LlamaConfig(**hf))
         model = run.prepare(model)  # the trial's knobs on the model, before the Trainer wraps it
         B, accum = cfg.data.micro_batch_size, cfg.effective_grad_accum_steps()
-        args = TrainingArguments(
+        training = TrainingArguments(
             output_dir=str(run.out_dir or "hf-trainer-out"), max_steps=run.max_steps, per_device_train_batch_size=B,
             gradient_accumulation_steps=accum, learning_rate=cfg.training.learning_rate,
             weight_decay=cfg.training.weight_decay, max_grad_norm=cfg.training.grad_clip,
@@ -52,9 +64,11 @@ def main() -> None:
             bf16=cfg.training.dtype == "bf16" or (cfg.training.dtype == "auto" and run.device.type == "cuda"),
             dataloader_num_workers=0, logging_strategy="no", save_strategy="no", report_to=[],
             disable_tqdm=True, seed=cfg.training.seed)
-        data = RandomWindows(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed)
-        trainer = Trainer(model=model, args=args, train_dataset=data,
-                          callbacks=[WorkbenchCallback(run, tokens_per_step=B * accum * cfg.data.seq_len)])
+        data = Windows(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed)
+        tokens = B * accum * cfg.data.seq_len
+        report = WorkbenchCallback(run, tokens_per_step=tokens,
+                                   flops_per_step=tokens * flops_per_token(args, cfg.data.seq_len))
+        trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[report])
         trainer.train()
 
 

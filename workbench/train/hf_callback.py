@@ -5,13 +5,19 @@ The Trainer's loop is not ours to annotate, so the callback stamps phase ends at
 same files): ``data_wait`` up to ``on_step_begin`` (the batches are fetched before it), ``forward`` up to
 ``on_pre_optimizer_step`` (forward and backward of every micro-batch, and the gradient clipping: one phase, as
 under graph capture), ``optimizer`` up to ``on_optimizer_step``; the scheduler and ``zero_grad`` fall in
-``other``. The loss is not reported (the Trainer hands its callbacks no per-step loss).
+``other``.
+
+The Trainer hands its callbacks no per-step loss, so the callback reads it where the model returns it: a forward
+hook on the model keeps each training micro-batch's ``output.loss`` (on the device, detached; the window reads them
+back with its one sync). The step's loss is the Trainer's own: the sum of the micro-batches' losses where the
+Trainer passed ``num_items_in_batch`` (each is then already divided by the step's token count), else their mean.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from transformers import TrainerCallback
 
 from workbench.train.session import Run
@@ -22,12 +28,32 @@ __all__ = ["WorkbenchCallback"]
 class WorkbenchCallback(TrainerCallback):
     """Reports the Trainer's steps to ``run``. ``tokens_per_step``: tokens one optimizer step processes on this
     process (micro-batch x sequence x accumulation); by default the growth of ``state.num_input_tokens_seen``
-    (``TrainingArguments(include_num_input_tokens_seen=True)``)."""
+    (``TrainingArguments(include_num_input_tokens_seen=True)``). ``flops_per_step``: the model's FLOPs of one step
+    (forward and backward), for MFU; 0 leaves MFU out."""
 
-    def __init__(self, run: Run, *, tokens_per_step: int | None = None) -> None:
+    def __init__(self, run: Run, *, tokens_per_step: int | None = None, flops_per_step: float = 0.0) -> None:
         self.run = run
         self.tokens_per_step = tokens_per_step
+        self.flops_per_step = float(flops_per_step)
         self._seen = 0
+        self._losses: list[torch.Tensor] = []
+        self._summed = False
+        self._hook: Any = None
+
+    def _keep_loss(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        loss = getattr(output, "loss", None)
+        if module.training and isinstance(loss, torch.Tensor):
+            self._losses.append(loss.detach())
+            self._summed = kwargs.get("num_items_in_batch") is not None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
+        if model is not None and self._hook is None:
+            self._hook = model.register_forward_hook(self._keep_loss, with_kwargs=True)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.session.mark("data_wait")
@@ -38,6 +64,14 @@ class WorkbenchCallback(TrainerCallback):
     def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.run.session.mark("optimizer")
 
+    def _step_loss(self) -> torch.Tensor | None:
+        if not self._losses:
+            return None
+        total = torch.stack(self._losses).float().sum()
+        loss = total if self._summed else total / len(self._losses)
+        self._losses = []
+        return loss
+
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         tokens = self.tokens_per_step
         if tokens is None:
@@ -46,7 +80,7 @@ class WorkbenchCallback(TrainerCallback):
                 raise ValueError("WorkbenchCallback: give tokens_per_step, or set "
                                  "TrainingArguments(include_num_input_tokens_seen=True)")
             tokens, self._seen = seen - self._seen, seen
-        self.run.step(tokens=tokens)
+        self.run.step(tokens=tokens, loss=self._step_loss(), flops=self.flops_per_step)
         if self.run.stop_requested:
             control.should_training_stop = True
         return control

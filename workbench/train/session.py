@@ -39,6 +39,7 @@ from loaders.format import ShardFormatError
 from workbench.config import Config, ConfigError, load_config
 from workbench.errors import DiskError
 from workbench.files import write_json
+from workbench.train.flops import peak_tflops
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
 from workbench.train.profiling import StepProfiler
 from workbench.train.timing import PHASES, PhaseTimer
@@ -344,7 +345,10 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
         out_dir.mkdir(parents=True, exist_ok=True)
     # under torchrun (the command itself launches it when a study has gpus > 1) rank 0 alone writes the files
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    session = RunSession(cfg, device=resolve_device(cfg), out_dir=out_dir, world=world, rank=rank,
+    device = resolve_device(cfg)
+    peak = peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                       cfg.hardware.peak_tflops)  # MFU for the FLOPs run.step() is given
+    session = RunSession(cfg, device=device, out_dir=out_dir, world=world, rank=rank, peak_tflops=peak,
                          heartbeat=out_dir / "heartbeat" if out_dir and rank == 0 else None)
     handle = Run(cfg, session, out_dir)
     stop = StopSignals()
