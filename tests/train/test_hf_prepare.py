@@ -149,3 +149,56 @@ def test_rope_or_loss_on_triton_and_liger_with_the_projects_ops_are_refused():
     with pytest.raises(ConfigError, match=r"^loongforge\.compute_domain\.fp8_head: "):
         prepare(_model(), _cfg(**{"loongforge.compute_domain.fp8": "tensorwise",
                                   "loongforge.compute_domain.fp8_head": True}), CPU)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Liger-Kernel's Triton kernels need a GPU (they do not run "
+                                                          "under the CPU interpreter)")
+def test_liger_keeps_the_loss_and_gradients_on_a_gpu():
+    pytest.importorskip("liger_kernel")
+    gpu = torch.device("cuda")
+
+    def loss_and_grads(model):
+        model.train()
+        x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1)).to(gpu)
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = loss_and_grads(_model().to(gpu))
+    model, applied = prepare(_model().to(gpu), merge_overrides(_cfg(), {"hardware.device": "cuda",
+                                                                         "hf.liger": True}), gpu)
+    assert applied == ["liger: rms_norm, swiglu, rope, fused_linear_cross_entropy (llama)"]
+    loss, grads = loss_and_grads(model)
+    assert loss == pytest.approx(ref_loss, rel=1e-4)
+    assert grads.keys() == ref_grads.keys()
+    for name, g in grads.items():
+        assert (g - ref_grads[name]).norm() / ref_grads[name].norm().clamp_min(1e-12) < 1e-3, name
+
+
+@pytest.mark.parametrize("over, kwargs, lines", [
+    ({}, {"rope": True, "swiglu": True, "rms_norm": True},
+     ["liger: rms_norm, swiglu, rope, fused_linear_cross_entropy (llama)"]),
+    ({"loongforge.compute_domain.compile": "default"}, {"rope": False, "swiglu": False, "rms_norm": False},
+     ["liger: fused_linear_cross_entropy (llama; the compiled layers' norms, SwiGLU and RoPE are Inductor's)",
+      "torch.compile (default): each of 4 decoder layers"]),
+    ({"loongforge.compute_domain.compile": "default", "loongforge.compute_domain.compile_scope": "model"},
+     {"rope": False, "swiglu": False, "rms_norm": False},
+     ["liger: fused_linear_cross_entropy (llama; the compiled layers' norms, SwiGLU and RoPE are Inductor's)",
+      "torch.compile (default): the whole decoder (the head and Liger's fused loss apart)"]),
+])
+def test_liger_under_compile_keeps_its_kernels_out_of_the_compiled_code(monkeypatch, over, kwargs, lines):
+    """Dynamo cannot trace Liger's kernels (torch 2.11 asserts on its RMSNorm inside a compiled layer, measured on
+    the H200): under compile only its fused loss is patched, and the compiled code leaves it out. Liger itself is a
+    stand-in here that records what it was asked (its kernels need a GPU)."""
+    import types
+
+    asked = []
+    fake = types.ModuleType("liger_kernel.transformers")
+    fake.apply_liger_kernel_to_llama = lambda **kw: asked.append(kw)
+    monkeypatch.setitem(sys.modules, "liger_kernel", types.ModuleType("liger_kernel"))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers", fake)
+    model, applied = prepare(_model(), _cfg(**{"hf.liger": True, **over}), CPU)
+    assert applied == lines
+    assert asked == [{"model": model, "cross_entropy": False, "fused_linear_cross_entropy": True, **kwargs}]
+    if over.get("loongforge.compute_domain.compile_scope") == "model":
+        assert model.model._compiled_call_impl is not None and model._compiled_call_impl is None

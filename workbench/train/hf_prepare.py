@@ -5,7 +5,8 @@ config the study wrote for the trial, so the exported config runs the same patch
 
 * ``hf.attention``: the model's attention implementation (``set_attn_implementation``);
 * ``hf.liger``: Liger-Kernel's patches of the instance (RMSNorm, SwiGLU, RoPE, the fused linear cross-entropy,
-  which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit);
+  which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit); under
+  ``torch.compile`` the fused loss alone, outside the compiled code (Dynamo cannot trace Liger's kernels);
 * ``loongforge.compute_domain.ops`` (or ``triton_fusion``): the project's Triton RMSNorm and SwiGLU in place of the
   model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``);
 * ``loongforge.compute_domain.fp8``: torchao float8 training of the decoder's Linears (``fp8_modules``, matched
@@ -13,7 +14,7 @@ config the study wrote for the trial, so the exported config runs the same patch
 * ``training.activation_checkpointing``: every decoder layer (full) or every ``activation_checkpointing_every``-th
   (selective), through HF's own per-layer switch, non-reentrant;
 * ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
-  model, in the config's mode.
+  model (the whole decoder under ``hf.liger``, its fused loss apart), in the config's mode.
 
 Order matters and is fixed: kernels and FP8 swap modules, checkpointing wraps layers, compile comes last. A model
 whose layout the patches do not know (a decoder at ``model.model.layers`` with ``*RMSNorm`` and gated ``*MLP``
@@ -91,15 +92,23 @@ def _decoder(model: nn.Module, cfg: Config) -> tuple[str, nn.Module, nn.ModuleLi
         "model yourself", key=asked[0] if asked else "hf")
 
 
-def _liger(model: nn.Module, mtype: str) -> str:
+def _liger(model: nn.Module, mtype: str, cfg: Config) -> str:
+    """Liger-Kernel's patches of the instance. Its kernels are autograd Functions that Dynamo cannot trace
+    (torch 2.11 fails an assertion in ``higher_order_ops`` on its RMSNorm), so under ``torch.compile`` only the
+    fused linear cross-entropy is patched, and it stays outside what is compiled (see :func:`_compile`): inside
+    the compiled layers Inductor fuses the norms, SwiGLU and RoPE itself."""
     try:
         liger = importlib.import_module("liger_kernel.transformers")
     except ImportError as e:
         raise ConfigError(f"got true, but Liger-Kernel is not installed ({e}); pip install liger-kernel, or set "
                           "hf.liger: false", key="hf.liger") from None
     apply: Callable[..., None] = getattr(liger, f"apply_liger_kernel_to_{mtype}")
-    apply(model=model, rope=True, swiglu=True, rms_norm=True, cross_entropy=False, fused_linear_cross_entropy=True)
-    return f"liger: rms_norm, swiglu, rope, fused_linear_cross_entropy ({mtype})"
+    layers = cfg.loongforge.compute_domain.compile == "none"
+    apply(model=model, rope=layers, swiglu=layers, rms_norm=layers, cross_entropy=False,
+          fused_linear_cross_entropy=True)
+    if layers:
+        return f"liger: rms_norm, swiglu, rope, fused_linear_cross_entropy ({mtype})"
+    return f"liger: fused_linear_cross_entropy ({mtype}; the compiled layers' norms, SwiGLU and RoPE are Inductor's)"
 
 
 def _norm_forward(norm: nn.Module, fn: Callable) -> Callable:
@@ -169,7 +178,7 @@ def _checkpointing(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str 
     return f"activation checkpointing: {len(chosen)} of {len(layers)} decoder layers"
 
 
-def _compile(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None:
+def _compile(model: nn.Module, decoder: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None:
     cd = cfg.loongforge.compute_domain
     if cd.compile == "none":
         return None
@@ -179,6 +188,9 @@ def _compile(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None
         for layer in layers:
             layer.compile(mode=mode, dynamic=dynamic)
         return f"torch.compile ({cd.compile}): each of {len(layers)} decoder layers"
+    if cfg.hf.liger:  # Liger's fused loss stays eager: the decoder is compiled whole, the head and loss apart
+        decoder.compile(mode=mode, dynamic=dynamic)
+        return f"torch.compile ({cd.compile}): the whole decoder (the head and Liger's fused loss apart)"
     model.compile(mode=mode, dynamic=dynamic)
     return f"torch.compile ({cd.compile}): the whole model"
 
@@ -200,7 +212,7 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
         applied.append(f"attention: {cfg.hf.attention}")
     applied += _project_ops(model, cfg, device)
     if cfg.hf.liger:
-        applied.append(_liger(model, mtype))
+        applied.append(_liger(model, mtype, cfg))
     if cd.fp8 != "none":
         if cd.fp8_head or cd.fp8_cast == "triton":
             key = "fp8_head" if cd.fp8_head else "fp8_cast"
@@ -209,7 +221,7 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
                               key=f"loongforge.compute_domain.{key}")
         chosen = convert_to_fp8(decoder, cd, device.type, device.index or 0)
         applied.append(f"fp8 {cd.fp8} (torchao): {len(chosen)} decoder Linears")
-    for line in (_checkpointing(model, layers, cfg), _compile(model, layers, cfg)):
+    for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg)):
         if line is not None:
             applied.append(line)
     for line in applied:
