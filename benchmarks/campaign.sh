@@ -14,6 +14,9 @@
 #                                                     # the base under torch.compile, launch overhead profiled
 #   bash benchmarks/campaign.sh vla-fit     RUNS OUT  # the largest micro-batch that fits, default and
 #                                                     # suggested allocator settings
+#   bash benchmarks/campaign.sh hf-compare  RUNS OUT  # side by side: the HF Trainer run of studies/hf-llama.yaml
+#                                                     # untuned, with run.prepare's levers, and the workbench's
+#                                                     # own exported gr00t-n1.6 config
 #
 # RUNS: the tuner's --out (studies, trials, exported config.yaml, report.html); OUT: benchmark results.
 # Each phase prints a short table last; the CSVs land under OUT.
@@ -80,9 +83,33 @@ vla-fit)
     python -m workbench.memory fit --config "$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml" --suggest \
         --multiple 8 --steps 2 --timeout 240 --out "$OUT/fit-vla"
     ;;
+hf-compare)
+    # a process each, interleaved: the hf-llama study's untuned base (bf16, SDPA, per-layer compile, fused AdamW,
+    # micro-batch 8) twice, run.prepare's levers (Liger's kernels and fused loss, torchao FP8 on the decoder's
+    # Linears, bigger micro-batches) and the workbench's exported gr00t-n1.6 config (WB_CONFIG), 32 sequences of
+    # 2,048 tokens an optimizer step for all. HF_CONFIG: an hf-llama study's export, run as the hf_config variant.
+    python - "$OUT/hf-base.yaml" <<'PY'
+import sys
+from workbench.config import dump_config
+from workbench.tune.study import load_study_spec
+dump_config(load_study_spec("studies/hf-llama.yaml").trial_config({}), sys.argv[1], comments=False)
+PY
+    lever="hf.liger=true;loongforge.compute_domain.fp8=tensorwise"
+    python benchmarks/loop_bench.py --seq-len 2048 --global-batch 32 --steps "${STEPS:-6}" --warmup 3 \
+        --log-every 3 --timeout 200 --hf-base "$OUT/hf-base.yaml" ${HF_CONFIG:+--hf-config "$HF_CONFIG"} \
+        --wb-config "${WB_CONFIG:-benchmarks/reports/gr00t-n1.6_config_h200_2026-12-03.yaml}" \
+        --hf-variant "fp8_8:loongforge.compute_domain.fp8=tensorwise" \
+        --hf-variant "liger16:hf.liger=true;data.micro_batch_size=16" \
+        --hf-variant "ligerfp8_16:$lever;data.micro_batch_size=16" \
+        --hf-variant "ligerfp8_32:$lever;data.micro_batch_size=32" \
+        --hf-variant "ligerfp8_16_model:$lever;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
+        --reference hf_base \
+        --variants "${VARIANTS:-hf_base,hf_ligerfp8_16,wb_config,hf_fp8_8,hf_liger16,hf_ligerfp8_32,hf_ligerfp8_16_model,hf_base}" \
+        --out "$OUT/compare-hf"
+    ;;
 *)
     echo "campaign.sh: unknown phase '$phase' (search, compare, converge, quick, grid, replay, vla-search," \
-         "vla-compare, vla-fit)" >&2
+         "vla-compare, vla-fit, hf-compare)" >&2
     exit 2
     ;;
 esac

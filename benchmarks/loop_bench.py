@@ -32,6 +32,11 @@ Variants:
                                    to compare (e.g. the winner with FP8 off, or the study's base with compile on)
                                    overrides (e.g. model.config_path=null model.name=gr00t-n1.6 to re-validate a
                                    proxy study's winner at full depth)
+  hf_base                          a Hugging Face Trainer run (examples/hf_trainer.py: transformers'
+                                   LlamaForCausalLM, run.prepare() on it) of --hf-base PATH as it is (the
+                                   hf-llama study's untuned base config)
+  hf_config                        the same run of --hf-config PATH (an hf-llama study's exported config)
+  hf_NAME                          --hf-base plus the overrides ``--hf-variant NAME:KEY=VALUE;KEY=VALUE`` gives
 
 The ``wb_default``, ``wb_base``, ``wb_config`` and ``wb_alt`` variants keep their config's data settings (micro-batch,
 bucket width, packing): they compare production configurations, with the same synthetic corpus
@@ -76,16 +81,38 @@ LAUNCH_KEYS = ("launch_calls_per_step", "launch_call_ms_per_step", "device_busy_
 """The ``profile/*`` keys of ``launch_overhead`` a ``--launch-profile`` run adds to its variant's row."""
 REF_KINDS = ("ref_eager", "ref_compiled", "ref_recipe")  # reference_loop.py: eager, --compile, --recipe
 AS_IS = ("wb_default", "wb_base", "wb_config", "wb_alt")  # configurations run with their own data settings
+HF_AS_IS = ("hf_base", "hf_config")  # examples/hf_trainer.py on a config file as it is
 METRICS = [REAL_TOKENS_PER_S, PADDED_TOKENS_PER_S, "mfu_pct",
            STEP_S, MAX_RESERVED_GIB, MAX_ALLOCATED_GIB, "last_loss", COMPILE_S,
            PADDING_RATIO, "throughput/samples_per_s_per_gpu", *(f"profile/{k}" for k in LAUNCH_KEYS)]
+
+
+def hf_command(name: str, a: argparse.Namespace, d: Path, env: dict[str, str]) -> list[str]:
+    """The HF Trainer example's command for variant ``name``; its config (the file, its overrides and the bench's
+    steps) is written to ``d/config.yaml`` and handed over as the tuner hands a trial's."""
+    from workbench.config import dump_config, load_config, merge_overrides, parse_overrides
+
+    path = a.hf_config if name == "hf_config" else a.hf_base
+    if not path:
+        raise SystemExit(f"loop_bench: variant {name} needs --{'hf-config' if name == 'hf_config' else 'hf-base'} PATH")
+    sets = [f"training.max_steps={a.steps + a.warmup}", f"training.warmup_measure_steps={a.warmup}",
+            f"training.log_every={a.log_every}"]
+    if name not in HF_AS_IS:
+        sets += [s_ for s_ in a.hf_variant_sets[name].split(";") if s_]
+    cfg = merge_overrides(load_config(path), parse_overrides(sets))
+    dump_config(cfg, d / "config.yaml", comments=False)
+    env.update(WORKBENCH_CONFIG=str((d / "config.yaml").resolve()), WORKBENCH_OUT=str(d.resolve()),
+               TOKENIZERS_PARALLELISM="false", TRANSFORMERS_VERBOSITY="error")
+    return [sys.executable, str(ROOT / "examples" / "hf_trainer.py")]
 
 
 def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
     d = out / f"{name}-{rep}"
     d.mkdir(parents=True, exist_ok=True)
     env = child_env()
-    if name.startswith("ref_"):
+    if name.startswith("hf_"):
+        cmd = hf_command(name, a, d, env)
+    elif name.startswith("ref_"):
         kind, _, mb = name.partition("@")
         cmd = [sys.executable, str(ROOT / "benchmarks" / "reference_loop.py"), "--preset", a.preset,
                "--micro-batch", mb or str(a.micro_batch), "--seq-len", str(a.seq_len), "--steps", str(a.steps),
@@ -128,7 +155,7 @@ def run_variant(name: str, a: argparse.Namespace, out: Path, rep: int) -> dict:
         res.update({k: v for k, v in json.loads((d / "summary.json").read_text()).items() if k != "variant"})
     else:
         res["log_tail"] = (d / "log.txt").read_text()[-3000:]
-    if returncode == 0 and a.launch_profile and not name.startswith("ref_"):
+    if returncode == 0 and a.launch_profile and not name.startswith(("ref_", "hf_")):
         # a run of its own (no measured window carries the profiler): the warm-up, then launch_profile steps traced
         p = d / "profile"
         prof = [*cmd[:cmd.index("--summary")], "--summary", str(p / "summary.json"), "--out", str(p),
@@ -147,7 +174,7 @@ def _sets(cmd: list[str]) -> list[str]:
     return [cmd[i + 1] for i, x in enumerate(cmd) if x == "--set"]
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="gr00t-n1.6")
     p.add_argument("--micro-batch", type=int, default=8)
@@ -174,11 +201,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--launch-profile", type=int, default=0, metavar="N",
                    help="after each workbench variant, a run of its own tracing N steps after the warm-up: "
                         "the launch calls, their host time and the device idle time per step (workbench.train.profiling)")
+    p.add_argument("--hf-base", help="config.yaml of the hf_base variant and the base of every hf_NAME one")
+    p.add_argument("--hf-config", help="config.yaml of the hf_config variant (an hf-llama study's export)")
+    p.add_argument("--hf-variant", action="append", default=[], metavar="NAME:KEY=VALUE;KEY=VALUE",
+                   help="the hf_NAME variant: --hf-base with these overrides (repeatable)")
     a = p.parse_args(argv)
-    unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS
-               and v.partition("@")[0] not in REF_KINDS]
+    a.hf_variant_sets = {}
+    for v in a.hf_variant:
+        label, sep, sets = v.partition(":")
+        if not sep or not label:
+            p.error(f"--hf-variant {v!r}: expected NAME:KEY=VALUE;KEY=VALUE")
+        a.hf_variant_sets[f"hf_{label}"] = sets
+    unknown = [v for v in a.variants.split(",") if v not in WB_SETS and v not in AS_IS and v not in HF_AS_IS
+               and v not in a.hf_variant_sets and v.partition("@")[0] not in REF_KINDS]
     if unknown:
-        p.error(f"unknown variants {unknown}; known: {', '.join([*REF_KINDS, *WB_SETS, *AS_IS])}")
+        p.error(f"unknown variants {unknown}; known: "
+                f"{', '.join([*REF_KINDS, *WB_SETS, *AS_IS, *HF_AS_IS, *a.hf_variant_sets])}")
+    return a
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     ver = versions(("gpu", "torch", "triton", "cuda", "python"))
@@ -192,6 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         config += " wb_set=" + ";".join(a.wb_set)
     if a.wb_config_set:  # the overrides of wb_config / wb_base: part of what was measured
         config += " wb_config_set=" + ";".join(a.wb_config_set)
+    if a.hf_base or a.hf_config:  # the HF runs' own configs: the preset and micro-batch above are not theirs
+        config += f" hf_base={a.hf_base} hf_config={a.hf_config} " + " ".join(a.hf_variant)
     common = {"gpu": ver["gpu"], "torch": ver["torch"], "triton": ver["triton"], "cuda": ver["cuda"],
               "commit": commit(), "timestamp": stamp, "config": config}
     import pandas as pd
@@ -224,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
                         "profile/device_idle_ms_per_step", "profile/launch_calls_per_step",
                         PADDED_TOKENS_PER_S, "mfu_pct",
                         STEP_S, MAX_RESERVED_GIB, "time/data_wait_s", "time/forward_s",
-                        "time/backward_s", "time/optimizer_s"] if c in wide.columns]
+                        "time/backward_s", "time/optimizer_s", "last_loss"] if c in wide.columns]
     print(f"\n{ver}\n{config}")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.float_format", "{:,.4g}".format):
         print(wide[cols].rename(columns=lambda c: c.split("/")[-1]))

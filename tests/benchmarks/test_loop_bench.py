@@ -97,3 +97,25 @@ def test_ref_recipe_runs_fp8_emulated_and_ratios_name_both_references(tmp_path):
     assert recipe["last_loss"] != eager["last_loss"]
     assert abs(recipe["last_loss"] - eager["last_loss"]) < 0.02 * eager["last_loss"]
     assert "over ref_eager (median" in r.stdout and "over ref_recipe (median" in r.stdout
+
+
+def test_hf_variants_run_the_hf_trainer_example_with_their_overrides(tmp_path):
+    pytest = __import__("pytest")
+    pytest.importorskip("transformers")
+    from workbench.tune.study import load_study_spec
+
+    dump_config(load_study_spec(str(REPO / "examples" / "hf_trainer.yaml")).trial_config({}), tmp_path / "base.yaml")
+    out = tmp_path / "lb"
+    r = loop_bench("--seq-len", "64", "--steps", "2", "--warmup", "1", "--log-every", "1", "--hf-base",
+                   str(tmp_path / "base.yaml"), "--hf-variant", "mb8:data.micro_batch_size=8;hf.attention=eager",
+                   "--reference", "hf_base", "--variants", "hf_base,hf_mb8", "--out", str(out))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    base, mb8 = (json.loads((out / f"{v}-0" / "summary.json").read_text()) for v in ("hf_base", "hf_mb8"))
+    assert base["measured_steps"] == mb8["measured_steps"] == 2
+    assert base["hf/patches"] == [] and mb8["hf/patches"] == ["attention: eager"]  # run.prepare() saw the override
+    assert 0 < mb8["last_loss"] < 10  # the callback reports the Trainer's loss
+    df = pd.read_csv(out / "loop_bench.csv")
+    assert set(df["variant"]) == {"hf_base", "hf_mb8"}
+    assert "real tokens/s over hf_base" in r.stdout and "hf_mb8" in r.stdout
+    r = loop_bench("--variants", "hf_nope", "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "hf_nope" in r.stderr
