@@ -102,9 +102,12 @@ PY
         --hf-variant "liger16:hf.liger=true;data.micro_batch_size=16" \
         --hf-variant "ligerfp8_16:$lever;data.micro_batch_size=16" \
         --hf-variant "ligerfp8_32:$lever;data.micro_batch_size=32" \
+        --hf-variant "pad:hf.pad_vocab_multiple=64" \
+        --hf-variant "pad_ligerfp8_16:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
+        --hf-variant "pad_ligerfp8_32:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=32" \
         --hf-variant "ligerfp8_16_model:$lever;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --reference hf_base \
-        --variants "${VARIANTS:-hf_base,hf_ligerfp8_16,wb_config,hf_fp8_8,hf_liger16,hf_ligerfp8_32,hf_ligerfp8_16_model,hf_base}" \
+        --variants "${VARIANTS:-hf_base,hf_pad_ligerfp8_16,wb_config,hf_pad,hf_ligerfp8_16,hf_pad_ligerfp8_32,hf_base}" \
         --out "$OUT/compare-hf"
     ;;
 *)

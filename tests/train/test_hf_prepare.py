@@ -202,3 +202,26 @@ def test_liger_under_compile_keeps_its_kernels_out_of_the_compiled_code(monkeypa
     assert asked == [{"model": model, "cross_entropy": False, "fused_linear_cross_entropy": True, **kwargs}]
     if over.get("loongforge.compute_domain.compile_scope") == "model":
         assert model.model._compiled_call_impl is not None and model._compiled_call_impl is None
+
+
+def test_pad_vocab_pads_the_embedding_and_head_and_keeps_the_loss_close():
+    """GPT-2's 50,257 rows put the LM head's GEMMs on unaligned kernels (the H200 profile, benchmarks/README.md);
+    padding adds rows that are never a label: the loss moves by their share of the softmax, no more."""
+    def model(vocab: int = 250) -> torch.nn.Module:
+        torch.manual_seed(0)
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+            vocab_size=vocab, max_position_embeddings=64))
+
+    x = torch.randint(0, 250, (2, 32), generator=torch.Generator().manual_seed(1))
+    ref = model()(input_ids=x, labels=x).loss.item()
+    padded, applied = prepare(model(), _cfg(**{"hf.pad_vocab_multiple": 64}), CPU)
+    assert applied == ["vocabulary padded: 250 -> 256 rows (a multiple of 64)"]
+    assert padded.get_input_embeddings().weight.shape[0] == padded.lm_head.weight.shape[0] == 256
+    assert padded.config.vocab_size == 256
+    loss = padded(input_ids=x, labels=x).loss
+    assert loss.item() == pytest.approx(ref, rel=0.01) and loss.item() != ref
+    loss.backward()
+    assert padded.lm_head.weight.grad[250:].abs().sum() > 0  # the new rows learn to stay unlikely
+    same, applied = prepare(model(256), _cfg(**{"hf.pad_vocab_multiple": 64}), CPU)
+    assert applied == [] and same.lm_head.weight.shape[0] == 256  # already a multiple: nothing to do

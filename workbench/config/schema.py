@@ -495,6 +495,10 @@ class HFConfig:
     liger: bool = False
     """Liger-Kernel's patches of the model: RMSNorm, SwiGLU, RoPE, and the fused linear cross-entropy, which never
     materialises the logits (CUDA, ``pip install liger-kernel``). Excludes the project's Triton ops."""
+    pad_vocab_multiple: int = field(default=0, metadata={"ge": 0, "le": 4096})
+    """Pad the embedding and the LM head to a multiple of this many rows (HF's ``resize_token_embeddings``); 0 keeps
+    the vocabulary. A vocabulary such as GPT-2's 50,257 (not a multiple of 8) puts the head's GEMMs on unaligned
+    kernels; the new rows are never a label, but they take a share of the softmax and the saved model keeps them."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

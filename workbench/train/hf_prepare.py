@@ -4,6 +4,9 @@ The same call serves a plain loop and an HF ``Trainer`` (prepare the model befor
 config the study wrote for the trial, so the exported config runs the same patches again through the same call:
 
 * ``hf.attention``: the model's attention implementation (``set_attn_implementation``);
+* ``hf.pad_vocab_multiple``: the embedding and LM head padded to a multiple of this many rows, so the head's GEMMs
+  run on aligned kernels (HF's ``resize_token_embeddings``; GPT-2's 50,257 rows put them on CUTLASS's ``align1``
+  kernels, about a quarter of an H200 step of gr00t-n1.6's shapes);
 * ``hf.liger``: Liger-Kernel's patches of the instance (RMSNorm, SwiGLU, RoPE, the fused linear cross-entropy,
   which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit); under
   ``torch.compile`` the fused loss alone, outside the compiled code (Dynamo cannot trace Liger's kernels);
@@ -65,6 +68,8 @@ def _asked(cfg: Config) -> list[str]:
     keys = []
     if cfg.hf.attention != "sdpa":
         keys.append("hf.attention")
+    if cfg.hf.pad_vocab_multiple:
+        keys.append("hf.pad_vocab_multiple")
     if cfg.hf.liger:
         keys.append("hf.liger")
     if any(b == "triton" for b in cd.effective_ops().values()):
@@ -109,6 +114,17 @@ def _liger(model: nn.Module, mtype: str, cfg: Config) -> str:
     if layers:
         return f"liger: rms_norm, swiglu, rope, fused_linear_cross_entropy ({mtype})"
     return f"liger: fused_linear_cross_entropy ({mtype}; the compiled layers' norms, SwiGLU and RoPE are Inductor's)"
+
+
+def _pad_vocab(model: nn.Module, multiple: int) -> str | None:
+    """The embedding and LM head padded to a multiple of ``multiple`` rows (the new rows the mean of the old, HF's
+    default), so the head's GEMMs run on aligned kernels; None where the vocabulary already is one."""
+    old = model.get_input_embeddings().weight.shape[0]
+    if multiple == 0 or old % multiple == 0:
+        return None
+    model.resize_token_embeddings(None, pad_to_multiple_of=multiple)
+    new = model.get_input_embeddings().weight.shape[0]
+    return f"vocabulary padded: {old:,} -> {new:,} rows (a multiple of {multiple})"
 
 
 def _norm_forward(norm: nn.Module, fn: Callable) -> Callable:
@@ -210,6 +226,9 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
             raise ConfigError(f"got {cfg.hf.attention!r}, which this model or machine cannot run ({e})",
                               key="hf.attention") from None
         applied.append(f"attention: {cfg.hf.attention}")
+    padded = _pad_vocab(model, cfg.hf.pad_vocab_multiple)
+    if padded is not None:
+        applied.append(padded)
     applied += _project_ops(model, cfg, device)
     if cfg.hf.liger:
         applied.append(_liger(model, mtype, cfg))

@@ -252,6 +252,9 @@ KNOBS: tuple[Knob, ...] = (
          condition=_no_triton_op, inactive=False,
          doc="Liger-Kernel's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy in a Hugging Face model",
          phases=_COMPUTE),
+    Knob(name="hf_pad_vocab", key="hf.pad_vocab_multiple", kind="categorical",
+         doc="pad a Hugging Face model's vocabulary to a multiple of this (0: as it is), for aligned LM-head GEMMs",
+         phases=_COMPUTE),
     *_launch_knobs(),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
