@@ -225,3 +225,33 @@ def test_pad_vocab_pads_the_embedding_and_head_and_keeps_the_loss_close():
     assert padded.lm_head.weight.grad[250:].abs().sum() > 0  # the new rows learn to stay unlikely
     same, applied = prepare(model(256), _cfg(**{"hf.pad_vocab_multiple": 64}), CPU)
     assert applied == [] and same.lm_head.weight.shape[0] == 256  # already a multiple: nothing to do
+
+
+def test_a_compiled_fp8_layer_that_breaks_stays_in_the_compute_dtype_and_says_so(tmp_path, monkeypatch):
+    """Per-layer compile of FP8 layers asks for one graph each; a layer Dynamo would break (here: a graph break put
+    into layer 1's MLP) keeps its Linears in the compute dtype, on the same parameters, and the run says so."""
+    pytest.importorskip("torchao")
+    from torchao.float8.float8_linear import Float8Linear
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    over = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_modules.size_filter": False,
+            "loongforge.compute_domain.compile": "default", "loongforge.compute_domain.compile_shapes": "static"}
+    model, applied = prepare(_model(2), _cfg(**over), CPU)
+    mlp = model.model.layers[1].mlp
+    weights = [p for p in model.model.layers[1].parameters()]
+    forward = mlp.forward
+
+    def breaking(x):
+        torch._dynamo.graph_break()
+        return forward(x)
+
+    mlp.forward = breaking
+    ref_loss, _ = _loss_and_grads(_model(2))
+    loss, grads = _loss_and_grads(model)
+    assert loss == pytest.approx(ref_loss, rel=0.02)
+    assert isinstance(model.model.layers[0].mlp.up_proj, Float8Linear)  # the layer in one graph keeps FP8
+    assert not any(isinstance(m, Float8Linear) for m in model.model.layers[1].modules())
+    assert [p for p in model.model.layers[1].parameters()] == weights  # the optimizer's tensors, unchanged
+    assert all(w.grad is not None for w in weights)
+    assert applied[-1].startswith("fp8: decoder layer 1 breaks under torch.compile (")
+    assert applied[-1].endswith("its 7 Linears stay in the compute dtype")

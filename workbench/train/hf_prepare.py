@@ -13,7 +13,8 @@ config the study wrote for the trial, so the exported config runs the same patch
 * ``loongforge.compute_domain.ops`` (or ``triton_fusion``): the project's Triton RMSNorm and SwiGLU in place of the
   model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``);
 * ``loongforge.compute_domain.fp8``: torchao float8 training of the decoder's Linears (``fp8_modules``, matched
-  against names under the decoder, ``layers.0.mlp.up_proj``; the LM head stays in the compute dtype);
+  against names under the decoder, ``layers.0.mlp.up_proj``; the LM head stays in the compute dtype; a layer
+  compiled apart that would not compile in one graph goes back to the compute dtype at its first call, and says so);
 * ``training.activation_checkpointing``: every decoder layer (full) or every ``activation_checkpointing_every``-th
   (selective), through HF's own per-layer switch, non-reentrant;
 * ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
@@ -194,15 +195,58 @@ def _checkpointing(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str 
     return f"activation checkpointing: {len(chosen)} of {len(layers)} decoder layers"
 
 
-def _compile(model: nn.Module, decoder: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None:
+def _unconvert_fp8(layer: nn.Module) -> int:
+    """The layer's torchao ``Float8Linear`` modules back to ``nn.Linear`` on the same parameter objects (what the
+    optimizer holds); returns how many."""
+    from torchao.float8.float8_linear import Float8Linear
+
+    swapped = 0
+    for name, child in list(layer.named_modules()):
+        if isinstance(child, Float8Linear):
+            with torch.device("meta"):
+                plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+            plain.weight, plain.bias = child.weight, child.bias
+            parent, _, attr = name.rpartition(".")
+            setattr(layer.get_submodule(parent) if parent else layer, attr, plain)
+            swapped += 1
+    return swapped
+
+
+def _compile_fp8_layer(layer: nn.Module, index: int, *, mode: str | None, dynamic: bool, applied: list[str]) -> None:
+    """Compile a decoder layer holding FP8 Linears in one graph (``fullgraph``): where Dynamo would break it, the
+    first call leaves the layer's Linears in the compute dtype, compiles it as any layer, and says so (a line in
+    ``applied``, the run's ``hf/patches``, and a warning). FP8 split across graphs loses the cast fusions it is
+    there for. The swap happens before the layer's first forward, so no step has used its FP8 modules yet."""
+    whole = torch.compile(layer._call_impl, mode=mode, dynamic=dynamic, fullgraph=True)
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return whole(*args, **kwargs)
+        except torch._dynamo.exc.Unsupported as e:
+            n = _unconvert_fp8(layer)
+            line = (f"fp8: decoder layer {index} breaks under torch.compile ({str(e).splitlines()[0][:120]}); its "
+                    f"{n} Linears stay in the compute dtype")
+            applied.append(line)
+            log.warning("prepared: %s", line)
+            layer._compiled_call_impl = torch.compile(layer._call_impl, mode=mode, dynamic=dynamic)
+            return layer._compiled_call_impl(*args, **kwargs)
+
+    layer._compiled_call_impl = call
+
+
+def _compile(model: nn.Module, decoder: nn.Module, layers: nn.ModuleList, cfg: Config,
+             applied: list[str]) -> str | None:
     cd = cfg.loongforge.compute_domain
     if cd.compile == "none":
         return None
     mode = None if cd.compile == "default" else cd.compile
     dynamic = cd.compile_shapes == "dynamic"
     if cd.compile_scope == "layer":
-        for layer in layers:
-            layer.compile(mode=mode, dynamic=dynamic)
+        for i, layer in enumerate(layers):
+            if cd.fp8 != "none":
+                _compile_fp8_layer(layer, i, mode=mode, dynamic=dynamic, applied=applied)
+            else:
+                layer.compile(mode=mode, dynamic=dynamic)
         return f"torch.compile ({cd.compile}): each of {len(layers)} decoder layers"
     if cfg.hf.liger:  # Liger's fused loss stays eager: the decoder is compiled whole, the head and loss apart
         decoder.compile(mode=mode, dynamic=dynamic)
@@ -240,7 +284,7 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
                               key=f"loongforge.compute_domain.{key}")
         chosen = convert_to_fp8(decoder, cd, device.type, device.index or 0)
         applied.append(f"fp8 {cd.fp8} (torchao): {len(chosen)} decoder Linears")
-    for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg)):
+    for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg, applied)):
         if line is not None:
             applied.append(line)
     for line in applied:
@@ -250,4 +294,5 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
 
 def describe(applied: list[str]) -> dict[str, Any]:
     """The summary's record of a prepared model: ``hf/patches`` and ``hf/versions``."""
-    return {"hf/patches": list(applied), "hf/versions": versions()}
+    return {"hf/patches": applied, "hf/versions": versions()}  # the list itself: a layer's FP8 fallback, found at
+    # its first forward, adds its line before the summary is written
