@@ -14,6 +14,7 @@
 #                                                     # the base under torch.compile, launch overhead profiled
 #   bash benchmarks/campaign.sh vla-fit     RUNS OUT  # the largest micro-batch that fits, default and
 #                                                     # suggested allocator settings
+#   bash benchmarks/campaign.sh hf-search   RUNS OUT  # the hf-llama study (resumable, as search is)
 #   bash benchmarks/campaign.sh hf-compare  RUNS OUT  # side by side: the HF Trainer run of studies/hf-llama.yaml
 #                                                     # untuned, with run.prepare's levers, and the workbench's
 #                                                     # own exported gr00t-n1.6 config
@@ -83,11 +84,16 @@ vla-fit)
     python -m workbench.memory fit --config "$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml" --suggest \
         --multiple 8 --steps 2 --timeout 240 --out "$OUT/fit-vla"
     ;;
+hf-search)
+    python -m workbench.tune --study studies/hf-llama.yaml --out "$RUNS" --timeout "${SEARCH_S:-420}" --no-progress
+    cp "$RUNS/hf-llama/config.yaml" "$OUT/exported-config-hf.yaml"
+    ;;
 hf-compare)
     # a process each, interleaved: the hf-llama study's untuned base (bf16, SDPA, per-layer compile, fused AdamW,
     # micro-batch 8) twice, run.prepare's levers (Liger's kernels and fused loss, torchao FP8 on the decoder's
     # Linears, bigger micro-batches) and the workbench's exported gr00t-n1.6 config (WB_CONFIG), 32 sequences of
-    # 2,048 tokens an optimizer step for all. HF_CONFIG: an hf-llama study's export, run as the hf_config variant.
+    # 2,048 tokens an optimizer step for all. HF_CONFIG: an hf-llama study's export (hf-search), run as the
+    # hf_config variant (VARIANTS=hf_base,hf_config,wb_config,hf_base,hf_config for the study's goal).
     python - "$OUT/hf-base.yaml" <<'PY'
 import sys
 from workbench.config import dump_config
@@ -112,7 +118,7 @@ PY
     ;;
 *)
     echo "campaign.sh: unknown phase '$phase' (search, compare, converge, quick, grid, replay, vla-search," \
-         "vla-compare, vla-fit, hf-compare)" >&2
+         "vla-compare, vla-fit, hf-search, hf-compare)" >&2
     exit 2
     ;;
 esac
