@@ -37,7 +37,8 @@ from workbench.train.model import ModelArgs
 from workbench.train.ops import resolve
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
-from workbench.train.session import NanLossError, RunSession, StopSignals, resolve_device
+from workbench.train.context import NanLossError, RunContext
+from workbench.train.session import RunSession, resolve_device
 from workbench.train.workload import workload_for
 from workbench.vocab import COMPILE_S
 
@@ -79,7 +80,7 @@ class Trainer:
     """Builds everything from a Config; ``run()`` trains and returns the summary."""
 
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                 heartbeat: str | Path | None = None, config_source: ConfigSource | None = None,
+                 context: RunContext | None = None, config_source: ConfigSource | None = None,
                  trust_checkpoint: bool = False, echo: bool = True) -> None:
         self.cfg = cfg
         # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
@@ -126,8 +127,10 @@ class Trainer:
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
         self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                 cfg.hardware.peak_tflops)
-        # the measurement side (phases, heartbeat, windows, traces) is the run API's, as for a loop of one's own
-        self.session = RunSession(cfg, device=self.device, out_dir=self.out_dir, heartbeat=heartbeat,
+        # the trial contract's signals and files are the run context's (python -m workbench.train's; none given:
+        # no files); the measurement side (phases, windows, traces) is the run API's, as for a loop of one's own
+        self.context = context or RunContext()
+        self.session = RunSession(cfg, device=self.device, out_dir=self.out_dir, context=self.context,
                                   world=self.world, rank=self.rank, peak_tflops=self.peak, prometheus=self.prom,
                                   echo=echo)
         self.session.annotate, self.session.window_extras = self._comm_per_step, self._window_extras
@@ -426,7 +429,8 @@ class Trainer:
 
     # ------------------------------------------------------------------ the run
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
-        """Train to ``max_steps`` (default training.max_steps); returns the summary."""
+        """Train to ``max_steps`` (default training.max_steps) inside the run context (its stop signals, with
+        SIGUSR1's reload; its heartbeat after every step); returns the summary."""
         session = self.session
         total = session.total = max_steps or self.cfg.training.max_steps
         interrupted = False
@@ -437,7 +441,7 @@ class Trainer:
 
         # SIGINT or SIGTERM: finish the step, then stop and checkpoint; a second one stops at once. On leaving, the
         # handlers before it come back (python -m workbench.train's: SIGUSR1 ignored with a line)
-        with StopSignals({signal.SIGUSR1: _on_sigusr1}) as stop:
+        with self.context.stop_signals({signal.SIGUSR1: _on_sigusr1}) as stop:
             t_start = time.perf_counter()
             self.precompile()
             session.step = self.step  # a resumed run counts on from its checkpoint
