@@ -32,108 +32,149 @@ class Case:
 
 
 def _cases(models: list[str], dev) -> list[Case]:
+    """Every kernel's cases at each model's shapes, in a fixed order: RMSNorm (fp32, bf16 out, the fused add),
+    SwiGLU, RoPE, the fused linear + cross-entropy."""
+    out: list[Case] = []
+    for name in models:
+        out += _rmsnorm_cases(name, dev)
+        out += [_swiglu_case(name, dev), _rope_case(name, dev), _loss_case(name, dev)]
+    return out
+
+
+def _shape(name: str) -> tuple[int, int, dict[str, int]]:
+    """Batch and sequence (read at call time: the tests' smoke run shrinks them) and the model's dims."""
+    return setup.BATCH, setup.SEQ, setup.MODELS[name]
+
+
+def _rmsnorm_cases(name: str, dev) -> list[Case]:
+    import torch
+
+    import kernels
+    from workbench.train import ops
+
+    _B, _T, m = _shape(name)  # noqa: N806
+    D = m["hidden"]
+    M = _B * _T
+
+    def make_rms():
+        x = torch.randn(_B, _T, D, device=dev, requires_grad=True)
+        w = torch.ones(D, device=dev, requires_grad=True)
+        return (x, w, 1e-5), [x, w], torch.randn(_B, _T, D, device=dev)
+
+    es = 4
+    out = [Case("rmsnorm", f"{name} {_B}x{_T}x{D}", {"rows": M, "hidden": D}, "float32", make_rms,
+                kernels.rms_norm_triton, ops.rms_norm_torch,
+                bytes={"fwd": 2 * M * D * es, "bwd": 3 * M * D * es, "full": 5 * M * D * es})]
+
+    def make_rms_autocast():  # as the model runs it under bf16 autocast: fp32 stream in, bf16 out
+        x = torch.randn(_B, _T, D, device=dev, requires_grad=True)
+        w = torch.ones(D, device=dev, requires_grad=True)
+        return (x, w, 1e-5, torch.bfloat16), [x, w], torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16)
+
+    # fwd reads x (4 bytes) and writes y (2); bwd reads x and dy (2) and writes dx (4)
+    out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D} bf16 out", {"rows": M, "hidden": D},
+                    "float32>bfloat16", make_rms_autocast, kernels.rms_norm_triton, ops.rms_norm_torch,
+                    bytes={"fwd": 6 * M * D, "bwd": 10 * M * D, "full": 16 * M * D}))
+
+    def make_rms_add():  # the fused residual add as the model runs it: bf16 branch + fp32 stream, bf16 out
+        x = torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        r = torch.randn(_B, _T, D, device=dev, requires_grad=True)
+        w = torch.ones(D, device=dev, requires_grad=True)
+        up = (torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16), torch.randn(_B, _T, D, device=dev))
+        return (x, r, w, 1e-5, torch.bfloat16), [x, r, w], up
+
+    # fwd reads x (2 bytes) and r (4), writes s (4) and y (2); bwd reads dy (2), s (4) and the stream's
+    # gradient ds (4), writes the gradients of r (4) and x (2)
+    out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D} fused add", {"rows": M, "hidden": D},
+                    "bfloat16+float32>bfloat16", make_rms_add, kernels.rms_norm_add_triton,
+                    ops.rms_norm_add_torch, bytes={"fwd": 12 * M * D, "bwd": 16 * M * D, "full": 28 * M * D}))
+    return out
+
+
+def _swiglu_case(name: str, dev) -> Case:
+    import torch
+
+    import kernels
+    from workbench.train import ops
+
+    _B, _T, m = _shape(name)  # noqa: N806
+    F = m["ffn"]
+
+    def make_swiglu():
+        g = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        u = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        return (g, u), [g, u], torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16)
+
+    n, es = _B * _T * F, 2
+    return Case("swiglu", f"{name} {_B}x{_T}x{F}", {"numel": n}, "bfloat16", make_swiglu,
+                kernels.swiglu_triton, ops.swiglu_torch,
+                bytes={"fwd": 3 * n * es, "bwd": 5 * n * es, "full": 8 * n * es})
+
+
+def _rope_case(name: str, dev) -> Case:
     import torch
 
     import kernels
     from workbench.train import ops
     from workbench.train.model import rope_cos_sin
 
-    _B, _T = setup.BATCH, setup.SEQ  # noqa: N806 (read at call time: the tests' smoke run shrinks them)
-    out: list[Case] = []
-    for name in models:
-        m = setup.MODELS[name]
-        D, F, H, K, V = m["hidden"], m["ffn"], m["heads"], m["kv_heads"], m["vocab"]
-        d = D // H
-        M = _B * _T
+    _B, _T, m = _shape(name)  # noqa: N806
+    H, K = m["heads"], m["kv_heads"]
+    d = m["hidden"] // H
 
-        def make_rms(D=D):
-            x = torch.randn(_B, _T, D, device=dev, requires_grad=True)
-            w = torch.ones(D, device=dev, requires_grad=True)
-            return (x, w, 1e-5), [x, w], torch.randn(_B, _T, D, device=dev)
+    def make_rope():
+        # the model's layout: q_proj(x).view(B, T, H, d).transpose(1, 2); cos/sin gathered by position (fp32)
+        q = torch.randn(_B, _T, H, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        k = torch.randn(_B, _T, K, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
+        cos_Pd, sin_Pd = rope_cos_sin(d, _T, 10000.0, device=dev)
+        pos = torch.arange(_T, device=dev).expand(_B, _T)
+        # the gradients as the model's flash SDPA backward hands them over: (B, T, heads, d) in memory, like
+        # q (docs/kernel-notes.md, RoPE)
+        up = (torch.randn(_B, _T, H, d, device=dev, dtype=torch.bfloat16).transpose(1, 2),
+              torch.randn(_B, _T, K, d, device=dev, dtype=torch.bfloat16).transpose(1, 2))
+        return (q, k, cos_Pd[pos], sin_Pd[pos]), [q, k], up
 
-        es = 4
-        out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D}", {"rows": M, "hidden": D}, "float32", make_rms,
-                        kernels.rms_norm_triton, ops.rms_norm_torch,
-                        bytes={"fwd": 2 * M * D * es, "bwd": 3 * M * D * es, "full": 5 * M * D * es}))
+    def rope_layout(fn):
+        return lambda q, k, cos, sin: fn(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
 
-        def make_rms_autocast(D=D):  # as the model runs it under bf16 autocast: fp32 stream in, bf16 out
-            x = torch.randn(_B, _T, D, device=dev, requires_grad=True)
-            w = torch.ones(D, device=dev, requires_grad=True)
-            return (x, w, 1e-5, torch.bfloat16), [x, w], torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16)
+    nq, nk, es = _B * H * _T * d, _B * K * _T * d, 2
+    table = 2 * _B * _T * d * 4
+    rope_bytes = 2 * (nq + nk) * es + table
+    return Case("rope", f"{name} {_B}x{H}/{K}x{_T}x{d}", {"tokens": _B * _T, "q_heads": H, "k_heads": K,
+                                                         "head_dim": d}, "bfloat16", make_rope,
+                rope_layout(kernels.rope_triton), rope_layout(ops.rope_torch),
+                bytes={"fwd": rope_bytes, "bwd": rope_bytes, "full": 2 * rope_bytes})
 
-        # fwd reads x (4 bytes) and writes y (2); bwd reads x and dy (2) and writes dx (4)
-        out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D} bf16 out", {"rows": M, "hidden": D},
-                        "float32>bfloat16", make_rms_autocast, kernels.rms_norm_triton, ops.rms_norm_torch,
-                        bytes={"fwd": 6 * M * D, "bwd": 10 * M * D, "full": 16 * M * D}))
 
-        def make_rms_add(D=D):  # the fused residual add as the model runs it: bf16 branch + fp32 stream, bf16 out
-            x = torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            r = torch.randn(_B, _T, D, device=dev, requires_grad=True)
-            w = torch.ones(D, device=dev, requires_grad=True)
-            up = (torch.randn(_B, _T, D, device=dev, dtype=torch.bfloat16), torch.randn(_B, _T, D, device=dev))
-            return (x, r, w, 1e-5, torch.bfloat16), [x, r, w], up
+def _loss_case(name: str, dev) -> Case:
+    import torch
 
-        # fwd reads x (2 bytes) and r (4), writes s (4) and y (2); bwd reads dy (2), s (4) and the stream's
-        # gradient ds (4), writes the gradients of r (4) and x (2)
-        out.append(Case("rmsnorm", f"{name} {_B}x{_T}x{D} fused add", {"rows": M, "hidden": D},
-                        "bfloat16+float32>bfloat16", make_rms_add, kernels.rms_norm_add_triton,
-                        ops.rms_norm_add_torch, bytes={"fwd": 12 * M * D, "bwd": 16 * M * D, "full": 28 * M * D}))
+    import kernels
+    from workbench.train import ops
 
-        def make_swiglu(F=F):
-            g = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            u = torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            return (g, u), [g, u], torch.randn(_B, _T, F, device=dev, dtype=torch.bfloat16)
+    _B, _T, m = _shape(name)  # noqa: N806
+    D, V = m["hidden"], m["vocab"]
+    N = _B * (_T - 1)
 
-        n, es = M * F, 2
-        out.append(Case("swiglu", f"{name} {_B}x{_T}x{F}", {"numel": n}, "bfloat16", make_swiglu,
-                        kernels.swiglu_triton, ops.swiglu_torch,
-                        bytes={"fwd": 3 * n * es, "bwd": 5 * n * es, "full": 8 * n * es}))
+    def make_loss():
+        h = torch.randn(N, D, device=dev, requires_grad=True)
+        w = (torch.randn(V, D, device=dev) * 0.02).requires_grad_()
+        labels = torch.randint(0, V, (N,), device=dev)
+        mask = torch.rand(N, device=dev) < 0.95  # a little padding, as real batches have
+        return (h, w, labels, mask), [h, w], torch.tensor(1.0, device=dev)
 
-        def make_rope(H=H, K=K, d=d):
-            # the model's layout: q_proj(x).view(B, T, H, d).transpose(1, 2); cos/sin gathered by position (fp32)
-            q = torch.randn(_B, _T, H, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            k = torch.randn(_B, _T, K, d, device=dev, dtype=torch.bfloat16, requires_grad=True)
-            cos_Pd, sin_Pd = rope_cos_sin(d, _T, 10000.0, device=dev)
-            pos = torch.arange(_T, device=dev).expand(_B, _T)
-            # the gradients as the model's flash SDPA backward hands them over: (B, T, heads, d) in memory, like
-            # q (docs/kernel-notes.md, RoPE)
-            up = (torch.randn(_B, _T, H, d, device=dev, dtype=torch.bfloat16).transpose(1, 2),
-                  torch.randn(_B, _T, K, d, device=dev, dtype=torch.bfloat16).transpose(1, 2))
-            return (q, k, cos_Pd[pos], sin_Pd[pos]), [q, k], up
+    def autocast_loss(fn):
+        def run(h, w, labels, mask):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                return fn(h, w, labels, mask)[0]
+        return run
 
-        def rope_layout(fn):
-            return lambda q, k, cos, sin: fn(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
-
-        nq, nk, es = _B * H * _T * d, _B * K * _T * d, 2
-        table = 2 * _B * _T * d * 4
-        rope_bytes = 2 * (nq + nk) * es + table
-        out.append(Case("rope", f"{name} {_B}x{H}/{K}x{_T}x{d}", {"tokens": M, "q_heads": H, "k_heads": K,
-                                                                  "head_dim": d}, "bfloat16", make_rope,
-                        rope_layout(kernels.rope_triton), rope_layout(ops.rope_torch),
-                        bytes={"fwd": rope_bytes, "bwd": rope_bytes, "full": 2 * rope_bytes}))
-
-        N = _B * (_T - 1)
-
-        def make_loss(N=N, D=D, V=V):  # noqa: N803
-            h = torch.randn(N, D, device=dev, requires_grad=True)
-            w = (torch.randn(V, D, device=dev) * 0.02).requires_grad_()
-            labels = torch.randint(0, V, (N,), device=dev)
-            mask = torch.rand(N, device=dev) < 0.95  # a little padding, as real batches have
-            return (h, w, labels, mask), [h, w], torch.tensor(1.0, device=dev)
-
-        def autocast_loss(fn):
-            def run(h, w, labels, mask):
-                with torch.autocast(dev.type, dtype=torch.bfloat16):
-                    return fn(h, w, labels, mask)[0]
-            return run
-
-        nan = math.nan
-        out.append(Case("fused_linear_ce", f"{name} {N}x{D}x{V}", {"rows": N, "hidden": D, "vocab": V},
-                        "float32+autocast_bf16", make_loss, autocast_loss(kernels.linear_cross_entropy_triton),
-                        autocast_loss(ops.linear_cross_entropy_torch),
-                        bytes={"fwd": nan, "bwd": nan, "full": nan},
-                        flops={"fwd": 2 * N * D * V, "bwd": 4 * N * D * V, "full": 6 * N * D * V}))
-    return out
+    nan = math.nan
+    return Case("fused_linear_ce", f"{name} {N}x{D}x{V}", {"rows": N, "hidden": D, "vocab": V},
+                "float32+autocast_bf16", make_loss, autocast_loss(kernels.linear_cross_entropy_triton),
+                autocast_loss(ops.linear_cross_entropy_torch),
+                bytes={"fwd": nan, "bwd": nan, "full": nan},
+                flops={"fwd": 2 * N * D * V, "bwd": 4 * N * D * V, "full": 6 * N * D * V})
 
 
 # --------------------------------------------------------------------------- measuring one implementation

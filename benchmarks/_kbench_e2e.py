@@ -164,10 +164,7 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
     _dynamo.config.cache_size_limit = max(64, _dynamo.config.cache_size_limit)
     compiled = {"compile": torch.compile(model.loss, dynamic=False),
                 "graphs": torch.compile(model.loss, dynamic=False, mode="reduce-overhead")}
-    warmup, steps, rounds = (2, 4, 1) if args.quick else (2, 6, 2)
-    rounds = getattr(args, "e2e_rounds", None) or rounds
-    if len(variants) == 1:  # a worker process: one variant, its rounds' steps in one go
-        steps, rounds = steps * rounds, 1
+    warmup, steps, rounds = _e2e_counts(args, len(variants))
     times: dict[tuple[str, str], dict[int, list[float]]] = {v: {} for v in variants}  # variant -> round -> ms
     losses: dict[tuple[str, str], float] = {}
     peaks: dict[tuple[str, str], float] = {}
@@ -212,25 +209,41 @@ def _bench_e2e(best: dict[str, dict[str, int]], args: argparse.Namespace, common
                 log(f"  e2e {ops_name:6s} {mode:7s} round {r}: median "
                     f"{statistics.median(times[(ops_name, mode)][r]):8.2f} ms/step, loss {float(loss):.5f} "
                     f"({time.time() - t0:.0f} s)")
-    rows = []
-    for ops_name, mode in variants:
-        per_step = [(r, t) for r, ts in times[(ops_name, mode)].items() for t in ts]
-        ts = [t for _, t in per_step]
-        base = _e2e_row(ops_name, mode, best, common)
-        if (ops_name, mode) in errors:  # its timed steps (if any) are incomplete: not reported as a result
-            rows.append({**base, "error": errors[(ops_name, mode)]})
-            continue
-        ts_sorted = sorted(ts)
-        q = lambda f: ts_sorted[min(len(ts_sorted) - 1, int(f * (len(ts_sorted) - 1) + 0.5))]  # noqa: E731
-        med = statistics.median(ts)
-        rows.append({**base, "median_ms": med, "p20_ms": q(0.2), "p80_ms": q(0.8),
-                     "tokens_per_s": _B * _T / (med * 1e-3), "peak_mem_gib": peaks[(ops_name, mode)],
-                     "loss": losses[(ops_name, mode)], "profile": profiles.get((ops_name, mode)),
-                     "note": _paired_note(times, (ops_name, mode)),
-                     "steps": [{"round": r, "step": i, "ms": t} for i, (r, t) in enumerate(per_step)]})
+    rows = [_e2e_result(v, best, common, times, errors, losses, peaks, profiles, tokens=_B * _T) for v in variants]
     model = opt = None
     device.empty_cache()
     return rows
+
+
+def _e2e_counts(args: argparse.Namespace, n_variants: int) -> tuple[int, int, int]:
+    """Warm-up steps (of the first round), timed steps per round, rounds; a worker process (one variant) takes
+    its rounds' steps in one go."""
+    warmup, steps, rounds = (2, 4, 1) if args.quick else (2, 6, 2)
+    rounds = getattr(args, "e2e_rounds", None) or rounds
+    if n_variants == 1:
+        steps, rounds = steps * rounds, 1
+    return warmup, steps, rounds
+
+
+def _e2e_result(variant: tuple[str, str], best: dict[str, dict[str, int]], common: dict[str, str],
+                times: dict[tuple[str, str], dict[int, list[float]]], errors: dict[tuple[str, str], str],
+                losses: dict[tuple[str, str], float], peaks: dict[tuple[str, str], float],
+                profiles: dict[tuple[str, str], list[dict[str, Any]]], *, tokens: int) -> dict[str, Any]:
+    """A variant's result row: its median step and quantiles over every round, or the error that stopped it."""
+    ops_name, mode = variant
+    per_step = [(r, t) for r, ts in times[variant].items() for t in ts]
+    ts = [t for _, t in per_step]
+    base = _e2e_row(ops_name, mode, best, common)
+    if variant in errors:  # its timed steps (if any) are incomplete: not reported as a result
+        return {**base, "error": errors[variant]}
+    ts_sorted = sorted(ts)
+    q = lambda f: ts_sorted[min(len(ts_sorted) - 1, int(f * (len(ts_sorted) - 1) + 0.5))]  # noqa: E731
+    med = statistics.median(ts)
+    return {**base, "median_ms": med, "p20_ms": q(0.2), "p80_ms": q(0.8),
+            "tokens_per_s": tokens / (med * 1e-3), "peak_mem_gib": peaks[variant],
+            "loss": losses[variant], "profile": profiles.get(variant),
+            "note": _paired_note(times, variant),
+            "steps": [{"round": r, "step": i, "ms": t} for i, (r, t) in enumerate(per_step)]}
 
 
 def _paired_note(times: dict[tuple[str, str], dict[int, list[float]]], variant: tuple[str, str]) -> str:

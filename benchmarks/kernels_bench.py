@@ -121,15 +121,7 @@ def run(args: argparse.Namespace, dev) -> int:
             rows += _bench_case(case, providers, args, ceiling, common, log, device)
     df = pd.DataFrame(rows)
     best = _best_launch(df)
-    main_best: dict[str, dict[str, int]] = {}
-    # the end-to-end step's parameters: the main model's shapes, the fused residual add's RMSNorm last (so its
-    # best wins: the fused-add norms are all but one of the step's norms when the adds are fused)
-    for shape, per_kernel in sorted(best.items(), key=lambda kv: "fused add" in kv[0]):
-        if shape.startswith(setup.MAIN_MODEL):
-            main_best.update(per_kernel)
-    if args.launch:  # launch parameters measured by an earlier run fill in the kernels this run did not sweep
-        earlier = json.loads(Path(args.launch).read_text())["loongforge.compute_domain.kernels"]
-        main_best = {**earlier, **main_best}
+    main_best = _main_launch(best, args.launch)
     if args.e2e and (args.e2e_isolation == "process" or (args.e2e_isolation == "auto" and device.cuda)):
         log(f"end to end {setup.E2E_PRESET} {setup.BATCH}x{setup.SEQ}, one process per variant, Triton launch "
             f"parameters {main_best or 'defaults'}")
@@ -140,19 +132,7 @@ def run(args: argparse.Namespace, dev) -> int:
             f"{main_best or 'defaults'}")
         rows += _bench_e2e(main_best, args, common, log, device)
         df = pd.DataFrame(rows)
-    steps = [{"provider": r["provider"], **k, **common} for r in rows if r.get("steps") for k in r["steps"]]
-    if steps:  # every timed step of the end-to-end variants, with its round (paired comparisons)
-        pd.DataFrame(steps).to_csv(out / "e2e_steps.csv", index=False)
-        for r in rows:
-            if r.get("note", "").startswith("paired"):
-                log(f"  {r['provider']}: {r['note']}")
-    prof = [{"provider": r["provider"], "rank": i + 1, **k, **common}
-            for r in rows if r.get("profile") for i, k in enumerate(r["profile"])]
-    if prof:  # long format: one row per variant and kernel
-        pd.DataFrame(prof).to_csv(out / "e2e_profile.csv", index=False)
-        for provider, g in pd.DataFrame(prof).groupby("provider", sort=False):
-            log(f"  profile {provider}: " + "; ".join(f"{n[:40]} {ms:.2f} ms" for n, ms in
-                                                     zip(g["name"][:4], g["self_ms_per_step"][:4])))
+    prof = _write_e2e_steps(rows, common, out, log)
     df = df.reindex(columns=CSV_COLUMNS)
     df.to_csv(out / "kernels_bench.csv", index=False)
     (out / "best_launch.json").write_text(json.dumps(
@@ -171,6 +151,42 @@ def run(args: argparse.Namespace, dev) -> int:
           f"{', e2e_profile.csv' if prof else ''} "
           f"in {time.time() - t_start:.0f} s")
     return 0
+
+
+def _main_launch(best: dict[str, dict[str, dict[str, int]]], launch_file: str | None) -> dict[str, dict[str, int]]:
+    """The end-to-end step's launch parameters: the main model's shapes' best, the fused residual add's RMSNorm
+    last (so its best wins: the fused-add norms are all but one of the step's norms when the adds are fused); an
+    earlier run's file (``--launch``) fills in the kernels this run did not sweep."""
+    main_best: dict[str, dict[str, int]] = {}
+    for shape, per_kernel in sorted(best.items(), key=lambda kv: "fused add" in kv[0]):
+        if shape.startswith(setup.MAIN_MODEL):
+            main_best.update(per_kernel)
+    if launch_file:
+        earlier = json.loads(Path(launch_file).read_text())["loongforge.compute_domain.kernels"]
+        main_best = {**earlier, **main_best}
+    return main_best
+
+
+def _write_e2e_steps(rows: list[dict[str, Any]], common: dict[str, str], out: Path, log) -> bool:
+    """The end-to-end variants' timed steps with their rounds (``e2e_steps.csv``, for paired comparisons) and
+    their profiles (``e2e_profile.csv``, one row per variant and kernel), each logged in short; returns whether a
+    profile was written."""
+    import pandas as pd
+
+    steps = [{"provider": r["provider"], **k, **common} for r in rows if r.get("steps") for k in r["steps"]]
+    if steps:
+        pd.DataFrame(steps).to_csv(out / "e2e_steps.csv", index=False)
+        for r in rows:
+            if r.get("note", "").startswith("paired"):
+                log(f"  {r['provider']}: {r['note']}")
+    prof = [{"provider": r["provider"], "rank": i + 1, **k, **common}
+            for r in rows if r.get("profile") for i, k in enumerate(r["profile"])]
+    if prof:
+        pd.DataFrame(prof).to_csv(out / "e2e_profile.csv", index=False)
+        for provider, g in pd.DataFrame(prof).groupby("provider", sort=False):
+            log(f"  profile {provider}: " + "; ".join(f"{n[:40]} {ms:.2f} ms" for n, ms in
+                                                     zip(g["name"][:4], g["self_ms_per_step"][:4])))
+    return bool(prof)
 
 
 def _e2e_worker(args: argparse.Namespace, dev) -> int:

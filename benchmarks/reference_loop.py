@@ -27,7 +27,9 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -65,7 +67,7 @@ def apply_recipe(model: Llama) -> list[str]:
     return converted
 
 
-def main(argv: list[str] | None = None) -> dict:
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("--preset", default="gr00t-n1.6")
     p.add_argument("--micro-batch", type=int, default=8)
@@ -78,34 +80,36 @@ def main(argv: list[str] | None = None) -> dict:
                    help="torchtitan's single-GPU FP8 recipe: torchao float8 tensorwise + per-block compile")
     p.add_argument("--data", default="/tmp/reference_tokens.bin")
     p.add_argument("--json")
-    a = p.parse_args(argv)
+    return p
 
-    torch.manual_seed(0)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    args = get_preset(a.preset)
-    data_path = Path(a.data)
-    if not data_path.exists():
-        docs = generate_documents(SynthSpec(vocab_size=min(args.vocab_size, 65535), num_docs=2000, seed=0))
-        write_bin(docs, data_path, eos_id=min(args.vocab_size, 65535) - 1)
-    data = np.memmap(data_path, dtype=np.uint16, mode="r")
-    B, T = a.micro_batch, a.seq_len
-    G = a.global_batch or B
-    if G < B:
-        p.error(f"--global-batch {G} is smaller than --micro-batch {B}")
-    if a.compile and a.recipe:
-        p.error("--compile and --recipe are two references; pass one")
-    sizes = [B] * (G // B) + ([G % B] if G % B else [])  # micro-batches of one optimizer step
 
+def _token_file(path: Path, vocab_size: int) -> np.memmap:
+    """The flat uint16 token file, written once from the synthetic corpus when it is missing."""
+    if not path.exists():
+        docs = generate_documents(SynthSpec(vocab_size=min(vocab_size, 65535), num_docs=2000, seed=0))
+        write_bin(docs, path, eos_id=min(vocab_size, 65535) - 1)
+    return np.memmap(path, dtype=np.uint16, mode="r")
+
+
+def _batches(data: np.memmap, T: int, device: torch.device) -> Callable[[int], torch.Tensor]:
+    """nanoGPT's ``get_batch``: ``b`` random windows of ``T`` tokens, pinned and copied non-blocking on CUDA."""
     rng = np.random.default_rng(0)  # the same windows in every run: variants see the same data
 
-    def get_batch(b: int):  # nanoGPT: random windows, pinned, non_blocking
+    def get_batch(b: int) -> torch.Tensor:
         ix = rng.integers(0, len(data) - T - 1, b)
         x = torch.from_numpy(np.stack([data[i:i + T].astype(np.int64) for i in ix]))
         if device.type == "cuda":
             return x.pin_memory().to(device, non_blocking=True)
         return x
 
-    model = Llama(args).to(device)
+    return get_batch
+
+
+def _train_step(a: argparse.Namespace, model: Llama, device: torch.device, sizes: list[int], T: int,
+                get_batch: Callable[[int], torch.Tensor]) -> tuple[Callable[[torch.Tensor], Any], list[str]]:
+    """One optimizer step over the micro-batches ``sizes`` (the first one's tokens given, the next ones fetched
+    ahead), with fused AdamW, bf16 autocast on CUDA and the variant's compile or recipe; returns it and the
+    Linears the recipe converted to FP8."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.95), weight_decay=0.1,
                             fused=device.type == "cuda")
     pos = {b: torch.arange(T, device=device).expand(b, T) for b in set(sizes)}
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict:
     elif a.recipe:
         fp8_linears = apply_recipe(model)
     amp = torch.autocast(device.type, torch.bfloat16, enabled=device.type == "cuda")
-    denom = G * (T - 1)  # every target of the step counts once: micro-batches of unequal size weigh by tokens
+    denom = sum(sizes) * (T - 1)  # every target of the step counts once: micro-batches of unequal size weigh by tokens
 
     def step(x):
         total = 0.0
@@ -134,17 +138,24 @@ def main(argv: list[str] | None = None) -> dict:
         opt.zero_grad(set_to_none=True)
         return total
 
-    x = get_batch(sizes[0])
-    for _ in range(a.warmup):
+    return step, fp8_linears
+
+
+def _timed_steps(step: Callable[[torch.Tensor], Any], get_batch: Callable[[int], torch.Tensor], first: int,
+                 warmup: int, steps: int, device: torch.device) -> tuple[list[float], float, Any]:
+    """``warmup`` untimed steps, then ``steps`` timed ones (CUDA events, read back once at the end; host times on
+    the CPU); returns each step's seconds, the wall time of the timed steps and the last loss."""
+    x = get_batch(first)
+    for _ in range(warmup):
         step(x)
-        x = get_batch(sizes[0])
+        x = get_batch(first)
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
     cuda = device.type == "cuda"
     stamps = []  # CUDA events (no sync inside the loop) or host times
     t0 = time.perf_counter()
-    for _ in range(a.steps):
+    for _ in range(steps):
         if cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
@@ -152,7 +163,7 @@ def main(argv: list[str] | None = None) -> dict:
         else:
             stamps.append(time.perf_counter())
         loss = step(x)
-        x = get_batch(sizes[0])
+        x = get_batch(first)
     if cuda:
         ev = torch.cuda.Event(enable_timing=True)
         ev.record()
@@ -162,7 +173,29 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         stamps.append(time.perf_counter())
         times = [b_ - a_ for a_, b_ in zip(stamps, stamps[1:])]
-    wall = time.perf_counter() - t0
+    return times, time.perf_counter() - t0, loss
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = _parser()
+    a = p.parse_args(argv)
+
+    torch.manual_seed(0)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    args = get_preset(a.preset)
+    data = _token_file(Path(a.data), args.vocab_size)
+    B, T = a.micro_batch, a.seq_len
+    G = a.global_batch or B
+    if G < B:
+        p.error(f"--global-batch {G} is smaller than --micro-batch {B}")
+    if a.compile and a.recipe:
+        p.error("--compile and --recipe are two references; pass one")
+    sizes = [B] * (G // B) + ([G % B] if G % B else [])  # micro-batches of one optimizer step
+
+    get_batch = _batches(data, T, device)
+    model = Llama(args).to(device)
+    step, fp8_linears = _train_step(a, model, device, sizes, T, get_batch)
+    times, wall, loss = _timed_steps(step, get_batch, sizes[0], a.warmup, a.steps, device)
     tok_s = a.steps * G * T / wall
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else None
     peak = peak_tflops(name)

@@ -268,16 +268,22 @@ class ShardSet:
                                    f"corrupt; re-run `python -m loaders.preprocess`")
 
     def _check_structure(self) -> None:
-        """The index's structure (the rules of loaders.verify's check 1); the first bad item is named."""
-        max_len = int(self.manifest.get("max_len", int(np.max(self.bucket_length)) if self.n_buckets else 0))
-        idx = self.root / INDEX_NAME
+        """The index's structure (the rules of loaders.verify's check 1); the first bad item is named. In order:
+        the buckets, each bucket's frames and data file, then the records of every frame."""
         nb, nf, nr = self.n_buckets, self.n_frames, self.n_records
-
-        def bad(what: str) -> ShardFormatError:
-            return ShardFormatError(f"{idx}: {what}")
-
         if nb == 0 or nf == 0 or nr == 0:
-            raise bad(f"empty ({nb} buckets, {nf} frames, {nr} records)")
+            raise self._index_error(f"empty ({nb} buckets, {nf} frames, {nr} records)")
+        lengths, f0, nfr = self._check_buckets()
+        self._check_bucket_frames(lengths, f0, nfr)
+        self._check_records(lengths)
+
+    def _index_error(self, what: str) -> ShardFormatError:
+        return ShardFormatError(f"{self.root / INDEX_NAME}: {what}")
+
+    def _check_buckets(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Bucket lengths rise; each bucket's frames are a non-empty range right after the previous bucket's, and
+        together they are every frame. Returns the lengths, first frames and frame counts."""
+        nb, nf, bad = self.n_buckets, self.n_frames, self._index_error
         lengths = np.asarray(self.bucket_length, np.int64)
         if np.any(np.diff(lengths) <= 0):
             b = int(np.flatnonzero(np.diff(lengths) <= 0)[0]) + 1
@@ -291,9 +297,12 @@ class ShardSet:
                           f"starting at {want_f0[b]}")
         if int(nfr.sum()) != nf:
             raise bad(f"bucket.nframes add up to {int(nfr.sum())}, the header says {nf} frames")
-        per_tok, per_rec = self.bytes_per_token, self.bytes_per_record
+        return lengths, f0, nfr
 
-        for b in range(nb):  # frames of a bucket are back to back and fill its data file exactly
+    def _check_bucket_frames(self, lengths: np.ndarray, f0: np.ndarray, nfr: np.ndarray) -> None:
+        """The frames of a bucket are back to back and fill its data file exactly."""
+        bad = self._index_error
+        for b in range(self.n_buckets):
             a, z = int(f0[b]), int(f0[b] + nfr[b])
             fb = np.asarray(self.frame_bucket[a:z], np.int64)
             if np.any(fb != b):
@@ -310,8 +319,14 @@ class ShardSet:
             if size < end:  # trailing bytes are harmless to a reader; loaders.verify names them
                 raise ShardFormatError(f"{path}: {size} bytes, its {z - a} frames add up to {end} (truncated)")
 
+    def _check_records(self, lengths: np.ndarray) -> None:
+        """Records, a block of frames at a time: numbered in order, back to back in their frame, each in the
+        bucket of its length, and the frame's decoded size is what its records hold."""
+        nf, nr, bad = self.n_frames, self.n_records, self._index_error
+        max_len = int(self.manifest.get("max_len", int(np.max(self.bucket_length)) if self.n_buckets else 0))
+        per_tok, per_rec = self.bytes_per_token, self.bytes_per_record
         next_rec = 0
-        for fa in range(0, nf, _CHECK_FRAME_BLOCK):  # records: numbering, offsets, lengths, buckets
+        for fa in range(0, nf, _CHECK_FRAME_BLOCK):
             fz = min(nf, fa + _CHECK_FRAME_BLOCK)
             first = np.asarray(self.frame_first_rec[fa:fz], np.int64)
             nrec = np.asarray(self.frame_n_rec[fa:fz], np.int64)

@@ -243,12 +243,7 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
         _log(quiet, f"removed {p} (left by an interrupted run)")
     files = [open_input(p, eos_id=cfg.eos_id, bin_dtype=cfg.bin_dtype) for p in inputs]
 
-    vocab = cfg.vocab_size
-    if vocab is None:
-        top = max(f.max_id() for f in files)
-        vocab = max(top, cfg.eos_id if cfg.eos_id is not None else -1) + 1
-        warnings.warn(f"--vocab-size not given: inferred {vocab} (max id + 1) from the inputs; pass "
-                      f"--vocab-size to fix the token dtype and reject out-of-range ids", stacklevel=2)
+    vocab = cfg.vocab_size if cfg.vocab_size is not None else _inferred_vocab(files, cfg.eos_id)
 
     created = missing_ancestors(out)
     counts = _Counts()
@@ -268,23 +263,10 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
                 counts.input_tokens += f.tokens
             _log(quiet, f"read {counts.documents_read:,} documents ({counts.input_tokens:,} tokens) in "
                         f"{t_read:.1f} s; training dictionaries and compressing {writer.n_records:,} records...")
-            flags = {k: int(v) if _is_int(v) else v for k, v in asdict(cfg).items()}
-            flags["vocab_size_inferred"] = cfg.vocab_size is None
-            extra = {"preprocess": {
-                "inputs": [{"path": str(f.path.resolve()), "format": f.format, "bytes": f.nbytes,
-                            "documents": f.documents, "empty_documents": f.empty_documents,
-                            "tokens": f.tokens} for f in files],
-                "flags": flags, **asdict(counts), "read_s": round(t_read, 3),
-            }, "tokenizer": tokenizer}
+            extra = {"preprocess": _preprocess_record(cfg, files, counts, t_read), "tokenizer": tokenizer}
 
             def finish(manifest: dict) -> None:
-                elapsed = time.perf_counter() - t0
-                manifest["preprocess"]["elapsed_s"] = round(elapsed, 3)
-                manifest["preprocess"]["tokens_per_s"] = round(counts.input_tokens / elapsed, 1)
-                # the same stored bytes against the input files as they are on disk (headers, EOS, their dtype)
-                c = manifest["compression"]
-                c["input_file_bytes"] = total_bytes
-                c["ratio_input_files"] = round(total_bytes / c["stored_bytes"], 4)
+                _add_totals(manifest, time.perf_counter() - t0, counts, total_bytes)
 
             with _StageBars(quiet) as bars:
                 return writer.close(extra_manifest=extra, on_manifest=finish, progress=bars)
@@ -295,6 +277,36 @@ def preprocess(inputs: list[str], output: str, *, bucket_width: int = 128, min_l
             except OSError:
                 break
         raise
+
+
+def _inferred_vocab(files: list[InputFile], eos_id: int | None) -> int:
+    """The vocabulary when --vocab-size is not given: the largest id of the inputs (or the EOS id) + 1, warned."""
+    top = max(f.max_id() for f in files)
+    vocab = max(top, eos_id if eos_id is not None else -1) + 1
+    # stacklevel 3: the warning points at preprocess()'s caller, as it did when preprocess() warned itself
+    warnings.warn(f"--vocab-size not given: inferred {vocab} (max id + 1) from the inputs; pass "
+                  f"--vocab-size to fix the token dtype and reject out-of-range ids", stacklevel=3)
+    return vocab
+
+
+def _preprocess_record(cfg: PreprocessConfig, files: list[InputFile], counts: _Counts, t_read: float) -> dict:
+    """The manifest's ``preprocess`` entry as the inputs are read: each input, the flags, the counts."""
+    flags = {k: int(v) if _is_int(v) else v for k, v in asdict(cfg).items()}
+    flags["vocab_size_inferred"] = cfg.vocab_size is None
+    return {"inputs": [{"path": str(f.path.resolve()), "format": f.format, "bytes": f.nbytes,
+                        "documents": f.documents, "empty_documents": f.empty_documents,
+                        "tokens": f.tokens} for f in files],
+            "flags": flags, **asdict(counts), "read_s": round(t_read, 3)}
+
+
+def _add_totals(manifest: dict, elapsed: float, counts: _Counts, total_bytes: int) -> None:
+    """The run's time and rate, and the stored bytes against the input files as they are on disk (headers, EOS,
+    their dtype), added to the manifest once the shards are written."""
+    manifest["preprocess"]["elapsed_s"] = round(elapsed, 3)
+    manifest["preprocess"]["tokens_per_s"] = round(counts.input_tokens / elapsed, 1)
+    c = manifest["compression"]
+    c["input_file_bytes"] = total_bytes
+    c["ratio_input_files"] = round(total_bytes / c["stored_bytes"], 4)
 
 
 def _read_all(files: list[InputFile], records: _Records, vocab: int, check_vocab: bool,

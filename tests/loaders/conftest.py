@@ -1,11 +1,12 @@
-"""Fixtures of the vla record tests: a small synthetic VLA corpus and its shard directory."""
+"""Fixtures of the loader tests: the token shard set of the pipeline's tests (test_pipeline.py,
+test_pipeline_config.py), and a small synthetic VLA corpus and its shard directory (the vla record tests)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from loaders.format import VLAShardWriter
+from loaders.format import ShardSet, ShardWriter, VLAShardWriter
 from loaders.synth import VLASynthSpec, generate_vla
 
 # Small enough for the CPU suite; a non-square image so that a swapped H and W cannot pass, and ~3 KB records so
@@ -36,3 +37,24 @@ def vla_dir(tmp_path_factory, vla_data):
     out = tmp_path_factory.mktemp("vla") / "shards"
     write_vla(out, vla_data)
     return out
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory):
+    """2,000 records of 1..512 tokens, 4 buckets of width 128, 64 KiB frames (~37 frames)."""
+    out = tmp_path_factory.mktemp("pipeline") / "shards"
+    rng = np.random.default_rng(7)
+    with ShardWriter(out, vocab_size=1000, bucket_width=128, max_len=512, zstd_level=3, frame_bytes=64 * 1024,
+                     compare_baselines=False) as w:
+        for _ in range(2000):
+            n = int(rng.integers(1, 513))
+            doc = int(rng.integers(16, 300))  # packed documents: positions restart every `doc` tokens
+            w.add(rng.integers(0, 1000, n).astype(np.uint16), loss_mask=(rng.random(n) < 0.9).astype(np.uint8),
+                  position_ids=np.arange(n) % doc)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shards(shard_dir):
+    with ShardSet(shard_dir) as ss:
+        yield ss

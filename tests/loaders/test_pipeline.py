@@ -1,5 +1,5 @@
-"""loaders.pipeline: the epoch plan, batch contents, resume, the staging guard, errors, metrics and building
-from a workbench config."""
+"""loaders.pipeline: the epoch plan, batch contents, resume, the staging guard, errors, metrics, fill packing
+(building one from a workbench config: test_pipeline_config.py; the shard set: conftest.py)."""
 
 from __future__ import annotations
 
@@ -15,31 +15,9 @@ import torch
 from loaders.format import ShardFormatError, ShardSet, ShardWriter
 from loaders.pipeline import BatchPipeline, EpochPlan, FillPlan, default_block_bytes, plan_buckets, record_frames
 from loaders.reader import probe_io_uring
-from workbench.config import Config, merge_overrides
 
 MB = 8  # micro-batch of every test here
 URING_BACKEND = "io_uring" if probe_io_uring()[0] else "threadpool"
-
-
-@pytest.fixture(scope="module")
-def shard_dir(tmp_path_factory):
-    """2,000 records of 1..512 tokens, 4 buckets of width 128, 64 KiB frames (~37 frames)."""
-    out = tmp_path_factory.mktemp("pipeline") / "shards"
-    rng = np.random.default_rng(7)
-    with ShardWriter(out, vocab_size=1000, bucket_width=128, max_len=512, zstd_level=3, frame_bytes=64 * 1024,
-                     compare_baselines=False) as w:
-        for _ in range(2000):
-            n = int(rng.integers(1, 513))
-            doc = int(rng.integers(16, 300))  # packed documents: positions restart every `doc` tokens
-            w.add(rng.integers(0, 1000, n).astype(np.uint16), loss_mask=(rng.random(n) < 0.9).astype(np.uint8),
-                  position_ids=np.arange(n) % doc)
-    return out
-
-
-@pytest.fixture(scope="module")
-def shards(shard_dir):
-    with ShardSet(shard_dir) as ss:
-        yield ss
 
 
 @pytest.fixture(scope="module")
@@ -541,66 +519,3 @@ def test_cuda_fill_batches_match_the_cpu_ones(shards):
     for b, r in zip(got, ref):
         assert b.input_ids.is_cuda and b.real_tokens == b.padded_tokens == MB * 128
         assert all(torch.equal(x.cpu(), y) for x, y in zip((b.input_ids, b.position_ids, b.loss_mask), r))
-
-
-# --------------------------------------------------------------------------- from a workbench config
-
-
-def _sections(**overrides):
-    """The data, io and memory sections of a validated workbench Config, with settings unlike the defaults."""
-    cfg = merge_overrides(Config(), {
-        "data.micro_batch_size": MB, "data.seq_len": 512, "data.bucket_width": 256, "data.num_workers": 1,
-        "data.prefetch_batches": 3, "data.shuffle_window_frames": 2,
-        "loongforge.io_domain.io_backend": "threadpool", "loongforge.io_domain.io_uring_entries": 16,
-        "loongforge.io_domain.read_threads": 3, "loongforge.memory_domain.num_staging_blocks": 3,
-        "loongforge.memory_domain.pinned_block_kb": 64, **overrides})
-    return cfg.data, cfg.loongforge.io_domain, cfg.loongforge.memory_domain
-
-
-def test_from_config_reads_the_sections_own_names(shards, shard_dir):
-    d, io, mem = _sections()
-    with BatchPipeline.from_config(d, io, mem, seed=5, device="cpu", shards=shards, epochs=1) as pl:
-        assert (pl.micro_batch, pl.seed, pl.num_workers, pl.prefetch_batches, pl.shuffle_window_frames) == \
-            (MB, 5, 1, 3, 2)
-        assert pl.bucket_width == 256 and pl.packing == "bucket" and pl.seq_len is None
-        assert pl.batch_lengths() == [512, 256]
-        assert (pl.reader.name, pl.reader.depth, pl.reader.threads) == ("threadpool", 16, 3)
-        assert len(pl.ring) == 3 and pl.ring.block_bytes == 64 * 1024
-        got = [b.record_ids.copy() for b in pl]
-    with BatchPipeline(shards, micro_batch=MB, seed=5, bucket_width=256, shuffle_window_frames=2, epochs=1,
-                       io_backend="threadpool") as pl:  # the same plan built by hand
-        assert all(np.array_equal(a, b.record_ids) for a, b in zip(got, pl, strict=True))
-
-    d, io, mem = _sections(**{"data.packing": "fill", "data.seq_len": 128, "data.bucket_width": 64})
-    with BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", shards=shards) as pl:
-        assert pl.packing == "fill" and pl.seq_len == 128 and pl.batch_lengths() == [128]
-
-    # the shards of data.loongbin_dir (opened and closed by the pipeline); an override wins over the config
-    d, io, mem = _sections(**{"data.loongbin_dir": str(shard_dir)})
-    with BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", num_workers=0, num_staging_blocks=2) as pl:
-        assert pl.shards.root == shard_dir and pl.num_workers == 0 and len(pl.ring) == 2
-        assert next(pl).length in (256, 512)
-
-
-def test_from_config_errors_name_the_config_keys(shards):
-    d, io, mem = _sections(**{"data.micro_batch_size": 100_000})
-    with pytest.raises(ValueError, match=r"^data\.micro_batch_size=100000: no bucket holds that many records"):
-        BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", shards=shards)
-    d, io, mem = _sections(**{"loongforge.memory_domain.pinned_block_kb": 4})
-    with pytest.raises(ValueError, match=r"^loongforge\.memory_domain\.pinned_block_kb=4\b.*"
-                                         r"need loongforge\.memory_domain\.pinned_block_kb >= 36"):
-        BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", shards=shards)
-    d, io, mem = _sections(**{"data.packing": "fill", "data.seq_len": 10**6})
-    with pytest.raises(ValueError, match=r"^data\.micro_batch_size=8, data\.seq_len=1000000: the epoch's"):
-        BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", shards=shards)
-    d, io, mem = _sections()
-    io.io_uring_entries = 0  # edited in place, past the config's own validation
-    with pytest.raises(ValueError, match=r"^loongforge\.io_domain\.io_uring_entries=0: expected an int >= 1"):
-        BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", shards=shards)
-    d, io, mem = _sections()
-    with pytest.raises(ValueError, match=r"^num_workers=-1: "):  # an override keeps the caller's name
-        BatchPipeline.from_config(d, io, mem, seed=0, device="cpu", shards=shards, num_workers=-1)
-    with pytest.raises(ValueError, match=r"^data\.loongbin_dir is not set"):
-        BatchPipeline.from_config(d, io, mem, seed=0, device="cpu")
-    with pytest.raises(TypeError, match=r"^data\.micro_batch_size: the data section given \(object\)"):
-        BatchPipeline.from_config(object(), io, mem, seed=0, device="cpu", shards=shards)

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from reports import build_report
-from test_report import SECTION_IDS, make_study
+from study_fixture import make_study
+from test_report import SECTION_IDS
 from test_report_gpu import add_gpu_trace
 
 CHROMIUM = Path("/usr/bin/chromium")

@@ -112,7 +112,7 @@ def test_the_built_in_loop_and_the_run_api_write_one_failure_record(tmp_path, su
     import sys
 
     from workbench.config import ConfigError
-    from workbench.train.session import failure_record, write_failure
+    from workbench.train.context import failure_record, write_failure
 
     class _Deep(ConfigError):
         pass

@@ -12,7 +12,7 @@ from typing import Any
 
 __all__ = ["NanLossError", "Trainer", "build_model_args", "load_run_config", "synthetic_data_dir"]
 
-_WHERE = {"NanLossError": "workbench.train.session", "Trainer": "workbench.train.trainer",
+_WHERE = {"NanLossError": "workbench.train.context", "Trainer": "workbench.train.trainer",
           "build_model_args": "workbench.train.trainer", "load_run_config": "workbench.train.run",
           "synthetic_data_dir": "workbench.train.run"}
 

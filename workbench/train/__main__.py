@@ -40,11 +40,9 @@ import argparse  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import sys  # noqa: E402
-import traceback  # noqa: E402
-from pathlib import Path  # noqa: E402
 
 from workbench.config.schema import MODEL_PRESETS  # noqa: E402
-from workbench.files import write_json  # noqa: E402
+from workbench.train.context import RunContext  # noqa: E402  (no torch: the heartbeat comes before it)
 from workbench.vocab import EXIT_CODES  # noqa: E402
 
 __all__ = ["main", "parse_args"]
@@ -101,42 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     # restores this one, a reload request is ignored with one line
     signal.signal(signal.SIGUSR1, _ignore_sigusr1)
     args = parse_args(argv)
-    if args.heartbeat:
-        # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of
-        # torch and the loop, which take seconds on a loaded host; compiling may take a while after it
-        Path(args.heartbeat).write_text("0")
-    from workbench.train.run import load_run_config, print_summary, run
-    from workbench.train.session import failure_record, write_failure
+    # the trial contract's files and signals are the run context's; --out gets failure.json
+    context = RunContext(heartbeat=args.heartbeat, summary=args.summary, failure_dir=args.out)
+    # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of torch
+    # and the loop, which take seconds on a loaded host; compiling may take a while after it
+    context.beat(0)
+    from workbench.train.run import run_command
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(name)s: %(message)s")
-    out = Path(args.out) if args.out else None
-    try:
-        if args.print_config:  # what a run would train with, as a file it loads: nothing runs
-            from workbench.config import dumps_config
-
-            sys.stdout.write(dumps_config(load_run_config(args)))
-            return 0
-        summary = run(args)
-    except BaseException as e:  # noqa: BLE001 - classified, recorded, re-exit with its code
-        if isinstance(e, SystemExit):
-            raise
-        record = failure_record(e)
-        kind, msg = record["kind"], record["message"]
-        print(f"error ({kind}): {msg}", file=sys.stderr)
-        # a crash is a bug to report: its traceback goes to the log; a file the run cannot read or write is not
-        if args.debug or (kind == "crash" and not isinstance(e, OSError)):
-            traceback.print_exc()
-        if out:
-            try:
-                write_failure(out, e)
-            except OSError as werr:  # the output directory itself may be what failed: the line above says it
-                print(f"  (failure.json not written: {werr.strerror or werr}: {werr.filename or out})",
-                      file=sys.stderr)
-        return EXIT_CODES[kind]
-    if args.summary:
-        write_json(args.summary, summary, default=str)
-    print_summary(summary)
-    return EXIT_CODES["interrupted"] if summary.get("interrupted") else 0
+    return EXIT_CODES[run_command(args, context)]
 
 
 if __name__ == "__main__":

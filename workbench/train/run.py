@@ -1,29 +1,30 @@
-"""What ``python -m workbench.train`` runs: the config with its overrides, the synthetic corpus when no shards are
-given, the Trainer, and the failure kind of an exception (the exit codes of workbench.vocab)."""
+"""What ``python -m workbench.train`` runs once its arguments are parsed: the config with its overrides, the
+synthetic corpus when no shards are given, the Trainer inside the run context, and the run's outcome (a key of
+workbench.vocab's exit codes)."""
 
 from __future__ import annotations
 
 import argparse
 import fcntl
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 from loaders.preprocess import preprocess
 from loaders.synth import SynthSpec, VLASynthSpec, generate_documents, write_npy, write_vla_shards
-from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, load_config, merge_overrides, parse_overrides,
-                              preset_config)
+from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, dumps_config, load_config, merge_overrides,
+                              parse_overrides, preset_config)
 from workbench.train.hf import save_hf
 from workbench.train.reload import ConfigSource
-from workbench.train.session import classify_exception
+from workbench.train.context import RunContext, classify_exception
 from workbench.train.trainer import Trainer, build_model_args
 from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
 from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, REAL_TOKENS_PER_S, STEP_S
 
-__all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "synthetic_data_dir",
-           "synthetic_dir_for", "synthetic_vla_dir"]
+__all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "run_command",
+           "synthetic_data_dir", "synthetic_dir_for", "synthetic_vla_dir"]
 
 # A synthetic corpus is stored at a fine bucket width; the run's data.bucket_width
 # groups stored buckets, so tuning the width needs no re-preprocessing.
@@ -116,7 +117,26 @@ def load_run_config(args: argparse.Namespace):
     return cfg
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run_command(args: argparse.Namespace, context: RunContext) -> str:
+    """``python -m workbench.train`` with its parsed ``args``: the run (or ``--print-config``) in ``context``, whose
+    summary file gets the summary and whose failure file an exception's kind (told in one line on stderr); returns
+    the outcome: ``ok``, ``interrupted`` or the failure kind (a key of ``workbench.vocab.EXIT_CODES``)."""
+    try:
+        if args.print_config:  # what a run would train with, as a file it loads: nothing runs
+            sys.stdout.write(dumps_config(load_run_config(args)))
+            return "ok"
+        summary = run(args, context)
+    except BaseException as e:  # noqa: BLE001 - classified, recorded, told; the CLI exits with its code
+        if isinstance(e, SystemExit):
+            raise
+        return context.tell_failure(e, debug=args.debug)
+    context.finish(summary)
+    print_summary(summary)
+    return "interrupted" if summary.get("interrupted") else "ok"
+
+
+def run(args: argparse.Namespace, context: RunContext | None = None) -> dict[str, Any]:
+    """Train as ``args`` say, inside ``context`` (its signals and heartbeat; none: no files); returns the summary."""
     cfg = load_run_config(args)
     data_dir = None
     if not cfg.data.loongbin_dir:
@@ -126,7 +146,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         data_dir = synthetic_dir_for(cfg, args.synthetic_packing)
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
-    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, heartbeat=args.heartbeat, config_source=source,
+    trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, context=context, config_source=source,
                       trust_checkpoint=getattr(args, "trust_checkpoint", False),
                       echo=not getattr(args, "quiet", False))
     try:

@@ -1,7 +1,9 @@
 """The measurement side of one training process, shared by the built-in Trainer and a loop of one's own: phases
-timed by the :class:`PhaseTimer` (an NVTX range and a CUDA event each, no host sync inside a step), the heartbeat,
-the windows (``metrics.jsonl``, ``phases.csv``, Prometheus, a progress line), the NaN check and the run's throughput
-summary. These files are the trial contract the tuner reads (docs/trial-contract.md).
+timed by the :class:`PhaseTimer` (an NVTX range and a CUDA event each, no host sync inside a step), the windows
+(``metrics.jsonl``, ``phases.csv``, Prometheus, a progress line), the NaN check and the run's throughput summary,
+beating the heartbeat of its :class:`~workbench.train.context.RunContext` after each step. The context owns the
+rest of the trial contract the tuner reads (docs/trial-contract.md): the signals, the heartbeat, the summary and
+the failure file.
 
 A loop of one's own uses it through :func:`run`::
 
@@ -26,8 +28,6 @@ import contextlib
 import logging
 import math
 import os
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -35,10 +35,9 @@ from typing import Any
 
 import torch
 
-from loaders.format import ShardFormatError
-from workbench.config import Config, ConfigError, load_config
-from workbench.errors import DiskError
-from workbench.files import write_json
+from workbench.config import Config, load_config
+from workbench.train.context import (NanLossError, RunContext, StopSignals, classify_exception, failure_record,
+                                     write_failure)
 from workbench.train.flops import peak_tflops
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
 from workbench.train.profiling import StepProfiler
@@ -48,17 +47,14 @@ from workbench.vocab import (COMM_OVERLAP_PCT, COMM_TOTAL_S, MAX_RESERVED_GIB, M
 
 log = logging.getLogger("workbench")
 
-__all__ = ["CONFIG_ENV", "OUT_ENV", "NanLossError", "Run", "RunSession", "StopSignals", "classify_exception",
-           "failure_record", "progress_line", "resolve_device", "run", "write_failure"]
+# the run context's names stay importable from here, where the run API lives
+__all__ = ["CONFIG_ENV", "OUT_ENV", "NanLossError", "Run", "RunContext", "RunSession", "StopSignals",
+           "classify_exception", "failure_record", "progress_line", "resolve_device", "run", "write_failure"]
 
 CONFIG_ENV = "WORKBENCH_CONFIG"
 """The environment variable holding the trial's config.yaml (set by the tuner for a study's ``trainer.command``)."""
 OUT_ENV = "WORKBENCH_OUT"
 """The environment variable holding the trial's directory: heartbeat, metrics.jsonl, summary.json, failure.json."""
-
-
-class NanLossError(RuntimeError):
-    """The loss became NaN or infinite."""
 
 
 def resolve_device(cfg: Config) -> torch.device:
@@ -82,7 +78,7 @@ class RunSession:
     """
 
     def __init__(self, cfg: Config, *, device: torch.device, out_dir: str | Path | None = None,
-                 heartbeat: str | Path | None = None, world: int = 1, rank: int = 0,
+                 context: RunContext | None = None, world: int = 1, rank: int = 0,
                  peak_tflops: float | None = None, total_steps: int | None = None, prometheus: Any = None,
                  echo: bool = True) -> None:
         self.cfg, self.device, self.world, self.rank, self.peak = cfg, device, world, rank, peak_tflops
@@ -92,7 +88,7 @@ class RunSession:
                                      out_dir=Path(out_dir) if out_dir else None, device=device, enabled=rank == 0)
         self._step_range: contextlib.AbstractContextManager[Any] | None = None
         self.writer = MetricsWriter(out_dir if rank == 0 else None)
-        self.heartbeat = Path(heartbeat) if heartbeat else None
+        self.context = context or RunContext()  # the heartbeat's owner (its file, if any)
         self.prom = prometheus
         self.total = total_steps or cfg.training.max_steps
         self.step = 0
@@ -124,8 +120,7 @@ class RunSession:
         self.timer.start()
 
     def beat(self) -> None:
-        if self.heartbeat is not None:
-            self.heartbeat.write_text(str(self.step))
+        self.context.beat(self.step)
 
     def begin_step(self) -> None:
         """The next step starts: the profiler starts before its first profiled step, and a profiled step is a
@@ -334,7 +329,8 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
 
     ``config`` defaults to ``$WORKBENCH_CONFIG`` (set by the tuner), else the default config; ``out`` to
     ``$WORKBENCH_OUT``, else no files. On leaving, it writes ``summary.json``; an exception writes
-    ``failure.json`` with its failure kind and propagates. SIGINT and SIGTERM set ``run.stop_requested``.
+    ``failure.json`` with its failure kind and propagates. SIGINT and SIGTERM set ``run.stop_requested``. The
+    files and signals are its :class:`RunContext`'s, as they are ``python -m workbench.train``'s.
     """
     if config is None:
         config = os.environ.get(CONFIG_ENV)
@@ -345,89 +341,24 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
         out_dir.mkdir(parents=True, exist_ok=True)
     # under torchrun (the command itself launches it when a study has gpus > 1) rank 0 alone writes the files
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    files = out_dir if rank == 0 else None
+    context = RunContext(heartbeat=files / "heartbeat" if files else None,
+                         summary=files / "summary.json" if files else None, failure_dir=files)
     device = resolve_device(cfg)
     peak = peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                        cfg.hardware.peak_tflops)  # MFU for the FLOPs run.step() is given
     session = RunSession(cfg, device=device, out_dir=out_dir, world=world, rank=rank, peak_tflops=peak,
-                         heartbeat=out_dir / "heartbeat" if out_dir and rank == 0 else None)
+                         context=context)
     handle = Run(cfg, session, out_dir)
-    stop = StopSignals()
     t0 = time.perf_counter()
-    with stop:
+    with context, context.stop_signals() as stop:  # an exception leaving the block: failure.json, and it goes on
         session.start()
         session.begin_step()
         try:
             yield handle
             session.close_window()
-        except BaseException as e:
-            if out_dir is not None and rank == 0:
-                write_failure(out_dir, e)
-            raise
         finally:
             handle.stop_requested = handle.stop_requested or stop.requested
             session.close()
-    summary = {**session.summary(), **handle.prepared, "elapsed_s": time.perf_counter() - t0,
-               "interrupted": handle.stop_requested}
-    if out_dir is not None and rank == 0:
-        write_json(out_dir / "summary.json", summary, default=str)
-
-
-class StopSignals:
-    """SIGINT and SIGTERM ask the loop to stop after its step (``requested``); a second one stops it at once
-    (KeyboardInterrupt). ``extra``: more signals and their handlers for the same span (the Trainer's SIGUSR1
-    reload). The handlers held before come back on leaving. Off the main thread, where Python delivers no signal,
-    it installs nothing. The one stop rule of the built-in loop and of ``workbench.run()``."""
-
-    def __init__(self, extra: Mapping[int, Callable[[int, Any], None]] | None = None) -> None:
-        self.requested = False
-        self.extra = dict(extra or {})
-        self._held: dict[int, Any] = {}
-
-    def _on_stop(self, signum: int, frame: Any) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __enter__(self) -> StopSignals:
-        if threading.current_thread() is threading.main_thread():
-            handlers = {signal.SIGINT: self._on_stop, signal.SIGTERM: self._on_stop, **self.extra}
-            self._held = {sig: signal.signal(sig, h) for sig, h in handlers.items()}
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        for sig, handler in self._held.items():
-            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
-        self._held = {}
-
-
-def failure_record(e: BaseException) -> dict[str, str]:
-    """failure.json's content for ``e``: its failure kind and ``<name>: <message>`` (a ConfigError raised as one of
-    its private subclasses is named ConfigError; LaunchConfigError keeps its name)."""
-    name = "ConfigError" if isinstance(e, ConfigError) and type(e).__name__.startswith("_") else type(e).__name__
-    return {"kind": classify_exception(e), "message": f"{name}: {e}"[:4000]}
-
-
-def write_failure(out_dir: Path, e: BaseException) -> dict[str, str]:
-    """Write ``out_dir/failure.json`` for ``e`` (the trial contract's record of why a run ended); returns it."""
-    record = failure_record(e)
-    write_json(out_dir / "failure.json", record, indent=None)
-    return record
-
-
-def classify_exception(e: BaseException) -> str:
-    """Map an exception to a failure kind (``workbench.vocab.FAILURE_KINDS``)."""
-    if isinstance(e, DiskError):  # a file could not be written: the machine's fault, not the config's
-        return "disk"
-    if isinstance(e, (ConfigError, ShardFormatError)):  # the config's data.loongbin_dir is unusable as it is
-        return "invalid_config"
-    if isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower():
-        return "oom"
-    if isinstance(e, NanLossError):
-        return "nan_loss"
-    mod = type(e).__module__ or ""
-    if mod.startswith(("torch._dynamo", "torch._inductor")) or "BackendCompilerFailed" in type(e).__name__ \
-            or mod.startswith("triton"):
-        return "compile_error"
-    if isinstance(e, KeyboardInterrupt):
-        return "interrupted"
-    return "crash"
+    context.finish({**session.summary(), **handle.prepared, "elapsed_s": time.perf_counter() - t0,
+                    "interrupted": handle.stop_requested})

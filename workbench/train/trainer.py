@@ -9,7 +9,6 @@ describes its options (compile, CUDA graphs, FP8, checkpointing, data parallelis
 from __future__ import annotations
 
 import logging
-import math
 import os
 import pickle
 import signal
@@ -35,9 +34,11 @@ from workbench.train.metrics import LaunchTimer, PrometheusExporter, StepRecord
 from workbench.train.hf import model_args
 from workbench.train.model import ModelArgs
 from workbench.train.ops import resolve
+from workbench.train.optim import build_optimizer, lr_at, set_lr
 from workbench.train.overlap import DDPCommTimer, OverlapScheduler, layer_units
 from workbench.train.reload import ConfigReloader, ConfigSource, ReloadRejected, carry_position
-from workbench.train.session import NanLossError, RunSession, StopSignals, resolve_device
+from workbench.train.context import NanLossError, RunContext
+from workbench.train.session import RunSession, resolve_device
 from workbench.train.workload import workload_for
 from workbench.vocab import COMPILE_S
 
@@ -79,7 +80,7 @@ class Trainer:
     """Builds everything from a Config; ``run()`` trains and returns the summary."""
 
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
-                 heartbeat: str | Path | None = None, config_source: ConfigSource | None = None,
+                 context: RunContext | None = None, config_source: ConfigSource | None = None,
                  trust_checkpoint: bool = False, echo: bool = True) -> None:
         self.cfg = cfg
         # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
@@ -103,7 +104,7 @@ class Trainer:
         self._compile_model()
         self.compile_s = 0.0
 
-        self.opt = self._optimizer()
+        self.opt = build_optimizer(self.model, cfg.training, self.device, capturable=self.opt_graph_on)
         self.grad_accum = self._grad_accum()
         self._graphs: dict[tuple[int, int], _Graph] = {}
         self._opt_graph: torch.cuda.CUDAGraph | None = None
@@ -126,8 +127,10 @@ class Trainer:
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
         self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
                                 cfg.hardware.peak_tflops)
-        # the measurement side (phases, heartbeat, windows, traces) is the run API's, as for a loop of one's own
-        self.session = RunSession(cfg, device=self.device, out_dir=self.out_dir, heartbeat=heartbeat,
+        # the trial contract's signals and files are the run context's (python -m workbench.train's; none given:
+        # no files); the measurement side (phases, windows, traces) is the run API's, as for a loop of one's own
+        self.context = context or RunContext()
+        self.session = RunSession(cfg, device=self.device, out_dir=self.out_dir, context=self.context,
                                   world=self.world, rank=self.rank, peak_tflops=self.peak, prometheus=self.prom,
                                   echo=echo)
         self.session.annotate, self.session.window_extras = self._comm_per_step, self._window_extras
@@ -154,23 +157,6 @@ class Trainer:
         return self.workload.pipeline(cfg, self.shards, seed=cfg.data.seed + 1_000_003 * self.rank,
                                       device=self.device)
 
-    def _lr(self, step: int) -> float:
-        t = self.cfg.training
-        if step < t.warmup_steps:
-            return t.learning_rate * (step + 1) / t.warmup_steps
-        if t.scheduler == "constant":
-            return t.learning_rate
-        progress = min(1.0, (step - t.warmup_steps) / max(1, t.max_steps - t.warmup_steps))
-        cos = 0.5 * (1 + math.cos(math.pi * progress))
-        return t.learning_rate * (t.min_lr_ratio + (1 - t.min_lr_ratio) * cos)
-
-    def _set_lr(self, lr: float) -> None:
-        for g in self.opt.param_groups:
-            if isinstance(g["lr"], torch.Tensor):
-                g["lr"].fill_(lr)
-            else:
-                g["lr"] = lr
-
     # ------------------------------------------------------------------ the step
     def train_step(self) -> tuple[StepRecord, torch.Tensor]:
         """One optimizer step over ``grad_accum`` micro-batches; returns its record and device loss (hand them to
@@ -178,7 +164,7 @@ class Trainer:
         timer, loss_acc = self.timer, torch.zeros((), device=self.device)
         real = padded = 0
         flops = 0.0
-        self._set_lr(self._lr(self.step))  # host-side write (a device fill_ under graph capture), no sync
+        set_lr(self.opt, lr_at(self.cfg.training, self.step))  # host-side write (a device fill_ under graph capture), no sync
         for micro in range(self.grad_accum):
             with timer.phase("data_wait"):
                 batch = next(self.pipeline)  # blocks only if the loader fell behind
@@ -411,22 +397,10 @@ class Trainer:
             else:
                 self.compute = torch.compile(self.loss_module, mode=mode, dynamic=dynamic)
 
-    def _optimizer(self) -> torch.optim.Optimizer:
-        """Fused AdamW on CUDA; capturable (lr as a device tensor) under graph capture."""
-        t = self.cfg.training
-        decay = [p for p in self.model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in self.model.parameters() if p.dim() < 2]
-        lr: float | torch.Tensor = t.learning_rate
-        if self.opt_graph_on:
-            lr = torch.tensor(t.learning_rate, device=self.device)
-        return torch.optim.AdamW(
-            [{"params": decay, "weight_decay": t.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-            lr=lr, betas=(t.beta1, t.beta2), fused=self.device.type == "cuda",
-            capturable=self.opt_graph_on)
-
     # ------------------------------------------------------------------ the run
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
-        """Train to ``max_steps`` (default training.max_steps); returns the summary."""
+        """Train to ``max_steps`` (default training.max_steps) inside the run context (its stop signals, with
+        SIGUSR1's reload; its heartbeat after every step); returns the summary."""
         session = self.session
         total = session.total = max_steps or self.cfg.training.max_steps
         interrupted = False
@@ -437,7 +411,7 @@ class Trainer:
 
         # SIGINT or SIGTERM: finish the step, then stop and checkpoint; a second one stops at once. On leaving, the
         # handlers before it come back (python -m workbench.train's: SIGUSR1 ignored with a line)
-        with StopSignals({signal.SIGUSR1: _on_sigusr1}) as stop:
+        with self.context.stop_signals({signal.SIGUSR1: _on_sigusr1}) as stop:
             t_start = time.perf_counter()
             self.precompile()
             session.step = self.step  # a resumed run counts on from its checkpoint
@@ -479,7 +453,7 @@ class Trainer:
 
     def _window_extras(self) -> dict[str, Any]:
         return {**self.pipeline.metrics(), **self.launch.snapshot(),  # (no launch figures without graph replays)
-                "lr": self._lr(self.step - 1)}
+                "lr": lr_at(self.cfg.training, self.step - 1)}
 
     def _summary(self, elapsed: float, interrupted: bool) -> dict[str, Any]:
         s = self.session.summary()  # throughput, MFU, phases and losses over the measured windows
