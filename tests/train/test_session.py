@@ -67,6 +67,18 @@ def test_config_and_out_come_from_the_environment(tmp_path, monkeypatch):
     assert (tmp_path / "out" / "summary.json").exists()
 
 
+def test_the_allocator_settings_reach_the_environment_before_cuda(tmp_path, monkeypatch):
+    """The allocator knobs act on a loop of one's own as on the built-in one: run() writes them to
+    PYTORCH_CUDA_ALLOC_CONF before the loop can initialise CUDA, keeping what the environment set besides."""
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "garbage_collection_threshold:0.8")
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    cfg = _cfg(**{"loongforge.memory_domain.allocator.expandable_segments": True})
+    with workbench.run(cfg, out=tmp_path) as run:
+        env = __import__("os").environ["PYTORCH_CUDA_ALLOC_CONF"]
+        assert "expandable_segments:True" in env and "garbage_collection_threshold:0.8" in env
+        _loop(run, sleep_s=0)
+
+
 @pytest.mark.parametrize(("raise_", "kind"), [
     (lambda: (_ for _ in ()).throw(RuntimeError("boom")), "crash"),
     (lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("CUDA out of memory")), "oom"),

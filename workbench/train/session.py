@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from workbench.config import Config, load_config
+from workbench.train.allocator import apply_allocator_settings
 from workbench.train.context import (NanLossError, RunContext, StopSignals, classify_exception, failure_record,
                                      write_failure)
 from workbench.train.flops import peak_tflops
@@ -344,6 +345,7 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
     files = out_dir if rank == 0 else None
     context = RunContext(heartbeat=files / "heartbeat" if files else None,
                          summary=files / "summary.json" if files else None, failure_dir=files)
+    apply_allocator_settings(cfg)  # before CUDA initialises: the allocator knobs act on a loop of one's own too
     device = resolve_device(cfg)
     peak = peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
                        cfg.hardware.peak_tflops)  # MFU for the FLOPs run.step() is given
