@@ -4,7 +4,8 @@
     python examples/hf_trainer.py                               # run it alone, on the default config
 
 The study's model (``model:``, a preset or an HF config.json; ``tiny`` by default) as a ``LlamaForCausalLM``, on
-windows of a seeded synthetic stream it can learn. The trial's config sets the micro-batch
+windows of a seeded synthetic stream it can learn (``user.doc_lengths: varied``: documents of ``data.min_len`` to
+``seq_len`` tokens instead, batched by ``run.collator()`` as ``data.packing`` says: padding-free or padded). The trial's config sets the micro-batch
 (``per_device_train_batch_size``; accumulation holds ``training.global_batch_size``) and the loop's own
 ``user.optim``; ``run.prepare(model)`` applies the rest to the model (workbench/train/hf_prepare.py): the attention
 implementation, Liger's or the project's kernels, FP8, activation checkpointing and per-layer ``torch.compile``.
@@ -44,6 +45,19 @@ class Windows(torch.utils.data.Dataset):
         return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
+class Documents(Windows):
+    """The same stream as documents of ``min_len`` to ``seq_len`` tokens (a seeded draw each): what a corpus of
+    one's own looks like before it is batched. ``run.collator()`` batches them as ``data.packing`` says."""
+
+    def __init__(self, n: int, seq_len: int, vocab: int, seed: int, min_len: int) -> None:
+        super().__init__(n, seq_len, vocab, seed)
+        self.lengths = torch.randint(min(min_len, seq_len), seq_len + 1, (n,),
+                                     generator=torch.Generator().manual_seed(seed + 1)).tolist()
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {"input_ids": self.ids[i, :self.lengths[i]]}
+
+
 def main() -> None:
     with workbench.run() as run:
         cfg = run.config
@@ -64,11 +78,15 @@ def main() -> None:
             bf16=cfg.training.dtype == "bf16" or (cfg.training.dtype == "auto" and run.device.type == "cuda"),
             dataloader_num_workers=0, logging_strategy="no", save_strategy="no", report_to=[],
             disable_tqdm=True, seed=cfg.training.seed)
-        data = Windows(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed)
-        tokens = B * accum * cfg.data.seq_len
-        report = WorkbenchCallback(run, tokens_per_step=tokens,
-                                   flops_per_step=tokens * flops_per_token(args, cfg.data.seq_len))
-        trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[report])
+        if run.user.get("doc_lengths", "full") == "varied":  # documents, batched padding-free or padded
+            data = Documents(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed,
+                             cfg.data.min_len)
+            collate = run.collator()
+        else:  # full windows: nothing to pad
+            data = Windows(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed)
+            collate = None
+        report = WorkbenchCallback(run, flops_per_token=flops_per_token(args, cfg.data.seq_len))
+        trainer = Trainer(model=model, args=training, train_dataset=data, data_collator=collate, callbacks=[report])
         trainer.train()
 
 

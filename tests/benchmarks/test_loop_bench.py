@@ -12,6 +12,8 @@ from pathlib import Path
 import pandas as pd
 
 from workbench.config import dump_config, merge_overrides, preset_config
+from workbench.vocab import PADDED_TOKENS_PER_S as PADDED
+from workbench.vocab import REAL_TOKENS_PER_S as REAL
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,3 +121,24 @@ def test_hf_variants_run_the_hf_trainer_example_with_their_overrides(tmp_path):
     assert "real tokens/s over hf_base" in r.stdout and "hf_mb8" in r.stdout
     r = loop_bench("--variants", "hf_nope", "--out", str(tmp_path / "x"))
     assert r.returncode == 2 and "hf_nope" in r.stderr
+
+
+def test_an_hf_run_of_documents_padding_free_or_padded(tmp_path):
+    """examples/hf_trainer.py on documents of 8 to 64 tokens (user.doc_lengths: varied), batched by run.collator():
+    fill is padding-free (every token real), bucket pads; the same documents give the same loss either way."""
+    pytest = __import__("pytest")
+    pytest.importorskip("transformers")
+    from workbench.tune.study import load_study_spec
+
+    dump_config(load_study_spec(str(REPO / "examples" / "hf_trainer.yaml")).trial_config({}), tmp_path / "base.yaml")
+    docs = "user.doc_lengths=varied;data.min_len=8;data.micro_batch_size=4"
+    r = loop_bench("--seq-len", "64", "--steps", "2", "--warmup", "1", "--log-every", "1", "--hf-base",
+                   str(tmp_path / "base.yaml"), "--hf-variant", f"fill:{docs};data.packing=fill", "--hf-variant",
+                   f"bucket:{docs};data.packing=bucket;data.bucket_width=16", "--variants", "hf_fill,hf_bucket",
+                   "--out", str(tmp_path / "lb"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    fill, bucket = (json.loads((tmp_path / "lb" / f"{v}-0" / "summary.json").read_text())
+                    for v in ("hf_fill", "hf_bucket"))
+    assert fill[REAL] == pytest.approx(fill[PADDED])  # no padding row, no padding token
+    assert bucket[REAL] < 0.9 * bucket[PADDED]  # rows padded to 16, 32, 48 or 64
+    assert fill["last_loss"] == pytest.approx(bucket["last_loss"], rel=1e-4)

@@ -255,3 +255,27 @@ def test_a_compiled_fp8_layer_that_breaks_stays_in_the_compute_dtype_and_says_so
     assert all(w.grad is not None for w in weights)
     assert applied[-1].startswith("fp8: decoder layer 1 breaks under torch.compile (")
     assert applied[-1].endswith("its 7 Linears stay in the compute dtype")
+
+
+def test_padding_free_and_padded_batches_give_the_same_loss():
+    """data.packing for an HF run of documents: fill lays them end to end (no padding, position ids restarting,
+    attention kept within each: transformers' block mask), bucket pads each to the bucket above the longest; the
+    model sees the same (context, target) pairs either way, so the loss agrees."""
+    from workbench.train.hf_prepare import collator
+
+    g = torch.Generator().manual_seed(3)
+    docs = [{"input_ids": torch.randint(0, 256, (n,), generator=g).tolist()} for n in (7, 12, 5)]
+    fill = collator(_cfg(**{"data.packing": "fill"}))(docs)
+    bucket = collator(_cfg(**{"data.packing": "bucket", "data.bucket_width": 8, "data.seq_len": 64}))(docs)
+    assert fill["input_ids"].shape == (1, 24) and "attention_mask" not in fill and fill["use_cache"] is False
+    assert fill["position_ids"].tolist() == [list(range(7)) + list(range(12)) + list(range(5))]
+    assert bucket["input_ids"].shape == (3, 16) and bucket["attention_mask"].sum() == 24
+    assert (bucket["labels"] == -100).sum() == 3 * 16 - 24
+    model = _model(2).train()  # a training forward: HF's models make a KV cache there too, unless told not to
+    with torch.no_grad():
+        packed = model(**fill).loss.item()
+        padded = model(**bucket).loss.item()
+        alone = [model(input_ids=torch.tensor([d["input_ids"]]), labels=torch.tensor([d["input_ids"]])).loss.item()
+                 for d in docs]
+    assert packed == pytest.approx(padded, rel=1e-5)
+    assert packed == pytest.approx(sum(a * (len(d["input_ids"]) - 1) for a, d in zip(alone, docs)) / 21, rel=1e-5)

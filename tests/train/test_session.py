@@ -12,7 +12,7 @@ import torch
 
 import workbench
 from workbench.config import Config, merge_overrides
-from workbench.vocab import REAL_TOKENS_PER_S
+from workbench.vocab import PADDED_TOKENS_PER_S, REAL_TOKENS_PER_S
 
 
 def _cfg(**over) -> Config:
@@ -104,6 +104,29 @@ def test_bad_calls_name_what_is_expected(tmp_path):
             run.phase("fwd")
         with pytest.raises(ValueError, match=r"run.step\(tokens=...\) takes an int >= 0, got 1.5"):
             run.step(tokens=1.5)
+        with pytest.raises(ValueError, match=r"run.step\(real_tokens=...\) takes a 0-d real tensor, got shape \(2,\)"):
+            run.step(tokens=4, real_tokens=torch.ones(2))
+        with pytest.raises(ValueError, match=r"run.step\(flops=...\) takes a number >= 0 or a 0-d tensor"):
+            run.step(tokens=4, flops="many")
+
+
+def test_real_tokens_and_flops_counted_on_the_device_are_read_with_the_loss(tmp_path):
+    """A count made on the device (an attention mask's sum) is handed over as a tensor and read back at the
+    window's end with the losses, exactly."""
+    with workbench.run(_cfg(), out=tmp_path) as run:
+        for i in range(run.max_steps):
+            mask = torch.ones(4, 16, dtype=torch.long)
+            mask[:, 16 - i:] = 0  # step i has 4 x i padding tokens
+            real = mask.sum()
+            run.step(tokens=64, real_tokens=real, flops=real * 1e6, loss=torch.tensor(1.0))
+    rows = [r.split(",") for r in (tmp_path / "phases.csv").read_text().splitlines()]
+    head = rows[0]
+    assert [int(r[head.index("real_tokens")]) for r in rows[1:]] == [64 - 4 * i for i in range(8)]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    real = sum(64 - 4 * i for i in range(2, 8))  # the measured steps
+    assert s[REAL_TOKENS_PER_S] / s[PADDED_TOKENS_PER_S] == pytest.approx(real / (6 * 64))
+    for w in (json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()):
+        assert w["flops/achieved_tflops_per_gpu"] / w[REAL_TOKENS_PER_S] == pytest.approx(1e6 / 1e12)
 
 
 def test_a_profile_traces_the_loops_steps_and_phases(tmp_path):

@@ -7,6 +7,10 @@ same files): ``data_wait`` up to ``on_step_begin`` (the batches are fetched befo
 under graph capture), ``optimizer`` up to ``on_optimizer_step``; the scheduler and ``zero_grad`` fall in
 ``other``.
 
+The tokens are counted from what the model is given (the same hook): ``input_ids``' size as processed, the
+``attention_mask``'s ones as real, so padded batches and padding-free ones (``run.collator()``) compare by real
+tokens/s.
+
 The Trainer hands its callbacks no per-step loss, so the callback reads it where the model returns it: a forward
 hook on the model keeps each training micro-batch's ``output.loss`` (on the device, detached; the window reads them
 back with its one sync). The step's loss is the Trainer's own: the sum of the micro-batches' losses where the
@@ -27,24 +31,33 @@ __all__ = ["WorkbenchCallback"]
 
 class WorkbenchCallback(TrainerCallback):
     """Reports the Trainer's steps to ``run``. ``tokens_per_step``: tokens one optimizer step processes on this
-    process (micro-batch x sequence x accumulation); by default the growth of ``state.num_input_tokens_seen``
-    (``TrainingArguments(include_num_input_tokens_seen=True)``). ``flops_per_step``: the model's FLOPs of one step
-    (forward and backward), for MFU; 0 leaves MFU out."""
+    process (micro-batch x sequence x accumulation), all real; by default the callback counts them from what the
+    model is given: ``input_ids``' size (padding included) and the ``attention_mask``'s sum (the real ones; a
+    batch without a mask, packed without padding, is all real), the sum kept on the device and read back with the
+    loss. ``flops_per_token``: the model's training FLOPs per real token (``workbench.train.flops``), for MFU; 0
+    leaves MFU out."""
 
-    def __init__(self, run: Run, *, tokens_per_step: int | None = None, flops_per_step: float = 0.0) -> None:
+    def __init__(self, run: Run, *, tokens_per_step: int | None = None, flops_per_token: float = 0.0) -> None:
         self.run = run
         self.tokens_per_step = tokens_per_step
-        self.flops_per_step = float(flops_per_step)
-        self._seen = 0
+        self.flops_per_token = float(flops_per_token)
         self._losses: list[torch.Tensor] = []
         self._summed = False
+        self._padded = 0
+        self._real: list[torch.Tensor | int] = []
         self._hook: Any = None
 
     def _keep_loss(self, module: torch.nn.Module, args: Any, kwargs: dict[str, Any], output: Any) -> None:
+        if not module.training:
+            return
         loss = getattr(output, "loss", None)
-        if module.training and isinstance(loss, torch.Tensor):
+        if isinstance(loss, torch.Tensor):
             self._losses.append(loss.detach())
             self._summed = kwargs.get("num_items_in_batch") is not None
+        ids, mask = kwargs.get("input_ids"), kwargs.get("attention_mask")
+        if isinstance(ids, torch.Tensor):
+            self._padded += ids.numel()
+            self._real.append(mask.sum() if isinstance(mask, torch.Tensor) else ids.numel())
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, **kwargs: Any) -> None:
         if model is not None and self._hook is None:
@@ -73,14 +86,16 @@ class WorkbenchCallback(TrainerCallback):
         return loss
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        tokens = self.tokens_per_step
-        if tokens is None:
-            seen = int(getattr(state, "num_input_tokens_seen", 0) or 0)
-            if seen <= self._seen:
-                raise ValueError("WorkbenchCallback: give tokens_per_step, or set "
-                                 "TrainingArguments(include_num_input_tokens_seen=True)")
-            tokens, self._seen = seen - self._seen, seen
-        self.run.step(tokens=tokens, loss=self._step_loss(), flops=self.flops_per_step)
+        if self.tokens_per_step is not None:
+            padded = self.tokens_per_step
+            real: int | torch.Tensor = padded
+        elif self._padded:
+            padded = self._padded
+            real = sum(self._real) if any(isinstance(r, torch.Tensor) for r in self._real) else int(sum(self._real))
+        else:
+            raise ValueError("WorkbenchCallback: the model was given no input_ids to count; give tokens_per_step")
+        self._padded, self._real = 0, []
+        self.run.step(tokens=padded, real_tokens=real, loss=self._step_loss(), flops=real * self.flops_per_token)
         if self.run.stop_requested:
             control.should_training_stop = True
         return control

@@ -45,7 +45,7 @@ from workbench.train.ops import resolve
 
 log = logging.getLogger("workbench")
 
-__all__ = ["MODEL_TYPES", "describe", "prepare", "versions"]
+__all__ = ["MODEL_TYPES", "collator", "describe", "prepare", "versions"]
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 """HF model types whose layout the patches know: Liger patches each by its own function, and their decoders share
@@ -290,6 +290,44 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
     for line in applied:
         log.info("prepared: %s", line)
     return model, applied
+
+
+def collator(cfg: Config) -> Callable[[list[dict[str, Any]]], dict[str, torch.Tensor]]:
+    """The batches of a Hugging Face run of documents of different lengths, as ``data.packing`` says (hand it to
+    the ``Trainer`` as ``data_collator``; each document a dict with ``input_ids``, optionally ``labels``):
+
+    * ``fill``: padding-free. The micro-batch's documents laid end to end in one row, ``position_ids`` restarting
+      at each, and the label before each document's first token -100 (HF's ``DataCollatorWithFlattening``):
+      no padding row, and attention stays within each document (transformers builds the block mask from the
+      position ids, given ``use_cache=False`` which the batch carries; ``flash_attention_2`` gets the sequence
+      boundaries). The row's length varies: compile with ``compile_shapes: dynamic``.
+    * ``bucket``: each document a row, padded to the longest of the micro-batch rounded up to ``data.bucket_width``
+      (a bounded set of shapes), with an ``attention_mask`` and labels -100 on the padding.
+
+    ``WorkbenchCallback`` counts what each processed (the padding apart), so real tokens/s compares them."""
+    if cfg.data.packing == "fill":
+        from transformers import DataCollatorWithFlattening
+
+        flat = DataCollatorWithFlattening(return_position_ids=True,
+                                          return_flash_attn_kwargs=cfg.hf.attention == "flash_attention_2")
+        # transformers finds the documents of a packed row only without a KV cache, which its models make by
+        # default, in training too (then every token attends across documents): the batch turns it off
+        return lambda features: {**flat(features), "use_cache": False}
+    width, most = cfg.data.bucket_width, cfg.data.seq_len
+
+    def pad(features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        docs = [torch.as_tensor(f["input_ids"], dtype=torch.long) for f in features]
+        longest = max(len(d) for d in docs)
+        n = min(-(-longest // width) * width, max(most, longest))
+        ids = torch.zeros(len(docs), n, dtype=torch.long)
+        mask = torch.zeros(len(docs), n, dtype=torch.long)
+        labels = torch.full((len(docs), n), -100, dtype=torch.long)
+        for i, (d, f) in enumerate(zip(docs, features)):
+            ids[i, :len(d)], mask[i, :len(d)] = d, 1
+            labels[i, :len(d)] = torch.as_tensor(f.get("labels", d), dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    return pad
 
 
 def describe(applied: list[str]) -> dict[str, Any]:

@@ -164,7 +164,11 @@ class RunSession:
             return None
         rows = self.timer.flush()
         recs = [rec for rec, _ in self._pending]
-        losses = _read_losses([lv for _, lv in self._pending])
+        n = len(recs)  # the losses, and the real tokens and FLOPs a loop gave as device tensors, in one read
+        values = _read_back([lv for _, lv in self._pending] + [r.real_tokens for r in recs] + [r.flops for r in recs])
+        losses = values[:n]
+        for rec, real, flops in zip(recs, values[n:2 * n], values[2 * n:]):
+            rec.real_tokens, rec.flops = round(real), float(flops)
         self._pending.clear()
         if self.annotate is not None:
             self.annotate(recs, rows)
@@ -233,12 +237,13 @@ class RunSession:
         self.writer.close()
 
 
-def _read_losses(values: list[Any]) -> list[float | None]:
-    """Floats of a window's losses: device tensors stacked and read in one transfer, floats as they are."""
+def _read_back(values: list[Any]) -> list[float | None]:
+    """Floats of a window's values (losses, token counts, FLOPs): device tensors stacked and read in one transfer
+    (in float64: a count stays exact), numbers as they are."""
     tensors = [(i, v) for i, v in enumerate(values) if isinstance(v, torch.Tensor)]
     out: list[float | None] = [None if v is None or isinstance(v, torch.Tensor) else float(v) for v in values]
     if tensors:
-        read = torch.stack([v.detach().reshape(()).float() for _, v in tensors]).tolist()
+        read = torch.stack([v.detach().reshape(()).to(torch.float64) for _, v in tensors]).tolist()
         for (i, _), lv in zip(tensors, read):
             out[i] = lv
     return out
@@ -288,6 +293,14 @@ class Run:
         self.prepared = describe(applied)
         return model
 
+    def collator(self) -> Any:
+        """The data collator of a Hugging Face run of documents, as the trial's ``data.packing`` says: padding-free
+        (``fill``: documents end to end with position ids) or each padded to its bucket (``bucket``); see
+        :func:`workbench.train.hf_prepare.collator`."""
+        from workbench.train.hf_prepare import collator
+
+        return collator(self.config)
+
     @property
     def user(self) -> dict[str, Any]:
         """The study's ``user.*`` knob values (the config's ``user`` section)."""
@@ -307,17 +320,26 @@ class Run:
         """Time one phase of the step (one of ``workbench.vocab.PHASES``)."""
         return self.session.phase(name)
 
-    def step(self, *, tokens: int, real_tokens: int | None = None, loss: Any = None, seq_len: int = 0,
-             flops: float = 0.0) -> None:
+    def step(self, *, tokens: int, real_tokens: int | torch.Tensor | None = None, loss: Any = None,
+             seq_len: int = 0, flops: float | torch.Tensor = 0.0) -> None:
         """One optimizer step is done: ``tokens`` it processed (padding included), ``real_tokens`` of them real
         (default all), its loss (a float or a 0-d tensor, read back at the window's end), and optionally the
-        row length and the FLOPs (for MFU)."""
-        for name, v in (("tokens", tokens), ("real_tokens", real_tokens)):
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
-                raise ValueError(f"run.step({name}=...) takes an int >= 0, got {v!r}")
+        row length and the FLOPs (for MFU). ``real_tokens`` and ``flops`` may be 0-d tensors too, read back with
+        the loss: a count made on the device (an attention mask's sum) costs no sync in the step."""
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise ValueError(f"run.step(tokens=...) takes an int >= 0, got {tokens!r}")
+        for name, v in (("real_tokens", real_tokens), ("flops", flops)):
+            if isinstance(v, torch.Tensor):
+                if v.numel() != 1 or v.is_complex():
+                    raise ValueError(f"run.step({name}=...) takes a 0-d real tensor, got shape {tuple(v.shape)}")
+            elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float) if name == "flops" else int)
+                                    or v < 0):
+                raise ValueError(f"run.step({name}=...) takes {'a number' if name == 'flops' else 'an int'} >= 0 "
+                                 f"or a 0-d tensor, got {v!r}")
         real = tokens if real_tokens is None else real_tokens
         session = self.session
-        session.step_done(StepRecord(session.step + 1, real, tokens, seq_len, float(flops)), loss)
+        flops = flops if isinstance(flops, torch.Tensor) else float(flops)
+        session.step_done(StepRecord(session.step + 1, real, tokens, seq_len, flops), loss)
         if session.at_boundary():
             session.close_window()
             session.end_profile()
