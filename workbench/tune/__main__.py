@@ -120,7 +120,8 @@ def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
 
     def confirm(spec: StudySpec) -> None:
         t = spec.trainer
-        assert t is not None
+        if t is None:
+            return  # nothing of the spec's own runs
         parts = [shlex.join(t.command), f"cwd {t.cwd}", *(f"env {k}={shlex.quote(v)}" for k, v in t.env.items())]
         print(f"study {_escaped(spec.name)!r} from {_escaped(str(spec.source))} runs its own command in every "
               "trial:" + "".join(f"\n  {_escaped(p)}" for p in parts), file=sys.stderr, flush=True)
