@@ -25,7 +25,7 @@ TOP_OPS = 10
 """Ops listed by self time."""
 
 TRACE_ARMS = ("baseline", "winner")
-"""The traces a study keeps (workbench.tune.measure.Measurement.keep_traces)."""
+"""The traces a study keeps (workbench.tune.measure.Measurer.keep_traces)."""
 
 _TRACE_COLS = ["trial", "steps", "file", "path", "memory_snapshot", "status", "exists", "trace_href",
                "snapshot_href"]

@@ -246,35 +246,33 @@ def test_cli_config_error_exits_2(tmp_path, capsys):
 
 
 def test_the_tuner_writes_lifetimes_once_and_a_failure_is_one_line(study_spec_file, tmp_path, monkeypatch):
-    """``Measurement.write_lifetimes`` with the writer the tune CLI hands the Tuner (``study_lifetimes``): the base
+    """``measure.write_lifetimes`` with the writer the tune CLI hands the Tuner (``study_lifetimes``): the base
     config as the baseline measures it, into the study directory, once; a writer that raises costs one line."""
     from workbench.config import config_hash
-    from workbench.tune.measure import Measurement
+    from types import SimpleNamespace
+
+    from workbench.tune.measure import write_lifetimes
     from workbench.tune.study import load_study_spec
 
     monkeypatch.setenv("LOONGFORGE_CACHE", str(tmp_path / "cache"))
     spec = load_study_spec(str(study_spec_file("lt")))
 
-    class Coordinator(Measurement):
-        def __init__(self, writer) -> None:
-            self.spec, self.study_dir, self.lifetimes, self.lines = spec, tmp_path / "study", writer, []
-            self.study_dir.mkdir(exist_ok=True)
-
-        def _log(self, text: str) -> None:
-            self.lines.append(text)
+    def session():  # what write_lifetimes reads of the study session: the spec, the study folder, a log
+        lines: list[str] = []
+        (tmp_path / "study").mkdir(exist_ok=True)
+        return SimpleNamespace(spec=spec, study_dir=tmp_path / "study", log=lines.append, lines=lines)
 
     def boom(cfg, study_dir):
         raise RuntimeError("boom")
 
-    c = Coordinator(boom)
-    c.write_lifetimes()
+    c = session()
+    write_lifetimes(c, boom)
     assert c.lines == ["gradient lifetimes: not written (RuntimeError: boom)"]
     assert not (c.study_dir / "lifetimes.json").exists()
-    c = Coordinator(lt.study_lifetimes)
-    c.write_lifetimes()
+    c = session()
+    write_lifetimes(c, lt.study_lifetimes)
     doc = json.loads((c.study_dir / "lifetimes.json").read_text())
     assert doc["config_hash"] == config_hash(spec.measured_base_config()) and doc["model"] == "tiny"
     assert c.lines[0].startswith(f"gradient lifetimes: {c.study_dir / 'lifetimes.json'}; lifetime-aware plan")
-    c.lifetimes = boom
-    c.write_lifetimes()  # written once per study: not called again
+    write_lifetimes(c, boom)  # written once per study: not called again
     assert len(c.lines) == 1

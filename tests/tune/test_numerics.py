@@ -57,7 +57,7 @@ def _tuner(study_spec_file, tmp_path, monkeypatch, name, *, space, seeds, trials
     text = path.read_text() + "seed_trials:\n" + "".join(f"  - {json.dumps(s)}\n" for s in seeds)
     path.write_text(text)
     spec = load_study_spec(str(path))
-    import workbench.tune.tuner as tune
+    import workbench.tune.opening as tune
 
     real = tune.detect_capabilities
     # FP8 is an FP8-GPU knob; on the CPU torchao emulates it, which is what this test runs

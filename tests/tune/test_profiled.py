@@ -16,6 +16,7 @@ from reports import build_report
 from workbench.tune import Tuner
 from workbench.tune.knobs import Knob, get_knob
 from workbench.tune.profiled import HOT_SHARE, knob_weights, phase_shares, profile_line, profile_record
+from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import TrialOutcome
 from workbench.vocab import PHASES
@@ -84,7 +85,7 @@ def profiled_runs(monkeypatch):
         return run_trial(cfg, tdir)
 
     monkeypatch.setattr(measure, "run_trial", run_trial)
-    monkeypatch.setattr(Tuner, "_run_search_trial", run)
+    monkeypatch.setattr(Search, "run_search_trial", run)
     return profile, ran
 
 

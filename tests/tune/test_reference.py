@@ -1,4 +1,4 @@
-"""The winner beside the plain compiled loop after validation (``Validation.against_plain``): measured by
+"""The winner beside the plain compiled loop after validation (``validation.against_plain``): measured by
 interleaved A/B pairs where the study's base is not that loop, the validation's own ratio where it is, and one
 line why where it does not apply."""
 
@@ -10,10 +10,10 @@ import optuna
 import pytest
 
 from workbench.config import Config, config_hash, merge_overrides
-from workbench.tune.measure import Measurement
+from workbench.tune.budget import runs_after_search
 from workbench.tune.result import reference_line
 from workbench.tune.trial import TrialOutcome
-from workbench.tune.validation import PLAIN_LOOP, Validation, plain_loop_config
+from workbench.tune.validation import PLAIN_LOOP, against_plain, plain_loop_config
 
 EAGER = Config()  # compile: none, as the VLA study's base
 COMPILED = merge_overrides(EAGER, {"loongforge.compute_domain.compile": "default"})
@@ -32,25 +32,26 @@ class Spec:
         return merge_overrides(self.base, params)
 
 
-class Stub(Validation):
-    """What against_plain uses of the Tuner: spec, study, study folder, hardware, the reference switch, a log and
-    a measurement that records what it ran (value by folder: the plain loop 100, the winner 130)."""
+class Stub:
+    """What against_plain uses: a session (spec, study, study folder, hardware, the reference switch, a log) and a
+    measurer (a lease check, and a measurement that records what it ran: value by folder, the plain loop 100, the
+    winner 130)."""
 
     def __init__(self, tmp_path, base, *, cuda=True, reference=True, trainer=None):
-        self.spec, self.study_dir, self.reference = Spec(base, trainer), tmp_path, reference
-        self.study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="r",
-                                         load_if_exists=True)
-        self.hardware = {"capabilities": ["cuda"] if cuda else []}
         self.measured: list[tuple[str, str]] = []
         self.lines: list[str] = []
+        self.session = SimpleNamespace(
+            spec=Spec(base, trainer), study_dir=tmp_path, reference=reference, log=self.lines.append,
+            study=optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="r", load_if_exists=True),
+            hardware={"capabilities": ["cuda"] if cuda else []})
 
-    def _check_lease(self):
+    def against_plain(self, best, **kw):
+        return against_plain(self.session, self, best, **kw)
+
+    def check_lease(self):
         pass
 
-    def _log(self, line):
-        self.lines.append(line)
-
-    def _measure(self, cfg, run_dir, prefix, phase):
+    def measure(self, cfg, run_dir, prefix, phase):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.measured.append((run_dir.name, cfg.loongforge.compute_domain.compile))
         return TrialOutcome("ok", run_dir, value=130.0 if run_dir.name.startswith("trial") else 100.0)
@@ -118,7 +119,7 @@ def test_the_line_the_terminal_and_the_report_print():
 
 def test_the_budget_reserves_the_reference_pairs_only_where_they_will_run(tmp_path):
     # 1 candidate x 3 pairs x 2 runs, the same again beside the plain loop, and 2 trace runs
-    assert Measurement.runs_after_search(Stub(tmp_path, EAGER)) == 6 + 6 + 2
-    assert Measurement.runs_after_search(Stub(tmp_path, EAGER, cuda=False)) == 6 + 2
-    assert Measurement.runs_after_search(Stub(tmp_path, EAGER, reference=False)) == 6 + 2
-    assert Measurement.runs_after_search(Stub(tmp_path, COMPILED)) == 6 + 2  # the validation's pairs answer it
+    assert runs_after_search(Stub(tmp_path, EAGER).session) == 6 + 6 + 2
+    assert runs_after_search(Stub(tmp_path, EAGER, cuda=False).session) == 6 + 2
+    assert runs_after_search(Stub(tmp_path, EAGER, reference=False).session) == 6 + 2
+    assert runs_after_search(Stub(tmp_path, COMPILED).session) == 6 + 2  # the validation's pairs answer it

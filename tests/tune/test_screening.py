@@ -17,10 +17,14 @@ from optuna.trial import TrialState
 import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
+from workbench.tune.budget import gpu_seconds
 from workbench.tune.progress import Progress
+from workbench.tune.records import screening_record
 from workbench.tune.result import gpu_minutes_line
+from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec, loads_study_spec
 from workbench.tune.trial import TrialOutcome
+from workbench.tune.validation import candidates
 
 SPACE = {"micro_batch_size": {"choices": [1, 2, 4, 8]}, "num_workers": {"choices": [0, 1]}}
 RUN_S = 60.0  # every fake run holds its device for one minute
@@ -50,7 +54,7 @@ def fake_search(monkeypatch):
             return TrialOutcome("crash", Path(tdir), failure_reason="exit 1 before the first window", wall_s=RUN_S)
         v = _speed(p["micro_batch_size"], p["num_workers"])
         windows: list[float] = []
-        for i in range(self.spec.protocol.windows):
+        for i in range(self.session.spec.protocol.windows):
             windows.append(v)
             if on_window(i, v):
                 ran.append((p, len(windows)))
@@ -60,7 +64,7 @@ def fake_search(monkeypatch):
         return TrialOutcome("ok", Path(tdir), windows=windows, value=v, summary={"measured_steps": 6},
                             wall_s=RUN_S)
 
-    monkeypatch.setattr(Tuner, "_run_search_trial", run)
+    monkeypatch.setattr(Search, "run_search_trial", run)
     return ran
 
 
@@ -100,12 +104,12 @@ def test_screening_promotes_the_fastest_and_never_a_failed_one(study_spec_file, 
         assert list(tr.intermediate_values) == ([1, 2] if promoted else [1])  # the resource: windows measured
     best = max(trials, key=lambda tr: tr.values[0] if tr.state == TrialState.COMPLETE else 0)
     assert (best.params["micro_batch_size"], best.params["num_workers"]) == (8, 1)
-    assert [c.number for c in t.candidates()[0]] == [best.number]
-    rec = t.screening_record()
+    assert [c.number for c in candidates(t.session)[0]] == [best.number]
+    rec = screening_record(t.session)
     completed = sum(tr.state == TrialState.COMPLETE for tr in trials)
     assert rec["stages"] == [{"windows": 1, "trials": 7}, {"windows": 2, "trials": completed}]
     assert 0 < completed < 7 and rec["configs_evaluated"] == 7 and rec["refused_without_run"] == 0
-    gpu = t.gpu_seconds()  # screened trials ran one window of two: half a run
+    gpu = gpu_seconds(t.session)  # screened trials ran one window of two: half a run
     assert gpu["screening"] == pytest.approx(RUN_S / 2 * (7 - completed))
     assert gpu["trials"] == pytest.approx(RUN_S * (completed + 1))  # the crash's minute counts to the trials
     assert len(ran) == 8
@@ -120,7 +124,7 @@ def test_a_config_screened_out_is_not_screened_again(study_spec_file, tmp_path, 
     pruned = next(tr for tr in t.study.get_trials() if tr.state == TrialState.PRUNED)
     runs = len(fake_search)
     t.study.enqueue_trial(dict(pruned.params))
-    t.budget = 4
+    t.session.budget = 4
     t.search()
     again = t.study.get_trials()[3]
     assert again.params == pruned.params and again.user_attrs["duplicate_of"] == pruned.number

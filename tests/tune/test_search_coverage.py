@@ -18,6 +18,7 @@ import yaml
 from optuna.trial import TrialState
 
 from workbench.tune import Tuner
+from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import TrialOutcome
 
@@ -44,7 +45,7 @@ def fake_runs(monkeypatch):
         v = _speed(params)
         return TrialOutcome("ok", Path(tdir), windows=[v, v], value=v, summary={"measured_steps": 6})
 
-    monkeypatch.setattr(Tuner, "_run_search_trial", run)
+    monkeypatch.setattr(Search, "run_search_trial", run)
     return ran
 
 
@@ -81,7 +82,7 @@ def test_a_2x2_space_with_a_4_trial_budget_measures_all_4(study_spec_file, tmp_p
     assert sorted(map(_key, fake_runs)) == sorted(map(_key, CONFIGS))  # each ran once
     counted = [x for x in t.study.get_trials() if x.state == TrialState.COMPLETE and not x.user_attrs.get(
         "free_repeat")]
-    assert len(counted) == 4 and t._finished_count() == 4  # what tune.json calls trials_run
+    assert len(counted) == 4 and t.session.finished_count() == 4  # what tune.json calls trials_run
     # with the space covered, a further trial may repeat (and counts: nothing is left to try)
     t2 = _tuner(spec, tmp_path, trials=5)
     t2.search()
@@ -92,7 +93,7 @@ def test_the_space_is_listed_with_conditional_knobs_where_active(study_spec_file
     space = {"activation_checkpointing": {"choices": ["none", "selective"]},
              "activation_checkpointing_every": {"choices": [2, 4]}, "micro_batch_size": {"choices": [2, 8]}}
     t = _tuner(study_spec_file("cond", space=space, trials=2), tmp_path)
-    configs = t.configs()
+    configs = t.searcher.configs()
     assert len(configs) == 6  # none x 2 micro-batches, selective x 2 x 2
     assert {"activation_checkpointing": "none", "micro_batch_size": 2} in configs
     assert all(("activation_checkpointing_every" in c) == (c["activation_checkpointing"] == "selective")
@@ -100,21 +101,21 @@ def test_the_space_is_listed_with_conditional_knobs_where_active(study_spec_file
     t2 = _tuner(_own_loop(study_spec_file("cont", space={"micro_batch_size": {"choices": [2, 8]},
                                                          "user.lr_scale": {"low": 0.5, "high": 0.9}}, trials=1)),
                 tmp_path)
-    assert "user.lr_scale" in t2.active and t2.configs() is None  # a continuous range: no list
+    assert "user.lr_scale" in t2.session.active and t2.searcher.configs() is None  # a continuous range: no list
 
 
 def _interrupt_one(t: Tuner) -> dict:
     """Ask a trial and leave it as Ctrl-C leaves one (FAIL, status interrupted); returns its config."""
     trial = t.study.ask()
-    params = t.sample(trial)
-    t._mark_interrupted(trial)
+    params = t.searcher.sample(trial)
+    t.searcher.mark_interrupted(trial)
     return params
 
 
 def _dead_worker_trial(t: Tuner) -> dict:
     """Ask a trial and leave it RUNNING under a tuner process that has exited (a kill -9); returns its config."""
     trial = t.study.ask()
-    params = t.sample(trial)
+    params = t.searcher.sample(trial)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     trial.set_user_attr("worker", {**t.me, "pid": gone.pid, "start": "1"})
@@ -132,7 +133,7 @@ def test_a_config_stopped_without_result_is_measured_on_resume(study_spec_file, 
     spec = study_spec_file("resume", space=SPACE, trials=4, sampler=sampler)
     first = _tuner(spec, tmp_path)
     stopped = _interrupt_one(first) if how == "ctrl_c" else _dead_worker_trial(first)
-    first._release_lease()
+    first.lease.release()
     again = _tuner(spec, tmp_path)
     again.search()
     assert stopped in fake_runs
@@ -140,7 +141,7 @@ def test_a_config_stopped_without_result_is_measured_on_resume(study_spec_file, 
     requeued = [x for x in again.study.get_trials() if "requeue_of" in x.user_attrs]
     assert len(requeued) == 1 and requeued[0].params == stopped and requeued[0].state == TrialState.COMPLETE
     # once: a later resume queues nothing more
-    _tuner(spec, tmp_path)._requeue_interrupted()
+    _tuner(spec, tmp_path).searcher.requeue_interrupted()
     assert len([x for x in again.study.get_trials() if "requeue_of" in x.user_attrs]) == 1
 
 

@@ -12,7 +12,7 @@ import torch
 from workbench.config import ConfigError, merge_overrides, preset_config
 from workbench.train.memory_model import MODEL_ERROR, predict_peak
 from workbench.tune import Tuner
-from workbench.tune import tuner as tuner_mod
+from workbench.tune import opening
 from workbench.tune.spaces import fit_micro_batches, micro_batch_choices
 from workbench.tune.study import loads_study_spec
 
@@ -90,7 +90,7 @@ def test_the_tuner_drops_what_cannot_fit_and_keeps_the_bound(tmp_path, monkeypat
     """A study opened on an (emulated) 80 GiB GPU drops the micro-batches the memory model refuses, says so in one
     line, and keeps that bound when opened again on a bigger GPU: its trials' distribution must not change."""
     gib = [80.0]
-    monkeypatch.setattr(tuner_mod, "detect_capabilities", lambda gpus=1: frozenset({"cuda"}))
+    monkeypatch.setattr(opening, "detect_capabilities", lambda gpus=1: frozenset({"cuda"}))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake GPU")
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i=0: types.SimpleNamespace(
@@ -102,10 +102,10 @@ def test_the_tuner_drops_what_cannot_fit_and_keeps_the_bound(tmp_path, monkeypat
     assert 0 < len(want) < 5
     t = Tuner(loads_study_spec(text), out_root=tmp_path / "runs", progress=False)
     t.open()
-    assert t.spec.space["micro_batch_size"].choices == want
+    assert t.session.spec.space["micro_batch_size"].choices == want
     err = capsys.readouterr().err
     assert err.count("micro_batch_size: dropped") == 1 and "Fake GPU" not in err
     gib[0] = 1000.0  # the same study on a bigger GPU: the stored bound holds
     t2 = Tuner(loads_study_spec(text), out_root=tmp_path / "runs", progress=False)
     t2.open()
-    assert t2.spec.space["micro_batch_size"].choices == want and "dropped" not in capsys.readouterr().err
+    assert t2.session.spec.space["micro_batch_size"].choices == want and "dropped" not in capsys.readouterr().err

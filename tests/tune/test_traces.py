@@ -1,5 +1,5 @@
 """The study keeps torch.profiler traces of its baseline and of its winner, in trace runs of their own after the
-A/B validation, and tune.json's result points at them (workbench.tune.measure.Measurement.keep_traces)."""
+A/B validation, and tune.json's result points at them (workbench.tune.measure.Measurer.keep_traces)."""
 
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tm
         "baseline_repeats": 1, "top_k": 1, "ab_rounds": 1, "profile_steps": 2})))
 
     # a winner whatever the noise of two shared cores: the first ok trial is the candidate, its interval above 1.0
-    def candidates(self):
-        ok = [t for t in self._trials((TrialState.COMPLETE,)) if t.user_attrs.get("status") == "ok"]
+    def candidates(session):
+        ok = [t for t in session.trials((TrialState.COMPLETE,)) if t.user_attrs.get("status") == "ok"]
         return ok[:1], []
 
-    monkeypatch.setattr(validation.Validation, "candidates", candidates)
+    monkeypatch.setattr(validation, "candidates", candidates)
     monkeypatch.setattr(validation, "interval_fields", lambda runs, base, confidence: {
         "ratios": [1.2] * len(runs), "speedup_median": 1.2, "ci_low": 1.1, "ci_high": 1.3, "significant": True})
     Tuner(spec, out_root=tmp_path / "runs", progress=False, report=None).run()

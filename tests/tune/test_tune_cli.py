@@ -13,8 +13,9 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-import workbench.tune.tuner as tune
+import workbench.tune.opening as tune
 from workbench.tune import storage
+from workbench.tune.records import Sessions, write_tune_json
 from workbench.tune.study import load_study_spec
 from workbench.tune import TuneError, Tuner, normalize_storage_url
 
@@ -29,16 +30,16 @@ def test_knobs_the_hardware_cannot_use_are_dropped_and_recorded(study_spec_file,
     monkeypatch.setattr(tune, "detect_capabilities", lambda gpus: frozenset({"io_uring"}))
     tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False)
     study = tuner.open()
-    assert tuner.active == ["micro_batch_size"]
-    assert tuner.dropped == [{"knob": "graph_capture", "reason": "needs cuda"},
+    assert tuner.session.active == ["micro_batch_size"]
+    assert tuner.session.dropped == [{"knob": "graph_capture", "reason": "needs cuda"},
                              {"knob": "expandable_segments", "reason": "needs cuda"}]
-    assert study.user_attrs["dropped_knobs"] == tuner.dropped
-    tuner._write_tune_json("2026-01-01T00:00:00+00:00", None)
+    assert study.user_attrs["dropped_knobs"] == tuner.session.dropped
+    write_tune_json(tuner.session, Sessions(tuner.study_dir, tuner.study_name), "2026-01-01T00:00:00+00:00", None)
     data = json.loads((tmp_path / "runs" / "drop" / "tune.json").read_text())
-    assert data["dropped_knobs"] == tuner.dropped and data["hardware"]["capabilities"] == ["io_uring"]
+    assert data["dropped_knobs"] == tuner.session.dropped and data["hardware"]["capabilities"] == ["io_uring"]
     # the sampler only ever sees the kept knobs
     trial = study.ask()
-    assert set(tuner.sample(trial)) == {"micro_batch_size"}
+    assert set(tuner.searcher.sample(trial)) == {"micro_batch_size"}
 
 
 def test_the_budget_is_exact_across_workers(study_spec_file, tmp_path, monkeypatch):
@@ -48,7 +49,7 @@ def test_the_budget_is_exact_across_workers(study_spec_file, tmp_path, monkeypat
     other = study.ask()  # another machine's worker holds the only trial of the budget
     other.set_user_attr("worker", {"host": "elsewhere", "pid": 1, "start": None, "role": "worker"})
     # this worker raced past its budget check (the other's trial did not exist yet) and asks anyway
-    monkeypatch.setattr(tuner, "_counts", lambda: (0, 0, 0))
+    monkeypatch.setattr(tuner.searcher, "counts", lambda: (0, 0, 0))
     tuner.search()
     trials = study.get_trials()
     assert [t.state for t in trials] == [TrialState.RUNNING, TrialState.FAIL]
@@ -74,7 +75,7 @@ def test_a_study_with_nothing_measured_is_fixed_in_place(study_spec_file, tmp_pa
     study.ask()  # the baseline's failure leaves a trial that never finished
     (first.study_dir / "baseline" / "0").mkdir(parents=True)
     (first.study_dir / "tune.json").write_text("{}")
-    first._release_lease()
+    first.lease.release()
     fixed = Tuner(load_study_spec(str(study_spec_file("fix", protocol={"windows": 5}))), out_root=tmp_path / "runs",
                   progress=False)
     study = fixed.open()
@@ -89,7 +90,7 @@ def test_reset_asks_before_deleting_measurements(study_spec_file, tmp_path, subp
     first = Tuner(spec, out_root=tmp_path / "runs", progress=False)
     study = first.open()
     study.set_user_attr("baseline_runs", [1000.0, 990.0])
-    first._release_lease()
+    first.lease.release()
     asked: list[str] = []
 
     def refuse(question):
@@ -141,7 +142,7 @@ def test_the_start_over_line_masks_the_storage_password(study_spec_file, tmp_pat
     may be logged)."""
     first = Tuner(load_study_spec(str(study_spec_file("pw"))), out_root=tmp_path / "runs", progress=False)
     first.open()
-    first._release_lease()
+    first.lease.release()
     fixed = Tuner(load_study_spec(str(study_spec_file("pw", protocol={"windows": 5}))), out_root=tmp_path / "runs",
                   progress=False)
     monkeypatch.setattr(fixed, "storage_shown", "sqlite:///masked-for-the-test")  # stands in for mask_url's output
@@ -200,9 +201,9 @@ def test_a_failing_report_is_one_line_and_loses_nothing(study_spec_file, tmp_pat
     tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=broken)
     study = tuner.open()
     t = study.ask()
-    tuner.sample(t)
+    tuner.searcher.sample(t)
     study.tell(t, [1.0])
-    assert tuner._build_report() is None
+    assert tuner.build_report() is None
     err = capsys.readouterr().err
     assert "report.html not built (RuntimeError: not today)" in err
     assert f"python -m workbench.tune report --study-name rep --out {tmp_path / 'runs'}" in err
@@ -226,10 +227,10 @@ def test_no_secret_is_written_and_files_follow_the_umask(tmp_path):
     tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False)
     tuner.open()
     sqlite_url = tuner.storage_url
-    tuner.storage_url = "postgresql://tuner:PGSECRET@db.example:5432/studies"  # what a shared study was given
+    tuner.session.storage_url = "postgresql://tuner:PGSECRET@db.example:5432/studies"  # a shared study's URL
     old = os.umask(0o077)
     try:
-        tuner._write_tune_json("2026-01-01T00:00:00+00:00", None)
+        write_tune_json(tuner.session, Sessions(tuner.study_dir, "secret"), "2026-01-01T00:00:00+00:00", None)
         report = build_report(tuner.study_dir, sqlite_url, "secret")
         result = build_result({"candidates": [], "winner": {"trial": None, "significant": False}}, study="secret",
                               base_values=spec.base_knob_values(), baseline_repeats=[80.0], searched=list(spec.space),
@@ -274,7 +275,7 @@ def test_export_by_the_name_of_ones_own_study(study_spec_file, tmp_path, subproc
     spec_path = study_spec_file("my-tiny")
     tuner = Tuner(load_study_spec(str(spec_path)), out_root=tmp_path / "runs", progress=False)
     tuner.open().set_user_attr("baseline_runs", [1000.0])
-    tuner._release_lease()
+    tuner.lease.release()
     spec_path.unlink()  # the name alone, not the file
     p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--study", "my-tiny", "--out", "runs"],
                        capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)

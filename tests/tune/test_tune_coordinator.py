@@ -76,7 +76,7 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
     ):
         study.set_user_attr(LEASE_ATTR, {**lease, "token": "other"})
         tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
-        tuner._lease_token = "new"  # another process's token (the pid is this test's)
+        tuner.lease.token = "new"  # another process's token (the pid is this test's)
         if live:
             with pytest.raises(TuneError, match=r"already has a coordinator: pid 4242 on elsewhere \(heartbeat "
                                                 r"\d+ s ago\); start this one with --worker"):
@@ -84,7 +84,7 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
         else:
             tuner.open()
             assert study.user_attrs[LEASE_ATTR]["token"] == "new"
-            tuner._release_lease()
+            tuner.lease.release()
 
 
 def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path, monkeypatch):
@@ -95,11 +95,11 @@ def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path, monk
     tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
     tuner.open()
     base = tmp_path / "runs" / "att" / "baseline"
-    tuner._lease_lost = "pid 4242 on elsewhere (heartbeat 0 s ago)"
+    tuner.lease.lost = "pid 4242 on elsewhere (heartbeat 0 s ago)"
     with pytest.raises(TuneError, match="another coordinator took the lease over"):
-        tuner._measure(spec.measured_base_config(), base / "0", "baseline", "baseline")
-    assert not (base / "0").exists() and [p.name for p in base.iterdir()] == [f".0.{tuner._attempt_id}"]
-    tuner._release_lease()
+        tuner.measurer.measure(spec.measured_base_config(), base / "0", "baseline", "baseline")
+    assert not (base / "0").exists() and [p.name for p in base.iterdir()] == [f".0.{tuner.attempt_id}"]
+    tuner.lease.release()
     nxt = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
     nxt.run()
     assert [p.name for p in base.iterdir()] == ["0"]  # the dead attempt removed, the finished run in place

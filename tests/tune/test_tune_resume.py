@@ -190,7 +190,7 @@ def test_recovery_kills_only_the_group_the_trial_recorded(study_spec_file, tmp_p
             t.set_user_attr("worker", {**tuner.me, "pid": dead.pid, "start": dead_start})
             t.set_user_attr("pgid", group.pid)
             t.set_user_attr("pgid_leader", leader)
-        tuner._recover_stale()
+        tuner.searcher.recover_stale()
         assert groups[0].wait(timeout=10) == -signal.SIGKILL
         time.sleep(0.2)
         assert groups[1].poll() is None and groups[2].poll() is None  # unrelated processes live on

@@ -1,34 +1,34 @@
-"""A validation stopped part-way goes on from its next A/B pair (``Validation.ab_pairs(resume=True)``): finished
+"""A validation stopped part-way goes on from its next A/B pair (``validation.ab_pairs(resume=True)``): finished
 pairs are stored in the study with both configs' hashes and taken as measured; a changed config, a pair whose
 folders are gone, or ``verify`` (no resume) measures again."""
 
 from __future__ import annotations
 
 import shutil
+from types import SimpleNamespace
 
 import optuna
 import pytest
 
 from workbench.config import Config, merge_overrides
 from workbench.tune.trial import TrialOutcome
-from workbench.tune.validation import Validation
+from workbench.tune.validation import ab_pairs, duel
 
 
-class Stub(Validation):
-    """The Tuner's parts ab_pairs uses: a study, a lease check, a log, and a measurement that records its calls."""
+class Stub:
+    """What ab_pairs uses: a session (a study, a log) and a measurer (a lease check, and a measurement that records
+    its calls)."""
 
     def __init__(self, study, values, stop_at=None):
-        self.study, self.values, self.stop_at = study, values, stop_at
+        self.values, self.stop_at = values, stop_at
         self.measured: list[str] = []
         self.lines: list[str] = []
+        self.session = SimpleNamespace(study=study, log=self.lines.append, spec=None, study_dir=None)
 
-    def _check_lease(self):
+    def check_lease(self):
         pass
 
-    def _log(self, line):
-        self.lines.append(line)
-
-    def _measure(self, cfg, run_dir, prefix, phase):
+    def measure(self, cfg, run_dir, prefix, phase):
         if run_dir.name == self.stop_at:
             raise KeyboardInterrupt  # the call's time ran out here
         self.measured.append(run_dir.name)
@@ -41,8 +41,8 @@ ARM = merge_overrides(BASE, {"data.micro_batch_size": 8})
 
 
 def _pairs(v, vdir, arm=ARM, resume=True):
-    return v.ab_pairs(BASE, {3: arm}, vdir, max_pairs=3, min_pairs=3, confidence=0.95, what="validating",
-                      resume=resume)[3]
+    return ab_pairs(v.session, v, BASE, {3: arm}, vdir, max_pairs=3, min_pairs=3, confidence=0.95,
+                    what="validating", resume=resume)[3]
 
 
 def test_a_stopped_validation_resumes_from_its_next_pair(tmp_path):
@@ -82,18 +82,19 @@ class _Spec:
 
 
 def test_a_head_to_head_measures_one_candidate_against_the_other(tmp_path):
-    """``Validation.duel``: b's runs interleaved with a's, a's config in the baseline's place, under
+    """``validation.duel``: b's runs interleaved with a's, a's config in the baseline's place, under
     ``validation/duel-<a>-<b>/``, stopping once the interval excludes 1.0; resumed like the A/B."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
     v = Stub(study, {"baseline": 100.0, "trial": 80.0})  # "baseline" is a's run here, "trial" b's
-    v.spec, v.study_dir = _Spec(), tmp_path
+    v.session.spec, v.session.study_dir = _Spec(), tmp_path
     a = {"trial": 2, "params": {"data.micro_batch_size": 8}}
     b = {"trial": 1, "params": {"data.micro_batch_size": 2}}
-    d = v.duel(a, b, max_pairs=4, min_pairs=2, confidence=0.95)
+    d = duel(v.session, v, a, b, max_pairs=4, min_pairs=2, confidence=0.95)
     assert v.measured == ["baseline-1-0", "trial-1-0", "baseline-1-1", "trial-1-1"]
     assert (tmp_path / "validation" / "duel-2-1" / "trial-1-1").is_dir()
     assert d["pairs"] == 2 and d["speedup_median"] == pytest.approx(0.8) and d["stopped"] == "interval excludes 1.0"
     assert any("measuring them against each other" in line for line in v.lines)
     again = Stub(study, {"baseline": 100.0, "trial": 80.0})
-    again.spec, again.study_dir = _Spec(), tmp_path
-    assert again.duel(a, b, max_pairs=4, min_pairs=2, confidence=0.95)["pairs"] == 2 and again.measured == []
+    again.session.spec, again.session.study_dir = _Spec(), tmp_path
+    assert duel(again.session, again, a, b, max_pairs=4, min_pairs=2, confidence=0.95)["pairs"] == 2
+    assert again.measured == []

@@ -5,43 +5,54 @@ one; a wider one is "inconclusive" (exit 1 like "does not hold"), and it says wh
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
+import optuna
 import pytest
 
-from workbench.tune.verify import Verification, verify_lines
+from workbench.config import Config, merge_overrides
+from workbench.tune.trial import TrialOutcome
+from workbench.tune.verify import verify, verify_lines, verify_pairs
 
 
 class _Spec:
     def measured_base_config(self):
-        return "base"
+        return Config()
 
     def trial_config(self, params):
-        return "trial"
+        return merge_overrides(Config(), {"data.micro_batch_size": 8})
 
 
-class Stub(Verification):
-    """The Tuner's parts verify uses, with A/B pairs that return the given throughputs."""
+class Stub:
+    """What verify uses: a session (study folder, spec, study, a log) and a measurer whose A/B pairs return the
+    given throughputs, by round."""
 
     def __init__(self, tmp_path, runs, baseline_runs, validated):
-        self.study_dir, self.study_name, self.study, self.spec = tmp_path, "s", object(), _Spec()
         self.runs, self.baseline_runs = runs, baseline_runs
         self.validated = validated
         self.lines: list[str] = []
+        self.measured: list[str] = []
+        self.session = SimpleNamespace(study_dir=tmp_path, study_name="s", spec=_Spec(), study=optuna.create_study(),
+                                       log=self.lines.append)
 
     def stored_result(self):
         lo, hi, med = self.validated
         return {"verdict": "winner", "exported": {"trial": 2, "params": {}, "changed": {"micro_batch_size": {}}},
                 "best": {"speedup": med, "ci_low": lo, "ci_high": hi, "pairs": 3}}
 
-    def _log(self, line):
-        self.lines.append(line)
-
-    def _release_lease(self):
+    def check_lease(self):
         pass
 
-    def ab_pairs(self, base_cfg, arms, vdir, **kw):
-        assert kw["max_pairs"] == kw["min_pairs"] == len(self.runs)  # a fixed count: no early stop
-        return {k: {"runs": self.runs, "baseline_runs": self.baseline_runs, "failures": []} for k in arms}
+    def measure(self, cfg, run_dir, prefix, phase):
+        kind, _, r = run_dir.name.split("-")  # baseline-<trial>-<round>, trial-<trial>-<round>
+        self.measured.append(run_dir.name)
+        return TrialOutcome("ok", run_dir, value=(self.runs if kind == "trial" else self.baseline_runs)[int(r)])
+
+    def verify(self):
+        result = self.stored_result()
+        record = verify(self.session, self, result, verify_pairs(result, None))
+        assert len(self.measured) == 2 * len(self.runs)  # a fixed count of pairs: no early stop
+        return record
 
 
 def test_a_tight_check_inside_the_validated_interval_holds(tmp_path):

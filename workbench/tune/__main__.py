@@ -33,11 +33,11 @@ from reports import build_report
 from workbench.errors import ConfigError, DiskError, TuneError
 from workbench.files import check_name
 from workbench.memory.lifetimes import study_lifetimes
-from workbench.tune.export import export_config
+from workbench.tune.export import export_config, winner_launch_record
 from workbench.tune.storage import default_storage_url, make_storage, mask_url, normalize_storage_url
 from workbench.tune.study import DEFAULT_STUDY, StudySpec, builtin_studies, load_study_spec, spec_from_dict
 from workbench.tune.trial import ignore_interrupts
-from workbench.tune.tuner import Tuner, winner_launch_record
+from workbench.tune.tuner import Tuner
 from workbench.tune.verify import verify_lines
 from workbench.vocab import TUNE_EXIT
 
@@ -120,7 +120,8 @@ def _confirm_command(yes: bool) -> Callable[[StudySpec], None]:
 
     def confirm(spec: StudySpec) -> None:
         t = spec.trainer
-        assert t is not None
+        if t is None:
+            return  # nothing of the spec's own runs
         parts = [shlex.join(t.command), f"cwd {t.cwd}", *(f"env {k}={shlex.quote(v)}" for k, v in t.env.items())]
         print(f"study {_escaped(spec.name)!r} from {_escaped(str(spec.source))} runs its own command in every "
               "trial:" + "".join(f"\n  {_escaped(p)}" for p in parts), file=sys.stderr, flush=True)
@@ -217,9 +218,7 @@ def cmd_export(args: argparse.Namespace) -> int:
               f"`python -m workbench.tune --study {args.study or name}` to validate candidates", file=sys.stderr)
         validation = json.loads(vpath.read_text()) if vpath.exists() else \
             {"candidates": [], "winner": {"trial": None, "significant": False}}
-        tuner.study, tuner.budget = study, study.user_attrs.get("budget_trials")
-        tuner.active = list(study.user_attrs.get("active_knobs", []))
-        result = tuner._result(validation, None)
+        result = tuner.stored_study_result(study, validation)
     path = export_config(spec, study_dir, result, launch_record=winner_launch_record(study, result))
     print(path)
     return EXIT_OK

@@ -10,11 +10,14 @@ interval lies above 1.0 the base config is exported (``trial: null``, ``signific
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import optuna
 
 from kernels.registry import LAUNCH_SPACES
 from workbench.config import Config, Provenance, dump_config, from_dict, load_config, to_dict
@@ -23,7 +26,7 @@ from workbench.train.fingerprint import fingerprint as environment_fingerprint
 from workbench.tune.result import provenance_fields
 from workbench.tune.study import StudySpec
 
-__all__ = ["export_config", "pinned_launch_params", "write_json"]
+__all__ = ["export_config", "exported_patches", "pinned_launch_params", "winner_launch_record", "write_json"]
 
 
 def write_json(path: Path, data: Any) -> Path:
@@ -79,3 +82,30 @@ def export_config(
     write_json(study_dir / "environment.json", fp)
     load_config(path)  # the file must load as written
     return path
+
+
+def exported_patches(study: optuna.Study, result: Mapping[str, Any], study_dir: Path) -> dict[str, Any] | None:
+    """What ``run.prepare()`` changed in the exported run's Hugging Face model (the exported trial's summary, else
+    the first baseline run's), as the provenance's ``patches``; None when nothing was prepared."""
+    trial = ((result or {}).get("exported") or {}).get("trial")
+    summary: Mapping[str, Any] = {}
+    if trial is not None:
+        with contextlib.suppress(IndexError, ValueError, TypeError):
+            summary = study.trials[int(trial)].user_attrs.get("summary") or {}
+    else:
+        with contextlib.suppress(OSError, ValueError):
+            summary = json.loads((study_dir / "baseline" / "0" / "summary.json").read_text())
+    applied = summary.get("hf/patches")
+    return {"applied": list(applied), "versions": summary.get("hf/versions") or {}} if applied else None
+
+
+def winner_launch_record(study: optuna.Study, result: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """The Triton launch record of the exported winner's search trial (its summary's ``kernels/launch``)."""
+    trial = ((result or {}).get("exported") or {}).get("trial")
+    if trial is None:
+        return None
+    try:
+        frozen = study.trials[int(trial)]
+    except (IndexError, ValueError, TypeError):
+        return None
+    return ((frozen.user_attrs.get("summary") or {}).get("kernels/launch")) or None

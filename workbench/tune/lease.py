@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import optuna
@@ -15,7 +16,7 @@ import optuna
 from workbench.errors import TuneError
 from workbench.tune.storage import alive
 
-__all__ = ["LEASE_ATTR", "LEASE_HEARTBEAT_S", "LEASE_SETTLE_S", "LEASE_TTL_S", "CoordinatorLease"]
+__all__ = ["LEASE_ATTR", "LEASE_HEARTBEAT_S", "LEASE_SETTLE_S", "LEASE_TTL_S", "Lease"]
 
 LEASE_ATTR = "coordinator_lease"
 """Study user attr: the coordinator holding the study {host, pid, start, token, heartbeat (unix time)}."""
@@ -28,29 +29,29 @@ LEASE_SETTLE_S = 1.0
 the one whose lease is still there holds the study (Optuna's storage has no compare-and-set)."""
 
 
-class CoordinatorLease:
-    """The Tuner's lease methods. The Tuner sets ``study_name``, ``storage``, ``me`` ({host, pid, start}),
-    ``_lease_token``, ``_lease_stop``, ``_lease_study``, ``_lease_lost`` and ``_log``."""
+class Lease:
+    """This coordinator's lease on one study: ``acquire`` it when the study is opened, ``check`` it before and
+    after each measurement (it raises once another coordinator took the study over), ``release`` it at the end.
+    ``me`` is this process ({host, pid, start}); ``token`` tells this Lease from another of the same process."""
 
-    study_name: str
-    storage: Any
-    me: dict[str, Any]
-    _lease_token: str
-    _lease_stop: threading.Event | None
-    _lease_study: optuna.Study | None
-    _lease_lost: str | None
+    def __init__(self, study_name: str, me: dict[str, Any], token: str, log: Callable[[str], None]) -> None:
+        self.study_name = study_name
+        self.me = me
+        self.token = token
+        self.log = log
+        self.lost: str | None = None  # the holder that took the lease over, written by the heartbeat thread
+        self._stop: threading.Event | None = None  # the heartbeat's, while this Lease holds a study
+        self._study: optuna.Study | None = None  # the study held, while this Lease holds one
 
-    def _log(self, text: str) -> None:
-        raise NotImplementedError
-
-    def _lease_holder(self, lease: Any) -> str:
+    @staticmethod
+    def holder(lease: Any) -> str:
         age = time.time() - float(lease.get("heartbeat", 0))
         return f"pid {lease.get('pid')} on {lease.get('host')} (heartbeat {age:.0f} s ago)"
 
-    def _lease_is_live(self, lease: Any) -> bool:
+    def is_live(self, lease: Any) -> bool:
         """Whether another coordinator holds ``lease`` now: its heartbeat is fresh, and where it runs on this host,
         its process is alive."""
-        if not isinstance(lease, dict) or lease.get("token") == self._lease_token:
+        if not isinstance(lease, dict) or lease.get("token") == self.token:
             return False
         if (lease.get("host"), lease.get("pid"), lease.get("start")) == (self.me["host"], self.me["pid"],
                                                                           self.me["start"]):
@@ -61,50 +62,51 @@ class CoordinatorLease:
             return alive(lease["pid"], lease.get("start"))
         return True
 
-    def _acquire_lease(self, study: optuna.Study) -> None:
+    def acquire(self, study: optuna.Study, storage: Any) -> None:
         """Hold the study's coordinator lease (one coordinator per study, SQLite or PostgreSQL alike), or raise
         TuneError naming the live holder. A stale lease (its heartbeat older than LEASE_TTL_S, or its process gone
-        from this host) is taken over."""
+        from this host) is taken over. ``storage`` is the study's, read back after LEASE_SETTLE_S."""
         old = study.user_attrs.get(LEASE_ATTR)
-        if self._lease_is_live(old):
-            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self._lease_holder(old)}; "
+        if self.is_live(old):
+            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self.holder(old)}; "
                             f"start this one with --worker to add trials, or wait for it to finish")
-        mine = {**{k: self.me[k] for k in ("host", "pid", "start")}, "token": self._lease_token,
-                "heartbeat": time.time()}
+        mine = {**{k: self.me[k] for k in ("host", "pid", "start")}, "token": self.token, "heartbeat": time.time()}
         study.set_user_attr(LEASE_ATTR, mine)
         time.sleep(LEASE_SETTLE_S)
-        now = optuna.load_study(study_name=self.study_name, storage=self.storage).user_attrs.get(LEASE_ATTR)
-        if not isinstance(now, dict) or now.get("token") != self._lease_token:
-            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self._lease_holder(now or {})}"
+        now = optuna.load_study(study_name=self.study_name, storage=storage).user_attrs.get(LEASE_ATTR)
+        if not isinstance(now, dict) or now.get("token") != self.token:
+            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self.holder(now or {})}"
                             f" (both started at once); start this one with --worker to add trials")
-        if isinstance(old, dict) and old.get("token") != self._lease_token and \
+        if isinstance(old, dict) and old.get("token") != self.token and \
                 (old.get("host"), old.get("pid")) != (self.me["host"], self.me["pid"]):
-            self._log(f"took over the coordinator lease of {self._lease_holder(old)}: it is gone")
-        self._lease_study = study
-        stop = self._lease_stop = threading.Event()
+            self.log(f"took over the coordinator lease of {self.holder(old)}: it is gone")
+        self._study = study
+        stop = self._stop = threading.Event()
 
         def beat() -> None:
             while not stop.wait(LEASE_HEARTBEAT_S):
                 with contextlib.suppress(Exception):  # a transient DB error: the next beat tries again
                     held = study.user_attrs.get(LEASE_ATTR)
-                    if isinstance(held, dict) and held.get("token") != self._lease_token:
-                        self._lease_lost = self._lease_holder(held)
+                    if isinstance(held, dict) and held.get("token") != self.token:
+                        self.lost = self.holder(held)
                         return
                     study.set_user_attr(LEASE_ATTR, {**mine, "heartbeat": time.time()})
 
         threading.Thread(target=beat, name="coordinator-lease", daemon=True).start()
 
-    def _release_lease(self) -> None:
-        if self._lease_stop is None or self._lease_study is None:
+    def release(self) -> None:
+        """Give the lease back (nothing when this Lease holds none); the same command may resume at once."""
+        if self._stop is None or self._study is None:
             return
-        self._lease_stop.set()
+        self._stop.set()
         with contextlib.suppress(Exception):
-            held = self._lease_study.user_attrs.get(LEASE_ATTR)
-            if isinstance(held, dict) and held.get("token") == self._lease_token:
-                self._lease_study.set_user_attr(LEASE_ATTR, None)
-        self._lease_stop = None
+            held = self._study.user_attrs.get(LEASE_ATTR)
+            if isinstance(held, dict) and held.get("token") == self.token:
+                self._study.set_user_attr(LEASE_ATTR, None)
+        self._stop = None
 
-    def _check_lease(self) -> None:
-        if self._lease_lost:
+    def check(self) -> None:
+        """Raise TuneError once another coordinator took the study over: this one keeps nothing more."""
+        if self.lost:
             raise TuneError(f"study {self.study_name!r}: another coordinator took the lease over "
-                            f"({self._lease_lost}); this one stops")
+                            f"({self.lost}); this one stops")

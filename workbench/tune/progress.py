@@ -1,13 +1,15 @@
 """The tuner's progress bar (tqdm): the runs of the study done of those planned (the search's trials, then
-validation's A/B runs and the trace runs), the best so far, the GPU-minutes spent, the current phase."""
+validation's A/B runs and the trace runs), the best so far, the GPU-minutes spent, the current phase; and the
+``Console`` the tuner's lines go through (above the bar while there is one)."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from tqdm import tqdm
 
-__all__ = ["Progress"]
+__all__ = ["Console", "Progress"]
 
 
 class Progress:
@@ -65,3 +67,26 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+class Console:
+    """Where the tuner's lines and progress go: through the bar while a run has one (``progress``, set by
+    ``Tuner.run``), else one line each on stderr."""
+
+    def __init__(self) -> None:
+        self.progress: Progress | None = None
+
+    def log(self, text: str) -> None:
+        if self.progress is not None:
+            self.progress.write(text)
+        else:
+            print(text, file=sys.stderr, flush=True)
+
+    def show(self, **fields: Any) -> None:
+        """Update the bar (``Progress.set``'s fields); nothing without one."""
+        if self.progress is not None:
+            self.progress.set(**fields)
+
+    def run_after_search(self) -> None:
+        if self.progress is not None:
+            self.progress.run_after_search()

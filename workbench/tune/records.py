@@ -1,5 +1,6 @@
-"""The study's records in tune.json: the coordinator sessions, the study's facts and, once finished, its one
-result (workbench.tune.result); and what a finished study says when it is run again."""
+"""The study's records: tune.json (the coordinator sessions, the study's facts and, once finished, its one result,
+workbench.tune.result), the result as study attributes for Optuna's tools, and what a finished study says when it
+is run again."""
 
 from __future__ import annotations
 
@@ -9,13 +10,18 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.train.fingerprint import source_commit
-from workbench.tune.export import write_json
-from workbench.tune.storage import mask_url
-from workbench.tune.result import build_result, data_source, result_lines
-from workbench.tune.trial import interrupts_held
+import optuna
+from optuna.trial import TrialState
 
-__all__ = ["StudyRecords", "finished_result", "sessions_wall_s"]
+from workbench.train.fingerprint import source_commit
+from workbench.tune.budget import GpuBudget, gpu_record, gpu_seconds_total
+from workbench.tune.export import write_json
+from workbench.tune.result import build_result, data_source, result_lines
+from workbench.tune.session import StudySession
+from workbench.tune.storage import mask_url
+
+__all__ = ["Sessions", "earlier_sessions", "finished", "finished_lines", "finished_result", "record_in_study",
+           "result_text", "screening_record", "sessions_wall_s", "stored_result", "study_result", "write_tune_json"]
 
 
 def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
@@ -39,100 +45,141 @@ def finished_result(tune_json: Mapping[str, Any] | None) -> dict[str, Any] | Non
     return dict(result) if isinstance(result, Mapping) and "verdict" in result else None
 
 
-class StudyRecords:
-    """The Tuner's tune.json methods (the Tuner provides the spec, study, budget and lease)."""
+def stored_result(study_dir: Path) -> dict[str, Any] | None:
+    """The finished result in a study directory's tune.json, else None."""
+    try:
+        return finished_result(json.loads((study_dir / "tune.json").read_text()))
+    except (OSError, ValueError):
+        return None
 
-    def stored_result(self) -> dict[str, Any] | None:
-        """The finished result in this study's tune.json, else None."""
-        try:
-            return finished_result(json.loads((self.study_dir / "tune.json").read_text()))
-        except (OSError, ValueError):
-            return None
 
-    def _earlier_sessions(self) -> list[dict[str, Any]]:
-        """The coordinator runs recorded by an earlier tune.json of this study directory (a resume); none when
-        there is no such file or it cannot be read (the report then counts this run alone)."""
-        try:
-            prev = json.loads((self.study_dir / "tune.json").read_text())
-        except (OSError, ValueError):
-            return []
-        if not isinstance(prev, dict) or prev.get("study_name") != self.study_name:
-            return []
-        sessions = prev.get("sessions")
-        if isinstance(sessions, list):
-            return [s for s in sessions if isinstance(s, dict) and isinstance(s.get("started"), str)]
-        # a tune.json written before sessions were recorded: its one run
-        return [{"started": prev["started"], "finished": prev.get("finished")}] \
-            if isinstance(prev.get("started"), str) else []
+def earlier_sessions(study_dir: Path, study_name: str) -> list[dict[str, Any]]:
+    """The coordinator runs recorded by an earlier tune.json of this study directory (a resume); none when there is
+    no such file or it cannot be read (the report then counts this run alone)."""
+    try:
+        prev = json.loads((study_dir / "tune.json").read_text())
+    except (OSError, ValueError):
+        return []
+    if not isinstance(prev, dict) or prev.get("study_name") != study_name:
+        return []
+    sessions = prev.get("sessions")
+    if isinstance(sessions, list):
+        return [s for s in sessions if isinstance(s, dict) and isinstance(s.get("started"), str)]
+    # a tune.json written before sessions were recorded: its one run
+    return [{"started": prev["started"], "finished": prev.get("finished")}] \
+        if isinstance(prev.get("started"), str) else []
 
-    def _session(self, started: str, finished: str | None) -> None:
-        if self._sessions is None:
-            self._sessions = self._earlier_sessions()
-            self._sessions.append({"started": started, "finished": None})
-        self._sessions[-1] = {"started": started, "finished": finished}
 
-    def _write_tune_json(self, started: str, finished: str | None, result: Mapping[str, Any] | None = None) -> None:
-        """tune.json: the study's facts, its coordinator sessions and, once finished, its ``result``."""
-        assert self.spec is not None and self.study is not None
-        self._session(started, finished)
-        write_json(self.study_dir / "tune.json", {
-            "study_name": self.study_name, "storage_url": mask_url(self.storage_url),
-            "spec": self.spec.to_record(),
-            "active_knobs": self.active, "dropped_knobs": self.dropped, "hardware": self.hardware,
-            "budget_trials": self.budget, "gpu_minutes": self.gpu_record(), "screening": self.screening_record(),
-            "profile": self.study.user_attrs.get("profile"), "noise_floor": self.study.user_attrs.get("noise_floor"),
-            "started": self._sessions[0]["started"], "finished": finished,
-            "sessions": self._sessions, "wall_s": sessions_wall_s(self._sessions), "result": result,
-        })
+class Sessions:
+    """tune.json's ``sessions``: the coordinator runs of the study, this one last. The earlier ones are read from
+    the tune.json in place at the first ``mark`` (after the study was opened, which may have started it over)."""
 
-    def _result(self, validation: Mapping[str, Any], wall_s: float | None) -> dict[str, Any]:
-        """The study's one result (workbench.tune.result) from its validation and the study's facts."""
-        assert self.spec is not None
-        budget = {"trials": self.budget, "trials_run": self._finished_count(), "timeout_s": self.timeout_s,
-                  "wall_s": wall_s, "gpu_minutes": self.gpu_record(), "screening": self.screening_record()}
-        return build_result(validation, study=self.study_name, base_values=self.spec.base_knob_values(),
-                            baseline_repeats=self.baseline_runs(), searched=self.active, budget=budget,
-                            data=data_source(self.spec.base_config(), self.spec.trainer), commit=source_commit())
+    def __init__(self, study_dir: Path, study_name: str) -> None:
+        self.study_dir, self.study_name = study_dir, study_name
+        self.runs: list[dict[str, Any]] = []
+        self._read = False  # the earlier runs were read
 
-    def _finished(self) -> dict[str, Any] | None:
-        """A study whose result is stored and whose budget is spent is not run again: say so, how to re-measure
-        its export and how to extend it, and give the lease back. None when there is work to do."""
-        result = self.stored_result()
-        spent = (self.budget is not None and self._finished_count() >= self.budget) or \
-            (self.budget is None and self.timeout_override is None) or self._gpu_budget_done()
-        if result is None or not spent:
-            return None
-        with interrupts_held():
-            self._release_lease()
-        print("\n".join([f"study {self.study_name} is finished ({self._finished_count()} trials):",
-                         *result_lines(result), f"config: {self.study_dir / 'config.yaml'}",
-                         f"re-measure the exported config: python -m workbench.tune verify --study-name "
-                         f"{self.study_name} --out {self.study_dir.parent}",
-                         f"extend the search: the same command with --trials N (N > {self._finished_count()})"]),
-              flush=True)
-        return result
+    def mark(self, started: str, finished: str | None) -> list[dict[str, Any]]:
+        """This run's start and end (None while it runs); returns every run."""
+        if not self._read:
+            self._read = True
+            self.runs = [*earlier_sessions(self.study_dir, self.study_name), {"started": started, "finished": None}]
+        self.runs[-1] = {"started": started, "finished": finished}
+        return self.runs
 
-    def _record_in_study(self, result: Mapping[str, Any]) -> None:
-        """The validated result where Optuna's tools see it, as study attributes: ``result/...`` (verdict, the
-        exported trial, the baseline, the best candidate's speedup and interval) and ``validated/trial_<n>`` for each
-        candidate (its role and A/B figures; a finished trial's own attributes cannot change). Optuna's own best
-        trial is the best single search run; the tuner's winner is the validated one (docs/cli.md, "Optuna's own
-        tools")."""
-        assert self.study is not None
-        study, best = self.study, result.get("best") or {}
-        study.set_user_attr("result/verdict", result["verdict"])
-        study.set_user_attr("result/exported_trial", result["exported"]["trial"])
-        study.set_user_attr("result/baseline_tokens_per_s", result["baseline"]["tokens_per_s"])
-        for key in ("trial", "speedup", "ci_low", "ci_high", "pairs"):
-            study.set_user_attr(f"result/best_{key}", best.get(key))
-        for c in result.get("candidates") or []:
-            role = "validated winner" if c["trial"] == result["exported"]["trial"] else "validated candidate"
-            study.set_user_attr(f"validated/trial_{c['trial']}", {
-                "role": role, **{k: c[k] for k in ("speedup", "ci_low", "ci_high", "pairs", "tokens_per_s",
-                                                   "baseline_tokens_per_s", "significant")}})
 
-    def _print_result(self, result: Mapping[str, Any], path: Path) -> None:
-        lines = [*result_lines(result), f"config: {path}"]
-        if self.report is not None and (self.study_dir / "report.html").exists():
-            lines.append(f"report: {self.study_dir / 'report.html'}")
-        print("\n".join(lines), flush=True)
+def write_tune_json(session: StudySession, sessions: Sessions, started: str, finished: str | None,
+                    result: Mapping[str, Any] | None = None) -> None:
+    """tune.json: the study's facts, its coordinator sessions and, once finished, its ``result``."""
+    runs = sessions.mark(started, finished)
+    study = session.study
+    write_json(session.study_dir / "tune.json", {
+        "study_name": session.study_name, "storage_url": mask_url(session.storage_url),
+        "spec": session.spec.to_record(),
+        "active_knobs": session.active, "dropped_knobs": session.dropped, "hardware": session.hardware,
+        "budget_trials": session.budget, "gpu_minutes": gpu_record(session),
+        "screening": screening_record(session),
+        "profile": study.user_attrs.get("profile"), "noise_floor": study.user_attrs.get("noise_floor"),
+        "started": runs[0]["started"], "finished": finished,
+        "sessions": runs, "wall_s": sessions_wall_s(runs), "result": result,
+    })
+
+
+def screening_record(session: StudySession) -> dict[str, Any]:
+    """tune.json's ``screening``: how many search trials each stage of the protocol saw (``stages``: trials that
+    measured at least that many windows; the first is the screen, the last the full protocol), the configs
+    refused before any run (the memory model, a config error), repeats answered from an earlier trial, and
+    configs evaluated (screened or refused) per GPU-minute of the study."""
+    spec = session.spec
+    trials = [t for t in session.trials() if t.state not in (TrialState.WAITING, TrialState.RUNNING)]
+    own = [t for t in trials if "duplicate_of" not in t.user_attrs]
+    windows, eta = spec.protocol.windows, spec.pruner.reduction_factor
+    marks = {1, windows}
+    if spec.pruner.screens:
+        r = 1
+        while r < windows:
+            marks.add(r)
+            r *= eta
+    stages = [{"windows": w, "trials": sum(len(t.intermediate_values) >= w for t in own)} for w in sorted(marks)]
+    refused = sum(not t.intermediate_values and t.user_attrs.get("wall_s") == 0 for t in own)
+    minutes = gpu_seconds_total(session) / 60
+    evaluated = stages[0]["trials"] + refused
+    return {"pruner": spec.pruner.name, "stages": stages, "refused_without_run": refused,
+            "repeats": len(trials) - len(own), "configs_evaluated": evaluated,
+            "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None}
+
+
+def study_result(session: StudySession, validation: Mapping[str, Any], wall_s: float | None) -> dict[str, Any]:
+    """The study's one result (workbench.tune.result) from its validation and the study's facts."""
+    spec = session.spec
+    budget = {"trials": session.budget, "trials_run": session.finished_count(), "timeout_s": session.timeout_s,
+              "wall_s": wall_s, "gpu_minutes": gpu_record(session), "screening": screening_record(session)}
+    return build_result(validation, study=session.study_name, base_values=spec.base_knob_values(),
+                        baseline_repeats=session.baseline_runs(), searched=session.active, budget=budget,
+                        data=data_source(spec.base_config(), spec.trainer), commit=source_commit())
+
+
+def finished(session: StudySession, gpu_budget: GpuBudget, timeout_given: bool) -> dict[str, Any] | None:
+    """The stored result of a study that is not run again: its result is stored and its budget spent (trials, a
+    study without a trial budget unless --timeout was given, or GPU-minutes). None when there is work to do."""
+    result = stored_result(session.study_dir)
+    spent = (session.budget is not None and session.finished_count() >= session.budget) or \
+        (session.budget is None and not timeout_given) or gpu_budget.done()
+    return result if result is not None and spent else None
+
+
+def finished_lines(session: StudySession, result: Mapping[str, Any]) -> list[str]:
+    """What a finished study says when run again: its result, how to re-measure its export and how to extend it."""
+    n = session.finished_count()
+    return [f"study {session.study_name} is finished ({n} trials):", *result_lines(result),
+            f"config: {session.study_dir / 'config.yaml'}",
+            f"re-measure the exported config: python -m workbench.tune verify --study-name {session.study_name} "
+            f"--out {session.study_dir.parent}",
+            f"extend the search: the same command with --trials N (N > {n})"]
+
+
+def record_in_study(study: optuna.Study, result: Mapping[str, Any]) -> None:
+    """The validated result where Optuna's tools see it, as study attributes: ``result/...`` (verdict, the
+    exported trial, the baseline, the best candidate's speedup and interval) and ``validated/trial_<n>`` for each
+    candidate (its role and A/B figures; a finished trial's own attributes cannot change). Optuna's own best
+    trial is the best single search run; the tuner's winner is the validated one (docs/cli.md, "Optuna's own
+    tools")."""
+    best = result.get("best") or {}
+    study.set_user_attr("result/verdict", result["verdict"])
+    study.set_user_attr("result/exported_trial", result["exported"]["trial"])
+    study.set_user_attr("result/baseline_tokens_per_s", result["baseline"]["tokens_per_s"])
+    for key in ("trial", "speedup", "ci_low", "ci_high", "pairs"):
+        study.set_user_attr(f"result/best_{key}", best.get(key))
+    for c in result.get("candidates") or []:
+        role = "validated winner" if c["trial"] == result["exported"]["trial"] else "validated candidate"
+        study.set_user_attr(f"validated/trial_{c['trial']}", {
+            "role": role, **{k: c[k] for k in ("speedup", "ci_low", "ci_high", "pairs", "tokens_per_s",
+                                               "baseline_tokens_per_s", "significant")}})
+
+
+def result_text(result: Mapping[str, Any], config: Path, report: Path | None) -> str:
+    """The terminal's lines of a finished run: the result, the exported config and, where built, the report."""
+    lines = [*result_lines(result), f"config: {config}"]
+    if report is not None and report.exists():
+        lines.append(f"report: {report}")
+    return "\n".join(lines)

@@ -134,9 +134,9 @@ def build_result(
         "budget": dict(budget),
         "data": dict(data),
         "commit": commit,
-        # the torch.profiler traces of the baseline and of the winner (validation.json's, Measurement.keep_traces)
+        # the torch.profiler traces of the baseline and of the winner (validation.json's, Measurer.keep_traces)
         "traces": validation.get("traces"),
-        # the winner beside the plain compiled loop (validation.json's, Validation.against_plain)
+        # the winner beside the plain compiled loop (validation.json's, validation.against_plain)
         "reference": validation.get("reference"),
     }
 

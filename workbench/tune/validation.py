@@ -17,16 +17,19 @@ import math
 import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import Config, ConfigError, config_hash, merge_overrides
 from workbench.tune.export import write_json
+from workbench.tune.session import StudySession
 from workbench.tune.storage import mask_url
 from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
+from workbench.tune.trial import TrialOutcome
 
-__all__ = ["Duel", "PLAIN_LOOP", "Validation", "interval_fields", "overlap", "pick_winner", "plain_loop_config"]
+__all__ = ["Duel", "PLAIN_LOOP", "Runs", "ab_pairs", "against_plain", "candidates", "duel", "interval_fields",
+           "is_feasible", "now_iso", "overlap", "pick_winner", "plain_loop_config", "plain_loop_skipped", "validate"]
 
 PLAIN_LOOP = {"loongforge.compute_domain.compile": "default", "loongforge.compute_domain.graph_capture": "none"}
 """What turns a study's base config into the plain compiled loop: ``torch.compile`` in its default mode, no CUDA
@@ -50,224 +53,231 @@ def is_feasible(t: FrozenTrial) -> bool:
             and all(v <= 0 for v in t.constraints.values()))
 
 
-class Validation:
-    """The Tuner's validation methods (the Tuner provides the study, spec, measurement and logging)."""
+class Runs(Protocol):
+    """What validation measures with (``workbench.tune.measure.Measurer``): a run of a config into a folder, and the
+    coordinator's lease check before each pair."""
 
-    def candidates(self) -> tuple[list[FrozenTrial], list[dict[str, Any]]]:
-        """Top-k distinct feasible trials (by search throughput) to validate, and those skipped with why."""
-        spec = self.spec
-        assert spec is not None
-        base_hash = config_hash(spec.export_config({}))
-        base = self.baseline_runs()
-        base_median = statistics.median(base) if base else 0.0
-        pool = self._trials((TrialState.COMPLETE,))
-        if spec.objective.multi_objective:
-            assert self.study is not None
-            front = {t.number for t in self.study.best_trials}  # the feasible Pareto front
-            pool = [t for t in pool if t.number in front]
-        # by throughput (objective 0); in multi-objective studies, among the Pareto front
-        ok = sorted((t for t in pool if is_feasible(t)), key=lambda t: (-t.values[0], t.number))
-        out: list[FrozenTrial] = []
-        skipped: list[dict[str, Any]] = []
-        seen = {base_hash}
-        for t in ok:
-            if len(out) >= spec.protocol.top_k:
-                break
-            try:
-                h = config_hash(spec.export_config(t.params))
-            except ConfigError:
-                continue
-            if h == base_hash:
-                skipped.append({"trial": t.number, "reason": "same config as the baseline"})
-                continue
-            if h in seen:
-                continue  # same params as a better-ranked trial
-            seen.add(h)
-            if t.values[0] <= base_median:
-                skipped.append({"trial": t.number, "reason": f"search throughput {t.values[0]:,.0f} not above the "
-                                f"baseline median {base_median:,.0f}"})
-                continue
-            out.append(t)
-        return out, skipped
+    def measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str) -> TrialOutcome: ...
 
-    def ab_pairs(self, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *, max_pairs: int,
-                 min_pairs: int, confidence: float, what: str, resume: bool = False,
-                 phase: str = "validation") -> dict[int, dict[str, Any]]:
-        """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
-        baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
-        ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
-        1.0; the rest stop at ``max_pairs``. Returns per arm: runs, baseline_runs, run_dirs, baseline_dirs,
-        failures and ``stopped`` ("interval excludes 1.0" or "cap").
+    def check_lease(self) -> None: ...
 
-        Each finished pair is stored in the study (user attr ``ab_pairs``, keyed by folder and round, with both
-        configs' hashes). With ``resume`` a stored pair of the same configs whose folders are still in place is
-        taken as measured, so a validation stopped part-way goes on from its next pair; ``verify`` never
-        resumes (it exists to measure again). The runs' device seconds count to ``phase`` (verify's to none: it
-        runs after the study)."""
-        results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
-                       "stopped": "cap"} for k in arms}
-        settled: set[int] = set()
-        study = self.study
-        assert study is not None
-        base_hash = config_hash(base_cfg)
-        for r in range(max_pairs):
-            for k, cfg in arms.items():
-                res = results[k]
-                if k in settled:
+    def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+
+
+def candidates(session: StudySession) -> tuple[list[FrozenTrial], list[dict[str, Any]]]:
+    """Top-k distinct feasible trials (by search throughput) to validate, and those skipped with why."""
+    spec = session.spec
+    base_hash = config_hash(spec.export_config({}))
+    base = session.baseline_runs()
+    base_median = statistics.median(base) if base else 0.0
+    pool = session.trials((TrialState.COMPLETE,))
+    if spec.objective.multi_objective:
+        front = {t.number for t in session.study.best_trials}  # the feasible Pareto front
+        pool = [t for t in pool if t.number in front]
+    # by throughput (objective 0); in multi-objective studies, among the Pareto front
+    ok = sorted((t for t in pool if is_feasible(t)), key=lambda t: (-t.values[0], t.number))
+    out: list[FrozenTrial] = []
+    skipped: list[dict[str, Any]] = []
+    seen = {base_hash}
+    for t in ok:
+        if len(out) >= spec.protocol.top_k:
+            break
+        try:
+            h = config_hash(spec.export_config(t.params))
+        except ConfigError:
+            continue
+        if h == base_hash:
+            skipped.append({"trial": t.number, "reason": "same config as the baseline"})
+            continue
+        if h in seen:
+            continue  # same params as a better-ranked trial
+        seen.add(h)
+        if t.values[0] <= base_median:
+            skipped.append({"trial": t.number, "reason": f"search throughput {t.values[0]:,.0f} not above the "
+                            f"baseline median {base_median:,.0f}"})
+            continue
+        out.append(t)
+    return out, skipped
+
+def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *,
+             max_pairs: int, min_pairs: int, confidence: float, what: str, resume: bool = False,
+             phase: str = "validation") -> dict[int, dict[str, Any]]:
+    """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
+    baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
+    ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
+    1.0; the rest stop at ``max_pairs``. Returns per arm: runs, baseline_runs, run_dirs, baseline_dirs,
+    failures and ``stopped`` ("interval excludes 1.0" or "cap").
+
+    Each finished pair is stored in the study (user attr ``ab_pairs``, keyed by folder and round, with both
+    configs' hashes). With ``resume`` a stored pair of the same configs whose folders are still in place is
+    taken as measured, so a validation stopped part-way goes on from its next pair; ``verify`` never
+    resumes (it exists to measure again). The runs' device seconds count to ``phase`` (verify's to none: it
+    runs after the study)."""
+    results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
+                   "stopped": "cap"} for k in arms}
+    settled: set[int] = set()
+    study = session.study
+    base_hash = config_hash(base_cfg)
+    for r in range(max_pairs):
+        for k, cfg in arms.items():
+            res = results[k]
+            if k in settled:
+                continue
+            measurer.check_lease()
+            key, hashes = f"{vdir.name}/{k}-{r}", [base_hash, config_hash(cfg)]
+            dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
+            stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
+            if stored and stored["hashes"] == hashes and all(d.is_dir() for d in dirs):
+                session.log(f"{what} #{k}: pair {len(res['runs']) + 1} taken from the study (measured "
+                            f"{stored['finished']})")
+                a_value, b_value = stored["values"]
+            else:
+                prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
+                a = measurer.measure(base_cfg, dirs[0], prefix + ", baseline", phase)
+                b = measurer.measure(cfg, dirs[1], prefix + ", candidate", phase)
+                if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
+                    res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
+                                            "reason": a.failure_reason or b.failure_reason})
                     continue
-                self._check_lease()
-                key, hashes = f"{vdir.name}/{k}-{r}", [base_hash, config_hash(cfg)]
-                dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
-                stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
-                if stored and stored["hashes"] == hashes and all(d.is_dir() for d in dirs):
-                    self._log(f"{what} #{k}: pair {len(res['runs']) + 1} taken from the study (measured "
-                              f"{stored['finished']})")
-                    a_value, b_value = stored["values"]
-                else:
-                    prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
-                    a = self._measure(base_cfg, dirs[0], prefix + ", baseline", phase)
-                    b = self._measure(cfg, dirs[1], prefix + ", candidate", phase)
-                    if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
-                        res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
-                                                "reason": a.failure_reason or b.failure_reason})
-                        continue
-                    a_value, b_value = a.value, b.value
-                    pairs = dict(study.user_attrs.get("ab_pairs", {}))
-                    pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": now_iso()}
-                    study.set_user_attr("ab_pairs", pairs)
-                res["runs"].append(b_value)
-                res["baseline_runs"].append(a_value)
-                res["run_dirs"].append(str(dirs[1]))
-                res["baseline_dirs"].append(str(dirs[0]))
-                if len(res["runs"]) >= max(2, min_pairs):
-                    iv = speedup_interval(pair_ratios(res["runs"], res["baseline_runs"]), confidence)
-                    if (iv.low > 1.0 or iv.high < 1.0) and len(res["runs"]) < max_pairs:
-                        settled.add(k)
-                        res["stopped"] = "interval excludes 1.0"
-                        self._log(f"{what} #{k}: interval [{iv.low:.3f}, {iv.high:.3f}] excludes 1.0 after "
-                                  f"{len(res['runs'])} pairs; its A/B stops")
-        return results
-
-    def duel(self, a: Mapping[str, Any], b: Mapping[str, Any], *, max_pairs: int, min_pairs: int,
-             confidence: float) -> dict[str, Any]:
-        """Candidate ``b`` against candidate ``a``, interleaved (a's config in the baseline's place), by the
-        validation's sequential protocol (``validation/duel-<a>-<b>/``, resumable like the A/B): the fields of
-        ``interval_fields`` with ``pairs``, ``runs``, ``baseline_runs`` (a's) and ``failures``."""
-        spec = self.spec
-        assert spec is not None
-        self._log(f"#{a['trial']} and #{b['trial']} are both significant and their intervals overlap: measuring "
-                  f"them against each other, {min_pairs} to {max_pairs} A/B pairs")
-        res = self.ab_pairs(spec.trial_config(a["params"]), {b["trial"]: spec.trial_config(b["params"])},
-                            self.study_dir / "validation" / f"duel-{a['trial']}-{b['trial']}", max_pairs=max_pairs,
-                            min_pairs=min_pairs, confidence=confidence, what=f"head-to-head with #{a['trial']}",
-                            resume=True)[b["trial"]]
-        fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
-        return {**fields, "pairs": len(fields["ratios"]), "runs": res["runs"], "baseline_runs": res["baseline_runs"],
-                "failures": res["failures"], "stopped": res["stopped"]}
-
-    def validate(self) -> dict[str, Any]:
-        """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
-
-        validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
-        overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
-        search_value, runs, baseline_runs, ratios, run_dirs, baseline_dirs, failures, stopped, numerics,
-        speedup_median, ci_low, ci_high, significant}], skipped, winner: {trial or null, significant,
-        speedup_median, ci_low, ci_high, decided_by, duels: [{a, b, ratios (b over a), speedup_median, ci_low,
-        ci_high, pairs, runs, baseline_runs (a's), failures, stopped, faster, told_apart}]}, traces (``Measurement.keep_traces``), complete, finished}.
-        """
-        spec, study = self.spec, self.study
-        assert spec is not None and study is not None
-        cands, skipped = self.candidates()
-        path = self.study_dir / "validation.json"
-        rounds = spec.protocol.ab_rounds
-        min_rounds = spec.protocol.ab_min_rounds or rounds
-        confidence, looks = sequential_confidence(min_rounds, rounds)
-        with contextlib.suppress(OSError, json.JSONDecodeError):
-            old = json.loads(path.read_text())
-            if (old.get("complete") and [c["trial"] for c in old.get("candidates", [])] == [t.number for t in cands]
-                    and old.get("ab_rounds") == rounds and old.get("ab_min_rounds") == min_rounds
-                    and old.get("storage_url") == mask_url(self.storage_url)):
-                self._log("validation: reusing validation.json (same candidates)")
-                return old
-        if cands:
-            self._log(f"validating {len(cands)} candidate(s) against the baseline, {min_rounds} to {rounds} A/B "
-                      f"pairs each: " + ", ".join(f"#{t.number}" for t in cands))
-        pairs = self.ab_pairs(spec.measured_base_config(), {t.number: spec.trial_config(t.params) for t in cands},
-                              self.study_dir / "validation", max_pairs=rounds, min_pairs=min_rounds,
-                              confidence=confidence, what="validating", resume=True)
-        candidates = []
-        for t in cands:
-            res = {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], **pairs[t.number],
-                   "numerics": t.user_attrs.get("numerics")}
-            res.update(interval_fields(res["runs"], res["baseline_runs"], confidence))
-            candidates.append(res)
-            ci = (f"[{res['ci_low']:.3f}, {res['ci_high']:.3f}]" if res["ci_low"] is not None
-                  and res["ci_high"] is not None else "[n/a]")
-            sp = f"{res['speedup_median']:.3f}x" if res["speedup_median"] is not None else "n/a"
-            self._log(f"candidate #{t.number}: speedup {sp}, interval {ci} over {len(res['ratios'])} pairs"
-                      + (" (significant)" if res["significant"] else " (not significant)"))
-        winner = pick_winner(candidates, lambda a, b: self.duel(a, b, max_pairs=rounds, min_pairs=min_rounds,
-                                                                confidence=confidence))
-        if winner["duels"]:
-            self._log(f"winner #{winner['trial']}: {winner['decided_by']}")
-        best = next((c for c in candidates if c["trial"] == winner["trial"]), None)
-        reference = self.against_plain(best, max_pairs=rounds, min_pairs=min_rounds, confidence=confidence)
-        traces = self.keep_traces(best)
-        base = self.baseline_runs()
-        data = {
-            "study_name": self.study_name, "storage_url": mask_url(self.storage_url), "baseline_runs": base,
-            "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
-            "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
-            "ab_min_rounds": min_rounds, "candidates": candidates, "skipped": skipped,
-            "winner": winner, "reference": reference, "traces": traces, "complete": True, "finished": now_iso(),
-        }
-        write_json(path, data)
-        return data
+                a_value, b_value = a.value, b.value
+                pairs = dict(study.user_attrs.get("ab_pairs", {}))
+                pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": now_iso()}
+                study.set_user_attr("ab_pairs", pairs)
+            res["runs"].append(b_value)
+            res["baseline_runs"].append(a_value)
+            res["run_dirs"].append(str(dirs[1]))
+            res["baseline_dirs"].append(str(dirs[0]))
+            if len(res["runs"]) >= max(2, min_pairs):
+                iv = speedup_interval(pair_ratios(res["runs"], res["baseline_runs"]), confidence)
+                if (iv.low > 1.0 or iv.high < 1.0) and len(res["runs"]) < max_pairs:
+                    settled.add(k)
+                    res["stopped"] = "interval excludes 1.0"
+                    session.log(f"{what} #{k}: interval [{iv.low:.3f}, {iv.high:.3f}] excludes 1.0 after "
+                                f"{len(res['runs'])} pairs; its A/B stops")
+    return results
 
 
-    def plain_loop_skipped(self) -> str | None:
-        """Why the winner is not measured beside the plain compiled loop on this study; None where it is."""
-        if not self.reference:
-            return "off (--no-reference)"
-        if self.spec.trainer is not None:
-            return "a loop of one's own: its base config is the reference"
-        if "cuda" not in self.hardware.get("capabilities", ()):
-            return "not a GPU study: torch.compile's speed on a CPU says nothing of a GPU's"
-        return None
+def duel(session: StudySession, measurer: Runs, a: Mapping[str, Any], b: Mapping[str, Any], *, max_pairs: int,
+         min_pairs: int, confidence: float) -> dict[str, Any]:
+    """Candidate ``b`` against candidate ``a``, interleaved (a's config in the baseline's place), by the
+    validation's sequential protocol (``validation/duel-<a>-<b>/``, resumable like the A/B): the fields of
+    ``interval_fields`` with ``pairs``, ``runs``, ``baseline_runs`` (a's) and ``failures``."""
+    spec = session.spec
+    session.log(f"#{a['trial']} and #{b['trial']} are both significant and their intervals overlap: measuring "
+                f"them against each other, {min_pairs} to {max_pairs} A/B pairs")
+    res = ab_pairs(session, measurer, spec.trial_config(a["params"]), {b["trial"]: spec.trial_config(b["params"])},
+                   session.study_dir / "validation" / f"duel-{a['trial']}-{b['trial']}", max_pairs=max_pairs,
+                   min_pairs=min_pairs, confidence=confidence, what=f"head-to-head with #{a['trial']}",
+                   resume=True)[b["trial"]]
+    fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
+    return {**fields, "pairs": len(fields["ratios"]), "runs": res["runs"], "baseline_runs": res["baseline_runs"],
+            "failures": res["failures"], "stopped": res["stopped"]}
 
-    def against_plain(self, best: Mapping[str, Any] | None, *, max_pairs: int, min_pairs: int,
-                      confidence: float) -> dict[str, Any]:
-        """validation.json's ``reference``: the winner beside the plain compiled loop (``plain_loop_config`` of
-        the measured base), interleaved A/B pairs as the validation's (``validation/reference/``, resumable). Where
-        the base already is the plain loop, the validation's own ratio is the answer and nothing runs again.
-        Always a record: ``ran`` False with the ``reason`` where it does not apply (no winner, a CPU study, a loop
-        of one's own, ``--no-reference``)."""
-        spec = self.spec
-        assert spec is not None
-        what = "the plain compiled loop (torch.compile, default mode, no CUDA graphs)"
-        reason = "no winner: the base config is exported" if best is None else self.plain_loop_skipped()
-        if reason is not None:
-            return {"reference": what, "ran": False, "reason": reason}
-        assert best is not None
-        base = spec.measured_base_config()
-        plain = plain_loop_config(base)
-        if config_hash(plain) == config_hash(base):
-            fields = {k: best[k] for k in ("ratios", "speedup_median", "ci_low", "ci_high", "significant")}
-            return {"reference": what, "ran": True, "same_as_base": True, "trial": best["trial"], **fields,
-                    "pairs": len(best["ratios"]), "runs": best["runs"], "baseline_runs": best["baseline_runs"]}
-        self._log(f"the winner #{best['trial']} beside {what}: {min_pairs} to {max_pairs} A/B pairs")
-        res = self.ab_pairs(plain, {best["trial"]: spec.trial_config(best["params"])},
-                            self.study_dir / "validation" / "reference", max_pairs=max_pairs, min_pairs=min_pairs,
-                            confidence=confidence, what="against the plain loop", resume=True)[best["trial"]]
-        fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
-        if fields["speedup_median"] is not None:
-            ci = (f"[{fields['ci_low']:.3f}, {fields['ci_high']:.3f}]" if fields["ci_low"] is not None
-                  and fields["ci_high"] is not None else "[n/a]")
-            self._log(f"against the plain compiled loop: {fields['speedup_median']:.3f}x {ci} over "
-                      f"{len(fields['ratios'])} pairs")
-        return {"reference": what, "ran": True, "same_as_base": False, "trial": best["trial"], **fields,
-                "pairs": len(fields["ratios"]), "runs": res["runs"], "baseline_runs": res["baseline_runs"],
-                "failures": res["failures"], "stopped": res["stopped"]}
+
+def validate(session: StudySession, measurer: Runs) -> dict[str, Any]:
+    """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
+
+    validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
+    overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
+    search_value, runs, baseline_runs, ratios, run_dirs, baseline_dirs, failures, stopped, numerics,
+    speedup_median, ci_low, ci_high, significant}], skipped, winner: {trial or null, significant,
+    speedup_median, ci_low, ci_high, decided_by, duels: [{a, b, ratios (b over a), speedup_median, ci_low,
+    ci_high, pairs, runs, baseline_runs (a's), failures, stopped, faster, told_apart}]}, traces
+    (``Measurer.keep_traces``), complete, finished}.
+    """
+    spec = session.spec
+    cands, skipped = candidates(session)
+    path = session.study_dir / "validation.json"
+    rounds = spec.protocol.ab_rounds
+    min_rounds = spec.protocol.ab_min_rounds or rounds
+    confidence, looks = sequential_confidence(min_rounds, rounds)
+    with contextlib.suppress(OSError, json.JSONDecodeError):
+        old = json.loads(path.read_text())
+        if (old.get("complete") and [c["trial"] for c in old.get("candidates", [])] == [t.number for t in cands]
+                and old.get("ab_rounds") == rounds and old.get("ab_min_rounds") == min_rounds
+                and old.get("storage_url") == mask_url(session.storage_url)):
+            session.log("validation: reusing validation.json (same candidates)")
+            return old
+    if cands:
+        session.log(f"validating {len(cands)} candidate(s) against the baseline, {min_rounds} to {rounds} A/B "
+                    f"pairs each: " + ", ".join(f"#{t.number}" for t in cands))
+    pairs = ab_pairs(session, measurer, spec.measured_base_config(),
+                     {t.number: spec.trial_config(t.params) for t in cands}, session.study_dir / "validation",
+                     max_pairs=rounds, min_pairs=min_rounds, confidence=confidence, what="validating", resume=True)
+    validated = []
+    for t in cands:
+        res = {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], **pairs[t.number],
+               "numerics": t.user_attrs.get("numerics")}
+        res.update(interval_fields(res["runs"], res["baseline_runs"], confidence))
+        validated.append(res)
+        ci = (f"[{res['ci_low']:.3f}, {res['ci_high']:.3f}]" if res["ci_low"] is not None
+              and res["ci_high"] is not None else "[n/a]")
+        sp = f"{res['speedup_median']:.3f}x" if res["speedup_median"] is not None else "n/a"
+        session.log(f"candidate #{t.number}: speedup {sp}, interval {ci} over {len(res['ratios'])} pairs"
+                    + (" (significant)" if res["significant"] else " (not significant)"))
+    winner = pick_winner(validated, lambda a, b: duel(session, measurer, a, b, max_pairs=rounds, min_pairs=min_rounds,
+                                                      confidence=confidence))
+    if winner["duels"]:
+        session.log(f"winner #{winner['trial']}: {winner['decided_by']}")
+    best = next((c for c in validated if c["trial"] == winner["trial"]), None)
+    reference = against_plain(session, measurer, best, max_pairs=rounds, min_pairs=min_rounds, confidence=confidence)
+    traces = measurer.keep_traces(best)
+    base = session.baseline_runs()
+    data = {
+        "study_name": session.study_name, "storage_url": mask_url(session.storage_url), "baseline_runs": base,
+        "noise_floor": noise_floor(base).to_dict() if base else None, "method": "t-interval on log ratios",
+        "confidence": confidence, "overall_confidence": 0.95, "looks": looks, "ab_rounds": rounds,
+        "ab_min_rounds": min_rounds, "candidates": validated, "skipped": skipped,
+        "winner": winner, "reference": reference, "traces": traces, "complete": True, "finished": now_iso(),
+    }
+    write_json(path, data)
+    return data
+
+
+def plain_loop_skipped(session: StudySession) -> str | None:
+    """Why the winner is not measured beside the plain compiled loop on this study; None where it is."""
+    if not session.reference:
+        return "off (--no-reference)"
+    if session.spec.trainer is not None:
+        return "a loop of one's own: its base config is the reference"
+    if "cuda" not in session.hardware.get("capabilities", ()):
+        return "not a GPU study: torch.compile's speed on a CPU says nothing of a GPU's"
+    return None
+
+
+def against_plain(session: StudySession, measurer: Runs, best: Mapping[str, Any] | None, *, max_pairs: int,
+                  min_pairs: int, confidence: float) -> dict[str, Any]:
+    """validation.json's ``reference``: the winner beside the plain compiled loop (``plain_loop_config`` of
+    the measured base), interleaved A/B pairs as the validation's (``validation/reference/``, resumable). Where
+    the base already is the plain loop, the validation's own ratio is the answer and nothing runs again.
+    Always a record: ``ran`` False with the ``reason`` where it does not apply (no winner, a CPU study, a loop
+    of one's own, ``--no-reference``)."""
+    spec = session.spec
+    what = "the plain compiled loop (torch.compile, default mode, no CUDA graphs)"
+    if best is None:
+        return {"reference": what, "ran": False, "reason": "no winner: the base config is exported"}
+    reason = plain_loop_skipped(session)
+    if reason is not None:
+        return {"reference": what, "ran": False, "reason": reason}
+    base = spec.measured_base_config()
+    plain = plain_loop_config(base)
+    if config_hash(plain) == config_hash(base):
+        fields = {k: best[k] for k in ("ratios", "speedup_median", "ci_low", "ci_high", "significant")}
+        return {"reference": what, "ran": True, "same_as_base": True, "trial": best["trial"], **fields,
+                "pairs": len(best["ratios"]), "runs": best["runs"], "baseline_runs": best["baseline_runs"]}
+    session.log(f"the winner #{best['trial']} beside {what}: {min_pairs} to {max_pairs} A/B pairs")
+    res = ab_pairs(session, measurer, plain, {best["trial"]: spec.trial_config(best["params"])},
+                   session.study_dir / "validation" / "reference", max_pairs=max_pairs, min_pairs=min_pairs,
+                   confidence=confidence, what="against the plain loop", resume=True)[best["trial"]]
+    fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
+    if fields["speedup_median"] is not None:
+        ci = (f"[{fields['ci_low']:.3f}, {fields['ci_high']:.3f}]" if fields["ci_low"] is not None
+              and fields["ci_high"] is not None else "[n/a]")
+        session.log(f"against the plain compiled loop: {fields['speedup_median']:.3f}x {ci} over "
+                    f"{len(fields['ratios'])} pairs")
+    return {"reference": what, "ran": True, "same_as_base": False, "trial": best["trial"], **fields,
+            "pairs": len(fields["ratios"]), "runs": res["runs"], "baseline_runs": res["baseline_runs"],
+            "failures": res["failures"], "stopped": res["stopped"]}
 
 
 def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
@@ -277,7 +287,7 @@ def overlap(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 Duel = Callable[[Mapping[str, Any], Mapping[str, Any]], dict[str, Any]]
 """Measures ``b`` against ``a`` (a's config is the A/B's base): ``interval_fields`` of b's runs over a's, with
-``pairs``; ``Validation.duel`` runs it, tests pass their own."""
+``pairs``; ``validation.duel`` runs it, tests pass their own."""
 
 
 def pick_winner(candidates: list[dict[str, Any]], duel: Duel | None = None) -> dict[str, Any]:

@@ -13,71 +13,79 @@ from __future__ import annotations
 import datetime
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from workbench.errors import TuneError
 from workbench.train.fingerprint import source_commit
 from workbench.tune.export import write_json
 from workbench.tune.stats import INCONCLUSIVE_WIDTH, width_ratio
-from workbench.tune.validation import interval_fields
+from workbench.tune.session import StudySession
+from workbench.tune.validation import Runs, ab_pairs, interval_fields
 
-__all__ = ["Verification"]
+__all__ = ["nothing_to_verify", "verifiable", "verify", "verify_lines", "verify_pairs"]
 
 
-class Verification:
-    """The Tuner's verify method (the Tuner provides the study, spec, stored result, measurement, lease and
-    logging)."""
+def verifiable(result: Mapping[str, Any] | None, study_name: str, study_dir: Path) -> Mapping[str, Any]:
+    """A study's stored result (tune.json's, ``records.stored_result``), or TuneError: a study with no finished
+    result has nothing to verify yet."""
+    if result is None:
+        raise TuneError(f"study {study_name!r} has no finished result in {study_dir / 'tune.json'}; "
+                        f"finish it first with `python -m workbench.tune --study {study_name}`")
+    return result
 
-    def verify(self, pairs: int | None = None) -> dict[str, Any]:
-        """Re-measure the exported config against the baseline; returns the record appended to verify.json
-        (``holds`` None when the base config was exported: there is nothing to re-measure)."""
-        result = self.stored_result()
-        if result is None:
-            raise TuneError(f"study {self.study_name!r} has no finished result in {self.study_dir / 'tune.json'}; "
-                            f"finish it first with `python -m workbench.tune --study {self.study_name}`")
-        best = result.get("best") or {}
-        if result["verdict"] != "winner":
-            return {"holds": None, "verdict": result["verdict"],
-                    "message": "the base config was exported: nothing to verify against it"}
-        n = pairs if pairs is not None else max(3, int(best.get("pairs") or 0))
-        if n < 2:
-            raise TuneError(f"--pairs {n}: a speedup interval needs at least 2 A/B pairs")
-        if self.study is None:
-            self.open()  # takes the coordinator lease: no other coordinator measures while this runs
-        spec = self.spec
-        assert spec is not None
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
-        trial = int(result["exported"]["trial"])
-        try:
-            self._log(f"verifying trial #{trial} ({', '.join(result['exported']['changed']) or 'no knob changed'}) "
-                      f"against the baseline: {n} interleaved A/B pairs")
-            res = self.ab_pairs(spec.measured_base_config(), {trial: spec.trial_config(result["exported"]["params"])},
-                                self.study_dir / "verify" / stamp, max_pairs=n, min_pairs=n, confidence=0.95,
-                                what="verifying", phase="verify")[trial]
-        finally:
-            self._release_lease()
-        fields = interval_fields(res["runs"], res["baseline_runs"], 0.95)
-        lo, hi = best.get("ci_low"), best.get("ci_high")
-        median = fields["speedup_median"]
-        inside = median is not None and lo is not None and hi is not None and lo <= median <= hi
-        wider = width_ratio(fields["ci_low"], fields["ci_high"], lo, hi)
-        # no interval (one pair, or every pair failed) is as inconclusive as a too wide one
-        inconclusive = median is None or fields["ci_high"] is None or wider is None or wider > INCONCLUSIVE_WIDTH
-        verdict = "inconclusive" if inconclusive else "holds" if inside else "does not hold"
-        record = {
-            "time": stamp, "trial": trial, "pairs": len(fields["ratios"]), "failures": res["failures"],
-            **fields, "holds": verdict == "holds", "verdict": verdict, "inside": inside,
-            "width_ratio": wider, "commit": source_commit(),
-            "validated": {k: best.get(k) for k in ("speedup", "ci_low", "ci_high", "pairs")},
-            "runs": res["runs"], "baseline_runs": res["baseline_runs"],
-        }
-        path = self.study_dir / "verify.json"
-        try:
-            history = json.loads(path.read_text())
-        except (OSError, ValueError):
-            history = []
-        write_json(path, [*(history if isinstance(history, list) else []), record])
-        return record
+
+def verify_pairs(result: Mapping[str, Any], pairs: int | None) -> int | None:
+    """The count of A/B pairs to verify ``result`` with (``--pairs``, else the validation's, at least 3); None when
+    the base config was exported (nothing to re-measure); TuneError for fewer than 2."""
+    if result["verdict"] != "winner":
+        return None
+    n = pairs if pairs is not None else max(3, int((result.get("best") or {}).get("pairs") or 0))
+    if n < 2:
+        raise TuneError(f"--pairs {n}: a speedup interval needs at least 2 A/B pairs")
+    return n
+
+
+def nothing_to_verify(result: Mapping[str, Any]) -> dict[str, Any]:
+    """The record of a study whose base config was exported (``holds`` None)."""
+    return {"holds": None, "verdict": result["verdict"],
+            "message": "the base config was exported: nothing to verify against it"}
+
+
+def verify(session: StudySession, measurer: Runs, result: Mapping[str, Any], n: int) -> dict[str, Any]:
+    """Re-measure the exported config of ``result`` against the baseline by ``n`` A/B pairs (while the caller holds
+    the coordinator lease: no other coordinator measures meanwhile); returns the record appended to verify.json."""
+    spec = session.spec
+    best = result.get("best") or {}
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    trial = int(result["exported"]["trial"])
+    session.log(f"verifying trial #{trial} ({', '.join(result['exported']['changed']) or 'no knob changed'}) "
+                f"against the baseline: {n} interleaved A/B pairs")
+    res = ab_pairs(session, measurer, spec.measured_base_config(),
+                   {trial: spec.trial_config(result["exported"]["params"])}, session.study_dir / "verify" / stamp,
+                   max_pairs=n, min_pairs=n, confidence=0.95, what="verifying", phase="verify")[trial]
+    fields = interval_fields(res["runs"], res["baseline_runs"], 0.95)
+    lo, hi = best.get("ci_low"), best.get("ci_high")
+    median = fields["speedup_median"]
+    inside = median is not None and lo is not None and hi is not None and lo <= median <= hi
+    wider = width_ratio(fields["ci_low"], fields["ci_high"], lo, hi)
+    # no interval (one pair, or every pair failed) is as inconclusive as a too wide one
+    inconclusive = median is None or fields["ci_high"] is None or wider is None or wider > INCONCLUSIVE_WIDTH
+    verdict = "inconclusive" if inconclusive else "holds" if inside else "does not hold"
+    record = {
+        "time": stamp, "trial": trial, "pairs": len(fields["ratios"]), "failures": res["failures"],
+        **fields, "holds": verdict == "holds", "verdict": verdict, "inside": inside,
+        "width_ratio": wider, "commit": source_commit(),
+        "validated": {k: best.get(k) for k in ("speedup", "ci_low", "ci_high", "pairs")},
+        "runs": res["runs"], "baseline_runs": res["baseline_runs"],
+    }
+    path = session.study_dir / "verify.json"
+    try:
+        history = json.loads(path.read_text())
+    except (OSError, ValueError):
+        history = []
+    write_json(path, [*(history if isinstance(history, list) else []), record])
+    return record
 
 
 def verify_lines(record: Mapping[str, Any]) -> list[str]:

@@ -1,0 +1,128 @@
+"""A study's device time: what each phase spent (the coordinator's phases in the study attr ``gpu_s``, a search
+trial's in its own attributes), tune.json's ``gpu_minutes`` record, and the GPU-minute budget the search stops at
+(what was spent, the reserve of the runs after the search, and the next trial)."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from optuna.trial import TrialState
+
+from workbench.config import config_hash
+from workbench.tune.session import StudySession
+from workbench.tune.validation import plain_loop_config, plain_loop_skipped
+
+__all__ = ["COORDINATOR_PHASES", "GPU_PHASES", "GpuBudget", "gpu_record", "gpu_seconds", "gpu_seconds_total",
+           "reserved_seconds", "runs_after_search", "spend", "trial_seconds"]
+
+GPU_PHASES = ("baseline", "screening", "trials", "numerics", "validation", "traces")
+"""Where a study's device time goes: the base config's repeats, search trials stopped at screening (the pruner
+stopped them early), search trials measured to the end (or failed), the numerics guard's twins, validation's A/B
+runs and the trace runs."""
+
+COORDINATOR_PHASES = ("baseline", "validation", "traces")
+"""Phases only the coordinator runs: their device seconds are one study attribute (``gpu_s``) that no other
+process writes. A search trial's own seconds, and its twin's, are that trial's attributes (``wall_s``,
+``twin_wall_s``), since workers run them."""
+
+
+def spend(session: StudySession, phase: str, wall_s: float) -> None:
+    """Add a coordinator phase's run (one of COORDINATOR_PHASES) to the study's device seconds (its wall time
+    times the GPUs it held)."""
+    study = session.study
+    spent = dict(study.user_attrs.get("gpu_s") or {})
+    spent[phase] = round(float(spent.get(phase, 0.0)) + wall_s * session.spec.gpus, 3)
+    study.set_user_attr("gpu_s", spent)
+    session.show(gpu_min=gpu_seconds_total(session) / 60)
+
+
+def gpu_seconds(session: StudySession) -> dict[str, float]:
+    """Device seconds the study spent so far, by phase (GPU_PHASES): the coordinator's phases from the study,
+    each finished search trial's from its own record (a repeat that reused a result ran nothing)."""
+    gpus = session.spec.gpus
+    spent = dict.fromkeys(GPU_PHASES, 0.0)
+    for k, v in (session.study.user_attrs.get("gpu_s") or {}).items():
+        if k in spent and isinstance(v, (int, float)):
+            spent[k] += float(v)
+    for t in session.study.get_trials(deepcopy=False):
+        a = t.user_attrs
+        wall, twin = a.get("wall_s"), a.get("twin_wall_s")
+        if isinstance(wall, (int, float)) and "duplicate_of" not in a:
+            spent["screening" if t.state == TrialState.PRUNED else "trials"] += wall * gpus
+        if isinstance(twin, (int, float)):
+            spent["numerics"] += twin * gpus
+    return {k: round(v, 3) for k, v in spent.items()}
+
+
+def gpu_seconds_total(session: StudySession) -> float:
+    return sum(gpu_seconds(session).values())
+
+
+def gpu_record(session: StudySession) -> dict[str, Any]:
+    """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes, and the device
+    they were spent on (``cuda``, or ``cpu`` for a study that ran on the CPU: its minutes are CPU-minutes)."""
+    spent = gpu_seconds(session)
+    return {"device": "cuda" if "cuda" in session.hardware.get("capabilities", ()) else "cpu",
+            "budget": session.gpu_minutes, "total": round(sum(spent.values()) / 60, 3),
+            "by_phase": {k: round(v / 60, 3) for k, v in spent.items()}}
+
+
+def _run_seconds(session: StudySession) -> float | None:
+    """Device seconds one measured run takes here: the median of the baseline's runs (None before any)."""
+    walls = [w for w in (session.study.user_attrs.get("baseline_wall_s") or []) if isinstance(w, (int, float))]
+    return statistics.median(walls) * session.spec.gpus if walls else None
+
+
+def runs_after_search(session: StudySession) -> int:
+    """Measured runs after the search at most: every candidate's A/B pairs at the cap, the winner's pairs beside
+    the plain compiled loop where they will run (``validation.against_plain``) and the two trace runs."""
+    p = session.spec.protocol
+    base = session.spec.measured_base_config()
+    plain = plain_loop_skipped(session) is None and config_hash(plain_loop_config(base)) != config_hash(base)
+    return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0) + (2 if p.profile_steps > 0 else 0)
+
+
+def reserved_seconds(session: StudySession) -> float:
+    """Device seconds the runs after the search may take at most, each at the baseline's run time (0 before the
+    baseline ran)."""
+    return (_run_seconds(session) or 0.0) * runs_after_search(session)
+
+
+def trial_seconds(session: StudySession) -> float:
+    """Device seconds the next search trial is expected to take: the median of the search trials measured to the
+    end so far, else a baseline run."""
+    walls = [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
+             if t.state == TrialState.COMPLETE and isinstance(t.user_attrs.get("wall_s"), (int, float))
+             and t.user_attrs["wall_s"] > 0]
+    return statistics.median(walls) if walls else (_run_seconds(session) or 0.0)
+
+
+class GpuBudget:
+    """Whether the GPU-minute budget leaves room for one more search trial; the first time it does not, one line
+    says where the minutes went."""
+
+    def __init__(self, session: StudySession) -> None:
+        self.session = session
+        self.noted = False  # the line was printed
+
+    def left(self) -> float | None:
+        """Device seconds the search may still spend: the budget less what was spent, the reserve of the runs after
+        the search, and the next trial; None without a GPU-minute budget."""
+        minutes = self.session.gpu_minutes
+        if minutes is None:
+            return None
+        s = self.session
+        return minutes * 60 - gpu_seconds_total(s) - reserved_seconds(s) - trial_seconds(s)
+
+    def done(self) -> bool:
+        left = self.left()
+        if left is None or left >= 0:
+            return False
+        if not self.noted:
+            self.noted = True
+            s = self.session
+            self.session.log(f"GPU-minute budget: {gpu_seconds_total(s) / 60:.1f} of {s.gpu_minutes:g} spent, "
+                             f"{reserved_seconds(s) / 60:.1f} kept for validation and traces, a trial takes about "
+                             f"{trial_seconds(s) / 60:.1f}: the search stops")
+        return True

@@ -1,0 +1,474 @@
+"""The search: trials asked of the study's sampler, run and told until the budget (exact across processes by trial
+number), the wall-clock limit or the GPU-minute budget is reached (``Search``). A repeat of a measured config gets
+the earlier trial's result and, in a finite space, queues an untried config in its place; a trial stopped without
+a result of its own is queued again; the RUNNING trials of a dead tuner are failed."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import signal
+import statistics
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from workbench.config import ConfigError, config_hash
+from workbench.files import remove_tree
+from workbench.train.memory_model import predicted_oom
+from workbench.tune.budget import GpuBudget, gpu_seconds_total
+from workbench.tune.lease import Lease
+from workbench.tune.measure import Measurer
+from workbench.tune.opening import params_text
+from workbench.tune.profiled import ProfileLed
+from workbench.tune.samplers import CONSTRAINTS, infeasible, untried_config
+from workbench.tune.session import StudySession
+from workbench.tune.stats import noise_floor
+from workbench.tune.storage import HEARTBEAT_INTERVAL_S, alive, proc_identity
+from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
+from workbench.tune.validation import is_feasible
+
+__all__ = ["COUNTED_STATES", "MAX_ENUMERATED", "Search", "counts", "flat_attrs"]
+
+
+COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+"""Trial states that use up the budget, with a FAIL whose config failed (``samplers.infeasible``); a FAIL stopped
+from outside (interrupted, stale, over the budget) does not."""
+
+
+def counts(t: FrozenTrial) -> bool:
+    """Whether a trial uses up the budget: a repeat of a measured config does not while untried configs remain
+    (``free_repeat``: the tuner queued an untried one in its place)."""
+    if t.user_attrs.get("free_repeat"):
+        return False
+    return t.state in COUNTED_STATES or infeasible(t)
+
+
+MAX_ENUMERATED = 4096
+"""Largest finite space whose configs the tuner lists (to queue an untried one in place of a repeat)."""
+
+
+def flat_attrs(summary: Mapping[str, Any]) -> dict[str, float]:
+    """A run summary's numbers as flat trial attributes that Optuna's tools can sort and plot: each numeric
+    metric under its own name, each phase's seconds per step as ``phase/<name>_s``."""
+    out = {k: float(v) for k, v in summary.items()
+           if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
+    for name, v in (summary.get("phase_s_per_step") or {}).items():
+        if isinstance(v, (int, float)) and math.isfinite(v):
+            out[f"phase/{name}_s"] = float(v)
+    return out
+
+
+def _outcome_of(t: FrozenTrial) -> TrialOutcome:
+    """A finished trial's outcome as it was told (for a later trial of the same config)."""
+    a = t.user_attrs
+    windows = a.get("windows")  # the summary's flat keys are stored over it: its count of windows, there
+    return TrialOutcome(a.get("status", "ok"), Path(a.get("trial_dir", "")),
+                        Path(a["config_path"]) if a.get("config_path") else None,
+                        list(windows) if isinstance(windows, list) else [],
+                        t.values[0] if t.state == TrialState.COMPLETE and t.values else None, a.get("summary"),
+                        a.get("failure_reason", ""), a.get("log_tail", ""), wall_s=0.0)
+
+
+class Search:
+    """The search trials of one session: a coordinator's (holding ``lease``) or a worker's. ``measurer`` runs the
+    numerics guard's twins; ``gpu_budget`` says when the GPU-minutes are spent."""
+
+    def __init__(self, session: StudySession, measurer: Measurer, lease: Lease, gpu_budget: GpuBudget) -> None:
+        self.session = session
+        self.measurer = measurer
+        self.lease = lease
+        self.gpu_budget = gpu_budget
+        self.base_values = session.spec.base_knob_values()
+
+    # ------------------------------------------------------------------ the loop
+    def search(self, t0: float) -> None:
+        """Run trials until the budget (exact across processes) or the wall-clock limit (from ``t0``, this
+        process's start on the monotonic clock) is reached."""
+        s = self.session
+        deadline = t0 + s.timeout_s if s.timeout_s else None  # wall clock of this process
+        waiting_note = False
+        while True:
+            self.lease.check()
+            self.recover_stale()
+            self.requeue_interrupted()
+            counted, running, waiting = self.counts()
+            s.show(done=s.finished_count(), best=self.best_text(), gpu_min=gpu_seconds_total(s) / 60)
+            # enqueued (WAITING) trials are asked for like new ones; the exact check after ask() decides
+            budget_done = s.budget is not None and counted - waiting >= s.budget
+            time_done = deadline is not None and time.monotonic() >= deadline
+            gpu_done = self.gpu_budget.done()  # (asked every time: its one line comes when the budget runs out)
+            if budget_done or time_done or gpu_done:
+                if s.worker or running == 0:
+                    return
+                if not waiting_note:
+                    s.log(f"waiting for {running} running trial(s) of other workers")
+                    waiting_note = True
+                s.show(phase=f"waiting for {running} running trial(s)")
+                time.sleep(2.0)
+                continue
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+                trial = s.study.ask()
+            try:
+                with self.storage_heartbeat(trial._trial_id):
+                    trial.set_user_attr("worker", s.me)
+                    if self._over_budget(trial):
+                        if s.worker:
+                            return
+                        continue
+                    out = self.run_one(trial)
+            except BaseException as e:  # wherever it landed, the asked trial does not stay RUNNING
+                self.mark_interrupted(trial, None if isinstance(e, KeyboardInterrupt) else
+                                      f"the tuner stopped: {type(e).__name__}: {e}")
+                raise
+            s.log(self.trial_line(trial, out, t0))
+
+    def _over_budget(self, trial: optuna.Trial) -> bool:
+        """Whether the trials before ``trial`` took the whole budget (another process asked first); such a trial is
+        told FAIL (``skipped_budget``) without a run."""
+        budget = self.session.budget
+        if budget is None:
+            return False
+        earlier = sum(counts(t) for t in self.session.trials() if t.number < trial.number)
+        if earlier < budget:
+            return False
+        trial.set_user_attr("status", "skipped_budget")
+        trial.set_user_attr("failure_reason", f"budget of {budget} trials already taken")
+        self.session.study.tell(trial, state=TrialState.FAIL)
+        return True
+
+    def counts(self) -> tuple[int, int, int]:
+        """(counted, running, waiting) trials of the study."""
+        trials = self.session.trials()
+        counted = sum(counts(t) for t in trials)
+        running = sum(t.state == TrialState.RUNNING for t in trials)
+        waiting = sum(t.state == TrialState.WAITING for t in trials)
+        return counted, running, waiting
+
+    def best_text(self) -> str:
+        ok = [t for t in self.session.trials((TrialState.COMPLETE,)) if is_feasible(t)]
+        if not ok:
+            return ""
+        best = max(ok, key=lambda t: t.values[0])
+        base = self.session.baseline_runs()
+        sp = f" ({best.values[0] / statistics.median(base):.2f}x)" if base else ""
+        return f"search best #{best.number} {best.values[0]:,.0f} tok/s{sp}, one run, not yet validated"
+
+    def trial_line(self, trial: optuna.Trial, out: TrialOutcome, t0: float) -> str:
+        base = self.session.baseline_runs()
+        params = ", ".join(f"{k}={v}" for k, v in trial.params.items())
+        elapsed = time.monotonic() - t0
+        tail = f" | {elapsed // 60:.0f}m{elapsed % 60:02.0f}s" + (f" | {b}" if (b := self.best_text()) else "")
+        if out.status == "ok" and out.value is not None:
+            # the ratio beside the noise floor: a ratio within the baseline's own spread is no sign of a gain
+            sp = (f", {out.value / statistics.median(base):.2f}x the baseline median (one search run; noise floor "
+                  f"{noise_floor(base).rel_spread:.0%})") if base else ""
+            return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]{tail}"
+        return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]{tail}"
+
+    # ------------------------------------------------------------------ one trial
+    def sample(self, trial: optuna.Trial) -> dict[str, Any]:
+        """Knob values for ``trial``: each active knob in registry order, conditional knobs when active."""
+        spec = self.session.spec
+        values = dict(self.base_values)
+        params: dict[str, Any] = {}
+        for name in spec.knob_order():
+            if name not in self.session.active:
+                continue
+            knob = spec.knob(name)
+            if not knob.active(values):
+                continue
+            rng = spec.space[name]
+            if rng.choices is not None:
+                v = trial.suggest_categorical(name, rng.choices)
+            elif knob.kind == "int":
+                low, high = rng.bounds()
+                v = trial.suggest_int(name, int(low), int(high), step=int(rng.step or 1), log=rng.log)
+            else:
+                low, high = rng.bounds()
+                v = trial.suggest_float(name, float(low), float(high), step=rng.step, log=rng.log)
+            params[name] = v
+            values[name] = v
+        return params
+
+    def run_one(self, trial: optuna.Trial) -> TrialOutcome:
+        """Run and tell one search trial."""
+        s = self.session
+        spec = s.spec
+        n = trial.number
+        tdir = s.study_dir / "trials" / str(n)
+        params = self.sample(trial)
+        trial.set_user_attr("trial_dir", str(tdir))
+        try:
+            try:
+                cfg = spec.trial_config(params)
+            except ConfigError as e:
+                out = not_launched_outcome(tdir, str(e))
+            else:
+                # the memory model is the built-in loop's: a loop of one's own finds its own limit
+                too_big = predicted_oom(cfg, s.hardware.get("gpu_memory_gib")) if spec.trainer is None else None
+                if too_big:
+                    out = not_launched_outcome(tdir, too_big, kind="oom")
+                else:
+                    out = self._run_config(trial, params, cfg, tdir)
+        except KeyboardInterrupt:
+            self.mark_interrupted(trial)
+            raise
+        self.tell(trial, out)
+        return out
+
+    def _run_config(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, tdir: Path) -> TrialOutcome:
+        """A config that may run: the result of an earlier trial of the same config, else a run of its own (with
+        the numerics guard)."""
+        n = trial.number
+        h = config_hash(cfg)
+        trial.set_user_attr("config_hash", h)
+        twin = self.measured_twin(h, n)
+        if twin is None:
+            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial))
+            if out.status == "ok":
+                self.measurer.guard_numerics(trial, params, cfg, out)
+            return out
+        # the sampler asked for a config already measured: its result, no run
+        trial.set_user_attr("duplicate_of", twin.number)
+        if "numerics" in twin.user_attrs:
+            trial.set_user_attr("numerics", twin.user_attrs["numerics"])
+        queued = self.queue_untried(n)
+        if queued is not None:  # the repeat costs no budget: an untried config runs in its place
+            trial.set_user_attr("free_repeat", True)
+        self.session.log(f"trial {n}: the same config as trial {twin.number}; its result is reused, nothing runs"
+                         + (f"; queued an untried config instead ({params_text(queued)})" if queued is not None
+                            else ""))
+        return _outcome_of(twin)
+
+    def _on_window(self, trial: optuna.Trial) -> Callable[[int, float], bool]:
+        """Each measured window's value, reported to the pruner; True: prune the trial."""
+        spec = self.session.spec
+        multi, screens, last = spec.objective.multi_objective, spec.pruner.screens, spec.protocol.windows - 1
+
+        def on_window(i: int, v: float) -> bool:
+            if multi:
+                return False
+            # a screening pruner's resource is the count of windows measured; its last rung is the full protocol,
+            # where nothing is left to save, so a trial measured to the end is never pruned
+            trial.report(v, step=i + 1 if screens else i)
+            return not (screens and i >= last) and trial.should_prune()
+
+        return on_window
+
+    def run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
+        """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
+        config is called infeasible (the first attempt is kept as ``trials/<n>.killed``)."""
+        s = self.session
+        n = trial.number
+        for attempt in range(2):
+            out = run_trial(cfg, tdir, timeout_s=s.spec.protocol.trial_timeout_s,
+                            heartbeat_timeout_s=s.spec.protocol.heartbeat_timeout_s, on_window=on_window,
+                            on_phase=self.measurer.on_phase(f"trial {n}"), launch=s.launch,
+                            on_launch=lambda pgid: _record_group(trial, pgid), env=s.child_env(),
+                            cwd=s.child_cwd())
+            if not out.killed_from_outside or attempt:
+                return out
+            kept = tdir.with_name(f"{tdir.name}.killed")
+            remove_tree(kept)
+            tdir.rename(kept)
+            trial.set_user_attr("rerun", {"reason": out.failure_reason, "first_attempt_dir": str(kept)})
+            s.log(f"trial {n}: {out.failure_reason}; running it once more before blaming its config")
+        return out
+
+    def constraints(self, out: TrialOutcome) -> dict[str, float]:
+        # the same keys for every trial: Optuna's GP sampler models each constraint across all trials
+        if out.failed:
+            return {"failed": 1.0, "memory": 0.0, "finite_loss": 0.0}
+        peak, total = out.peak_memory_gib, out.device_total_gib
+        limit = self.session.spec.objective.memory_share_limit
+        mem = peak / total - limit if (peak is not None and total) else 0.0
+        loss = out.last_loss
+        return {"failed": 0.0, "memory": round(mem, 6),
+                "finite_loss": 0.0 if loss is None or math.isfinite(loss) else 1.0}
+
+    def tell(self, trial: optuna.Trial, out: TrialOutcome) -> None:
+        s = self.session
+        cons = self.constraints(out)
+        attrs: dict[str, Any] = {
+            "status": out.status, "failure_reason": out.failure_reason, "log_tail": out.log_tail,
+            "config_path": str(out.config_path) if out.config_path else "", "trial_dir": str(out.trial_dir),
+            "summary": out.summary or {}, "constraint": list(cons.values()), "windows": out.windows,
+            "wall_s": round(out.wall_s, 3),
+        }
+        attrs.update(flat_attrs(out.summary or {}))
+        # Optuna's own states, so that its tools read the study right: a failed config is FAIL (the samplers
+        # learn it as infeasible through their view, workbench.tune.samplers), an interrupted one FAIL too
+        values: list[float] | None = None
+        state = TrialState.FAIL
+        mem = out.peak_memory_gib
+        if out.status == "ok" and out.value is not None:  # (an ok outcome carries its value)
+            values = [out.value] + ([mem if mem is not None else 0.0] if s.spec.objective.multi_objective else [])
+            state = TrialState.COMPLETE
+        elif out.status == "pruned":
+            state = TrialState.PRUNED
+        try:
+            for k, v in attrs.items():
+                trial.set_user_attr(k, v)
+            if out.status not in ("interrupted", "disk"):  # the machine's doing: nothing to learn about the config
+                for k, v in cons.items():
+                    trial.set_constraint(k, v)
+                # optuna-dashboard (0.21) reads the constraints as Optuna 4 stored them: one list
+                s.storage.set_trial_system_attr(trial._trial_id, "constraints", [cons[k] for k in CONSTRAINTS])
+            s.study.tell(trial, values, state=state)
+        except (optuna.exceptions.UpdateFinishedTrialError, ValueError) as e:
+            # another process failed it as stale (our heartbeat stalled); it will be re-run
+            s.log(f"trial {trial.number}: could not record its result ({e}); it counts as failed")
+
+    def mark_interrupted(self, trial: optuna.Trial, reason: str | None = None) -> None:
+        """Tell a trial that Ctrl-C or SIGTERM (or an error of the tuner's own, ``reason``) stopped FAIL (status
+        interrupted: it is re-run on resume), once: more interrupts arriving meanwhile are held off, and a trial
+        already finished in the storage is left as it is."""
+        s = self.session
+        tdir = s.study_dir / "trials" / str(trial.number)
+        with interrupts_held(), contextlib.suppress(Exception):
+            if s.storage.get_trial(trial._trial_id).state != TrialState.RUNNING:
+                return
+            trial.set_user_attr("status", "interrupted")
+            trial.set_user_attr("failure_reason", reason or "interrupted (Ctrl-C or SIGTERM of the tuner)")
+            trial.set_user_attr("log_tail", read_log_tail(tdir))
+            trial.set_user_attr("config_path", str(tdir / "config.yaml"))
+            s.study.tell(trial, state=TrialState.FAIL)
+
+    # ------------------------------------------------------------------ repeats, requeues, stale trials
+    def configs(self) -> list[dict[str, Any]] | None:
+        """Every config of the search space as knob values (conditional knobs only where active), in sampling
+        order; None when the space is not finite or has more than MAX_ENUMERATED configs."""
+        spec = self.session.spec
+        names = [n for n in spec.knob_order() if n in self.session.active]
+        grids: dict[str, list[Any]] = {}
+        for name in names:
+            rng = spec.space[name]
+            if rng.choices is None and spec.knob(name).kind != "int" and rng.step is None:
+                return None  # a continuous range
+            grids[name] = rng.grid(spec.knob(name).kind)
+        out: list[dict[str, Any]] = []
+
+        def walk(i: int, values: dict[str, Any], params: dict[str, Any]) -> bool:
+            if i == len(names):
+                out.append(dict(params))
+                return len(out) <= MAX_ENUMERATED
+            name = names[i]
+            if not spec.knob(name).active(values):
+                return walk(i + 1, values, params)
+            for v in grids[name]:
+                if not walk(i + 1, {**values, name: v}, {**params, name: v}):
+                    return False
+            return True
+
+        return out if walk(0, dict(self.base_values), {}) else None
+
+    def queue_untried(self, number: int) -> dict[str, Any] | None:
+        """Enqueue one config of a finite space that no trial has asked for or queued (a seeded choice, so that
+        a study reruns the same way); None when the space is not finite or every config was asked for."""
+        study, seed = self.session.study, self.session.spec.sampler.seed
+        configs = self.configs()
+        if not configs:
+            return None
+        asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.session.trials()]
+        held = study.sampler.held(study) if isinstance(study.sampler, ProfileLed) else {}
+        led = [c for c in configs if all(c.get(k, v) == v for k, v in held.items())]  # the startup's, first
+        pick = untried_config(led, asked, seed, number) or untried_config(configs, asked, seed, number)
+        if pick is None:
+            return None
+        study.enqueue_trial(pick, user_attrs={"queued_for": number})
+        return pick
+
+    def requeue_interrupted(self) -> None:
+        """Queue again, once, the config of every trial that stopped without a result of its own (Ctrl-C, a dead
+        tuner, a stale heartbeat): the sampler, the grid's included, treats a finished trial as covered."""
+        trials = self.session.trials()
+        pending = [t.params for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)] + \
+            [t.system_attrs.get("fixed_params") or t.params for t in trials
+             if t.state in (TrialState.WAITING, TrialState.RUNNING)]
+        done = {t.user_attrs.get("requeue_of") for t in trials}  # (Optuna keeps a finished trial as it is: no mark)
+        for t in trials:
+            if t.state != TrialState.FAIL or infeasible(t) or t.number in done or not t.params:
+                continue
+            if t.user_attrs.get("status") not in (None, "interrupted", "disk") or "duplicate_of" in t.user_attrs:
+                continue  # the config's own failure, skipped over the budget, or a repeat: nothing was lost
+            if t.params in pending:
+                continue  # measured or queued since
+            self.session.study.enqueue_trial(t.params, user_attrs={"requeue_of": t.number})
+            pending.append(t.params)
+            self.session.log(f"trial {t.number} stopped without a result: its config is queued again "
+                             f"({params_text(t.params)})")
+
+    def measured_twin(self, h: str, number: int) -> FrozenTrial | None:
+        """The earliest finished search trial of config hash ``h`` whose result is the config's: complete and ok,
+        pruned (screened out: slower than the trials it was ranked with), or failed out of memory (not a timeout,
+        crash or interrupt, which may be the machine's doing)."""
+        for t in self.session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+            if (t.number != number and t.user_attrs.get("config_hash") == h and "duplicate_of" not in t.user_attrs
+                    and (is_feasible(t) or t.state == TrialState.PRUNED or t.user_attrs.get("status") == "oom")):
+                return t
+        return None
+
+    def recover_stale(self) -> None:
+        """Fail RUNNING trials whose tuner is gone: dead pid on this host now, elsewhere by heartbeat."""
+        s = self.session
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            optuna.storages.fail_stale_trials(s.study)
+        for t in s.trials((TrialState.RUNNING,)):
+            w = t.user_attrs.get("worker") or {}
+            if w.get("host") != s.me["host"] or not isinstance(w.get("pid"), int):
+                continue
+            if (w.get("pid"), w.get("start")) == (s.me["pid"], s.me["start"]):
+                continue
+            if alive(w["pid"], w.get("start")):
+                continue
+            pgid, leader = t.user_attrs.get("pgid"), t.user_attrs.get("pgid_leader")
+            # an orphaned trial of the dead tuner: its group is killed only while its leader is the process the
+            # trial recorded (pids are reused), and never group 0 (the caller's own) or this tuner's group
+            if isinstance(pgid, int) and pgid > 1 and pgid != os.getpgrp() and leader is not None \
+                    and proc_identity(pgid) == leader:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                s.storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+                s.storage.set_trial_user_attr(
+                    t._trial_id, "failure_reason",
+                    f"tuner process {w['pid']} on {w['host']} died while the trial ran; re-run")
+                s.storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+                s.log(f"trial {t.number}: its tuner (pid {w['pid']}) is gone; marked FAIL, it will be re-run")
+
+    @contextlib.contextmanager
+    def storage_heartbeat(self, trial_id: int) -> Iterator[None]:
+        """Record the trial's storage heartbeat every HEARTBEAT_INTERVAL_S while it runs (ask/tell has none)."""
+        storage = self.session.storage
+        stop = threading.Event()
+
+        def beat() -> None:
+            while True:
+                with contextlib.suppress(Exception):  # a transient DB error must not kill the trial
+                    storage.record_heartbeat(trial_id)
+                if stop.wait(HEARTBEAT_INTERVAL_S):
+                    return
+
+        thread = threading.Thread(target=beat, name=f"heartbeat-{trial_id}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _record_group(trial: optuna.Trial, pgid: int) -> None:
+    """Store the trial's process group and what identifies its leader, for the recovery of a dead tuner."""
+    trial.set_user_attr("pgid_leader", proc_identity(pgid))
+    trial.set_user_attr("pgid", pgid)
