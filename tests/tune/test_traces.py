@@ -64,4 +64,7 @@ def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tm
     s = time_section(load_study_data(sdir))
     assert list(s.traces.index) == ["baseline", "winner"] and s.traces_message is None
     assert s.top_ops_of == "winner" and 0 < len(s.top_ops) <= 10
-    assert all(n.startswith("aten::") for n in s.top_ops["name"])
+    # torch's ops, never the trace's step or phase ranges; the autograd engine's node wrappers
+    # (autograd::engine::evaluate_function: PowBackward0) hold self time of their own and may rank
+    assert all(n.split("::")[0] in ("aten", "autograd") for n in s.top_ops["name"])
+    assert s.top_ops["name"].str.startswith("aten::").any()
