@@ -32,7 +32,16 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     # each search line carries the noise floor beside its ratio to the baseline
     assert re.search(r"x the baseline median \(one search run; noise floor \d+%\)", proc.stderr), proc.stderr
     assert any(v in proc.stdout for v in ("winner: trial #", "no significant gain", "no candidate beat"))
+    tune, study, counted = _check_tune_json_and_trials(proc, sdir)
+    val, w = _check_validation(sdir)
+    cfg, prov = _check_export(proc, sdir, study, w)
+    result = _check_one_result(proc, sdir, tune, prov)
+    _check_the_export_reproduces(tmp_path, subprocess_env, sdir, tune, prov)
+    _check_subcommands(tmp_path, subprocess_env, spec_path, out, sdir, prov, result)
+    _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w)
 
+
+def _check_tune_json_and_trials(proc, sdir):
     # tune.json: the contract the report reads
     tune = json.loads((sdir / "tune.json").read_text())
     assert set(tune) >= {"study_name", "storage_url", "spec", "dropped_knobs", "hardware", "noise_floor",
@@ -61,6 +70,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
             assert len(t.intermediate_values) == 2  # one per measured window
     assert len(list((sdir / "baseline").iterdir())) == 2
 
+    return tune, study, counted
+
+
+def _check_validation(sdir):
     # validation.json
     val = json.loads((sdir / "validation.json").read_text())
     assert set(val) >= {"baseline_runs", "candidates", "winner"}
@@ -75,6 +88,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert {d["a"], d["b"]} <= {c["trial"] for c in val["candidates"]} and d["faster"] in (d["a"], d["b"])
         assert (sdir / "validation" / f"duel-{d['a']}-{d['b']}" / f"trial-{d['b']}-0").is_dir()
 
+    return val, w
+
+
+def _check_export(proc, sdir, study, w):
     # exported config with provenance; environment.json; report.html
     cfg = load_config(sdir / "config.yaml")
     prov = cfg.provenance
@@ -95,10 +112,14 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     lifetimes = json.loads((sdir / "lifetimes.json").read_text())
     assert lifetimes["model"] == "tiny" and lifetimes["buckets"] and f"gradient lifetimes: {sdir}" in proc.stderr
 
+    return cfg, prov
+
+
+def _check_one_result(proc, sdir, tune, prov):
+    page = (sdir / "report.html").read_text()
     # one result, told the same everywhere: the terminal, tune.json, the exported provenance and the report
     result = tune["result"]
     best, headline = result["best"], result_headline(result)
-    page = (sdir / "report.html").read_text()
     assert headline in proc.stdout and html.escape(headline) in page
     # the report of a real study: every section there, none of them failed
     ids = set(re.findall(r'<section id="([^"]+)"', page))
@@ -120,6 +141,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         assert best is None or (prov.best_candidate["trial"] == best["trial"]
                                 and prov.best_candidate["why_lost"] == best["why_lost"])
 
+    return result
+
+
+def _check_the_export_reproduces(tmp_path, subprocess_env, sdir, tune, prov):
     # The exported config runs as is and reproduces its speedup: run beside the base config (the baseline's own
     # config.yaml), one after the other, the same steps each, their ratio is at least the exported speedup less the
     # noise floor. Side by side, because on 2 CPU cores shared with the suite's other workers absolute throughput
@@ -148,6 +173,10 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
         raise AssertionError(f"exported config at {ratios} of the base beside it; exported speedup "
                              f"{prov.speedup:.3f}, bound {bound:.0%}")
 
+
+
+def _check_subcommands(tmp_path, subprocess_env, spec_path, out, sdir, prov, result):
+    best, headline = result["best"], result_headline(result)
     # the export and report subcommands work on the finished study
     for sub in ("export", "report"):
         p = subprocess.run([sys.executable, "-m", "workbench.tune", sub, "--study", str(spec_path), "--out",
@@ -180,6 +209,9 @@ def test_tiny_study_end_to_end(study_spec_file, tmp_path, subprocess_env):
     else:
         assert p.returncode == 0 and "nothing to verify" in p.stdout, p.stdout + p.stderr
 
+
+
+def _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w):
     # the study as a results CSV (benchmarks/study_results.py): every counted trial's objective as the sampler
     # was told it, the baseline runs, and the winner's validation interval
     import pandas as pd

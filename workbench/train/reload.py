@@ -167,7 +167,8 @@ class ConfigReloader:
     def plan(self, running: Config, *, world: int, grad_accum: int, device: torch.device) -> ReloadPlan:
         """Re-read the source and plan the reload for a run on ``device``; any error reading it rejects it
         (``ReloadRejected``)."""
-        assert self.source is not None
+        if self.source is None:
+            raise ReloadRejected("the run was started from a preset: there is no config file to re-read")
         if world > 1:  # each rank would read the file at its own step: the ranks must not diverge
             raise ReloadRejected(f"hot reload needs a single process (WORLD_SIZE={world})")
         gib = torch.cuda.get_device_properties(device).total_memory / 2**30 if device.type == "cuda" else None
