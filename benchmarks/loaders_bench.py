@@ -221,8 +221,9 @@ def _drop_cache(paths: list[Path]) -> None:
 
 
 def _run_pipeline(shards: ShardSet, cfg: BenchConfig, backend: str, depth: int) -> dict[str, Any]:
-    pl = BatchPipeline(shards, micro_batch=cfg.micro_batch, seed=cfg.seed, num_workers=cfg.num_workers,
-                       io_backend=backend, ring_depth=depth, read_threads=cfg.threads, epochs=1, device=cfg.device)
+    pl = BatchPipeline(shards, micro_batch_size=cfg.micro_batch, seed=cfg.seed, num_workers=cfg.num_workers,
+                       io_backend=backend, io_uring_entries=depth, read_threads=cfg.threads, epochs=1,
+                       device=cfg.device)
     real = batches = 0
     c0, t0 = time.process_time(), time.perf_counter()
     try:
@@ -249,7 +250,7 @@ def _run_memmap(shards: ShardSet, ref: Path, cfg: BenchConfig) -> dict[str, Any]
     mask = np.memmap(ref / "mask.u8", np.uint8, "r")
     off = np.fromfile(ref / "offsets.i64", np.int64)
     blen = np.asarray(shards.bucket_length, np.int64)
-    plan = EpochPlan(shards, micro_batch=cfg.micro_batch, seed=cfg.seed, epoch=0)
+    plan = EpochPlan(shards, micro_batch_size=cfg.micro_batch, seed=cfg.seed, epoch=0)
     cuda = cfg.device == "cuda"
     ring = StagingRing(4, default_block_bytes(int(blen.max()), cfg.micro_batch), pin=cuda)
     stream = torch.cuda.Stream() if cuda else None
@@ -283,7 +284,7 @@ def _reader_copy(shards: ShardSet, cfg: BenchConfig, backend: str, depth: int) -
 
     One reader, one unmeasured pass to fill its buffer pool, then the two modes alternately.
     """
-    plan = EpochPlan(shards, micro_batch=cfg.micro_batch, seed=cfg.seed, epoch=0)
+    plan = EpochPlan(shards, micro_batch_size=cfg.micro_batch, seed=cfg.seed, epoch=0)
     reqs = [(f, *shards.read_request(f)) for f in plan.frame_order.tolist()]
     out = []
     with make_reader(backend, depth=depth, threads=cfg.threads) as rd:

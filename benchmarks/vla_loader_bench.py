@@ -71,7 +71,7 @@ def _decode_alone(ss: ShardSet, augment: bool) -> dict[str, float]:
 
 def _epoch(ss: ShardSet, mb: int, workers: int, augment: bool, device: str) -> dict[str, float]:
     backend = "io_uring" if probe_io_uring()[0] else "threadpool"
-    pl = VLAPipeline(ss, micro_batch=mb, num_workers=workers, io_backend=backend, epochs=1, device=device,
+    pl = VLAPipeline(ss, micro_batch_size=mb, num_workers=workers, io_backend=backend, epochs=1, device=device,
                      augment=AugmentSettings() if augment else None)
     n = 0
     c0, t0 = time.process_time(), time.perf_counter()

@@ -21,13 +21,13 @@ class EpochPlan:
 
     Per bucket: permute its frames; walk them in windows of
     ``shuffle_window_frames``; shuffle the records of a window; cut batches of
-    ``micro_batch`` records, carrying the leftovers into the next window. The
-    last partial batch of each bucket (< ``micro_batch`` records) is dropped for
-    this epoch; the permutation differs per epoch, so different records are
-    dropped each time. Then the buckets are interleaved by shuffling a list that
-    holds each bucket id once per batch it has: a bucket's share of steps is its
-    share of records (to within one batch), and its share of tokens is its share
-    of tokens, unbiased by length.
+    ``micro_batch_size`` records, carrying the leftovers into the next window.
+    The last partial batch of each bucket (< ``micro_batch_size`` records) is
+    dropped for this epoch; the permutation differs per epoch, so different
+    records are dropped each time. Then the buckets are interleaved by shuffling
+    a list that holds each bucket id once per batch it has: a bucket's share of
+    steps is its share of records (to within one batch), and its share of tokens
+    is its share of tokens, unbiased by length.
 
     Buckets: by default the shards' own. With ``bucket_width`` W, stored buckets
     are grouped at load time: a stored bucket of length L joins the plan bucket
@@ -35,7 +35,7 @@ class EpochPlan:
     re-preprocessing (padding stays under W plus the stored width; a W that is a
     multiple of the stored width buckets exactly as preprocessing at W would).
 
-    Attributes: ``batches`` int64 [n_batches, micro_batch] global record ids;
+    Attributes: ``batches`` int64 [n_batches, micro_batch_size] global record ids;
     ``batch_bucket`` [n_batches] plan bucket of each batch; ``bucket_length``
     [n_plan_buckets] its padded length T; ``bucket_groups`` the stored buckets of
     each plan bucket; ``frame_order`` frames in first-use order;
@@ -43,11 +43,11 @@ class EpochPlan:
     ``dropped_records`` [n_plan_buckets].
     """
 
-    def __init__(self, shards: ShardSet, *, micro_batch: int, seed: int, epoch: int,
+    def __init__(self, shards: ShardSet, *, micro_batch_size: int, seed: int, epoch: int,
                  shuffle_window_frames: int = 4, bucket_width: int | None = None,
                  rec_frame: np.ndarray | None = None) -> None:
-        if micro_batch < 1:
-            raise ValueError(f"micro_batch={micro_batch}: expected >= 1")
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size={micro_batch_size}: expected >= 1")
         if shuffle_window_frames < 1:
             raise ValueError(f"shuffle_window_frames={shuffle_window_frames}: expected >= 1")
         if seed < 0 or epoch < 0:
@@ -55,7 +55,7 @@ class EpochPlan:
         if bucket_width is not None and bucket_width < 1:
             raise ValueError(f"bucket_width={bucket_width}: expected None (the shards' buckets) or >= 1")
         self.bucket_width = bucket_width
-        self.micro_batch, self.seed, self.epoch = micro_batch, seed, epoch
+        self.micro_batch_size, self.seed, self.epoch = micro_batch_size, seed, epoch
         self.shuffle_window_frames = shuffle_window_frames
         first_rec = np.asarray(shards.frame_first_rec, np.int64)
         n_rec = np.asarray(shards.frame_n_rec, np.int64)
@@ -65,7 +65,7 @@ class EpochPlan:
         streams = np.random.SeedSequence([seed, epoch]).spawn(n_buckets + 1)
         per_bucket: list[np.ndarray] = []
         self.dropped_records = np.zeros(n_buckets, np.int64)
-        mb, W = micro_batch, shuffle_window_frames
+        mb, W = micro_batch_size, shuffle_window_frames
         for b in range(n_buckets):
             rng = np.random.default_rng(streams[b])
             stored = [np.asarray(shards.frames_of_bucket(int(s)), np.int64) for s in self.bucket_groups[b]]
@@ -108,7 +108,7 @@ class EpochPlan:
         flat = self.rec_frame[self.batches[start:].ravel()]
         frames, first, count = np.unique(flat, return_index=True, return_counts=True)
         o = np.argsort(first, kind="stable")
-        return frames[o], first[o] // self.micro_batch + start, count[o]
+        return frames[o], first[o] // self.micro_batch_size + start, count[o]
 
 
 def plan_buckets(shards: ShardSet, bucket_width: int | None) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -130,14 +130,14 @@ def record_frames(shards: ShardSet) -> np.ndarray:
 
 
 class FillPlan:
-    """Which record slices fill which packed [micro_batch, seq_len] batch, for one (seed, epoch).
+    """Which record slices fill which packed [micro_batch_size, seq_len] batch, for one (seed, epoch).
 
-    The record order is ``EpochPlan``'s at ``micro_batch=1`` on the shards' own
+    The record order is ``EpochPlan``'s at ``micro_batch_size=1`` on the shards' own
     buckets: the same seeded frame permutation and window shuffle per bucket,
     the buckets interleaved record by record, no record dropped; so it is a pure
     function of (seed, epoch) and the index. Those records are laid end to end as
     one stream of tokens; batch ``k`` is tokens ``k x N .. (k + 1) x N`` of it
-    (``N = micro_batch x seq_len``), row-major: row ``i`` is its tokens
+    (``N = micro_batch_size x seq_len``), row-major: row ``i`` is its tokens
     ``i x seq_len ..``. A record crossing a row or batch edge is split there, each
     piece the slice of the record's tokens, positions and mask. The stream past
     the last whole batch is dropped for this epoch.
@@ -152,20 +152,20 @@ class FillPlan:
     not apply: rows have no buckets.
     """
 
-    def __init__(self, shards: ShardSet, *, micro_batch: int, seq_len: int, seed: int, epoch: int,
+    def __init__(self, shards: ShardSet, *, micro_batch_size: int, seq_len: int, seed: int, epoch: int,
                  shuffle_window_frames: int = 4, rec_frame: np.ndarray | None = None,
                  rec_length: np.ndarray | None = None) -> None:
-        if micro_batch < 1 or seq_len < 1:
-            raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}: expected >= 1")
-        order = EpochPlan(shards, micro_batch=1, seed=seed, epoch=epoch, shuffle_window_frames=shuffle_window_frames,
-                          rec_frame=rec_frame)
-        self.micro_batch, self.seq_len, self.seed, self.epoch = micro_batch, seq_len, seed, epoch
+        if micro_batch_size < 1 or seq_len < 1:
+            raise ValueError(f"micro_batch_size={micro_batch_size}, seq_len={seq_len}: expected >= 1")
+        order = EpochPlan(shards, micro_batch_size=1, seed=seed, epoch=epoch,
+                          shuffle_window_frames=shuffle_window_frames, rec_frame=rec_frame)
+        self.micro_batch_size, self.seq_len, self.seed, self.epoch = micro_batch_size, seq_len, seed, epoch
         self.shuffle_window_frames = shuffle_window_frames
         self.rec_frame = order.rec_frame
         self.bucket_length = np.array([seq_len], np.int64)
         self.records = order.batches.ravel()
         rec_len = np.asarray(rec_length if rec_length is not None else shards.rec_length, np.int64)
-        N = micro_batch * seq_len
+        N = micro_batch_size * seq_len
         L = rec_len[self.records]
         end = np.cumsum(L)
         start = end - L
@@ -191,7 +191,7 @@ class FillPlan:
 
     def pieces(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Batch ``k``'s slices in stream order: (global record id, start in the record, length, start in the
-        batch's flat ``micro_batch x seq_len`` tokens); the lengths sum to that many tokens."""
+        batch's flat ``micro_batch_size x seq_len`` tokens); the lengths sum to that many tokens."""
         a, b = int(self.batch_first_piece[k]), int(self.batch_first_piece[k + 1])
         return self.piece_rec[a:b], self.piece_off[a:b], self.piece_len[a:b], self.piece_dest[a:b]
 

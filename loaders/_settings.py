@@ -21,7 +21,7 @@ SECTION_KEYS = {"data": "data", "io": "loongforge.io_domain", "memory": "loongfo
 
 # BatchPipeline argument -> (section, the section's attribute).
 CONFIG_FIELDS = {
-    "micro_batch": ("data", "micro_batch_size"),
+    "micro_batch_size": ("data", "micro_batch_size"),
     "num_workers": ("data", "num_workers"),
     "prefetch_batches": ("data", "prefetch_batches"),
     "shuffle_window_frames": ("data", "shuffle_window_frames"),
@@ -29,7 +29,7 @@ CONFIG_FIELDS = {
     "packing": ("data", "packing"),
     "seq_len": ("data", "seq_len"),
     "io_backend": ("io", "io_backend"),
-    "ring_depth": ("io", "io_uring_entries"),
+    "io_uring_entries": ("io", "io_uring_entries"),
     "read_threads": ("io", "read_threads"),
     "num_staging_blocks": ("memory", "num_staging_blocks"),
     "pinned_block_kb": ("memory", "pinned_block_kb"),
@@ -46,13 +46,13 @@ VLA_CONFIG_FIELDS = {
 }
 
 
-def check_arguments(*, micro_batch: int, seed: int, num_workers: int, ring_depth: int, read_threads: int,
-                    prefetch_batches: int, shuffle_window_frames: int, num_staging_blocks: int, start_epoch: int,
-                    epochs: int | None, bucket_width: int | None, packing: str, seq_len: int | None,
-                    io_backend: str) -> None:
-    """Refuse an argument of ``BatchPipeline`` outside its bounds, naming it (``micro_batch=0: ...``)."""
-    for name, value, lo in (("micro_batch", micro_batch, 1), ("num_workers", num_workers, 0),
-                            ("ring_depth", ring_depth, 1), ("read_threads", read_threads, 1),
+def check_arguments(*, micro_batch_size: int, seed: int, num_workers: int, io_uring_entries: int,
+                    read_threads: int, prefetch_batches: int, shuffle_window_frames: int, num_staging_blocks: int,
+                    start_epoch: int, epochs: int | None, bucket_width: int | None, packing: str,
+                    seq_len: int | None, io_backend: str) -> None:
+    """Refuse an argument of ``BatchPipeline`` outside its bounds, naming it (``micro_batch_size=0: ...``)."""
+    for name, value, lo in (("micro_batch_size", micro_batch_size, 1), ("num_workers", num_workers, 0),
+                            ("io_uring_entries", io_uring_entries, 1), ("read_threads", read_threads, 1),
                             ("prefetch_batches", prefetch_batches, 1),
                             ("shuffle_window_frames", shuffle_window_frames, 1),
                             ("num_staging_blocks", num_staging_blocks, 1), ("seed", seed, 0),
@@ -131,7 +131,7 @@ def config_shards(data: Any) -> Any:
 
 
 def config_error(e: ValueError, keys: dict[str, str]) -> ValueError | None:
-    """``e``'s message with each argument named as its config key (``micro_batch=0`` ->
+    """``e``'s message with each argument named as its config key (``micro_batch_size=0`` ->
     ``data.micro_batch_size=0``, ``need pinned_block_kb >= 12`` -> ``need loongforge.memory_domain...``); None
     when ``e`` is a subclass (``ShardFormatError`` keeps its type and words) or names none of them."""
     if type(e) is not ValueError or not keys:

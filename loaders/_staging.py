@@ -33,9 +33,9 @@ def batch_bytes(B: int, T: int) -> int:
     return B * T * STAGED_BYTES_PER_TOKEN
 
 
-def default_block_bytes(max_len: int, micro_batch: int) -> int:
-    """The seed's formula: ceil(bytes_per_sample x micro_batch / 4096) x 4096."""
-    return math.ceil(bytes_per_sample(max_len) * micro_batch / PAGE) * PAGE
+def default_block_bytes(max_len: int, micro_batch_size: int) -> int:
+    """The seed's formula: ceil(bytes_per_sample x micro_batch_size / 4096) x 4096."""
+    return math.ceil(bytes_per_sample(max_len) * micro_batch_size / PAGE) * PAGE
 
 
 class HostToken:

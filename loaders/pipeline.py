@@ -52,17 +52,18 @@ class BatchPipeline(PipelineThreads):
 
     Arguments:
         shards: a ``ShardSet`` (left open by ``close()``) or a shard directory (opened and closed here).
-        micro_batch: records per batch (``data.micro_batch_size``).
+        micro_batch_size: records per batch (``data.micro_batch_size``).
         seed: plan seed; the plan of an epoch is a pure function of (seed, epoch, index).
         num_workers: decode threads (``data.num_workers``); 0 decodes on the reader thread.
         io_backend: ``"auto"`` | ``"io_uring"`` | ``"threadpool"`` (see ``loaders.reader.make_reader``).
-        ring_depth: reads in flight (``loongforge.io_domain.io_uring_entries``; the thread pool's window too).
+        io_uring_entries: reads in flight, the io_uring ring's entries (``loongforge.io_domain.io_uring_entries``;
+            the thread pool's window too).
         read_threads: threads of the thread-pool reader.
         prefetch_batches: batches the reader and the assembler may run ahead of the consumer.
         shuffle_window_frames: frames whose records are shuffled together (see ``EpochPlan``).
         num_staging_blocks: staging blocks in the ring.
         pinned_block_kb: staging block size (``loongforge.memory_domain.pinned_block_kb``); default
-            ceil(max_len x 9 x micro_batch / 4096) x 4096 bytes (fill packing: seq_len for max_len).
+            ceil(max_len x 9 x micro_batch_size / 4096) x 4096 bytes (fill packing: seq_len for max_len).
         device: ``"cpu"`` or a CUDA device.
         start_epoch: first epoch.
         epochs: stop after epoch ``start_epoch + epochs - 1`` (kept across ``load_state_dict``); None: endless.
@@ -85,17 +86,18 @@ class BatchPipeline(PipelineThreads):
     _CONFIG_FIELDS = CONFIG_FIELDS
     """Constructor argument -> (section, attribute) read by ``from_config``."""
 
-    def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch: int, seed: int = 0,
-                 num_workers: int = 2, io_backend: str = "auto", ring_depth: int = 64, read_threads: int = 4,
-                 prefetch_batches: int = 4, shuffle_window_frames: int = 4, num_staging_blocks: int = 4,
-                 pinned_block_kb: int | None = None, device: str | torch.device = "cpu", start_epoch: int = 0,
-                 epochs: int | None = None, bucket_width: int | None = None, packing: str = "bucket",
-                 seq_len: int | None = None, guard: bool = True) -> None:
-        check_arguments(micro_batch=micro_batch, seed=seed, num_workers=num_workers, ring_depth=ring_depth,
-                        read_threads=read_threads, prefetch_batches=prefetch_batches,
-                        shuffle_window_frames=shuffle_window_frames, num_staging_blocks=num_staging_blocks,
-                        start_epoch=start_epoch, epochs=epochs, bucket_width=bucket_width, packing=packing,
-                        seq_len=seq_len, io_backend=io_backend)
+    def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch_size: int, seed: int = 0,
+                 num_workers: int = 2, io_backend: str = "auto", io_uring_entries: int = 64,
+                 read_threads: int = 4, prefetch_batches: int = 4, shuffle_window_frames: int = 4,
+                 num_staging_blocks: int = 4, pinned_block_kb: int | None = None,
+                 device: str | torch.device = "cpu", start_epoch: int = 0, epochs: int | None = None,
+                 bucket_width: int | None = None, packing: str = "bucket", seq_len: int | None = None,
+                 guard: bool = True) -> None:
+        check_arguments(micro_batch_size=micro_batch_size, seed=seed, num_workers=num_workers,
+                        io_uring_entries=io_uring_entries, read_threads=read_threads,
+                        prefetch_batches=prefetch_batches, shuffle_window_frames=shuffle_window_frames,
+                        num_staging_blocks=num_staging_blocks, start_epoch=start_epoch, epochs=epochs,
+                        bucket_width=bucket_width, packing=packing, seq_len=seq_len, io_backend=io_backend)
         self.device = torch.device(device)
         if self.device.type not in ("cpu", "cuda"):
             raise ValueError(f"device={device!r}: expected a cpu or cuda device")
@@ -108,9 +110,9 @@ class BatchPipeline(PipelineThreads):
         self._own_shards = not isinstance(shards, ShardSet)
         self.shards = ShardSet(shards) if self._own_shards else shards
         try:
-            self._setup(micro_batch, seed, num_workers, prefetch_batches, shuffle_window_frames, num_staging_blocks,
-                        pinned_block_kb, start_epoch, bucket_width, packing, seq_len, guard)
-            self.reader: OrderedReader = make_reader(io_backend, depth=ring_depth, threads=read_threads)
+            self._setup(micro_batch_size, seed, num_workers, prefetch_batches, shuffle_window_frames,
+                        num_staging_blocks, pinned_block_kb, start_epoch, bucket_width, packing, seq_len, guard)
+            self.reader: OrderedReader = make_reader(io_backend, depth=io_uring_entries, threads=read_threads)
         except BaseException:
             if self._own_shards:
                 self.shards.close()
@@ -164,7 +166,7 @@ class BatchPipeline(PipelineThreads):
         """The constructor's arguments from the values read (``keys``: argument -> config key, for errors)."""
         return kwargs
 
-    def _setup(self, micro_batch: int, seed: int, num_workers: int, prefetch_batches: int,
+    def _setup(self, micro_batch_size: int, seed: int, num_workers: int, prefetch_batches: int,
                shuffle_window_frames: int, num_staging_blocks: int, pinned_block_kb: int | None,
                start_epoch: int, bucket_width: int | None, packing: str, seq_len: int | None,
                guard: bool) -> None:
@@ -172,7 +174,7 @@ class BatchPipeline(PipelineThreads):
             other = {"tokens": "loaders.pipeline.BatchPipeline", "vla": "loaders.vla.VLAPipeline"}
             raise ValueError(f"{self.shards.root}: holds {self.shards.record_kind} records, {type(self).__name__} "
                              f"reads {self.RECORD_KIND} records; use {other[self.shards.record_kind]}")
-        self.micro_batch, self.seed, self.bucket_width = micro_batch, seed, bucket_width
+        self.micro_batch_size, self.seed, self.bucket_width = micro_batch_size, seed, bucket_width
         self.packing = packing
         self.seq_len = seq_len if packing == "fill" else None  # the fill row length; None: bucket packing
         self.num_workers, self.prefetch_batches = num_workers, prefetch_batches
@@ -191,12 +193,12 @@ class BatchPipeline(PipelineThreads):
         # fill: every epoch streams all records, so the tail short of a batch has the same length each epoch
         self.dropped_tokens_per_epoch = plan.dropped_tokens if packing == "fill" else None
         if self.batches_per_epoch == 0 and packing == "fill":
-            raise ValueError(f"micro_batch={micro_batch}, seq_len={seq_len}: the epoch's "
-                             f"{int(self._rec_len.sum())} tokens fill no [{micro_batch}, {seq_len}] batch")
+            raise ValueError(f"micro_batch_size={micro_batch_size}, seq_len={seq_len}: the epoch's "
+                             f"{int(self._rec_len.sum())} tokens fill no [{micro_batch_size}, {seq_len}] batch")
         if self.batches_per_epoch == 0:
-            raise ValueError(f"micro_batch={micro_batch}: no bucket holds that many records, an epoch has no "
-                             f"batch (records per bucket: "
-                             f"{(plan.batches_per_bucket * micro_batch + plan.dropped_records).tolist()})")
+            raise ValueError(f"micro_batch_size={micro_batch_size}: no bucket holds that many records, an epoch "
+                             f"has no batch (records per bucket: "
+                             f"{(plan.batches_per_bucket * micro_batch_size + plan.dropped_records).tolist()})")
         block = self._staging_block_bytes(pinned_block_kb)
         self.ring = StagingRing(num_staging_blocks, block, pin=self._cuda, guard=guard)
         self._ring_acquires = self._ring_fresh = 0  # of the rings replaced on a restart
@@ -204,16 +206,16 @@ class BatchPipeline(PipelineThreads):
     def _staging_block_bytes(self, pinned_block_kb: int | None) -> int:
         """The staging block size: ``pinned_block_kb``, or by default the seed's formula; a block too small for
         the largest batch is an error naming the least ``pinned_block_kb`` that fits."""
-        micro_batch = self.micro_batch
+        B = self.micro_batch_size
         longest = int(self._bucket_len.max())
         max_len = int(self.shards.manifest.get("max_len", longest)) if self.packing == "bucket" else longest
-        block = pinned_block_kb * 1024 if pinned_block_kb is not None else default_block_bytes(max_len, micro_batch)
-        if block < batch_bytes(micro_batch, longest):
+        block = pinned_block_kb * 1024 if pinned_block_kb is not None else default_block_bytes(max_len, B)
+        if block < batch_bytes(B, longest):
             what = "the packed rows" if self.packing == "fill" else "the largest bucket"
             raise ValueError(f"pinned_block_kb={pinned_block_kb}: a staging block of {block} bytes is too small for "
-                             f"{what} ({micro_batch} x {longest} tokens x {STAGED_BYTES_PER_TOKEN} "
-                             f"bytes = {batch_bytes(micro_batch, longest)} bytes); need pinned_block_kb >= "
-                             f"{math.ceil(default_block_bytes(longest, micro_batch) / 1024)}")
+                             f"{what} ({B} x {longest} tokens x {STAGED_BYTES_PER_TOKEN} "
+                             f"bytes = {batch_bytes(B, longest)} bytes); need pinned_block_kb >= "
+                             f"{math.ceil(default_block_bytes(longest, B) / 1024)}")
         return block
 
     def batch_lengths(self) -> list[int]:
@@ -227,11 +229,11 @@ class BatchPipeline(PipelineThreads):
             p = self._plans.get(epoch)
             if p is None:
                 if self.packing == "fill":
-                    p = FillPlan(self.shards, micro_batch=self.micro_batch, seq_len=self.seq_len, seed=self.seed,
-                                 epoch=epoch, shuffle_window_frames=self.shuffle_window_frames,
+                    p = FillPlan(self.shards, micro_batch_size=self.micro_batch_size, seq_len=self.seq_len,
+                                 seed=self.seed, epoch=epoch, shuffle_window_frames=self.shuffle_window_frames,
                                  rec_frame=self._rec_frame, rec_length=self._rec_len)
                 else:
-                    p = EpochPlan(self.shards, micro_batch=self.micro_batch, seed=self.seed, epoch=epoch,
+                    p = EpochPlan(self.shards, micro_batch_size=self.micro_batch_size, seed=self.seed, epoch=epoch,
                                   shuffle_window_frames=self.shuffle_window_frames, bucket_width=self.bucket_width,
                                   rec_frame=self._rec_frame)
                 self._plans[epoch] = p
@@ -273,7 +275,7 @@ class BatchPipeline(PipelineThreads):
     def _assemble_fill(self, epoch: int, k: int, plan: FillPlan) -> Batch:
         """Batch ``k`` of a fill plan: its record slices written end to end over the block's flat B x T."""
         rec, off, length, dest = (x.tolist() for x in plan.pieces(k))
-        B, T = self.micro_batch, plan.seq_len
+        B, T = self.micro_batch_size, plan.seq_len
         try:
             i = self.ring.acquire()
         except RuntimeError:
@@ -323,7 +325,7 @@ class BatchPipeline(PipelineThreads):
         settings that must match for an exact resume."""
         epoch, k = self._pos
         return {"version": _STATE_VERSION, "epoch": epoch, "batch": k, "seed": self.seed,
-                "micro_batch": self.micro_batch, "shuffle_window_frames": self.shuffle_window_frames,
+                "micro_batch": self.micro_batch_size, "shuffle_window_frames": self.shuffle_window_frames,
                 "bucket_width": self.bucket_width, "packing": self.packing, "seq_len": self.seq_len,
                 "batches_per_epoch": self.batches_per_epoch, "n_records": int(self.shards.n_records),
                 "n_frames": int(self.shards.n_frames)}

@@ -64,23 +64,24 @@ class VLAPipeline(BatchPipeline):
     RECORD_KIND = "vla"
     _CONFIG_FIELDS = VLA_CONFIG_FIELDS
 
-    def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch: int, seed: int = 0,
+    def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch_size: int, seed: int = 0,
                  text_len: int | None = None, image_size: int | tuple[int, int] | None = None,
                  action_shape: tuple[int, int] | None = None, augment: AugmentSettings | None = None,
-                 num_workers: int = 2, io_backend: str = "auto", ring_depth: int = 64, read_threads: int = 4,
-                 prefetch_batches: int = 4, shuffle_window_frames: int = 4, num_staging_blocks: int = 4,
-                 pinned_block_kb: int | None = None, device: str | torch.device = "cpu", start_epoch: int = 0,
-                 epochs: int | None = None, guard: bool = True) -> None:
+                 num_workers: int = 2, io_backend: str = "auto", io_uring_entries: int = 64,
+                 read_threads: int = 4, prefetch_batches: int = 4, shuffle_window_frames: int = 4,
+                 num_staging_blocks: int = 4, pinned_block_kb: int | None = None,
+                 device: str | torch.device = "cpu", start_epoch: int = 0, epochs: int | None = None,
+                 guard: bool = True) -> None:
         self._want = check_vla_arguments(text_len=text_len, image_size=image_size, action_shape=action_shape)
         if augment is not None and not isinstance(augment, AugmentSettings):
             raise ValueError(f"augment={augment!r}: expected None or an AugmentSettings")
         self.augment = augment if augment is not None else AugmentSettings(enabled=False)
         self._augment_on = self.augment.active
-        super().__init__(shards, micro_batch=micro_batch, seed=seed, num_workers=num_workers, io_backend=io_backend,
-                         ring_depth=ring_depth, read_threads=read_threads, prefetch_batches=prefetch_batches,
-                         shuffle_window_frames=shuffle_window_frames, num_staging_blocks=num_staging_blocks,
-                         pinned_block_kb=pinned_block_kb, device=device, start_epoch=start_epoch, epochs=epochs,
-                         guard=guard)
+        super().__init__(shards, micro_batch_size=micro_batch_size, seed=seed, num_workers=num_workers,
+                         io_backend=io_backend, io_uring_entries=io_uring_entries, read_threads=read_threads,
+                         prefetch_batches=prefetch_batches, shuffle_window_frames=shuffle_window_frames,
+                         num_staging_blocks=num_staging_blocks, pinned_block_kb=pinned_block_kb, device=device,
+                         start_epoch=start_epoch, epochs=epochs, guard=guard)
         self._dec_samples = 0
         self._aug_s = 0.0
 
@@ -92,16 +93,16 @@ class VLAPipeline(BatchPipeline):
             kwargs = {**kwargs, "augment": AugmentSettings.from_section(kwargs["augment"], keys["augment"])}
         return kwargs
 
-    def _setup(self, micro_batch: int, seed: int, num_workers: int, prefetch_batches: int,
+    def _setup(self, micro_batch_size: int, seed: int, num_workers: int, prefetch_batches: int,
                shuffle_window_frames: int, num_staging_blocks: int, pinned_block_kb: int | None,
                start_epoch: int, bucket_width: int | None, packing: str, seq_len: int | None,
                guard: bool) -> None:
         if self.shards.record_kind == self.RECORD_KIND:  # else BatchPipeline._setup refuses the kind
-            self._resolve_shapes(micro_batch)
-        super()._setup(micro_batch, seed, num_workers, prefetch_batches, shuffle_window_frames, num_staging_blocks,
-                       pinned_block_kb, start_epoch, bucket_width, packing, seq_len, guard)
+            self._resolve_shapes(micro_batch_size)
+        super()._setup(micro_batch_size, seed, num_workers, prefetch_batches, shuffle_window_frames,
+                       num_staging_blocks, pinned_block_kb, start_epoch, bucket_width, packing, seq_len, guard)
 
-    def _resolve_shapes(self, micro_batch: int) -> None:
+    def _resolve_shapes(self, micro_batch_size: int) -> None:
         """``text_len``, ``image_shape`` and ``action_shape`` from the shard set, checked against the wanted ones."""
         want_T, want_HW, want_KA = self._want
         C, H, W = self.shards.image_shape
@@ -119,7 +120,7 @@ class VLAPipeline(BatchPipeline):
                              f"tokens (they are padded to text_len, never cut)")
         self.text_len = T
         self.image_shape, self.action_shape = (C, H, W), self.shards.action_shape
-        self.layout = VLALayout(micro_batch, T, self.image_shape, self.action_shape)
+        self.layout = VLALayout(micro_batch_size, T, self.image_shape, self.action_shape)
         self._arange = np.arange(T, dtype=np.int32)
 
     def _staging_block_bytes(self, pinned_block_kb: int | None) -> int:
@@ -127,8 +128,8 @@ class VLAPipeline(BatchPipeline):
         block = pinned_block_kb * 1024 if pinned_block_kb is not None else self.layout.block_bytes()
         if block < need:
             raise ValueError(f"pinned_block_kb={pinned_block_kb}: a staging block of {block} bytes is too small for "
-                             f"a batch of {self.micro_batch} samples ({need} bytes: images, text, actions); need "
-                             f"pinned_block_kb >= {math.ceil(self.layout.block_bytes() / 1024)}")
+                             f"a batch of {self.micro_batch_size} samples ({need} bytes: images, text, actions); "
+                             f"need pinned_block_kb >= {math.ceil(self.layout.block_bytes() / 1024)}")
         return block
 
     def batch_lengths(self) -> list[int]:
@@ -233,5 +234,5 @@ class VLAPipeline(BatchPipeline):
             dec_s, samples, aug_s = self._dec_s, self._dec_samples, self._aug_s
         m["decode/samples_per_s"] = samples / dec_s if dec_s > 0 else float("nan")
         m["decode/augment_busy_s"] = aug_s
-        m["data/samples"] = m["data/batches"] * self.micro_batch
+        m["data/samples"] = m["data/batches"] * self.micro_batch_size
         return m

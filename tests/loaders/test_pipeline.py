@@ -40,12 +40,12 @@ def _bucket_of_records(ss) -> np.ndarray:
 
 
 def test_plan_is_deterministic_and_covers_records_once(shards):
-    a = EpochPlan(shards, micro_batch=MB, seed=3, epoch=0)
-    b = EpochPlan(shards, micro_batch=MB, seed=3, epoch=0)
+    a = EpochPlan(shards, micro_batch_size=MB, seed=3, epoch=0)
+    b = EpochPlan(shards, micro_batch_size=MB, seed=3, epoch=0)
     assert np.array_equal(a.batches, b.batches) and np.array_equal(a.batch_bucket, b.batch_bucket)
     assert np.array_equal(a.frame_order, b.frame_order)
-    c = EpochPlan(shards, micro_batch=MB, seed=3, epoch=1)
-    d = EpochPlan(shards, micro_batch=MB, seed=4, epoch=0)
+    c = EpochPlan(shards, micro_batch_size=MB, seed=3, epoch=1)
+    d = EpochPlan(shards, micro_batch_size=MB, seed=4, epoch=0)
     assert not np.array_equal(a.batches, c.batches) and not np.array_equal(a.batches, d.batches)
 
     rec_bucket = _bucket_of_records(shards)
@@ -94,7 +94,7 @@ class _FakeIndex:
 def test_bucket_shares_of_steps_and_tokens_track_records(seed):
     recs = np.array([4800, 2400, 800])     # record shares 6/10, 3/10, 1/10
     lengths = np.array([128, 512, 2048])   # long records are rare: token shares 3/10, 3/10, 4/10
-    p = EpochPlan(_FakeIndex(recs.tolist(), lengths), micro_batch=MB, seed=seed, epoch=0, shuffle_window_frames=2)
+    p = EpochPlan(_FakeIndex(recs.tolist(), lengths), micro_batch_size=MB, seed=seed, epoch=0, shuffle_window_frames=2)
     assert np.array_equal(p.bucket_length, lengths)
     n = len(p)
     assert n == (recs // MB).sum()
@@ -132,8 +132,8 @@ def _check_batch(batch, records, ss):
 
 @pytest.mark.parametrize("backend, workers", [("threadpool", 0), (URING_BACKEND, 2)])
 def test_batches_carry_right_tokens_positions_masks_and_padding(shards, records, backend, workers):
-    plan = EpochPlan(shards, micro_batch=MB, seed=5, epoch=0)
-    with BatchPipeline(shards, micro_batch=MB, seed=5, io_backend=backend, num_workers=workers, epochs=1) as pl:
+    plan = EpochPlan(shards, micro_batch_size=MB, seed=5, epoch=0)
+    with BatchPipeline(shards, micro_batch_size=MB, seed=5, io_backend=backend, num_workers=workers, epochs=1) as pl:
         n = 0
         for k, batch in enumerate(pl):
             assert (batch.epoch, batch.index) == (0, k)
@@ -148,7 +148,7 @@ def test_batches_carry_right_tokens_positions_masks_and_padding(shards, records,
 
 def test_bucket_width_groups_stored_buckets(shards, records):
     """data.bucket_width at load time: stored buckets of width 128 grouped into buckets of 256."""
-    plan = EpochPlan(shards, micro_batch=MB, seed=5, epoch=0, bucket_width=256)
+    plan = EpochPlan(shards, micro_batch_size=MB, seed=5, epoch=0, bucket_width=256)
     assert plan.bucket_length.tolist() == [256, 512]
     assert [g.tolist() for g in plan.bucket_groups] == [[0, 1], [2, 3]]  # stored lengths 128, 256 | 384, 512
     rec_len = np.asarray(shards.rec_length, np.int64)
@@ -156,7 +156,7 @@ def test_bucket_width_groups_stored_buckets(shards, records):
     assert len(np.unique(ids)) == len(ids) and (plan.dropped_records < MB).all()
     assert all((rec_len[row] <= plan.bucket_length[b]).all() for b, row in plan)
     shapes, real, padded = set(), 0, 0
-    with BatchPipeline(shards, micro_batch=MB, seed=5, bucket_width=256, epochs=1, num_workers=1) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, seed=5, bucket_width=256, epochs=1, num_workers=1) as pl:
         for b in pl:
             assert b.seq_len == b.length == int(plan.bucket_length[b.bucket])
             tok = b.input_ids.numpy()
@@ -179,7 +179,7 @@ def _take(pl, n):
 
 
 def test_resume_mid_epoch_and_across_the_epoch_boundary(shards):
-    kw = dict(micro_batch=MB, seed=11, num_workers=2, io_backend=URING_BACKEND, shuffle_window_frames=3)
+    kw = dict(micro_batch_size=MB, seed=11, num_workers=2, io_backend=URING_BACKEND, shuffle_window_frames=3)
     with BatchPipeline(shards, epochs=2, **kw) as pl:
         nb = pl.batches_per_epoch
         ref = _take(pl, 2 * nb)
@@ -206,9 +206,9 @@ def test_resume_mid_epoch_and_across_the_epoch_boundary(shards):
 
 
 def test_load_state_dict_refuses_a_different_plan(shards):
-    with BatchPipeline(shards, micro_batch=MB, seed=1) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, seed=1) as pl:
         state = pl.state_dict()
-    with BatchPipeline(shards, micro_batch=MB, seed=2) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, seed=2) as pl:
         with pytest.raises(ValueError, match="seed=1"):
             pl.load_state_dict(state)
 
@@ -218,7 +218,7 @@ def test_load_state_dict_refuses_a_different_plan(shards):
 
 def _held_batch_survives(shards, records, guard: bool) -> tuple[bool, int]:
     """A slow consumer holds batch 0 while the producer runs ahead on 2 staging blocks; is batch 0 still right?"""
-    with BatchPipeline(shards, micro_batch=MB, seed=2, num_staging_blocks=2, prefetch_batches=4, num_workers=0,
+    with BatchPipeline(shards, micro_batch_size=MB, seed=2, num_staging_blocks=2, prefetch_batches=4, num_workers=0,
                        io_backend="threadpool", epochs=1, guard=guard) as pl:
         held = next(pl)
         t0 = time.monotonic()
@@ -247,21 +247,21 @@ def test_staging_guard_keeps_a_held_batch_intact(shards, records):
 
 
 def test_bad_settings_are_refused(shards, shard_dir):
-    with pytest.raises(ValueError, match="micro_batch=100000: no bucket holds that many records"):
-        BatchPipeline(shard_dir, micro_batch=100_000)
+    with pytest.raises(ValueError, match="micro_batch_size=100000: no bucket holds that many records"):
+        BatchPipeline(shard_dir, micro_batch_size=100_000)
     with pytest.raises(ValueError, match="num_workers=-1"):
-        BatchPipeline(shards, micro_batch=MB, num_workers=-1)
+        BatchPipeline(shards, micro_batch_size=MB, num_workers=-1)
     with pytest.raises(ValueError, match="io_backend='spdk'"):
-        BatchPipeline(shards, micro_batch=MB, io_backend="spdk")
+        BatchPipeline(shards, micro_batch_size=MB, io_backend="spdk")
 
 
 def test_staging_block_size(shards):
     with pytest.raises(ValueError, match=r"pinned_block_kb=1\b.*need pinned_block_kb >= 36"):
-        BatchPipeline(shards, micro_batch=MB, pinned_block_kb=1)
-    with BatchPipeline(shards, micro_batch=MB) as pl:
+        BatchPipeline(shards, micro_batch_size=MB, pinned_block_kb=1)
+    with BatchPipeline(shards, micro_batch_size=MB) as pl:
         assert pl.ring.block_bytes == default_block_bytes(512, MB) == math.ceil(512 * 9 * MB / 4096) * 4096
         assert len(pl.ring) == 4 and all(b.dtype == torch.uint8 for b in pl.ring.blocks)
-    with BatchPipeline(shards, micro_batch=MB, pinned_block_kb=64, num_staging_blocks=3) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, pinned_block_kb=64, num_staging_blocks=3) as pl:
         assert pl.ring.block_bytes == 64 * 1024 and len(pl.ring) == 3
         next(pl)
 
@@ -274,7 +274,7 @@ def test_corrupt_frame_surfaces_at_next(shard_dir, tmp_path, workers):
     bad = tmp_path / "bad"
     shutil.copytree(shard_dir, bad)
     with ShardSet(bad) as ss:
-        plan = EpochPlan(ss, micro_batch=MB, seed=0, epoch=0)
+        plan = EpochPlan(ss, micro_batch_size=MB, seed=0, epoch=0)
         f = int(plan.frame_order[len(plan.frame_order) // 2])
         path, off, clen = ss.data_path(f), int(ss.frame_offset[f]), int(ss.frame_clen[f])
     with open(path, "r+b") as fh:
@@ -283,7 +283,7 @@ def test_corrupt_frame_surfaces_at_next(shard_dir, tmp_path, workers):
         fh.seek(off + clen // 2)
         fh.write(bytes([b[0] ^ 0xFF]))
     t0 = time.monotonic()
-    with BatchPipeline(bad, micro_batch=MB, num_workers=workers, io_backend=URING_BACKEND, epochs=1) as pl:
+    with BatchPipeline(bad, micro_batch_size=MB, num_workers=workers, io_backend=URING_BACKEND, epochs=1) as pl:
         n = 0
         with pytest.raises(ShardFormatError, match=rf"frame {f}: checksum mismatch"):
             for _ in pl:
@@ -295,7 +295,7 @@ def test_corrupt_frame_surfaces_at_next(shard_dir, tmp_path, workers):
 
 
 def test_close_joins_threads(shards):
-    pl = BatchPipeline(shards, micro_batch=MB, num_workers=2)
+    pl = BatchPipeline(shards, micro_batch_size=MB, num_workers=2)
     next(pl), next(pl)
     pl.close()
     assert not [t for t in threading.enumerate() if t.name.startswith("loaders-") and t.is_alive()]
@@ -308,7 +308,7 @@ def test_close_joins_threads(shards):
 
 def test_metrics_keys_and_values(shards):
     t0 = time.perf_counter()
-    with BatchPipeline(shards, micro_batch=MB, io_backend=URING_BACKEND, num_workers=2, epochs=1) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, io_backend=URING_BACKEND, num_workers=2, epochs=1) as pl:
         real = padded = n = 0
         for b in pl:
             real, padded, n = real + b.real_tokens, padded + b.padded_tokens, n + 1
@@ -334,7 +334,7 @@ def test_metrics_keys_and_values(shards):
 def _cuda_batches_intact(shards, records, guard: bool) -> bool:
     """Copies queue behind a ~0.5 s kernel on the copy stream while the producer runs through the epoch
     on 2 pinned blocks: are the device batches right once the copies ran?"""
-    with BatchPipeline(shards, micro_batch=MB, seed=5, device="cuda", epochs=1, num_staging_blocks=2,
+    with BatchPipeline(shards, micro_batch_size=MB, seed=5, device="cuda", epochs=1, num_staging_blocks=2,
                        guard=guard) as pl:
         assert all(b.is_pinned() for b in pl.ring.blocks)
         with torch.cuda.stream(pl._copy_stream):
@@ -360,7 +360,7 @@ def test_cuda_copies_wait_for_their_staging_block(shards, records):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batch_ready_on_another_stream(shards, records):
-    with BatchPipeline(shards, micro_batch=MB, seed=5, device="cuda", epochs=1) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, seed=5, device="cuda", epochs=1) as pl:
         b = next(pl)
         s = torch.cuda.Stream()
         b.ready(s)
@@ -381,15 +381,15 @@ def _stream(plan, records):
 @pytest.mark.parametrize("backend, workers", [("threadpool", 0), (URING_BACKEND, 2)])
 def test_fill_rows_are_the_record_stream_cut_into_full_rows(shards, records, backend, workers):
     T = 128  # shorter than most records: records span rows and batches
-    plan = FillPlan(shards, micro_batch=MB, seq_len=T, seed=5, epoch=0)
+    plan = FillPlan(shards, micro_batch_size=MB, seq_len=T, seed=5, epoch=0)
     # the order is EpochPlan's (one record a batch), every record once
-    assert np.array_equal(plan.records, EpochPlan(shards, micro_batch=1, seed=5, epoch=0).batches.ravel())
+    assert np.array_equal(plan.records, EpochPlan(shards, micro_batch_size=1, seed=5, epoch=0).batches.ravel())
     assert np.array_equal(np.sort(plan.records), np.arange(shards.n_records))
     tok_ref, pos_ref, mask_ref = _stream(plan, records)
     N = MB * T
     assert len(plan) == len(tok_ref) // N and plan.dropped_tokens == len(tok_ref) - len(plan) * N < N
     cols = [[], [], []]
-    with BatchPipeline(shards, micro_batch=MB, seed=5, io_backend=backend, num_workers=workers, epochs=1,
+    with BatchPipeline(shards, micro_batch_size=MB, seed=5, io_backend=backend, num_workers=workers, epochs=1,
                        packing="fill", seq_len=T) as pl:
         assert pl.batches_per_epoch == len(plan) and pl.batch_lengths() == [T]
         n = 0
@@ -412,7 +412,7 @@ def test_fill_rows_are_the_record_stream_cut_into_full_rows(shards, records, bac
 
 
 def test_fill_resume_continues_at_the_next_batch(shards):
-    kw = dict(micro_batch=MB, seed=11, num_workers=2, io_backend=URING_BACKEND, shuffle_window_frames=3,
+    kw = dict(micro_batch_size=MB, seed=11, num_workers=2, io_backend=URING_BACKEND, shuffle_window_frames=3,
               packing="fill", seq_len=96)
 
     def take(pl, n):
@@ -435,7 +435,7 @@ def test_fill_resume_continues_at_the_next_batch(shards):
         for g, r in zip(got, ref[stop_at:stop_at + 4], strict=True):
             assert g[:2] == r[:2] and all(torch.equal(x, y) for x, y in zip(g[2:], r[2:]))
     # a state of another packing or row length is refused, naming what differs
-    with BatchPipeline(shards, micro_batch=MB, seed=11, shuffle_window_frames=3) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, seed=11, shuffle_window_frames=3) as pl:
         with pytest.raises(ValueError, match="packing='fill' differs"):
             pl.load_state_dict(state)
         bucket_state = pl.state_dict()
@@ -454,7 +454,7 @@ def test_fill_splits_a_record_across_rows_and_batches(tmp_path):
     with ShardWriter(out, vocab_size=1000, bucket_width=64, max_len=64, zstd_level=3, compare_baselines=False) as w:
         for i in range(n_rec):
             w.add(np.full(L, i + 1, np.uint16), loss_mask=mask, position_ids=np.arange(L))
-    with BatchPipeline(out, micro_batch=B, seed=0, epochs=1, num_workers=0, packing="fill", seq_len=T) as pl:
+    with BatchPipeline(out, micro_batch_size=B, seed=0, epochs=1, num_workers=0, packing="fill", seq_len=T) as pl:
         # 2,000 tokens: 15 batches of 128, the last 80 tokens (two whole records) dropped
         assert pl.batches_per_epoch == 15 and pl.dropped_tokens_per_epoch == 80
         b0 = next(pl)
@@ -478,28 +478,28 @@ def test_fill_splits_a_record_across_rows_and_batches(tmp_path):
 
 def test_fill_bad_arguments_are_refused(shards):
     with pytest.raises(ValueError, match="packing='pack': expected one of 'bucket', 'fill'"):
-        BatchPipeline(shards, micro_batch=MB, packing="pack")
+        BatchPipeline(shards, micro_batch_size=MB, packing="pack")
     with pytest.raises(ValueError, match="seq_len=None: packing='fill' needs seq_len"):
-        BatchPipeline(shards, micro_batch=MB, packing="fill")
+        BatchPipeline(shards, micro_batch_size=MB, packing="fill")
     for bad in (8, 0, -64, "128", 128.0):
         with pytest.raises(ValueError, match=rf"seq_len={bad!r}: expected"):
-            BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=bad)
-    with pytest.raises(ValueError, match=r"micro_batch=8, seq_len=100000000: the epoch's \d+ tokens fill no"):
-        BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=10**8)
+            BatchPipeline(shards, micro_batch_size=MB, packing="fill", seq_len=bad)
+    with pytest.raises(ValueError, match=r"micro_batch_size=8, seq_len=100000000: the epoch's \d+ tokens fill no"):
+        BatchPipeline(shards, micro_batch_size=MB, packing="fill", seq_len=10**8)
     # staging: a block holds B x seq_len tokens, same layout and message as bucket packing
     with pytest.raises(ValueError, match=r"pinned_block_kb=8\b.*packed rows \(8 x 128 tokens.*"
                                          r"need pinned_block_kb >= 12"):
-        BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=128, pinned_block_kb=8)
-    with BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=128) as pl:
+        BatchPipeline(shards, micro_batch_size=MB, packing="fill", seq_len=128, pinned_block_kb=8)
+    with BatchPipeline(shards, micro_batch_size=MB, packing="fill", seq_len=128) as pl:
         assert pl.ring.block_bytes == default_block_bytes(128, MB) == 12 * 1024
-    with BatchPipeline(shards, micro_batch=MB, packing="fill", seq_len=1024, pinned_block_kb=72) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, packing="fill", seq_len=1024, pinned_block_kb=72) as pl:
         assert tuple(next(pl).input_ids.shape) == (MB, 1024)  # rows longer than any record: records joined
 
 
 @pytest.mark.parametrize("bucket_width", [None, 256])
 def test_bucket_batch_lengths_are_the_plan_buckets(shards, bucket_width):
     lengths, _ = plan_buckets(shards, bucket_width)
-    with BatchPipeline(shards, micro_batch=MB, bucket_width=bucket_width, epochs=1, num_workers=0) as pl:
+    with BatchPipeline(shards, micro_batch_size=MB, bucket_width=bucket_width, epochs=1, num_workers=0) as pl:
         assert pl.batch_lengths() == sorted(lengths.tolist(), reverse=True)
         assert pl.packing == "bucket" and pl.seq_len is None and pl.dropped_tokens_per_epoch is None
         seen = {b.length for b in pl}
@@ -509,7 +509,7 @@ def test_bucket_batch_lengths_are_the_plan_buckets(shards, bucket_width):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_fill_batches_match_the_cpu_ones(shards):
-    kw = dict(micro_batch=MB, seed=5, epochs=1, packing="fill", seq_len=128, num_staging_blocks=2)
+    kw = dict(micro_batch_size=MB, seed=5, epochs=1, packing="fill", seq_len=128, num_staging_blocks=2)
     with BatchPipeline(shards, **kw) as pl:
         ref = [(b.input_ids.clone(), b.position_ids.clone(), b.loss_mask.clone()) for b in pl]
     with BatchPipeline(shards, device="cuda", **kw) as pl:

@@ -26,14 +26,14 @@ def _sections(**overrides):
 def test_from_config_reads_the_sections_own_names(shards, shard_dir):
     d, io, mem = _sections()
     with BatchPipeline.from_config(d, io, mem, seed=5, device="cpu", shards=shards, epochs=1) as pl:
-        assert (pl.micro_batch, pl.seed, pl.num_workers, pl.prefetch_batches, pl.shuffle_window_frames) == \
+        assert (pl.micro_batch_size, pl.seed, pl.num_workers, pl.prefetch_batches, pl.shuffle_window_frames) == \
             (MB, 5, 1, 3, 2)
         assert pl.bucket_width == 256 and pl.packing == "bucket" and pl.seq_len is None
         assert pl.batch_lengths() == [512, 256]
         assert (pl.reader.name, pl.reader.depth, pl.reader.threads) == ("threadpool", 16, 3)
         assert len(pl.ring) == 3 and pl.ring.block_bytes == 64 * 1024
         got = [b.record_ids.copy() for b in pl]
-    with BatchPipeline(shards, micro_batch=MB, seed=5, bucket_width=256, shuffle_window_frames=2, epochs=1,
+    with BatchPipeline(shards, micro_batch_size=MB, seed=5, bucket_width=256, shuffle_window_frames=2, epochs=1,
                        io_backend="threadpool") as pl:  # the same plan built by hand
         assert all(np.array_equal(a, b.record_ids) for a, b in zip(got, pl, strict=True))
 

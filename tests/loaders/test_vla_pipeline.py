@@ -44,8 +44,8 @@ def _check_batch(b, data, T=VLA_SPEC.text_len, images=True):
 
 @pytest.mark.parametrize("backend, workers", [("threadpool", 0), (URING_BACKEND, 2)])
 def test_batches_are_the_records_exactly_in_the_plans_order(vla_dir, vla_data, backend, workers):
-    with VLAPipeline(vla_dir, micro_batch=MB, seed=4, io_backend=backend, num_workers=workers, epochs=1) as pl:
-        plan = EpochPlan(pl.shards, micro_batch=MB, seed=4, epoch=0)
+    with VLAPipeline(vla_dir, micro_batch_size=MB, seed=4, io_backend=backend, num_workers=workers, epochs=1) as pl:
+        plan = EpochPlan(pl.shards, micro_batch_size=MB, seed=4, epoch=0)
         seen = []
         for k, b in enumerate(pl):
             assert (b.epoch, b.index) == (0, k) and np.array_equal(b.record_ids, plan.batches[k])
@@ -58,19 +58,19 @@ def test_batches_are_the_records_exactly_in_the_plans_order(vla_dir, vla_data, b
 
 
 def test_text_is_padded_to_the_configured_length(vla_dir, vla_data):
-    with VLAPipeline(vla_dir, micro_batch=MB, text_len=32, epochs=1, num_workers=0) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, text_len=32, epochs=1, num_workers=0) as pl:
         assert pl.batch_lengths() == [32] and pl.layout.T == 32
         for b in pl:
             _check_batch(b, vla_data, T=32)
     longest = int(vla_data["lengths"].max())
     with pytest.raises(ValueError, match=rf"text_len={longest - 1}: the shard set .* has instructions of up to "
                                          rf"{longest} tokens"):
-        VLAPipeline(vla_dir, micro_batch=MB, text_len=longest - 1)
+        VLAPipeline(vla_dir, micro_batch_size=MB, text_len=longest - 1)
     with pytest.raises(ValueError, match=r"image_size=\[24, 24\]: the shard set .* holds 3 x 24 x 40 images"):
-        VLAPipeline(vla_dir, micro_batch=MB, image_size=24)
+        VLAPipeline(vla_dir, micro_batch_size=MB, image_size=24)
     with pytest.raises(ValueError, match=r"action_shape=\[4, 7\]: the shard set .* holds action chunks of 4 x 6"):
-        VLAPipeline(vla_dir, micro_batch=MB, action_shape=(4, 7))
-    VLAPipeline(vla_dir, micro_batch=MB, image_size=(24, 40), action_shape=(4, 6)).close()  # the stored ones pass
+        VLAPipeline(vla_dir, micro_batch_size=MB, action_shape=(4, 7))
+    VLAPipeline(vla_dir, micro_batch_size=MB, image_size=(24, 40), action_shape=(4, 6)).close()  # the stored ones pass
 
 
 # --------------------------------------------------------------------------- augmentation
@@ -88,7 +88,7 @@ def test_augmentation_is_seeded_per_sample_and_leaves_text_and_actions(vla_dir, 
     aug = AugmentSettings()  # the defaults: crop 0.95 resized back, brightness, contrast, saturation
     runs = {}
     for name, seed, workers in (("a", 1, 0), ("b", 1, 2), ("c", 2, 2)):
-        with VLAPipeline(vla_dir, micro_batch=MB, seed=seed, augment=aug, num_workers=workers, epochs=2) as pl:
+        with VLAPipeline(vla_dir, micro_batch_size=MB, seed=seed, augment=aug, num_workers=workers, epochs=2) as pl:
             per_epoch = [{}, {}]
             for b in pl:
                 _check_batch(b, vla_data, images=False)  # tokens and actions untouched
@@ -100,7 +100,7 @@ def test_augmentation_is_seeded_per_sample_and_leaves_text_and_actions(vla_dir, 
     assert a[0].keys() == b[0].keys() and all(np.array_equal(a[0][r], b[0][r]) for r in a[0])  # workers: no effect
     common = a[0].keys() & c[0].keys()
     assert len(common) > 50 and all(not np.array_equal(a[0][r], c[0][r]) for r in common)  # another seed
-    with VLAPipeline(vla_dir, micro_batch=4, seed=1, augment=aug, shuffle_window_frames=1, epochs=1) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=4, seed=1, augment=aug, shuffle_window_frames=1, epochs=1) as pl:
         other_plan = _images_by_record(pl)  # other batches, other frame order: the same image per record
     common = a[0].keys() & other_plan.keys()
     assert len(common) > 50 and all(np.array_equal(a[0][r], other_plan[r]) for r in common)
@@ -111,7 +111,7 @@ def test_augmentation_is_seeded_per_sample_and_leaves_text_and_actions(vla_dir, 
         assert img.shape == raw.shape and img.dtype == np.uint8
         assert np.mean(img != raw) > 0.5
     # the off switch: exactly the stored images
-    with VLAPipeline(vla_dir, micro_batch=MB, seed=1, augment=AugmentSettings(enabled=False), epochs=1) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, seed=1, augment=AugmentSettings(enabled=False), epochs=1) as pl:
         for b in pl:
             _check_batch(b, vla_data)
 
@@ -152,7 +152,7 @@ def test_augment_image_geometry_and_colour():
 
 def _held_batch_survives(vla_dir, vla_data, guard: bool) -> tuple[bool, int]:
     """A slow consumer holds batch 0 while the producer runs ahead on 2 staging blocks; is batch 0 still right?"""
-    with VLAPipeline(vla_dir, micro_batch=MB, seed=2, num_staging_blocks=2, prefetch_batches=4, num_workers=0,
+    with VLAPipeline(vla_dir, micro_batch_size=MB, seed=2, num_staging_blocks=2, prefetch_batches=4, num_workers=0,
                      io_backend="threadpool", epochs=1, guard=guard) as pl:
         held = next(pl)
         t0 = time.monotonic()
@@ -176,14 +176,14 @@ def test_staging_blocks_are_reused_and_a_held_batch_stays_intact(vla_dir, vla_da
     # expected failure, on purpose: without the guard the held block is refilled and the same check sees it
     intact, ahead = _held_batch_survives(vla_dir, vla_data, guard=False)
     assert ahead >= 4 and not intact, "the staging check did not see an overwrite with guard=False"
-    with VLAPipeline(vla_dir, micro_batch=MB, num_staging_blocks=3, epochs=1) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, num_staging_blocks=3, epochs=1) as pl:
         ptrs = {b.images.data_ptr() for b in pl}  # CPU batches view their block: 3 blocks, 3 addresses
         assert len(ptrs) == 3 and pl.metrics()["memory/staging_reuse_ratio"] == pytest.approx(1 - 3 / 15)
         assert pl.ring.block_bytes == pl.layout.block_bytes() and pl.ring.block_bytes % 4096 == 0
     need = pl.layout.block_bytes() // 1024
     with pytest.raises(ValueError, match=rf"pinned_block_kb=4: .* too small for a batch of 8 samples .*need "
                                          rf"pinned_block_kb >= {need}"):
-        VLAPipeline(vla_dir, micro_batch=MB, pinned_block_kb=4)
+        VLAPipeline(vla_dir, micro_batch_size=MB, pinned_block_kb=4)
 
 
 def test_resume_continues_with_the_same_augmented_batch(vla_dir):
@@ -192,13 +192,13 @@ def test_resume_continues_with_the_same_augmented_batch(vla_dir):
     def take(pl, n):
         return [(b.record_ids.copy(), b.images.clone()) for _, b in zip(range(n), pl)]  # range first: no extra next()
 
-    with VLAPipeline(vla_dir, micro_batch=MB, seed=3, augment=aug) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, seed=3, augment=aug) as pl:
         full = take(pl, 20)  # crosses the epoch boundary (15 batches an epoch)
-    with VLAPipeline(vla_dir, micro_batch=MB, seed=3, augment=aug) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, seed=3, augment=aug) as pl:
         take(pl, 13)
         state = pl.state_dict()
     assert state["record_kind"] == "vla" and state["text_len"] == VLA_SPEC.text_len
-    with VLAPipeline(vla_dir, micro_batch=MB, seed=3, augment=aug, num_workers=1) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, seed=3, augment=aug, num_workers=1) as pl:
         pl.load_state_dict(state)
         rest = take(pl, 7)
     for (ra, ia), (rb, ib) in zip(full[13:], rest, strict=True):
@@ -222,7 +222,7 @@ def _sections(data=None, io=None, memory=None):
 def test_from_config_reads_the_settings_by_name(vla_dir):
     d, io, mem = _sections(data={"loongbin_dir": str(vla_dir)})
     with VLAPipeline.from_config(d, io, mem, seed=5, device="cpu", epochs=1) as pl:
-        assert (pl.micro_batch, pl.seed, pl.num_workers, pl.prefetch_batches, pl.shuffle_window_frames) == \
+        assert (pl.micro_batch_size, pl.seed, pl.num_workers, pl.prefetch_batches, pl.shuffle_window_frames) == \
             (MB, 5, 1, 3, 2)
         assert (pl.text_len, pl.image_shape, pl.action_shape) == (24, (3, 24, 40), (4, 6))
         assert pl.augment == AugmentSettings(crop_scale=0.9, shift_px=1, brightness=0.1, contrast=0, saturation=0)
@@ -266,7 +266,7 @@ def test_from_config_errors_name_the_config_keys(vla_dir):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_batches_match_the_inputs_and_wait_for_their_block(vla_dir, vla_data):
     for guard in (True, False):
-        with VLAPipeline(vla_dir, micro_batch=MB, seed=5, device="cuda", epochs=1, num_staging_blocks=2,
+        with VLAPipeline(vla_dir, micro_batch_size=MB, seed=5, device="cuda", epochs=1, num_staging_blocks=2,
                          guard=guard) as pl:
             assert all(b.is_pinned() for b in pl.ring.blocks)
             with torch.cuda.stream(pl._copy_stream):
@@ -282,7 +282,7 @@ def test_cuda_batches_match_the_inputs_and_wait_for_their_block(vla_dir, vla_dat
             intact = False
         # with the guard every copy waited for its block; without it (on purpose) the blocks were refilled
         assert intact == guard
-    with VLAPipeline(vla_dir, micro_batch=MB, device="cuda", epochs=1) as pl:
+    with VLAPipeline(vla_dir, micro_batch_size=MB, device="cuda", epochs=1) as pl:
         b = next(pl)
         s = torch.cuda.Stream()
         b.ready(s)

@@ -81,10 +81,10 @@ def test_token_shards_stay_version_1_and_the_pipelines_refuse_the_other_kind(tmp
         assert s.record_kind == "tokens" and s.image_shape is None
     with pytest.raises(ValueError, match=r"holds vla records, BatchPipeline reads tokens records; use "
                                          r"loaders\.vla\.VLAPipeline"):
-        BatchPipeline(vla_dir, micro_batch=4)
+        BatchPipeline(vla_dir, micro_batch_size=4)
     with pytest.raises(ValueError, match=r"holds tokens records, VLAPipeline reads vla records; use "
                                          r"loaders\.pipeline\.BatchPipeline"):
-        VLAPipeline(tmp_path / "tok", micro_batch=4)
+        VLAPipeline(tmp_path / "tok", micro_batch_size=4)
 
 
 def test_writer_refuses_bad_records(tmp_path):
@@ -127,7 +127,7 @@ def test_a_flipped_frame_byte_is_named_not_decoded(vla_dir, tmp_path):
         verify(bad)
     r = _run("loaders.verify", str(bad))
     assert r.returncode == 1 and f"{DATA}: frame {f}: checksum mismatch" in r.stderr
-    with VLAPipeline(bad, micro_batch=4, epochs=1, num_workers=2, seed=1) as pl:
+    with VLAPipeline(bad, micro_batch_size=4, epochs=1, num_workers=2, seed=1) as pl:
         n = 0
         with pytest.raises(ShardFormatError, match=rf"frame {f}: checksum mismatch"):
             for _ in pl:
@@ -287,7 +287,7 @@ def test_synthetic_corpus_writes_shards_that_load(tmp_path):
     m = write_vla_shards(spec, tmp_path / "s", frame_bytes=64 * 1024)
     assert m["records"] == 30 and m["synth"]["kind"] == "vla" and m["compression"]["ratio_images"] > 1
     assert verify(tmp_path / "s")["records"] == 30
-    with VLAPipeline(tmp_path / "s", micro_batch=5, epochs=1, num_workers=0) as pl:
+    with VLAPipeline(tmp_path / "s", micro_batch_size=5, epochs=1, num_workers=0) as pl:
         assert sum(b.samples for b in pl) == 30
     r = _run("loaders.synth", "--kind", "vla", "--output", str(tmp_path / "c.npz"), "--samples", "6",
              "--image-size", "32", "--text-len", "16", "--action-shape", "2", "4", "--layout", "nhwc")

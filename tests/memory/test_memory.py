@@ -295,7 +295,7 @@ def test_staging_blocks_follow_the_seed_formula_and_are_allocated_once(synth):
     mb = 4
     with ShardSet(synth) as shards:
         max_len = int(shards.manifest.get("max_len", int(shards.bucket_length.max())))
-        with BatchPipeline(shards, micro_batch=mb, num_workers=0, io_backend="threadpool", epochs=2,
+        with BatchPipeline(shards, micro_batch_size=mb, num_workers=0, io_backend="threadpool", epochs=2,
                            num_staging_blocks=3) as pl:
             assert pl.ring.block_bytes == default_block_bytes(max_len, mb) == math.ceil(max_len * 9 * mb / 4096) * 4096
             blocks = list(pl.ring.blocks)

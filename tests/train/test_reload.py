@@ -127,10 +127,10 @@ def test_the_position_counts_rows_into_the_epoch():
 def test_a_fill_pipeline_rebuilt_at_a_new_micro_batch_hands_out_the_next_rows(synth):
     """Fill packing: the rows after a rebuild are the rows the old pipeline would have handed out next."""
     kw = dict(packing="fill", seq_len=SEQ, num_workers=0, seed=3)
-    with BatchPipeline(synth, micro_batch=1, **kw) as ref:
+    with BatchPipeline(synth, micro_batch_size=1, **kw) as ref:
         rows = [next(ref).input_ids.clone() for _ in range(16)]
-    old = BatchPipeline(synth, micro_batch=4, **kw)
-    new = BatchPipeline(synth, micro_batch=2, **kw)
+    old = BatchPipeline(synth, micro_batch_size=4, **kw)
+    new = BatchPipeline(synth, micro_batch_size=2, **kw)
     try:
         for _ in range(3):  # 12 rows
             next(old).release()

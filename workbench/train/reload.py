@@ -121,9 +121,10 @@ def plan_reload(base: Config, new: Config, running: Config, *, world: int, grad_
     return ReloadPlan(base=new, running=run, changes=changes, grad_accum=(grad_accum, accum))
 
 
-def position_for(state: Mapping[str, Any], micro_batch: int, batches_per_epoch: int) -> tuple[tuple[int, int], bool]:
-    """The data position of a pipeline rebuilt at ``micro_batch`` (``batches_per_epoch`` batches an epoch) that
-    continues the one whose ``state_dict()`` is ``state``: ((epoch, batch), exact).
+def position_for(state: Mapping[str, Any], micro_batch_size: int,
+                 batches_per_epoch: int) -> tuple[tuple[int, int], bool]:
+    """The data position of a pipeline rebuilt at ``micro_batch_size`` (``batches_per_epoch`` batches an epoch)
+    that continues the one whose ``state_dict()`` is ``state``: ((epoch, batch), exact).
 
     A position counts batches, so it carries over as the rows consumed in the epoch: ``batch x old micro-batch``,
     rounded up to whole new batches (a row is skipped rather than trained on twice). Under fill packing the
@@ -134,8 +135,8 @@ def position_for(state: Mapping[str, Any], micro_batch: int, batches_per_epoch: 
     may be seen twice or skipped until the epoch ends); from the next epoch on the order is exactly that of a
     run started at the new micro-batch."""
     epoch, rows = int(state["epoch"]), int(state["batch"]) * int(state["micro_batch"])
-    k = math.ceil(rows / micro_batch)
-    exact = state.get("packing", "bucket") == "fill" and rows % micro_batch == 0
+    k = math.ceil(rows / micro_batch_size)
+    exact = state.get("packing", "bucket") == "fill" and rows % micro_batch_size == 0
     if k >= batches_per_epoch:  # the epoch's rest is short of a new batch: the next epoch starts
         return (epoch + 1, 0), exact
     return (epoch, k), exact
@@ -145,7 +146,7 @@ def carry_position(old: Any, new: Any) -> str:
     """Move the pipeline ``new`` (a ``BatchPipeline`` at a new micro-batch, not started) to the position that
     continues ``old`` (``position_for``); returns the position's description for the log line."""
     state = old.state_dict()
-    (epoch, k), exact = position_for(state, new.micro_batch, new.batches_per_epoch)
+    (epoch, k), exact = position_for(state, new.micro_batch_size, new.batches_per_epoch)
     new.load_state_dict({**new.state_dict(), "epoch": epoch, "batch": k})
     return (f"epoch {state['epoch']} batch {state['batch']} -> epoch {epoch} batch {k} "
             f"({'exact' if exact else 'the same rows into the epoch'})")
