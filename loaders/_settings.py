@@ -2,7 +2,8 @@
 workbench config, and errors that name the config's keys.
 
 loaders sits below workbench (import-linter's layers), so the config sections are read duck-typed, by their
-attribute names; ``CONFIG_FIELDS`` is the one place those names live. See docs/loaders.md ("From a config").
+attribute names, which are the pipelines' argument names too; ``CONFIG_FIELDS`` says which section holds each.
+See docs/loaders.md ("From a config").
 """
 
 from __future__ import annotations
@@ -19,30 +20,30 @@ _MIN_SEQ_LEN = 16
 # Where each section sits in the workbench config: the prefix of a key named in an error.
 SECTION_KEYS = {"data": "data", "io": "loongforge.io_domain", "memory": "loongforge.memory_domain"}
 
-# BatchPipeline argument -> (section, the section's attribute).
+# BatchPipeline argument -> the section it is read from; the section's attribute has the argument's name.
 CONFIG_FIELDS = {
-    "micro_batch_size": ("data", "micro_batch_size"),
-    "num_workers": ("data", "num_workers"),
-    "prefetch_batches": ("data", "prefetch_batches"),
-    "shuffle_window_frames": ("data", "shuffle_window_frames"),
-    "bucket_width": ("data", "bucket_width"),
-    "packing": ("data", "packing"),
-    "seq_len": ("data", "seq_len"),
-    "io_backend": ("io", "io_backend"),
-    "io_uring_entries": ("io", "io_uring_entries"),
-    "read_threads": ("io", "read_threads"),
-    "num_staging_blocks": ("memory", "num_staging_blocks"),
-    "pinned_block_kb": ("memory", "pinned_block_kb"),
+    "micro_batch_size": "data",
+    "num_workers": "data",
+    "prefetch_batches": "data",
+    "shuffle_window_frames": "data",
+    "bucket_width": "data",
+    "packing": "data",
+    "seq_len": "data",
+    "io_backend": "io",
+    "io_uring_entries": "io",
+    "read_threads": "io",
+    "num_staging_blocks": "memory",
+    "pinned_block_kb": "memory",
 }
 
-# VLAPipeline argument -> (section, the section's attribute): the token pipeline's loader settings, no packing,
-# and the vla shapes and augmentation (``data.augment``: an object with ``AugmentSettings``' field names).
+# VLAPipeline argument -> its section: the token pipeline's loader settings, no packing, and the vla shapes and
+# augmentation (``data.augment``: an object with ``AugmentSettings``' field names).
 VLA_CONFIG_FIELDS = {
     **{k: v for k, v in CONFIG_FIELDS.items() if k not in ("bucket_width", "packing", "seq_len")},
-    "image_size": ("data", "image_size"),
-    "text_len": ("data", "text_len"),
-    "action_shape": ("data", "action_shape"),
-    "augment": ("data", "augment"),
+    "image_size": "data",
+    "text_len": "data",
+    "action_shape": "data",
+    "augment": "data",
 }
 
 
@@ -112,13 +113,14 @@ def _read(sections: dict[str, Any], section: str, attr: str) -> Any:
                         f"({type(sections[section]).__name__}) has no attribute {attr!r}") from None
 
 
-def config_arguments(data: Any, io: Any, memory: Any, table: dict[str, tuple[str, str]] = CONFIG_FIELDS,
+def config_arguments(data: Any, io: Any, memory: Any, table: dict[str, str] = CONFIG_FIELDS,
                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """A pipeline's arguments read from the three sections (``table``: ``CONFIG_FIELDS`` or
-    ``VLA_CONFIG_FIELDS``), and the config key each one came from."""
+    ``VLA_CONFIG_FIELDS``; each argument is its section's attribute of the same name), and the config key each
+    one came from."""
     sections = {"data": data, "io": io, "memory": memory}
-    kwargs = {arg: _read(sections, section, attr) for arg, (section, attr) in table.items()}
-    return kwargs, {arg: _key(section, attr) for arg, (section, attr) in table.items()}
+    kwargs = {arg: _read(sections, section, arg) for arg, section in table.items()}
+    return kwargs, {arg: _key(section, arg) for arg, section in table.items()}
 
 
 def config_shards(data: Any) -> Any:

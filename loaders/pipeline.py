@@ -84,7 +84,7 @@ class BatchPipeline(PipelineThreads):
     RECORD_KIND = "tokens"
     """The shards' ``record_kind`` this pipeline assembles."""
     _CONFIG_FIELDS = CONFIG_FIELDS
-    """Constructor argument -> (section, attribute) read by ``from_config``."""
+    """Constructor argument -> the config section ``from_config`` reads it from (the attribute of its name)."""
 
     def __init__(self, shards: ShardSet | str | os.PathLike, *, micro_batch_size: int, seed: int = 0,
                  num_workers: int = 2, io_backend: str = "auto", io_uring_entries: int = 64,
