@@ -14,7 +14,7 @@ import collections
 import math
 import os
 import threading
-from typing import Any, Iterator
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -39,9 +39,23 @@ __all__ = [
     "default_block_bytes",
     "plan_buckets",
     "record_frames",
+    "upgrade_state",
 ]
 
 _STATE_VERSION = 1
+# Keys a version-1 state was written with before the loaders took the config's names -> the key now. Such states
+# (checkpoints) are still read; only the new key is written.
+_RENAMED_STATE_KEYS = {"micro_batch": "micro_batch_size"}
+
+
+def upgrade_state(state: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of ``state`` (a ``BatchPipeline.state_dict()``) with today's keys: a state written before the rename
+    holds ``micro_batch``, read as ``micro_batch_size``."""
+    out = dict(state)
+    for old, new in _RENAMED_STATE_KEYS.items():
+        if old in out:
+            out.setdefault(new, out.pop(old))
+    return out
 
 
 class BatchPipeline(PipelineThreads):
@@ -325,7 +339,7 @@ class BatchPipeline(PipelineThreads):
         settings that must match for an exact resume."""
         epoch, k = self._pos
         return {"version": _STATE_VERSION, "epoch": epoch, "batch": k, "seed": self.seed,
-                "micro_batch": self.micro_batch_size, "shuffle_window_frames": self.shuffle_window_frames,
+                "micro_batch_size": self.micro_batch_size, "shuffle_window_frames": self.shuffle_window_frames,
                 "bucket_width": self.bucket_width, "packing": self.packing, "seq_len": self.seq_len,
                 "batches_per_epoch": self.batches_per_epoch, "n_records": int(self.shards.n_records),
                 "n_frames": int(self.shards.n_frames)}
@@ -334,19 +348,21 @@ class BatchPipeline(PipelineThreads):
         """Continue at ``state``'s position: the next batch equals the next batch of an uninterrupted run.
 
         A state without ``packing`` / ``seq_len`` is a bucket-packing one; ``bucket_width`` is compared under
-        bucket packing only (fill packing does not use it)."""
+        bucket packing only (fill packing does not use it). A state holding ``micro_batch`` (written before the
+        key was ``micro_batch_size``) is read as one holding ``micro_batch_size`` (``upgrade_state``)."""
+        state = upgrade_state(state)
         if state.get("version") != _STATE_VERSION:
             raise ValueError(f"state version {state.get('version')!r}: expected {_STATE_VERSION}")
         theirs = {"packing": "bucket", "seq_len": None, **state}
         mine = self.state_dict()
-        keys = ["packing", "seq_len", "seed", "micro_batch", "shuffle_window_frames", "bucket_width",
+        keys = ["packing", "seq_len", "seed", "micro_batch_size", "shuffle_window_frames", "bucket_width",
                 "batches_per_epoch", "n_records", "n_frames"]
         if self.packing == "fill":
             keys.remove("bucket_width")
         for key in keys:
             if theirs.get(key) != mine[key]:
                 raise ValueError(f"state {key}={theirs.get(key)!r} differs from this pipeline's {mine[key]!r}: an "
-                                 f"exact resume needs the same packing, seq_len, seed, micro_batch, "
+                                 f"exact resume needs the same packing, seq_len, seed, micro_batch_size, "
                                  f"shuffle_window_frames, bucket_width and shards")
         epoch, k = int(state["epoch"]), int(state["batch"])
         if not 0 <= k < self.batches_per_epoch or epoch < 0:

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from loaders.format import ShardFormatError, ShardSet, ShardWriter
-from loaders.pipeline import BatchPipeline, EpochPlan, FillPlan, default_block_bytes, plan_buckets, record_frames
+from loaders.pipeline import (BatchPipeline, EpochPlan, FillPlan, default_block_bytes, plan_buckets, record_frames,
+                              upgrade_state)
 from loaders.reader import probe_io_uring
 
 MB = 8  # micro-batch of every test here
@@ -203,6 +204,27 @@ def test_resume_mid_epoch_and_across_the_epoch_boundary(shards):
         got = _take(pl, 3)
     assert [g[:2] for g in got] == [r[:2] for r in ref[5:8]]
     assert all(torch.equal(g[3], r[3]) for g, r in zip(got, ref[5:8]))
+
+
+def test_a_state_written_before_the_rename_still_loads(shards):
+    """A checkpoint's state from before the loaders took the config's names holds ``micro_batch``, not
+    ``micro_batch_size``: it resumes at its position, and a different micro-batch in it is still refused."""
+    kw = dict(micro_batch_size=MB, seed=11, num_workers=0, shuffle_window_frames=3)
+    with BatchPipeline(shards, **kw) as pl:
+        ref = _take(pl, 10)
+        state = pl.state_dict()
+    assert state["micro_batch_size"] == MB and "micro_batch" not in state  # only the new key is written
+    old = {("micro_batch" if k == "micro_batch_size" else k): v for k, v in state.items()}
+    old.update(epoch=0, batch=4)
+    assert upgrade_state(old) == {**state, "epoch": 0, "batch": 4}
+    with BatchPipeline(shards, **kw) as pl:
+        pl.load_state_dict(old)
+        got = _take(pl, 6)
+    for g, r in zip(got, ref[4:10], strict=True):
+        assert g[:2] == r[:2] and np.array_equal(g[2], r[2]) and torch.equal(g[3], r[3])
+    with BatchPipeline(shards, **{**kw, "micro_batch_size": MB // 2}) as pl:
+        with pytest.raises(ValueError, match=rf"^state micro_batch_size={MB} differs from this pipeline's {MB // 2}"):
+            pl.load_state_dict(old)
 
 
 def test_load_state_dict_refuses_a_different_plan(shards):

@@ -117,11 +117,18 @@ def test_the_reloader_rejects_a_bad_file_and_several_processes():
 
 
 def test_the_position_counts_rows_into_the_epoch():
-    fill = {"epoch": 2, "batch": 9, "micro_batch": 4, "packing": "fill"}
+    fill = {"epoch": 2, "batch": 9, "micro_batch_size": 4, "packing": "fill"}
     assert position_for(fill, 2, 1000) == ((2, 18), True)        # 36 rows: batch 18 of 2 rows
     assert position_for(fill, 8, 1000) == ((2, 5), False)        # 36 rows: 4 skipped to the next whole batch of 8
     assert position_for(fill, 8, 5) == ((3, 0), False)           # the epoch has no 6th batch of 8: the next one
     assert position_for({**fill, "packing": "bucket"}, 2, 1000) == ((2, 18), False)  # records, not their order
+
+
+def test_the_position_of_a_state_written_before_the_rename():
+    """A checkpoint's pipeline state from before the loaders took the config's names holds ``micro_batch``."""
+    old = {"epoch": 2, "batch": 9, "micro_batch": 4, "packing": "fill"}
+    assert position_for(old, 2, 1000) == ((2, 18), True)
+    assert position_for(old, 8, 1000) == ((2, 5), False)
 
 
 def test_a_fill_pipeline_rebuilt_at_a_new_micro_batch_hands_out_the_next_rows(synth):

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from loaders.pipeline import upgrade_state
 from workbench.config import Config, accumulation, merge_overrides, to_dict
 from workbench.train.memory_model import predicted_oom
 
@@ -124,7 +125,8 @@ def plan_reload(base: Config, new: Config, running: Config, *, world: int, grad_
 def position_for(state: Mapping[str, Any], micro_batch_size: int,
                  batches_per_epoch: int) -> tuple[tuple[int, int], bool]:
     """The data position of a pipeline rebuilt at ``micro_batch_size`` (``batches_per_epoch`` batches an epoch)
-    that continues the one whose ``state_dict()`` is ``state``: ((epoch, batch), exact).
+    that continues the one whose ``state_dict()`` is ``state``: ((epoch, batch), exact). A state written before
+    the key was ``micro_batch_size`` (it holds ``micro_batch``) is read too (loaders' ``upgrade_state``).
 
     A position counts batches, so it carries over as the rows consumed in the epoch: ``batch x old micro-batch``,
     rounded up to whole new batches (a row is skipped rather than trained on twice). Under fill packing the
@@ -134,7 +136,8 @@ def position_for(state: Mapping[str, Any], micro_batch_size: int,
     records into the epoch is the honest equivalent, and the rest of that epoch follows the new plan (records
     may be seen twice or skipped until the epoch ends); from the next epoch on the order is exactly that of a
     run started at the new micro-batch."""
-    epoch, rows = int(state["epoch"]), int(state["batch"]) * int(state["micro_batch"])
+    state = upgrade_state(state)
+    epoch, rows = int(state["epoch"]), int(state["batch"]) * int(state["micro_batch_size"])
     k = math.ceil(rows / micro_batch_size)
     exact = state.get("packing", "bucket") == "fill" and rows % micro_batch_size == 0
     if k >= batches_per_epoch:  # the epoch's rest is short of a new batch: the next epoch starts
