@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script: the repository's packages
-from loaders._staging import _fill_row  # noqa: E402
+from loaders._staging import fill_row  # noqa: E402
 from loaders.format import MANIFEST_NAME, ShardSet, ShardWriter  # noqa: E402
 from loaders.pipeline import BatchPipeline, EpochPlan, StagingRing, default_block_bytes  # noqa: E402
 from loaders.reader import make_reader, probe_io_uring  # noqa: E402
@@ -261,7 +261,7 @@ def _run_memmap(shards: ShardSet, ref: Path, cfg: BenchConfig) -> dict[str, Any]
         tok_BT, pos_BT, mask_BT = ring.views(i, B, T)
         for row, r in enumerate(ids.tolist()):
             a, b = int(off[r]), int(off[r + 1])
-            real += _fill_row(tok_BT, pos_BT, mask_BT, row, tok[a:b], pos[a:b], mask[a:b])
+            real += fill_row(tok_BT, pos_BT, mask_BT, row, tok[a:b], pos[a:b], mask[a:b])
         if cuda:  # the same h2d path as the pipeline: non-blocking on a side stream, block reused after its event
             with torch.cuda.stream(stream):
                 dev = torch.empty(9 * B * T, dtype=torch.uint8, device="cuda")
