@@ -20,6 +20,8 @@ spent on padding are waste, not model FLOPs.
 
 from __future__ import annotations
 
+import torch
+
 from workbench.train.model import ModelArgs, num_params
 
 __all__ = ["PEAK_TFLOPS", "flops_per_token", "mfu", "peak_tflops"]
@@ -78,6 +80,12 @@ def peak_tflops(gpu_name: str | None, override: float | None = None) -> float | 
         if key.lower() in name:
             return PEAK_TFLOPS[key]
     return None
+
+
+def device_peak_tflops(device: torch.device, override: float | None = None) -> float | None:
+    """:func:`peak_tflops` of ``device`` (its CUDA name; None on a CPU), ``override`` (``hardware.peak_tflops``)
+    first: the peak the built-in loop and ``workbench.run()`` both divide by."""
+    return peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None, override)
 
 
 def mfu(tokens_per_s: float, args: ModelArgs, seq_len: int, peak: float | None) -> float | None:

@@ -91,7 +91,7 @@ class WorkbenchCallback(TrainerCallback):
             real: int | torch.Tensor = padded
         elif self._padded:
             padded = self._padded
-            real = sum(self._real) if any(isinstance(r, torch.Tensor) for r in self._real) else int(sum(self._real))
+            real = sum(self._real)  # a tensor where any count is one (read back with the loss), else an int
         else:
             raise ValueError("WorkbenchCallback: the model was given no input_ids to count; give tokens_per_step")
         self._padded, self._real = 0, []

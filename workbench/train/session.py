@@ -39,7 +39,7 @@ from workbench.config import Config, load_config
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.context import (NanLossError, RunContext, StopSignals, classify_exception, failure_record,
                                      write_failure)
-from workbench.train.flops import peak_tflops
+from workbench.train.flops import device_peak_tflops
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
 from workbench.train.profiling import StepProfiler
 from workbench.train.timing import PHASES, PhaseTimer
@@ -369,8 +369,7 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
                          summary=files / "summary.json" if files else None, failure_dir=files)
     apply_allocator_settings(cfg)  # before CUDA initialises: the allocator knobs act on a loop of one's own too
     device = resolve_device(cfg)
-    peak = peak_tflops(torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                       cfg.hardware.peak_tflops)  # MFU for the FLOPs run.step() is given
+    peak = device_peak_tflops(device, cfg.hardware.peak_tflops)  # MFU for the FLOPs run.step() is given
     session = RunSession(cfg, device=device, out_dir=out_dir, world=world, rank=rank, peak_tflops=peak,
                          context=context)
     handle = Run(cfg, session, out_dir)

@@ -26,7 +26,7 @@ import torch.nn as nn
 from loaders.pipeline import BatchPipeline
 from workbench.config import Config, ConfigError, to_dict
 from workbench.files import atomic_write
-from workbench.train.flops import peak_tflops
+from workbench.train.flops import device_peak_tflops
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.allocator import apply_allocator_settings
 from workbench.train.memory_model import predict_peak, summary_fields
@@ -125,8 +125,7 @@ class Trainer:
                      f"{sum(p.numel() for p in self.model.parameters()):,}", where, self.world, data, served)
         self.reloader = ConfigReloader(config_source, cfg)  # SIGUSR1 re-reads the config file (reload.py)
         self.launch = LaunchTimer()  # host time of each CUDA graph replay() (graph capture only)
-        self.peak = peak_tflops(torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else None,
-                                cfg.hardware.peak_tflops)
+        self.peak = device_peak_tflops(self.device, cfg.hardware.peak_tflops)
         # the trial contract's signals and files are the run context's (python -m workbench.train's; none given:
         # no files); the measurement side (phases, windows, traces) is the run API's, as for a loop of one's own
         self.context = context or RunContext()
