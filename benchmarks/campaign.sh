@@ -112,6 +112,7 @@ PY
         --hf-variant "pad_ligerfp8_16:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
         --hf-variant "pad_ligerfp8_32:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=32" \
         --hf-variant "ligerfp8_16_model:$lever;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
+        --hf-variant "pad_ligerfp8_16_model:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --reference hf_base \
         --variants "${VARIANTS:-hf_base,hf_pad_ligerfp8_16,wb_config,hf_pad,hf_ligerfp8_16,hf_pad_ligerfp8_32,hf_base}" \
         --out "$OUT/compare-hf"
