@@ -83,6 +83,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--print-config", action="store_true",
                    help="print the full config (the preset's or the file's, with --set and --steps applied), every "
                         "key documented in a comment, and exit without training")
+    p.add_argument("--compile-only", action="store_true",
+                   help="compile what the run would compile (every bucket shape; the capture too), then exit "
+                        "without a training step: fills the compile cache (TORCHINDUCTOR_CACHE_DIR) for a later run")
+    p.add_argument("--blocks", type=int, metavar="K",
+                   help="with --compile-only: a model of at most K blocks in each stack (every block of a stack "
+                        "compiles to the same graph, so K blocks fill the cache for the full depth)")
     p.add_argument("--heartbeat", help=argparse.SUPPRESS)  # file touched every step (the tuner's watchdog)
     p.add_argument("-q", "--quiet", action="store_true",
                    help="no line per measured window, warnings only in the log; the summary is still printed")
@@ -99,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     # restores this one, a reload request is ignored with one line
     signal.signal(signal.SIGUSR1, _ignore_sigusr1)
     args = parse_args(argv)
+    if args.blocks is not None and (not args.compile_only or args.blocks < 1):
+        raise SystemExit("--blocks K needs --compile-only and K >= 1")
     # the trial contract's files and signals are the run context's; --out gets failure.json
     context = RunContext(heartbeat=args.heartbeat, summary=args.summary, failure_dir=args.out)
     # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of torch

@@ -21,7 +21,7 @@ from workbench.train.reload import ConfigSource
 from workbench.train.context import RunContext, classify_exception
 from workbench.train.trainer import Trainer, build_model_args
 from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
-from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, REAL_TOKENS_PER_S, STEP_S
+from workbench.vocab import COMPILE_S, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, REAL_TOKENS_PER_S, STEP_S
 
 __all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "run_command",
            "synthetic_data_dir", "synthetic_dir_for", "synthetic_vla_dir"]
@@ -146,10 +146,13 @@ def run(args: argparse.Namespace, context: RunContext | None = None) -> dict[str
         data_dir = synthetic_dir_for(cfg, args.synthetic_packing)
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
+    compile_only = getattr(args, "compile_only", False)
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, context=context, config_source=source,
                       trust_checkpoint=getattr(args, "trust_checkpoint", False),
-                      echo=not getattr(args, "quiet", False))
+                      echo=not getattr(args, "quiet", False), blocks=getattr(args, "blocks", None))
     try:
+        if compile_only:
+            return trainer.compile_only()
         summary = trainer.run()
         if getattr(args, "save_hf", None):
             summary["saved_hf"] = str(save_hf(trainer.model, args.save_hf))
@@ -161,6 +164,12 @@ def run(args: argparse.Namespace, context: RunContext | None = None) -> dict[str
 def print_summary(s: dict[str, Any]) -> None:
     def f(v, fmt):
         return format(v, fmt) if isinstance(v, (int, float)) else "n/a"
+
+    if s.get("compile_only"):
+        print(f"summary: compiled in {f(s.get(COMPILE_S), '.1f')} s, no step run"
+              + (f" ({s['blocks']} block(s) a stack)" if s.get("blocks") else "") + "; FX graph cache "
+              f"{s.get('compile/fx_graph_cache_hit', 0)} hit(s), {s.get('compile/fx_graph_cache_miss', 0)} miss(es)")
+        return
 
     measured = f"{s['measured_steps']} measured"
     if not s["measured_steps"]:  # say why the figures below are n/a

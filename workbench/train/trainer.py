@@ -81,8 +81,9 @@ class Trainer:
 
     def __init__(self, cfg: Config, *, out_dir: str | Path | None = None, data_dir: str | Path | None = None,
                  context: RunContext | None = None, config_source: ConfigSource | None = None,
-                 trust_checkpoint: bool = False, echo: bool = True) -> None:
+                 trust_checkpoint: bool = False, echo: bool = True, blocks: int | None = None) -> None:
         self.cfg = cfg
+        self.blocks = blocks  # a shallow model for compile_only(): at most this many blocks in each stack
         # the allocator settings' one application, before CUDA initialises; an option torch does not know is a
         # ConfigError
         self.allocator_env = apply_allocator_settings(cfg)
@@ -332,6 +333,8 @@ class Trainer:
         cd = cfg.loongforge.compute_domain
         # what differs between a language model and the VLA is the workload's (workload.py)
         self.workload = workload_for(cfg)  # checks the model before any work: an invalid_config
+        if self.blocks:
+            self.workload.keep_blocks(self.blocks)
         self.args = self.workload.args
         backends = cd.effective_ops()
         if "triton" in backends.values() or cd.triton_casts:
@@ -479,6 +482,15 @@ class Trainer:
         if self.comm is not None:
             s.update(self.comm.describe())
         return s
+
+    def compile_only(self) -> dict[str, Any]:
+        """Compile (and capture) what a run of this config compiles, then stop: no training step, no window, no
+        checkpoint. With ``blocks`` the model is shallow: it fills the compile cache (``TORCHINDUCTOR_CACHE_DIR``,
+        ``TRITON_CACHE_DIR``) for a later run of the full depth. The summary: the seconds it took and the cache's
+        hits and misses."""
+        elapsed = self.precompile()
+        return {"compile_only": True, "blocks": self.blocks, COMPILE_S: elapsed, "workload": self.workload.name,
+                "model_params": sum(p.numel() for p in self.model.parameters()), **_compile_cache_counts()}
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> Path | None:

@@ -12,6 +12,7 @@ optimizer, the session and the checkpoints are the Trainer's, the same for every
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ class Workload:
         self.model: nn.Module | None = None
 
     def build(self, ops: OpSet) -> nn.Module:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def keep_blocks(self, k: int) -> None:  # pragma: no cover - interface
+        """Build the model with at most ``k`` blocks in each stack (``python -m workbench.train --compile-only
+        --blocks k``): every block of a stack compiles to the same graph, so a shallow model compiles the graphs
+        of the full depth in a fraction of its memory and time."""
         raise NotImplementedError
 
     def load_weights(self, path: str) -> int:  # pragma: no cover - interface
@@ -103,6 +110,9 @@ class LanguageModel(Workload):
     def build(self, ops: OpSet) -> nn.Module:
         self.model = Llama(self.args, ops)
         return self.model
+
+    def keep_blocks(self, k: int) -> None:
+        self.args = replace(self.args, num_hidden_layers=min(k, self.args.num_hidden_layers))
 
     def load_weights(self, path: str) -> int:
         return load_weights(self.model, path)  # type: ignore[arg-type]
@@ -162,6 +172,12 @@ class VisionLanguageAction(Workload):
     def build(self, ops: OpSet) -> nn.Module:
         self.model = VLA(self.vla_args, ops)
         return self.model
+
+    def keep_blocks(self, k: int) -> None:
+        a = self.vla_args
+        self.args = replace(a.backbone, num_hidden_layers=min(k, a.backbone.num_hidden_layers))
+        self.vla_args = replace(a, vision_layers=min(k, a.vision_layers), head_layers=min(k, a.head_layers),
+                                backbone=self.args)
 
     def load_weights(self, path: str) -> int:
         """The loop's own ``latest.pt`` (a VLA has no HF form here)."""
