@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime
 import json
+import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from workbench.train.fingerprint import source_commit
 from workbench.tune.budget import GpuBudget, gpu_record, gpu_seconds_total
@@ -19,9 +21,11 @@ from workbench.tune.export import write_json
 from workbench.tune.result import build_result, data_source, result_lines
 from workbench.tune.session import StudySession
 from workbench.tune.storage import mask_url
+from workbench.vocab import COMPILE_S
 
-__all__ = ["Sessions", "earlier_sessions", "finished", "finished_lines", "finished_result", "record_in_study",
-           "result_text", "screening_record", "sessions_wall_s", "stored_result", "study_result", "write_tune_json"]
+__all__ = ["Sessions", "compile_ahead_record", "earlier_sessions", "finished", "finished_lines", "finished_result",
+           "record_in_study", "result_text", "screening_record", "sessions_wall_s", "stored_result", "study_result",
+           "write_tune_json"]
 
 
 def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
@@ -126,7 +130,30 @@ def screening_record(session: StudySession) -> dict[str, Any]:
     evaluated = stages[0]["trials"] + refused
     return {"pruner": spec.pruner.name, "stages": stages, "refused_without_run": refused,
             "repeats": len(trials) - len(own), "configs_evaluated": evaluated,
-            "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None}
+            "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None,
+            "compile_ahead": compile_ahead_record(own)}
+
+
+def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
+    """What compile-ahead (workbench/tune/ahead.py) did over ``trials``: twins started, finished, failed or
+    stopped, the seconds trials waited for them, the median compile seconds of the trials that had a finished
+    twin and of those that had none, and why the others got none. None: no trial was asked ahead."""
+    recs = [(t, t.user_attrs["compile_ahead"]) for t in trials if isinstance(t.user_attrs.get("compile_ahead"), dict)]
+    if not recs:
+        return None
+    status = Counter(r.get("status", "started") for _, r in recs)
+    reasons = Counter(r["reason"] for _, r in recs if r.get("status") == "skipped" and r.get("reason"))
+
+    def median_compile(ts: list[FrozenTrial]) -> float | None:
+        vals = [t.user_attrs[COMPILE_S] for t in ts if isinstance(t.user_attrs.get(COMPILE_S), (int, float))]
+        return round(statistics.median(vals), 2) if vals else None
+
+    return {"asked_ahead": len(recs), "twins": len(recs) - status["skipped"], "finished": status["done"],
+            "failed": status["failed"], "stopped": status["stopped"], "skipped": dict(reasons),
+            "waited_s": round(sum(float(r.get("waited_s") or 0.0) for _, r in recs), 1),
+            "median_compile_s_after_twin": median_compile([t for t, r in recs if r.get("status") == "done"]),
+            "median_compile_s_without": median_compile([t for t in trials if t.user_attrs.get("compile_ahead",
+                                                        {}).get("status") != "done"])}
 
 
 def study_result(session: StudySession, validation: Mapping[str, Any], wall_s: float | None) -> dict[str, Any]:

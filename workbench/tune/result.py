@@ -221,6 +221,13 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
         text += (f"; trials measured: {stages}" + (f"; {screening['refused_without_run']} refused without a run"
                                                    if screening.get("refused_without_run") else "")
                  + (f"; {rate:.2f} configs a {unit.removesuffix('s')}" if rate else ""))
+        ahead = screening.get("compile_ahead")
+        if ahead and ahead.get("twins"):
+            after, without = ahead.get("median_compile_s_after_twin"), ahead.get("median_compile_s_without")
+            text += (f"; compile-ahead: {ahead['finished']} of {ahead['twins']} twins finished before their trial"
+                     + (f" (median compile {after:.0f} s after a twin" + (f", {without:.0f} s without" if without
+                                                                         is not None else "") + ")"
+                        if after is not None else "") + f", {ahead.get('waited_s', 0):.0f} s waited")
     return text
 
 

@@ -23,6 +23,7 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.config import ConfigError, config_hash
 from workbench.files import remove_tree
 from workbench.train.memory_model import predicted_oom
+from workbench.tune.ahead import CompileAhead
 from workbench.tune.budget import GpuBudget, gpu_seconds_total
 from workbench.tune.lease import Lease
 from workbench.tune.measure import Measurer
@@ -87,6 +88,10 @@ class Search:
         self.lease = lease
         self.gpu_budget = gpu_budget
         self.base_values = session.spec.base_knob_values()
+        # compile-ahead (ahead.py): the next trial, asked while the current one runs, and its twin
+        self.ahead = CompileAhead(session) if CompileAhead.enabled(session) else None
+        self.pending: optuna.Trial | None = None
+        self._pending_beat = contextlib.ExitStack()
 
     # ------------------------------------------------------------------ the loop
     def search(self, t0: float) -> None:
@@ -102,10 +107,13 @@ class Search:
             counted, running, waiting = self.counts()
             s.show(done=s.finished_count(), best=self.best_text(), gpu_min=gpu_seconds_total(s) / 60)
             # enqueued (WAITING) trials are asked for like new ones; the exact check after ask() decides
-            budget_done = s.budget is not None and counted - waiting >= s.budget
+            # (a trial asked ahead is within the budget: it was counted when it was asked)
+            budget_done = s.budget is not None and counted - waiting >= s.budget and self.pending is None
             time_done = deadline is not None and time.monotonic() >= deadline
             gpu_done = self.gpu_budget.done()  # (asked every time: its one line comes when the budget runs out)
             if budget_done or time_done or gpu_done:
+                running -= self.pending is not None  # (told now: not a trial to wait for)
+                self.drop_pending()
                 if s.worker or running == 0:
                     return
                 if not waiting_note:
@@ -114,22 +122,76 @@ class Search:
                 s.show(phase=f"waiting for {running} running trial(s)")
                 time.sleep(2.0)
                 continue
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
-                trial = s.study.ask()
+            asked_ahead, trial = self.pending is not None, self.pending or self.ask()
+            self.pending = None
             try:
                 with self.storage_heartbeat(trial._trial_id):
-                    trial.set_user_attr("worker", s.me)
-                    if self._over_budget(trial):
-                        if s.worker:
-                            return
-                        continue
+                    self._pending_beat.close()  # (the asked-ahead trial's heartbeat, now this one's)
+                    if not asked_ahead:
+                        trial.set_user_attr("worker", s.me)
+                        if self._over_budget(trial):
+                            if s.worker:
+                                return
+                            continue
                     out = self.run_one(trial)
             except BaseException as e:  # wherever it landed, the asked trial does not stay RUNNING
-                self.mark_interrupted(trial, None if isinstance(e, KeyboardInterrupt) else
-                                      f"the tuner stopped: {type(e).__name__}: {e}")
+                why = None if isinstance(e, KeyboardInterrupt) else f"the tuner stopped: {type(e).__name__}: {e}"
+                self.mark_interrupted(trial, why)
+                self.drop_pending(interrupted=why or True)
                 raise
             s.log(self.trial_line(trial, out, t0))
+
+    def ask(self) -> optuna.Trial:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            return self.session.study.ask()
+
+    # ------------------------------------------------------------------ compile-ahead
+    def ask_ahead(self, running: Any) -> None:
+        """As a trial of config ``running`` starts: ask for the next trial (the sampler sees this one running),
+        sample it, and start its twin (ahead.py). Nothing is asked when the trial budget has no room left."""
+        s = self.session
+        if self.ahead is None or self.pending is not None:
+            return
+        for _ in range(MAX_ENUMERATED):
+            counted, _, waiting = self.counts()
+            if s.budget is not None and counted - waiting >= s.budget:
+                return
+            trial = self.ask()
+            self._pending_beat.enter_context(self.storage_heartbeat(trial._trial_id))
+            trial.set_user_attr("worker", s.me)
+            if self._over_budget(trial):
+                self._pending_beat.close()
+                return
+            try:
+                cfg = s.spec.trial_config(self.sample(trial))
+            except ConfigError:
+                self.pending = trial  # its own run says so
+                return
+            if self.measured_twin(config_hash(cfg), trial.number) is None:
+                break
+            # a repeat of a measured config: told now (no run, no budget where an untried config is queued in its
+            # place), so that the next trial, the queued one, is the one compiled ahead
+            self.run_one(trial)
+            self._pending_beat.close()
+        else:
+            return
+        self.pending = trial
+        self.ahead.start(trial.number, cfg, beside=running)
+
+    def drop_pending(self, interrupted: str | bool = False) -> None:
+        """The trial asked ahead will not run: the search ended, or the tuner was stopped. Either way it is told
+        FAIL as interrupted (no budget used; its config is queued again when the study resumes), and its twin is
+        stopped."""
+        if self.ahead is not None:
+            self.ahead.stop()
+        trial, self.pending = self.pending, None
+        if trial is None:
+            return
+        why = interrupted if isinstance(interrupted, str) else None
+        self.mark_interrupted(trial, why if interrupted else "asked ahead (compile-ahead), and the search ended "
+                                                             "before it ran; a resumed study runs it")
+        self._pending_beat.close()
 
     def _over_budget(self, trial: optuna.Trial) -> bool:
         """Whether the trials before ``trial`` took the whole budget (another process asked first); such a trial is
@@ -233,7 +295,12 @@ class Search:
         trial.set_user_attr("config_hash", h)
         twin = self.measured_twin(h, n)
         if twin is None:
+            waited = 0.0
+            if self.ahead is not None:  # its twin's compile (asked during the trial before) is the one it needs
+                waited = self.ahead.wait(n, self.session.spec.protocol.trial_timeout_s / 2)
+                self.ask_ahead(cfg)
             out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial))
+            out.wall_s += waited  # the GPU waited for the twin: device time of this trial
             if out.status == "ok":
                 self.measurer.guard_numerics(trial, params, cfg, out)
             return out
@@ -304,6 +371,8 @@ class Search:
             "summary": out.summary or {}, "constraint": list(cons.values()), "windows": out.windows,
             "wall_s": round(out.wall_s, 3),
         }
+        if self.ahead is not None and (rec := self.ahead.record(trial.number)) is not None:
+            attrs["compile_ahead"] = rec
         attrs.update(flat_attrs(out.summary or {}))
         # Optuna's own states, so that its tools read the study right: a failed config is FAIL (the samplers
         # learn it as infeasible through their view, workbench.tune.samplers), an interrupted one FAIL too

@@ -210,6 +210,9 @@ class Protocol:
     """Numerics guard: a trial that sets a numerics knob (FP8) off its base value fails with kind ``numerics``
     when its mean loss over the last measured window differs from the base config's, on the same seed and data,
     by more than this share of the base's."""
+    compile_ahead: bool | None = None
+    """Compile the next search trial's config in a shallow twin while the current trial runs, so that its compiles
+    read the cache (workbench/tune/ahead.py); null = on with CUDA and the built-in loop."""
     profile_steps: int = 2
     """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner (each in
     a run of its own after validation: the warm-up, then these steps profiled); 0 = no traces."""

@@ -70,7 +70,9 @@ __all__ = [
     "ignore_interrupts",
     "command_launcher",
     "interrupts_held",
+    "kill_group",
     "not_launched_outcome",
+    "pdeathsig",
     "launch_command",
     "read_log_tail",
     "run_trial",
@@ -232,7 +234,7 @@ def command_launcher(command: list[str]) -> Launcher:
     return launch
 
 
-def _pdeathsig() -> Callable[[], None] | None:
+def pdeathsig() -> Callable[[], None] | None:
     """preexec_fn giving the child SIGKILL when the tuner dies (Linux); resolved before fork."""
     if not sys.platform.startswith("linux"):
         return None
@@ -248,7 +250,7 @@ def _pdeathsig() -> Callable[[], None] | None:
     return _set
 
 
-def _kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
+def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
     """SIGTERM the child's process group, SIGKILL it after ``grace_s``; reap the child."""
     pgid = proc.pid  # start_new_session: the child leads its own group
     for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
@@ -433,7 +435,7 @@ class Watchdog:
                 if self.on_window is not None and self.on_window(len(seen.windows) - 1, v) and rc is None:
                     seen.pruned = True
             if seen.pruned:
-                _kill_group(self.proc)
+                kill_group(self.proc)
                 return seen
             if rc is not None:
                 return seen
@@ -448,7 +450,7 @@ class Watchdog:
                     self.phase(f"warm-up (step {b}/{self.warm})" if in_warmup else f"measuring window 1/{n}")
             seen.killed_kind, seen.killed_reason = self._limit_passed(t0, now, beat, beat_at)
             if seen.killed_reason:
-                _kill_group(self.proc)
+                kill_group(self.proc)
                 return seen
             time.sleep(self.poll_s)
 
@@ -477,7 +479,7 @@ def _launch(cfg: Config, trial_dir: Path, launch: Launcher, env: dict[str, str] 
         # the tuner's working directory: relative paths in the config mean what they mean to the user
         try:
             return config_path, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 cwd=cwd, env=env, start_new_session=True, preexec_fn=_pdeathsig())
+                                                 cwd=cwd, env=env, start_new_session=True, preexec_fn=pdeathsig())
         except OSError as e:  # the command itself cannot start: the study's to fix, not a crash of its config
             reason = f"cannot start {cmd[0]!r}: {e.strerror or e}" + (f" (cwd {cwd})" if cwd else "")
             log.write((reason + "\n").encode())
@@ -560,7 +562,7 @@ def run_trial(
         seen = dog.watch(t0)
     except BaseException:
         with interrupts_held():  # the child's group is ended whatever else arrives meanwhile (a burst of Ctrl-Cs)
-            _kill_group(proc)
+            kill_group(proc)
         raise
     rc = proc.wait()
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -1,0 +1,195 @@
+"""Compile-ahead (workbench/tune/ahead.py, issue 38): the next trial is asked while the current one runs, its config
+compiled by a shallow twin (``python -m workbench.train --compile-only --blocks K``) whose cache the trial then
+reads, within the trial budget, and with the asked-ahead trial accounted for when the search ends or is stopped.
+
+The search tests replace the trial runner by a function of the config, as test_search_coverage.py does; the twin
+tests run the real CLI on the tiny preset (CPU Inductor)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from optuna.trial import TrialState
+
+from workbench.config import merge_overrides, preset_config
+from workbench.tune import Tuner
+from workbench.tune.ahead import CompileAhead, twin_blocks
+from workbench.tune.budget import GpuBudget
+from workbench.tune.records import compile_ahead_record
+from workbench.tune.search import Search
+from workbench.tune.study import load_study_spec
+from workbench.tune.trial import TrialOutcome
+
+SPACE = {"micro_batch_size": {"choices": [2, 8]}, "num_workers": {"choices": [0, 1]}}
+CONFIGS = sorted(tuple(sorted(dict(zip(SPACE, v)).items()))
+                 for v in itertools.product(*(r["choices"] for r in SPACE.values())))
+COMPILED = {"loongforge": {"compute_domain": {"compile": "default"}}}
+
+
+@pytest.fixture
+def events(monkeypatch):
+    """The search's runs and its twins' starts, waits and stops, in order; each run at a known speed."""
+    seen: list[tuple] = []
+
+    def run(self, trial, cfg, tdir, on_window):
+        seen.append(("run", trial.number))
+        v = 1000.0 * trial.params["micro_batch_size"] + trial.params["num_workers"]
+        if getattr(self, "interrupt_at", None) == trial.number:
+            raise KeyboardInterrupt
+        return TrialOutcome("ok", Path(tdir), windows=[v, v], value=v, summary={"measured_steps": 6})
+
+    def start(self, number, cfg, beside):
+        seen.append(("start", number))
+        self.records[number] = {"status": "done", "waited_s": 0.5}
+        return True
+
+    def wait(self, number, timeout_s):
+        seen.append(("wait", number))
+        return 0.5
+
+    monkeypatch.setattr(Search, "run_search_trial", run)
+    monkeypatch.setattr(CompileAhead, "start", start)
+    monkeypatch.setattr(CompileAhead, "wait", wait)
+    monkeypatch.setattr(CompileAhead, "stop", lambda self: seen.append(("stop",)))
+    return seen
+
+
+def _tuner(path: Path, tmp_path: Path, **kw) -> Tuner:
+    t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False, **kw)
+    t.open()
+    return t
+
+
+def _spec(study_spec_file, name="ahead", trials=4, **protocol):
+    return study_spec_file(name, space=SPACE, trials=trials, sampler={"name": "tpe", "seed": 0,
+                                                                      "n_startup_trials": 1},
+                           protocol={"compile_ahead": True, **protocol})
+
+
+def test_each_trial_is_compiled_ahead_while_the_one_before_runs(study_spec_file, tmp_path, events):
+    t = _tuner(_spec(study_spec_file), tmp_path)
+    assert t.searcher.ahead is not None
+    t.search()
+    runs = [e[1] for e in events if e[0] == "run"]
+    assert len(runs) == 4 and events[-1] == ("stop",)
+    # every trial after the first was asked, and its twin started, before the trial ahead of it ran: a repeat the
+    # sampler proposed was told at once, so the untried config queued in its place is the one compiled ahead
+    for before, n in zip(runs, runs[1:]):
+        assert events.index(("start", n)) < events.index(("run", before)) < events.index(("wait", n))
+    assert not [e for e in events if e[0] == "start" and e[1] not in runs]  # none beyond the budget of 4
+    assert sorted(tuple(sorted(x.params.items())) for x in t.study.get_trials()
+                  if x.number in runs) == CONFIGS  # asked ahead, the 2x2 space is still covered once
+    trials = [x for x in t.study.get_trials() if x.number in runs[1:]]
+    assert [x.user_attrs.get("compile_ahead") for x in trials] == [{"status": "done", "waited_s": 0.5}] * 3
+    assert all(x.user_attrs["wall_s"] == 0.5 for x in trials)  # the wait is the trial's device time
+    rec = compile_ahead_record(t.study.get_trials())
+    assert rec["asked_ahead"] == 3 and rec["twins"] == 3 and rec["finished"] == 3 and rec["waited_s"] == 1.5
+
+
+def test_a_trial_asked_ahead_when_the_search_ends_is_not_run_and_not_counted(study_spec_file, tmp_path, events,
+                                                                            monkeypatch):
+    done = {"after": 2}
+    monkeypatch.setattr(GpuBudget, "done", lambda self: sum(e[0] == "run" for e in events) >= done["after"])
+    t = _tuner(_spec(study_spec_file, trials=6), tmp_path)
+    t.search()
+    assert [e for e in events if e[0] == "run"] == [("run", 0), ("run", 1)]
+    dropped = [x for x in t.study.get_trials() if x.state == TrialState.FAIL]
+    assert len(dropped) == 1 and dropped[0].user_attrs["status"] == "interrupted"
+    dropped = dropped[0]
+    assert ("start", dropped.number) in events and ("run", dropped.number) not in events
+    assert "asked ahead" in dropped.user_attrs["failure_reason"]
+    assert ("stop",) in events[events.index(("run", 1)):]  # its twin stopped
+    assert t.session.finished_count() == 2  # no budget used
+    # a later session runs its config (queued again, once) and the rest of the space
+    done["after"] = 99
+    again = _tuner(_spec(study_spec_file, trials=4), tmp_path)
+    again.search()
+    assert sorted({tuple(sorted(x.params.items())) for x in again.study.get_trials(states=(TrialState.COMPLETE,))}
+                  ) == CONFIGS
+    assert [x.params for x in again.study.get_trials() if x.user_attrs.get("requeue_of") == dropped.number] == \
+        [dropped.params]
+
+
+def test_ctrl_c_leaves_the_asked_ahead_trial_to_be_run_on_resume(study_spec_file, tmp_path, events, monkeypatch):
+    monkeypatch.setattr(Search, "interrupt_at", 1, raising=False)
+    spec = _spec(study_spec_file)
+    t = _tuner(spec, tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        t.search()
+    stopped = {x.number: x for x in t.study.get_trials() if x.state == TrialState.FAIL}
+    ahead = events[events.index(("run", 1)) - 1]  # the trial asked ahead as trial 1 started
+    assert ahead[0] == "start" and set(stopped) == {1, ahead[1]}
+    assert all(x.user_attrs["status"] == "interrupted" for x in stopped.values())
+    t.lease.release()
+    monkeypatch.setattr(Search, "interrupt_at", None, raising=False)
+    again = _tuner(spec, tmp_path)
+    again.search()
+    ran = [e[1] for e in events if e[0] == "run"]
+    # both stopped configs were queued again and measured; every config ran once (trial 1's run was cut)
+    assert sorted(tuple(sorted(x.params.items())) for x in again.study.get_trials() if x.number in ran[2:]) == \
+        sorted(set(CONFIGS) - {tuple(sorted(t.study.trials[0].params.items()))})
+
+
+def test_compile_ahead_is_on_by_default_only_where_a_gpu_waits(study_spec_file, tmp_path):
+    t = _tuner(study_spec_file("off", space=SPACE, trials=1), tmp_path)
+    assert t.searcher.ahead is None  # a CPU study, unset: off
+    session = SimpleNamespace(spec=SimpleNamespace(protocol=SimpleNamespace(compile_ahead=None), trainer=None),
+                              hardware={"capabilities": ["cuda"]})
+    assert CompileAhead.enabled(session)
+    session.spec.trainer = object()  # a loop of one's own has no --compile-only
+    assert not CompileAhead.enabled(session)
+
+
+def _gpu_cfg(**over):
+    base = {"hardware.device": "cuda", "loongforge.compute_domain.compile": "default", "data.seq_len": 2048, **over}
+    return merge_overrides(preset_config("gr00t-n1.6"), base)
+
+
+def test_a_twin_starts_only_where_the_memory_model_fits_both():
+    ahead = CompileAhead(SimpleNamespace(hardware={"gpu_memory_gib": 139.8, "capabilities": ["cuda"]}))
+    assert ahead.why_not(_gpu_cfg(), _gpu_cfg()) == ""  # micro-batch 8 beside micro-batch 8: ~60 GiB
+    big = _gpu_cfg(**{"data.micro_batch_size": 22})  # 128 GiB: fits alone, not with a twin
+    assert "GiB together" in ahead.why_not(_gpu_cfg(), big)
+    assert ahead.why_not(_gpu_cfg(**{"loongforge.compute_domain.compile": "none"}), _gpu_cfg()) == \
+        "nothing to compile"
+    vla = merge_overrides(preset_config("gr00t-n1.6-vla"), {"hardware.device": "cuda",
+                                                            "loongforge.compute_domain.compile": "default"})
+    assert "VLA" in ahead.why_not(vla, vla)
+    assert twin_blocks(_gpu_cfg(**{"training.activation_checkpointing": "selective",
+                                   "training.activation_checkpointing_every": 4})) == 4
+    assert twin_blocks(_gpu_cfg(**{"training.activation_checkpointing": "full"})) == 1
+
+
+def test_a_shallow_twin_fills_the_cache_of_the_full_depth(tmp_path, subprocess_env):
+    """The twin of a compiled tiny config (one block of four), started and waited for as the search does; the
+    full run of the same config then compiles from the cache alone."""
+    cfg = merge_overrides(preset_config("tiny"), {"loongforge.compute_domain.compile": "default",
+                                                  "data.micro_batch_size": 2, "data.seq_len": 128,
+                                                  "data.bucket_width": 128, "training.warmup_measure_steps": 1,
+                                                  "training.log_every": 1})
+    cache = tmp_path / "compile-cache"
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    session = SimpleNamespace(study_dir=tmp_path / "study", hardware={}, child_env=lambda: env,
+                              child_cwd=lambda: None)
+    ahead = CompileAhead(session)
+    assert ahead.start(1, cfg, beside=cfg)
+    assert ahead.wait(1, timeout_s=300) >= 0
+    rec = ahead.record(1)
+    assert rec["status"] == "done" and rec["blocks"] == 1, (session.study_dir / "ahead/1/log.txt").read_text()
+    assert rec["time/compile_s"] > 0 and rec["compile/fx_graph_cache_miss"] > 0
+    twin = json.loads((session.study_dir / "ahead/1/summary.json").read_text())
+    full_dir = tmp_path / "full"
+    r = subprocess.run([sys.executable, "-m", "workbench.train", "--config",
+                        str(session.study_dir / "ahead/1/config.yaml"), "--synthetic", "--steps", "2",
+                        "--no-prometheus", "--out", str(full_dir), "--summary", str(full_dir / "summary.json")],
+                       env={**subprocess_env, **env}, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    full = json.loads((full_dir / "summary.json").read_text())
+    assert full["model_params"] > twin["model_params"]  # four blocks against the twin's one
+    assert full["compile/fx_graph_cache_miss"] == 0 and full["compile/fx_graph_cache_hit"] > 0

@@ -1,0 +1,198 @@
+"""Compile-ahead: the next search trial's graphs compiled while the current trial runs (``protocol.compile_ahead``).
+
+A screened trial's device time is mostly its compile, during which the GPU waits: on the H200 (gr00t-n1.6,
+2026-12-03) 9 to 78 s of the 46 s a screened trial took on average. So while trial n runs, the search asks the
+sampler for trial n+1, as a second worker would (the sampler sees n running), and compiles n+1's config in a
+shallow twin beside it: the same config with at most ``blocks`` blocks in each stack
+(``python -m workbench.train --compile-only --blocks K``), on the study's compile cache. Every block of a stack
+compiles to one graph, so when n+1 starts, its compiles read the cache. A twin only fills a cache: a twin that
+fails, or a cache that misses, costs n+1 nothing but the compile it does anyway.
+
+Rules the twins follow:
+
+* only the built-in loop (a loop of one's own has no ``--compile-only``) and a config that compiles or captures;
+* a twin runs beside a measured trial: it starts only when the memory model's peaks of both, with its error on
+  each and a context's worth for the twin, fit the share of the device a trial may use
+  (``hardware.memory_fraction_limit``). The memory model covers the language model, so a VLA trial gets no twin;
+* it runs niced (``NICE``), with Inductor's compile workers capped so that the measured trial keeps a core for
+  its loop and one for each loader worker;
+* before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
+  charged to n+1's device time); a twin of any other trial is stopped.
+
+What each twin did is the trial's ``compile_ahead`` attribute: ``started`` (or why not), the twin's compile
+seconds and its exit, and the seconds its trial waited for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from workbench.config import Config, dump_config
+from workbench.files import remove_tree
+from workbench.train.hf import model_args
+from workbench.train.memory_model import MODEL_ERROR, predict_peak
+from workbench.train.vla import VLA_PRESETS
+from workbench.tune.session import StudySession
+from workbench.tune.trial import kill_group, pdeathsig
+
+__all__ = ["NICE", "CompileAhead", "Twin", "twin_blocks"]
+
+NICE = 10
+"""Niceness of a twin: the measured trial's threads come first on a busy core."""
+
+_CONTEXT_GIB = 1.0
+"""A CUDA context and the allocator's slack: what the twin's process holds beyond its tensors."""
+
+
+def twin_blocks(cfg: Config) -> int:
+    """Blocks a twin of ``cfg`` keeps in each stack: one, or with every N-th block checkpointed N, so that both
+    kinds of block (checkpointed and not) are compiled."""
+    t = cfg.training
+    return max(1, t.activation_checkpointing_every) if t.activation_checkpointing == "selective" else 1
+
+
+@dataclass
+class Twin:
+    """One twin process: the trial it compiles for, its directory, its process and what it came to."""
+
+    number: int
+    dir: Path
+    proc: subprocess.Popen[bytes] | None
+    started: float = field(default_factory=time.monotonic)
+    record: dict[str, Any] = field(default_factory=dict)
+
+    def finish(self, status: str) -> dict[str, Any]:
+        """The twin's record once its process is done (or stopped): its exit and its compile's seconds."""
+        rc = self.proc.returncode if self.proc is not None else None
+        self.record.update(status=status, rc=rc, wall_s=round(time.monotonic() - self.started, 3))
+        with contextlib.suppress(OSError, ValueError):
+            s = json.loads((self.dir / "summary.json").read_text())
+            self.record.update({k: s[k] for k in ("time/compile_s", "compile/fx_graph_cache_hit",
+                                                  "compile/fx_graph_cache_miss") if k in s})
+        return self.record
+
+
+class CompileAhead:
+    """The twins of one search process: at most one runs at a time (the next trial's)."""
+
+    def __init__(self, session: StudySession) -> None:
+        self.session = session
+        self.twin: Twin | None = None
+        self.records: dict[int, dict[str, Any]] = {}
+
+    @staticmethod
+    def enabled(session: StudySession) -> bool:
+        """``protocol.compile_ahead``; unset: on where a GPU waits for the compiles (CUDA, the built-in loop)."""
+        on = session.spec.protocol.compile_ahead
+        if on is None:
+            return session.spec.trainer is None and "cuda" in session.hardware.get("capabilities", ())
+        return bool(on) and session.spec.trainer is None
+
+    def why_not(self, cfg: Config, beside: Config | None) -> str:
+        """Why ``cfg`` gets no twin beside a trial of ``beside`` ('' when it may have one)."""
+        cd = cfg.loongforge.compute_domain
+        if cd.compile == "none" and not cd.captures:
+            return "nothing to compile"
+        on_gpu = "cuda" in self.session.hardware.get("capabilities", ())
+        if not on_gpu or beside is None or "cpu" in (cfg.hardware.device, beside.hardware.device):
+            return ""  # (host memory: a twin takes a fraction of the trial's)
+        if cfg.model.name in VLA_PRESETS or beside.model.name in VLA_PRESETS:
+            return "no memory model for a VLA: a twin could push the measured trial out of memory"
+        gib = self.session.hardware.get("gpu_memory_gib")
+        if not gib:
+            return "the GPU's memory is not known"
+        args = model_args(cfg.model.name, cfg.model.config_path)
+        shallow = replace(args, num_hidden_layers=min(twin_blocks(cfg), args.num_hidden_layers))
+        need = (predict_peak(beside).total + predict_peak(cfg, shallow).total) * (1 + MODEL_ERROR) / 2**30 \
+            + _CONTEXT_GIB
+        allowed = gib * beside.hardware.memory_fraction_limit
+        if need > allowed:
+            return f"the trial and its twin need {need:.1f} GiB together, over the {allowed:.1f} GiB a trial may use"
+        return ""
+
+    def start(self, number: int, cfg: Config, beside: Config | None) -> bool:
+        """Start the twin of trial ``number`` (config ``cfg``) beside the running trial of ``beside``; stops any
+        other twin first. False (and the reason in the record) when it gets none."""
+        self.stop()
+        reason = self.why_not(cfg, beside)
+        if reason:
+            self.records[number] = {"status": "skipped", "reason": reason}
+            return False
+        s = self.session
+        d = s.study_dir / "ahead" / str(number)
+        remove_tree(d)
+        d.mkdir(parents=True)
+        blocks = twin_blocks(cfg)
+        config_path = dump_config(cfg, d / "config.yaml")
+        cmd = [sys.executable, "-m", "workbench.train", "--config", str(config_path), "--compile-only",
+               "--blocks", str(blocks), "--out", str(d), "--summary", str(d / "summary.json"), "--no-prometheus",
+               "-q"] + ([] if cfg.data.loongbin_dir else ["--synthetic"])
+        loader = cfg.data.num_workers if beside is None else beside.data.num_workers
+        # (not OMP_NUM_THREADS: Inductor's CPU kernels are keyed by the thread count, and would miss the trial's)
+        env = {**os.environ, **s.child_env(), "PYTHONUNBUFFERED": "1",
+               "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 2) - loader - 2))}
+        root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+        deathsig = pdeathsig()
+
+        def child_setup() -> None:
+            os.nice(NICE)
+            if deathsig is not None:
+                deathsig()
+
+        with open(d / "log.txt", "wb") as log:
+            log.write(("$ " + " ".join(cmd) + "\n").encode())
+            log.flush()
+            try:
+                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        cwd=s.child_cwd(), env=env, start_new_session=True, preexec_fn=child_setup)
+            except OSError as e:
+                self.records[number] = {"status": "skipped", "reason": f"cannot start: {e.strerror or e}"}
+                return False
+        self.twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks})
+        self.records[number] = self.twin.record
+        return True
+
+    def wait(self, number: int, timeout_s: float) -> float:
+        """Before trial ``number`` starts: wait for its twin to finish (at most ``timeout_s``; then it is
+        stopped), stop a twin of any other trial; returns the seconds waited."""
+        twin = self.twin
+        if twin is None or twin.proc is None:
+            return 0.0
+        if twin.number != number:
+            self.stop()
+            return 0.0
+        t0 = time.monotonic()
+        try:
+            twin.proc.wait(timeout=max(0.0, timeout_s))
+            twin.finish("done" if twin.proc.returncode == 0 else "failed")
+        except subprocess.TimeoutExpired:
+            kill_group(twin.proc, grace_s=2.0)
+            twin.finish("stopped")
+        self.twin = None
+        waited = round(time.monotonic() - t0, 3)
+        twin.record["waited_s"] = waited
+        return waited
+
+    def stop(self) -> None:
+        """Stop the running twin (its trial will not run next, or the search ends)."""
+        twin, self.twin = self.twin, None
+        if twin is None or twin.proc is None:
+            return
+        if twin.proc.poll() is None:
+            kill_group(twin.proc, grace_s=2.0)
+            twin.finish("stopped")
+        else:
+            twin.finish("done" if twin.proc.returncode == 0 else "failed")
+
+    def record(self, number: int) -> dict[str, Any] | None:
+        """What trial ``number``'s twin did (None: it had none asked for)."""
+        return self.records.get(number)
