@@ -12,9 +12,13 @@ config the study wrote for the trial, so the exported config runs the same patch
   ``torch.compile`` the fused loss alone, outside the compiled code (Dynamo cannot trace Liger's kernels);
 * ``loongforge.compute_domain.ops`` (or ``triton_fusion``): the project's Triton RMSNorm and SwiGLU in place of the
   model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``);
-* ``loongforge.compute_domain.fp8``: torchao float8 training of the decoder's Linears (``fp8_modules``, matched
-  against names under the decoder, ``layers.0.mlp.up_proj``; the LM head stays in the compute dtype; a layer
-  compiled apart that would not compile in one graph goes back to the compute dtype at its first call, and says so);
+* ``loongforge.compute_domain.fp8``: FP8 training of the decoder's Linears (``fp8_modules``, matched against names
+  under the decoder, ``layers.0.mlp.up_proj``), cast by torchao (``Float8Linear``) or, with ``fp8_cast: triton``
+  (tensorwise), by the project's kernels (``workbench.train.fp8_linear.Fp8Linear``: each Linear casts its own
+  input; the built-in model's casting of a shared input once does not reach HF's modules, though in a compiled
+  layer the casts of the input q/k/v or gate/up share are one, the same pure op on the same tensor). The LM head
+  stays in the compute dtype: ``fp8_head: true`` is refused (the head is HF's, its loss HF's or Liger's). A layer
+  compiled apart that would not compile in one graph goes back to the compute dtype at its first call, and says so;
 * ``training.activation_checkpointing``: every decoder layer (full) or every ``activation_checkpointing_every``-th
   (selective), through HF's own per-layer switch, non-reentrant;
 * ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
@@ -196,13 +200,18 @@ def _checkpointing(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str 
 
 
 def _unconvert_fp8(layer: nn.Module) -> int:
-    """The layer's torchao ``Float8Linear`` modules back to ``nn.Linear`` on the same parameter objects (what the
-    optimizer holds); returns how many."""
-    from torchao.float8.float8_linear import Float8Linear
+    """The layer's FP8 Linears (torchao's ``Float8Linear``, the project's ``Fp8Linear``) back to ``nn.Linear`` on
+    the same parameter objects (what the optimizer holds); returns how many."""
+    from torchao.float8.float8_linear import Float8Linear  # installed wherever FP8 ran (fp8_unsupported_reason)
+
+    from workbench.train.fp8_linear import Fp8Linear
 
     swapped = 0
     for name, child in list(layer.named_modules()):
-        if isinstance(child, Float8Linear):
+        if isinstance(child, Fp8Linear):  # a Linear subclass with no state of its own (fp8._use_triton_casts)
+            child.__class__ = nn.Linear
+            swapped += 1
+        elif isinstance(child, Float8Linear):
             with torch.device("meta"):
                 plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
             plain.weight, plain.bias = child.weight, child.bias
@@ -277,13 +286,13 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
     if cfg.hf.liger:
         applied.append(_liger(model, mtype, cfg))
     if cd.fp8 != "none":
-        if cd.fp8_head or cd.fp8_cast == "triton":
-            key = "fp8_head" if cd.fp8_head else "fp8_cast"
-            raise ConfigError("the project's FP8 casts and head are built into its own model; for a Hugging Face "
-                              "model use fp8_cast: torchao and fp8_head: false",
-                              key=f"loongforge.compute_domain.{key}")
+        if cd.fp8_head:
+            raise ConfigError("got true, but a Hugging Face model's LM head runs inside its loss (HF's or Liger's), "
+                              "not the project's FP8 loss op; set fp8_head: false (the decoder's Linears take "
+                              "fp8_cast: torchao or triton)", key="loongforge.compute_domain.fp8_head")
         chosen = convert_to_fp8(decoder, cd, device.type, device.index or 0)
-        applied.append(f"fp8 {cd.fp8} (torchao): {len(chosen)} decoder Linears")
+        who = "the project's Triton casts" if cd.fp8_cast == "triton" else "torchao"
+        applied.append(f"fp8 {cd.fp8} ({who}): {len(chosen)} decoder Linears")
     for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg, applied)):
         if line is not None:
             applied.append(line)
