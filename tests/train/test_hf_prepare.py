@@ -177,12 +177,75 @@ def test_fp8_cast_triton_puts_the_projects_casts_in_the_decoder_linears(subproce
     assert got["grads"].keys() and all(err < 0.2 for err in got["grads"].values()), got["grads"]
 
 
+def test_the_projects_ops_and_casts_go_with_ligers_fused_loss_under_compile(subprocess_env, tmp_path):
+    """The campaign's pad_ligerfp8t_ops_16 on the CPU. Under compile Liger patches only its fused loss, so the
+    project's Triton RMSNorm and SwiGLU replace the modules and the FP8 Linears are the project's; the layer,
+    compiled apart in one graph, keeps them all (no FP8 fallback line; the kernels' launchers counted in one step)
+    and computes what the same patches compute eagerly (compared with the unpatched model in the tests above).
+    Liger is a stand-in recording what it was asked: its kernels need a GPU, so its own loss is not computed here
+    (the GPU test below and benchmarks/ measure it)."""
+    env = {**subprocess_env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    got = _interpreted("""
+        import kernels.fp8_cast, kernels.rmsnorm, kernels.swiglu
+
+        asked, launched = [], {"rmsnorm": 0, "swiglu": 0, "fp8_cast": 0}
+        liger = types.ModuleType("liger_kernel.transformers")
+        liger.apply_liger_kernel_to_llama = lambda **kw: asked.append({k: v for k, v in kw.items() if k != "model"})
+        sys.modules["liger_kernel"], sys.modules["liger_kernel.transformers"] = types.ModuleType("liger_kernel"), liger
+
+        def counted(name, module, attr):
+            fn = getattr(module, attr)
+
+            def call(*args, **kwargs):
+                launched[name] += 1
+                return fn(*args, **kwargs)
+            setattr(module, attr, call)
+
+        counted("rmsnorm", kernels.rmsnorm, "_rmsnorm_fwd")
+        counted("swiglu", kernels.swiglu, "_swiglu_fwd")
+        counted("fp8_cast", kernels.fp8_cast, "_fp8_cast_transpose")
+        over = {"loongforge.compute_domain.ops.rmsnorm": "triton", "loongforge.compute_domain.ops.swiglu": "triton",
+                "loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_cast": "triton",
+                "loongforge.compute_domain.fp8_modules.size_filter": False}
+        eager_out, eager_grads = run(prepare(model(1), cfg(**over), torch.device("cpu"))[0])
+        eager_launched = dict(launched)
+        launched.update(dict.fromkeys(launched, 0))
+        m, applied = prepare(model(1), cfg(**over, **{"hf.liger": True, "loongforge.compute_domain.compile": "default",
+                                                     "loongforge.compute_domain.compile_shapes": "static"}),
+                             torch.device("cpu"))
+        out, grads = run(m)
+        print(json.dumps({"applied": applied, "asked": asked, "eager": eager_launched, "launched": launched,
+                          "linears": sorted({type(mod).__name__ for mod in m.model.layers.modules()
+                                             if isinstance(mod, torch.nn.Linear)}),
+                          "logits": rel(out.logits, eager_out.logits),
+                          "grad": max(rel(g, eager_grads[n]) for n, g in grads.items())}))
+    """, env)
+    assert got["applied"] == [
+        "rmsnorm: the project's Triton kernel in 3 modules", "swiglu: the project's Triton kernel in 1 MLPs",
+        "liger: fused_linear_cross_entropy (llama; the compiled layers' rmsnorm and swiglu are the project's Triton "
+        "kernels, the rest Inductor's)",
+        "fp8 tensorwise (the project's Triton casts): 7 decoder Linears",
+        "torch.compile (default): each of 1 decoder layers"]  # and no "fp8: decoder layer 0 breaks" line
+    assert got["asked"] == [{"rope": False, "swiglu": False, "rms_norm": False, "cross_entropy": False,
+                             "fused_linear_cross_entropy": True}]
+    assert got["linears"] == ["Fp8Linear"]
+    # one step: 2 norms in the layer + the final one; 1 MLP; eagerly 7 Linears x (input, weight; output gradient)
+    assert got["eager"] == {"rmsnorm": 3, "swiglu": 1, "fp8_cast": 21}
+    # compiled, the casts of an input shared by q/k/v and by gate/up are one each (the same pure op on the same
+    # tensor, deduplicated in the graph): 3 fewer, as the built-in model's shared-input cast
+    assert got["launched"] == {"rmsnorm": 3, "swiglu": 1, "fp8_cast": 18}
+    assert got["logits"] < 1e-5 and got["grad"] < 1e-4  # Inductor's fusions reorder fp32 sums, no more
+
+
+_OPS = {"loongforge.compute_domain.ops.rmsnorm": "triton", "loongforge.compute_domain.ops.swiglu": "triton"}
 _FP8 = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_modules.size_filter": False}
 
 
 @pytest.mark.parametrize("over, match", [
     ({"loongforge.compute_domain.ops.rope": "triton"}, r"^loongforge\.compute_domain\.ops\.rope: got 'triton'.*"
                                                        r"hf\.liger: true"),
+    # eagerly Liger patches RMSNorm and SwiGLU too: the same modules twice (under compile, see the test above)
+    ({"hf.liger": True, **_OPS}, r"^hf\.liger: got true .*compile: none.*same modules"),
     # the head is HF's: the project's FP8 head has nothing to replace, whoever casts the decoder's Linears
     ({**_FP8, "loongforge.compute_domain.fp8_head": True}, r"^loongforge\.compute_domain\.fp8_head: got true, but "
                                                            r"a Hugging Face model's LM head .*set fp8_head: false"),
