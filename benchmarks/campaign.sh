@@ -90,8 +90,9 @@ hf-search)
     ;;
 hf-compare)
     # a process each, interleaved: the hf-llama study's untuned base (bf16, SDPA, per-layer compile, fused AdamW,
-    # micro-batch 8) twice, run.prepare's levers (Liger's kernels and fused loss, torchao FP8 on the decoder's
-    # Linears, bigger micro-batches) and the workbench's exported gr00t-n1.6 config (WB_CONFIG), 32 sequences of
+    # micro-batch 8) twice, run.prepare's levers (the vocabulary padded, Liger's fused loss, FP8 on the decoder's
+    # Linears cast by torchao or by the project's Triton kernels (fp8t), the project's Triton RMSNorm and SwiGLU
+    # (ops), bigger micro-batches) and the workbench's exported gr00t-n1.6 config (WB_CONFIG), 32 sequences of
     # 2,048 tokens an optimizer step for all. HF_CONFIG: an hf-llama study's export (hf-search), run as the
     # hf_config variant (VARIANTS=hf_base,hf_config,wb_config,hf_base,hf_config for the study's goal).
     python - "$OUT/hf-base.yaml" <<'PY'
@@ -101,6 +102,9 @@ from workbench.tune.study import load_study_spec
 dump_config(load_study_spec("studies/hf-llama.yaml").trial_config({}), sys.argv[1], comments=False)
 PY
     lever="hf.liger=true;loongforge.compute_domain.fp8=tensorwise"
+    # the project's FP8 casts and Triton RMSNorm/SwiGLU (with Liger only compiled: it then patches only its loss)
+    ours="loongforge.compute_domain.fp8_cast=triton;loongforge.compute_domain.ops.rmsnorm=triton"
+    ours="$ours;loongforge.compute_domain.ops.swiglu=triton"
     python benchmarks/loop_bench.py --seq-len 2048 --global-batch 32 --steps "${STEPS:-6}" --warmup 3 \
         --log-every 3 --timeout 200 --hf-base "$OUT/hf-base.yaml" ${HF_CONFIG:+--hf-config "$HF_CONFIG"} \
         --wb-config "${WB_CONFIG:-benchmarks/reports/gr00t-n1.6_config_h200_2026-12-03.yaml}" \
@@ -111,10 +115,12 @@ PY
         --hf-variant "pad:hf.pad_vocab_multiple=64" \
         --hf-variant "pad_ligerfp8_16:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
         --hf-variant "pad_ligerfp8_32:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=32" \
+        --hf-variant "pad_ligerfp8t_ops_16:$lever;$ours;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
+        --hf-variant "pad_fp8t_ops_16:loongforge.compute_domain.fp8=tensorwise;$ours;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
         --hf-variant "ligerfp8_16_model:$lever;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --hf-variant "pad_ligerfp8_16_model:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --reference hf_base \
-        --variants "${VARIANTS:-hf_base,hf_pad_ligerfp8_16,wb_config,hf_pad,hf_ligerfp8_16,hf_pad_ligerfp8_32,hf_base}" \
+        --variants "${VARIANTS:-hf_base,hf_pad_ligerfp8_16,hf_pad_ligerfp8t_ops_16,wb_config,hf_pad,hf_pad_ligerfp8_32,hf_base}" \
         --out "$OUT/compare-hf"
     ;;
 *)

@@ -92,6 +92,19 @@ def test_compile_shapes_is_searched_only_when_something_is_compiled():
         assert cfg.loongforge.compute_domain.effective_ops()["loss"] == "triton"
 
 
+def test_liger_is_searched_beside_the_projects_ops_only_where_they_patch_different_modules():
+    """run.prepare's rule (workbench/train/hf_prepare.py): eagerly Liger patches RMSNorm, SwiGLU and RoPE as the
+    project's Triton ops would, so it is off beside any of them; compiled, it patches only its fused loss, so only
+    the project's loss (or triton_fusion, which puts the loss on Triton too) turns it off."""
+    k = get_knob("liger")
+    assert k.active({}) and k.active({"compile": "default"}) and k.inactive is False
+    for op in ("rmsnorm", "swiglu", "rope", "loss"):
+        assert not k.active({"compile": "none", f"{op}_backend": "triton"}), op
+    assert k.active({"compile": "default", "rmsnorm_backend": "triton", "swiglu_backend": "triton"})
+    assert not k.active({"compile": "default", "loss_backend": "triton"})
+    assert not k.active({"compile": "default", "triton_fusion": True})
+
+
 def test_kind_checks():
     assert get_knob("num_workers").accepts(2) and not get_knob("num_workers").accepts(True)
     assert not get_knob("num_workers").accepts(2.5)

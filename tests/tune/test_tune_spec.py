@@ -59,6 +59,24 @@ def test_builtins_load_and_make_valid_trial_configs():
     assert set(bf16.seed_params(1)) == set(bf16.space)
 
 
+def test_the_hf_llama_study_searches_the_projects_casts_and_ops_beside_liger():
+    """studies/hf-llama.yaml: the project's FP8 casts and Triton RMSNorm/SwiGLU are knobs of the HF run too, and
+    under the study's compiled base they combine with Liger (the campaign's hf_pad_ligerfp8t_ops_16)."""
+    hf = load_study_spec("hf-llama")
+    assert {"liger", "fp8", "fp8_cast", "rmsnorm_backend", "swiglu_backend"} <= set(hf.space)
+    assert hf.space["fp8_cast"].choices == ["torchao", "triton"]
+    assert hf.space["rmsnorm_backend"].choices == hf.space["swiglu_backend"].choices == ["torch", "triton"]
+    assert hf.base_config().loongforge.compute_domain.compile == "default"
+    params = {"liger": True, "fp8": "tensorwise", "fp8_cast": "triton", "rmsnorm_backend": "triton",
+              "swiglu_backend": "triton", "hf_pad_vocab": 64, "micro_batch_size": 16}
+    cd = hf.trial_config(params).loongforge.compute_domain
+    assert hf.trial_config(params).hf.liger and (cd.fp8, cd.fp8_cast) == ("tensorwise", "triton")
+    assert (cd.ops.rmsnorm, cd.ops.swiglu, cd.ops.rope, cd.ops.loss) == ("triton", "triton", "torch", "torch")
+    assert hf.knob("liger").active({**hf.base_knob_values(), **params})  # compiled: sampled beside the ops
+    # fp8_cast acts under tensorwise only: with fp8 none the trial writes torchao
+    assert hf.knob_overrides({"fp8": "none"})["loongforge.compute_domain.fp8_cast"] == "torchao"
+
+
 def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):
     (tmp_path / "model.json").write_text(
         Path(__file__).parents[1].joinpath("assets").joinpath("gqa_config.json").read_text())

@@ -11,10 +11,16 @@ config the study wrote for the trial, so the exported config runs the same patch
   which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit); under
   ``torch.compile`` the fused loss alone, outside the compiled code (Dynamo cannot trace Liger's kernels);
 * ``loongforge.compute_domain.ops`` (or ``triton_fusion``): the project's Triton RMSNorm and SwiGLU in place of the
-  model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``);
-* ``loongforge.compute_domain.fp8``: torchao float8 training of the decoder's Linears (``fp8_modules``, matched
-  against names under the decoder, ``layers.0.mlp.up_proj``; the LM head stays in the compute dtype; a layer
-  compiled apart that would not compile in one graph goes back to the compute dtype at its first call, and says so);
+  model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``). With
+  ``hf.liger`` they go together only under ``torch.compile``, where Liger patches its fused loss alone; eagerly
+  Liger patches the same RMSNorm and MLP modules, and the pair is refused (key ``hf.liger``);
+* ``loongforge.compute_domain.fp8``: FP8 training of the decoder's Linears (``fp8_modules``, matched against names
+  under the decoder, ``layers.0.mlp.up_proj``), cast by torchao (``Float8Linear``) or, with ``fp8_cast: triton``
+  (tensorwise), by the project's kernels (``workbench.train.fp8_linear.Fp8Linear``: each Linear casts its own
+  input; the built-in model's casting of a shared input once does not reach HF's modules, though in a compiled
+  layer the casts of the input q/k/v or gate/up share are one, the same pure op on the same tensor). The LM head
+  stays in the compute dtype: ``fp8_head: true`` is refused (the head is HF's, its loss HF's or Liger's). A layer
+  compiled apart that would not compile in one graph goes back to the compute dtype at its first call, and says so;
 * ``training.activation_checkpointing``: every decoder layer (full) or every ``activation_checkpointing_every``-th
   (selective), through HF's own per-layer switch, non-reentrant;
 * ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
@@ -98,22 +104,35 @@ def _decoder(model: nn.Module, cfg: Config) -> tuple[str, nn.Module, nn.ModuleLi
         "model yourself", key=asked[0] if asked else "hf")
 
 
+def _liger_patches_layers(cfg: Config) -> bool:
+    """Whether Liger patches the decoder's RMSNorm, SwiGLU and RoPE besides its fused loss: only eagerly (see
+    :func:`_liger`). The project's Triton ops replace the same RMSNorm and MLP modules, so they can go with
+    ``hf.liger`` only where this is False."""
+    return cfg.loongforge.compute_domain.compile == "none"
+
+
 def _liger(model: nn.Module, mtype: str, cfg: Config) -> str:
     """Liger-Kernel's patches of the instance. Its kernels are autograd Functions that Dynamo cannot trace
     (torch 2.11 fails an assertion in ``higher_order_ops`` on its RMSNorm), so under ``torch.compile`` only the
     fused linear cross-entropy is patched, and it stays outside what is compiled (see :func:`_compile`): inside
-    the compiled layers Inductor fuses the norms, SwiGLU and RoPE itself."""
+    the compiled layers Inductor fuses the norms, SwiGLU and RoPE itself, or the project's Triton ops run there
+    (``loongforge.compute_domain.ops``)."""
     try:
         liger = importlib.import_module("liger_kernel.transformers")
     except ImportError as e:
         raise ConfigError(f"got true, but Liger-Kernel is not installed ({e}); pip install liger-kernel, or set "
                           "hf.liger: false", key="hf.liger") from None
     apply: Callable[..., None] = getattr(liger, f"apply_liger_kernel_to_{mtype}")
-    layers = cfg.loongforge.compute_domain.compile == "none"
+    layers = _liger_patches_layers(cfg)
     apply(model=model, rope=layers, swiglu=layers, rms_norm=layers, cross_entropy=False,
           fused_linear_cross_entropy=True)
     if layers:
         return f"liger: rms_norm, swiglu, rope, fused_linear_cross_entropy ({mtype})"
+    ours = [op for op, b in cfg.loongforge.compute_domain.effective_ops().items()
+            if op in ("rmsnorm", "swiglu") and b == "triton"]
+    if ours:
+        return (f"liger: fused_linear_cross_entropy ({mtype}; the compiled layers' {' and '.join(ours)} are the "
+                "project's Triton kernels, the rest Inductor's)")
     return f"liger: fused_linear_cross_entropy ({mtype}; the compiled layers' norms, SwiGLU and RoPE are Inductor's)"
 
 
@@ -143,7 +162,8 @@ def _mlp_forward(mlp: nn.Module, fn: Callable) -> Callable:
 def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[str]:
     """The project's Triton RMSNorm and SwiGLU in place of the model's modules' forwards (instance attributes: the
     modules and their parameters stay). RoPE and the loss on Triton are refused: they are HF functions, not
-    modules (Liger patches those)."""
+    modules (Liger patches those). With ``hf.liger`` they are refused where Liger patches the same modules
+    (eagerly, :func:`_liger_patches_layers`); under compile Liger patches only its loss, and both apply."""
     cd = cfg.loongforge.compute_domain
     backends = cd.effective_ops()
     for op in ("rope", "loss"):
@@ -154,9 +174,10 @@ def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[st
     wanted = {op: b for op, b in backends.items() if op in ("rmsnorm", "swiglu") and b == "triton"}
     if not wanted:
         return []
-    if cfg.hf.liger:
-        raise ConfigError("got true with the project's Triton ops chosen: both replace the same modules; choose one",
-                          key="hf.liger")
+    if cfg.hf.liger and _liger_patches_layers(cfg):
+        raise ConfigError("got true with the project's Triton ops chosen and compile: none: eagerly Liger patches "
+                          "RMSNorm and SwiGLU too, so both replace the same modules; choose one, or compile (then "
+                          "Liger patches only its fused loss)", key="hf.liger")
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":  # as the built-in loop's rule
         log.warning("Triton ops requested on the CPU: the model keeps its torch ops")
         return []
@@ -196,13 +217,18 @@ def _checkpointing(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str 
 
 
 def _unconvert_fp8(layer: nn.Module) -> int:
-    """The layer's torchao ``Float8Linear`` modules back to ``nn.Linear`` on the same parameter objects (what the
-    optimizer holds); returns how many."""
-    from torchao.float8.float8_linear import Float8Linear
+    """The layer's FP8 Linears (torchao's ``Float8Linear``, the project's ``Fp8Linear``) back to ``nn.Linear`` on
+    the same parameter objects (what the optimizer holds); returns how many."""
+    from torchao.float8.float8_linear import Float8Linear  # installed wherever FP8 ran (fp8_unsupported_reason)
+
+    from workbench.train.fp8_linear import Fp8Linear
 
     swapped = 0
     for name, child in list(layer.named_modules()):
-        if isinstance(child, Float8Linear):
+        if isinstance(child, Fp8Linear):  # a Linear subclass with no state of its own (fp8._use_triton_casts)
+            child.__class__ = nn.Linear
+            swapped += 1
+        elif isinstance(child, Float8Linear):
             with torch.device("meta"):
                 plain = nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
             plain.weight, plain.bias = child.weight, child.bias
@@ -277,13 +303,13 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
     if cfg.hf.liger:
         applied.append(_liger(model, mtype, cfg))
     if cd.fp8 != "none":
-        if cd.fp8_head or cd.fp8_cast == "triton":
-            key = "fp8_head" if cd.fp8_head else "fp8_cast"
-            raise ConfigError("the project's FP8 casts and head are built into its own model; for a Hugging Face "
-                              "model use fp8_cast: torchao and fp8_head: false",
-                              key=f"loongforge.compute_domain.{key}")
+        if cd.fp8_head:
+            raise ConfigError("got true, but a Hugging Face model's LM head runs inside its loss (HF's or Liger's), "
+                              "not the project's FP8 loss op; set fp8_head: false (the decoder's Linears take "
+                              "fp8_cast: torchao or triton)", key="loongforge.compute_domain.fp8_head")
         chosen = convert_to_fp8(decoder, cd, device.type, device.index or 0)
-        applied.append(f"fp8 {cd.fp8} (torchao): {len(chosen)} decoder Linears")
+        who = "the project's Triton casts" if cd.fp8_cast == "triton" else "torchao"
+        applied.append(f"fp8 {cd.fp8} ({who}): {len(chosen)} decoder Linears")
     for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg, applied)):
         if line is not None:
             applied.append(line)

@@ -139,10 +139,14 @@ def _op_backend_free(values: Mapping[str, Any]) -> bool:
     return not values.get("triton_fusion")  # triton_fusion: true overrides the per-op choice
 
 
-def _no_triton_op(values: Mapping[str, Any]) -> bool:
-    """No op runs on the project's Triton kernels: Liger's patches replace the same modules."""
-    return not values.get("triton_fusion") and all(values.get(f"{op}_backend", "torch") == "torch"
-                                                   for op in ("rmsnorm", "swiglu", "rope", "loss"))
+def _liger_can_act(values: Mapping[str, Any]) -> bool:
+    """No op Liger patches runs on the project's Triton kernels (run.prepare's rule, workbench/train/hf_prepare.py):
+    its fused loss always takes the loss op's place; eagerly (compile: none) it patches RMSNorm, SwiGLU and RoPE
+    too, under compile nothing else, so there the project's Triton RMSNorm and SwiGLU go with it."""
+    if values.get("triton_fusion"):  # every op on Triton, the loss too
+        return False
+    patched = ("rmsnorm", "swiglu", "rope", "loss") if values.get("compile", "none") == "none" else ("loss",)
+    return all(values.get(f"{op}_backend", "torch") == "torch" for op in patched)
 
 
 def _op_uses_triton(op: str, values: Mapping[str, Any]) -> bool:
@@ -249,8 +253,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="hf_attention", key="hf.attention", kind="categorical",
          doc="attention implementation of a Hugging Face model (sdpa, eager, flash_attention_2)", phases=_COMPUTE),
     Knob(name="liger", key="hf.liger", kind="bool", requires=frozenset({"cuda", "liger"}),
-         condition=_no_triton_op, inactive=False,
-         doc="Liger-Kernel's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy in a Hugging Face model",
+         condition=_liger_can_act, inactive=False,
+         doc="Liger-Kernel's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy in a Hugging Face model (under "
+             "compile its fused loss alone)",
          phases=_COMPUTE),
     Knob(name="hf_pad_vocab", key="hf.pad_vocab_multiple", kind="categorical",
          doc="pad a Hugging Face model's vocabulary to a multiple of this (0: as it is), for aligned LM-head GEMMs",
