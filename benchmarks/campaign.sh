@@ -71,13 +71,17 @@ vla-compare)
     # a process each, interleaved: the exported config and the base under torch.compile twice each (their ratio
     # per pair gives the interval), the base eager once; the same data, global batch and warm-up for all, each
     # traced afterwards in a run of its own for the launch overhead (workbench.train.profiling.launch_overhead;
-    # PROFILE=0: no traces). Compiles read the study's compile cache, as its trials did.
+    # PROFILE=0: no traces). Compiles read the study's compile cache, as its trials did. VLA_REF: a config to run
+    # as wb_alt in place of the compiled base (issue 38's reference: VLA_REF=benchmarks/reports/
+    # gr00t-n1.6-vla_config_h200_2026-12-01.yaml, the export of the seeded study).
     base="$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml"
+    alt_set=(--wb-alt-set loongforge.compute_domain.compile=default)
+    [ -n "${VLA_REF:-}" ] && alt_set=()
     export TORCHINDUCTOR_CACHE_DIR="$RUNS/gr00t-n1.6-vla/compile-cache/inductor" \
         TRITON_CACHE_DIR="$RUNS/gr00t-n1.6-vla/compile-cache/triton"
     python benchmarks/loop_bench.py --preset gr00t-n1.6-vla --micro-batch 16 --seq-len 512 --steps 10 --warmup 4 \
         --log-every 5 --timeout 280 --launch-profile "${PROFILE:-2}" --wb-config "$RUNS/gr00t-n1.6-vla/config.yaml" \
-        --wb-base "$base" --wb-alt "$base" --wb-alt-set loongforge.compute_domain.compile=default \
+        --wb-base "$base" --wb-alt "${VLA_REF:-$base}" ${alt_set[@]+"${alt_set[@]}"} \
         --reference wb_alt --variants "${VARIANTS:-wb_alt,wb_config,wb_base,wb_alt,wb_config}" --out "$OUT/compare-vla"
     ;;
 vla-fit)
