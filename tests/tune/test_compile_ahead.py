@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 from optuna.trial import TrialState
 
-from workbench.config import merge_overrides, preset_config
+from workbench.config import load_config, merge_overrides, preset_config
 from workbench.tune import Tuner
 from workbench.tune.ahead import CompileAhead, twin_blocks
 from workbench.tune.budget import GpuBudget
@@ -151,16 +151,19 @@ def _gpu_cfg(**over):
     return merge_overrides(preset_config("gr00t-n1.6"), base)
 
 
-def test_a_twin_starts_only_where_the_memory_model_fits_both():
-    ahead = CompileAhead(SimpleNamespace(hardware={"gpu_memory_gib": 139.8, "capabilities": ["cuda"]}))
+def _gpu_session(tmp_path: Path, share_limit: float = 0.9) -> SimpleNamespace:
+    return SimpleNamespace(hardware={"gpu_memory_gib": 139.8, "capabilities": ["cuda"]}, study_dir=tmp_path,
+                           spec=SimpleNamespace(objective=SimpleNamespace(memory_share_limit=share_limit)),
+                           child_env=lambda: {}, child_cwd=lambda: None)
+
+
+def test_a_twin_starts_only_where_the_memory_model_fits_both(tmp_path):
+    ahead = CompileAhead(_gpu_session(tmp_path))
     assert ahead.why_not(_gpu_cfg(), _gpu_cfg()) == ""  # micro-batch 8 beside micro-batch 8: ~60 GiB
     big = _gpu_cfg(**{"data.micro_batch_size": 22})  # 128 GiB: fits alone, not with a twin
     assert "GiB together" in ahead.why_not(_gpu_cfg(), big)
     assert ahead.why_not(_gpu_cfg(**{"loongforge.compute_domain.compile": "none"}), _gpu_cfg()) == \
         "nothing to compile"
-    vla = merge_overrides(preset_config("gr00t-n1.6-vla"), {"hardware.device": "cuda",
-                                                            "loongforge.compute_domain.compile": "default"})
-    assert "VLA" in ahead.why_not(vla, vla)
     assert twin_blocks(_gpu_cfg(**{"training.activation_checkpointing": "selective",
                                    "training.activation_checkpointing_every": 4})) == 4
     assert twin_blocks(_gpu_cfg(**{"training.activation_checkpointing": "full"})) == 1
@@ -193,3 +196,32 @@ def test_a_shallow_twin_fills_the_cache_of_the_full_depth(tmp_path, subprocess_e
     full = json.loads((full_dir / "summary.json").read_text())
     assert full["model_params"] > twin["model_params"]  # four blocks against the twin's one
     assert full["compile/fx_graph_cache_miss"] == 0 and full["compile/fx_graph_cache_hit"] > 0
+
+
+def test_a_vla_twin_is_held_to_what_a_feasible_trial_leaves(tmp_path, monkeypatch):
+    """No memory model covers the VLA: its twin's allocator is capped at 1 - memory_share_limit less the margin
+    (hardware.memory_fraction_limit of its config, which --blocks enforces), and with no share left it gets none."""
+    vla = merge_overrides(preset_config("gr00t-n1.6-vla"), {"hardware.device": "cuda",
+                                                            "loongforge.compute_domain.compile": "default"})
+    launched = []
+
+    class Proc:
+        pid, returncode = 0, 0
+
+        def __init__(self, cmd, **kw):
+            launched.append(cmd)
+
+        def poll(self):
+            return 0
+
+    monkeypatch.setattr("workbench.tune.ahead.subprocess.Popen", Proc)
+    ahead = CompileAhead(_gpu_session(tmp_path))
+    assert ahead.why_not(vla, vla) == "" and ahead.start(4, vla, beside=vla)
+    cmd = launched[0]
+    assert cmd[cmd.index("--blocks") + 1] == "1" and "--compile-only" in cmd
+    assert load_config(tmp_path / "ahead/4/config.yaml").hardware.memory_fraction_limit == pytest.approx(0.08)
+    ahead.stop()
+    assert ahead.record(4)["status"] == "done"
+    full = CompileAhead(_gpu_session(tmp_path, share_limit=0.99))
+    assert "memory_share_limit 0.99" in full.why_not(vla, vla) and not full.start(5, vla, beside=vla)
+    assert full.record(5)["status"] == "skipped" and len(launched) == 1

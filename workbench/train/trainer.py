@@ -91,6 +91,8 @@ class Trainer:
         self.device = resolve_device(cfg)
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
+            if blocks:  # a shallow twin compiles beside a measured run: the allocator holds it to its share
+                torch.cuda.set_per_process_memory_fraction(cfg.hardware.memory_fraction_limit, self.device)
         if self.world > 1 and not dist.is_initialized():
             dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
         torch.manual_seed(cfg.training.seed)

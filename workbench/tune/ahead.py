@@ -11,9 +11,12 @@ fails, or a cache that misses, costs n+1 nothing but the compile it does anyway.
 Rules the twins follow:
 
 * only the built-in loop (a loop of one's own has no ``--compile-only``) and a config that compiles or captures;
-* a twin runs beside a measured trial: it starts only when the memory model's peaks of both, with its error on
-  each and a context's worth for the twin, fit the share of the device a trial may use
-  (``hardware.memory_fraction_limit``). The memory model covers the language model, so a VLA trial gets no twin;
+* a twin runs beside a measured trial, so it must not push that trial out of memory. For the language model it
+  starts only when the memory model's peaks of both, with its error on each and a context's worth for the twin,
+  fit the share of the device a trial may use (``hardware.memory_fraction_limit``). For a workload the memory
+  model does not cover (the VLA) the twin's allocator is held (``hardware.memory_fraction_limit`` of the twin's
+  config, which ``--blocks`` enforces) to what a feasible trial leaves free: ``1 - objective.memory_share_limit``
+  less both processes' contexts (``_MARGIN``); a twin that needs more fails, harmlessly;
 * it runs niced (``NICE``), with Inductor's compile workers capped so that the measured trial keeps a core for
   its loop and one for each loader worker;
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
@@ -35,7 +38,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Config, dump_config
+from workbench.config import Config, dump_config, merge_overrides
 from workbench.files import remove_tree
 from workbench.train.hf import model_args
 from workbench.train.memory_model import MODEL_ERROR, predict_peak
@@ -50,6 +53,9 @@ NICE = 10
 
 _CONTEXT_GIB = 1.0
 """A CUDA context and the allocator's slack: what the twin's process holds beyond its tensors."""
+
+_MARGIN = 0.02
+"""The device's share kept free between a feasible trial and a capped twin (both processes' CUDA contexts)."""
 
 
 def twin_blocks(cfg: Config) -> int:
@@ -104,8 +110,10 @@ class CompileAhead:
         on_gpu = "cuda" in self.session.hardware.get("capabilities", ())
         if not on_gpu or beside is None or "cpu" in (cfg.hardware.device, beside.hardware.device):
             return ""  # (host memory: a twin takes a fraction of the trial's)
-        if cfg.model.name in VLA_PRESETS or beside.model.name in VLA_PRESETS:
-            return "no memory model for a VLA: a twin could push the measured trial out of memory"
+        if cfg.model.name in VLA_PRESETS or beside.model.name in VLA_PRESETS:  # no memory model: a capped twin
+            return "" if self.twin_share() > 0 else (
+                f"objective.memory_share_limit {self.session.spec.objective.memory_share_limit:g} leaves a twin no "
+                "memory beside a feasible trial")
         gib = self.session.hardware.get("gpu_memory_gib")
         if not gib:
             return "the GPU's memory is not known"
@@ -117,6 +125,11 @@ class CompileAhead:
         if need > allowed:
             return f"the trial and its twin need {need:.1f} GiB together, over the {allowed:.1f} GiB a trial may use"
         return ""
+
+    def twin_share(self) -> float:
+        """The device's share a capped twin may hold (a workload without a memory model): what a trial within
+        ``objective.memory_share_limit`` leaves, less ``_MARGIN``; 0 when nothing is left."""
+        return round(max(0.0, 1.0 - self.session.spec.objective.memory_share_limit - _MARGIN), 4)
 
     def start(self, number: int, cfg: Config, beside: Config | None) -> bool:
         """Start the twin of trial ``number`` (config ``cfg``) beside the running trial of ``beside``; stops any
@@ -131,6 +144,8 @@ class CompileAhead:
         remove_tree(d)
         d.mkdir(parents=True)
         blocks = twin_blocks(cfg)
+        if cfg.model.name in VLA_PRESETS and "cuda" in s.hardware.get("capabilities", ()):
+            cfg = merge_overrides(cfg, {"hardware.memory_fraction_limit": self.twin_share()})
         config_path = dump_config(cfg, d / "config.yaml")
         cmd = [sys.executable, "-m", "workbench.train", "--config", str(config_path), "--compile-only",
                "--blocks", str(blocks), "--out", str(d), "--summary", str(d / "summary.json"), "--no-prometheus",
