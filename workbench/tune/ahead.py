@@ -17,8 +17,8 @@ Rules the twins follow:
   model does not cover (the VLA) the twin's allocator is held (``hardware.memory_fraction_limit`` of the twin's
   config, which ``--blocks`` enforces) to what a feasible trial leaves free: ``1 - objective.memory_share_limit``
   less both processes' contexts (``_MARGIN``); a twin that needs more fails, harmlessly;
-* it runs niced (``NICE``), with Inductor's compile workers capped so that the measured trial keeps a core for
-  its loop and one for each loader worker;
+* it runs niced (``NICE``), without loader workers, with Inductor's compile workers capped so that the measured
+  trial keeps a core for its loop and one for each of its loader workers;
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
   charged to n+1's device time); a twin of any other trial is stopped.
 
@@ -144,8 +144,11 @@ class CompileAhead:
         remove_tree(d)
         d.mkdir(parents=True)
         blocks = twin_blocks(cfg)
+        # no loader processes: the twin reads no batch (the graphs do not depend on them)
+        over: dict[str, Any] = {"data.num_workers": 0}
         if cfg.model.name in VLA_PRESETS and "cuda" in s.hardware.get("capabilities", ()):
-            cfg = merge_overrides(cfg, {"hardware.memory_fraction_limit": self.twin_share()})
+            over["hardware.memory_fraction_limit"] = self.twin_share()
+        cfg = merge_overrides(cfg, over)
         config_path = dump_config(cfg, d / "config.yaml")
         cmd = [sys.executable, "-m", "workbench.train", "--config", str(config_path), "--compile-only",
                "--blocks", str(blocks), "--out", str(d), "--summary", str(d / "summary.json"), "--no-prometheus",
