@@ -45,6 +45,7 @@ from workbench.train.memory_model import MODEL_ERROR, predict_peak
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.session import StudySession
 from workbench.tune.trial import kill_group, pdeathsig
+from workbench.vocab import COMPILE_S
 
 __all__ = ["NICE", "CompileAhead", "Twin", "twin_blocks"]
 
@@ -81,7 +82,7 @@ class Twin:
         self.record.update(status=status, rc=rc, wall_s=round(time.monotonic() - self.started, 3))
         with contextlib.suppress(OSError, ValueError):
             s = json.loads((self.dir / "summary.json").read_text())
-            self.record.update({k: s[k] for k in ("time/compile_s", "compile/fx_graph_cache_hit",
+            self.record.update({k: s[k] for k in (COMPILE_S, "compile/fx_graph_cache_hit",
                                                   "compile/fx_graph_cache_miss") if k in s})
         return self.record
 
