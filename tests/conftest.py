@@ -38,6 +38,7 @@ LONGEST_FIRST = [
     "tests/train/test_compile_cache.py",
     "tests/benchmarks/test_loop_bench.py",
     "tests/tune/test_tune_failures.py",
+    "tests/tune/test_compile_ahead.py",
     "tests/tune/test_traces.py",
     "tests/tune/test_tune_faults.py",
     "tests/kernels/test_kernel_ops.py",
