@@ -90,6 +90,10 @@ def test_each_trial_is_compiled_ahead_while_the_one_before_runs(study_spec_file,
     assert all(x.user_attrs["wall_s"] == 0.5 for x in trials)  # the wait is the trial's device time
     rec = compile_ahead_record(t.study.get_trials())
     assert rec["asked_ahead"] == 3 and rec["twins"] == 3 and rec["finished"] == 3 and rec["waited_s"] == 1.5
+    # with the space covered, a larger budget takes repeats (they count: nothing is left to try), none runs
+    more = _tuner(_spec(study_spec_file, trials=6), tmp_path)
+    more.search()
+    assert len([e for e in events if e[0] == "run"]) == 4 and more.session.finished_count() == 6
 
 
 def test_a_trial_asked_ahead_when_the_search_ends_is_not_run_and_not_counted(study_spec_file, tmp_path, events,

@@ -20,7 +20,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from workbench.config import ConfigError, config_hash
+from workbench.config import Config, ConfigError, config_hash
 from workbench.files import remove_tree
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.ahead import CompileAhead
@@ -36,7 +36,7 @@ from workbench.tune.storage import HEARTBEAT_INTERVAL_S, alive, proc_identity
 from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
 from workbench.tune.validation import is_feasible
 
-__all__ = ["COUNTED_STATES", "MAX_ENUMERATED", "Search", "counts", "flat_attrs"]
+__all__ = ["COUNTED_STATES", "MAX_ENUMERATED", "SEARCH_ENDED", "Search", "counts", "flat_attrs"]
 
 
 COUNTED_STATES = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
@@ -51,6 +51,9 @@ def counts(t: FrozenTrial) -> bool:
         return False
     return t.state in COUNTED_STATES or infeasible(t)
 
+
+SEARCH_ENDED = "asked ahead (compile-ahead), and the search ended before it ran; a resumed study runs it"
+"""Why a trial asked ahead did not run when the budget or the time ran out."""
 
 MAX_ENUMERATED = 4096
 """Largest finite space whose configs the tuner lists (to queue an untried one in place of a repeat)."""
@@ -113,7 +116,7 @@ class Search:
             gpu_done = self.gpu_budget.done()  # (asked every time: its one line comes when the budget runs out)
             if budget_done or time_done or gpu_done:
                 running -= self.pending is not None  # (told now: not a trial to wait for)
-                self.drop_pending()
+                self.drop_pending(SEARCH_ENDED)
                 if s.worker or running == 0:
                     return
                 if not waiting_note:
@@ -137,7 +140,7 @@ class Search:
             except BaseException as e:  # wherever it landed, the asked trial does not stay RUNNING
                 why = None if isinstance(e, KeyboardInterrupt) else f"the tuner stopped: {type(e).__name__}: {e}"
                 self.mark_interrupted(trial, why)
-                self.drop_pending(interrupted=why or True)
+                self.drop_pending(why)
                 raise
             s.log(self.trial_line(trial, out, t0))
 
@@ -147,9 +150,10 @@ class Search:
             return self.session.study.ask()
 
     # ------------------------------------------------------------------ compile-ahead
-    def ask_ahead(self, running: Any) -> None:
-        """As a trial of config ``running`` starts: ask for the next trial (the sampler sees this one running),
-        sample it, and start its twin (ahead.py). Nothing is asked when the trial budget has no room left."""
+    def ask_ahead(self, beside: Config) -> None:
+        """As a trial of config ``beside`` starts: ask for the next trial (the sampler sees this one running),
+        sample it, and start its twin (ahead.py). Nothing is asked when the trial budget has no room left, nor once
+        the sampler repeats a measured config of a covered space."""
         s = self.session
         if self.ahead is None or self.pending is not None:
             return
@@ -174,23 +178,23 @@ class Search:
             # place), so that the next trial, the queued one, is the one compiled ahead
             self.run_one(trial)
             self._pending_beat.close()
+            if not trial.user_attrs.get("free_repeat"):
+                return  # nothing untried was left to queue: the loop decides what comes next
         else:
             return
         self.pending = trial
-        self.ahead.start(trial.number, cfg, beside=running)
+        self.ahead.start(trial.number, cfg, beside=beside)
 
-    def drop_pending(self, interrupted: str | bool = False) -> None:
-        """The trial asked ahead will not run: the search ended, or the tuner was stopped. Either way it is told
-        FAIL as interrupted (no budget used; its config is queued again when the study resumes), and its twin is
-        stopped."""
+    def drop_pending(self, why: str | None) -> None:
+        """The trial asked ahead will not run: the search ended (``SEARCH_ENDED``), or the tuner was stopped (None:
+        Ctrl-C or SIGTERM; else its error). Either way it is told FAIL as interrupted (no budget used; its config is
+        queued again when the study resumes), and its twin is stopped."""
         if self.ahead is not None:
             self.ahead.stop()
         trial, self.pending = self.pending, None
         if trial is None:
             return
-        why = interrupted if isinstance(interrupted, str) else None
-        self.mark_interrupted(trial, why if interrupted else "asked ahead (compile-ahead), and the search ended "
-                                                             "before it ran; a resumed study runs it")
+        self.mark_interrupted(trial, why)
         self._pending_beat.close()
 
     def _over_budget(self, trial: optuna.Trial) -> bool:
