@@ -44,7 +44,7 @@ from workbench.train.hf import model_args
 from workbench.train.memory_model import MODEL_ERROR, predict_peak
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.session import StudySession
-from workbench.tune.trial import kill_group, pdeathsig
+from workbench.tune.trial import kill_group, start_process
 from workbench.vocab import COMPILE_S
 
 __all__ = ["NICE", "CompileAhead", "Twin", "twin_blocks"]
@@ -156,26 +156,11 @@ class CompileAhead:
                "-q"] + ([] if cfg.data.loongbin_dir else ["--synthetic"])
         loader = cfg.data.num_workers if beside is None else beside.data.num_workers
         # (not OMP_NUM_THREADS: Inductor's CPU kernels are keyed by the thread count, and would miss the trial's)
-        env = {**os.environ, **s.child_env(), "PYTHONUNBUFFERED": "1",
-               "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 2) - loader - 2))}
-        root = str(Path(__file__).resolve().parents[2])
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-        deathsig = pdeathsig()
-
-        def child_setup() -> None:
-            os.nice(NICE)
-            if deathsig is not None:
-                deathsig()
-
-        with open(d / "log.txt", "wb") as log:
-            log.write(("$ " + " ".join(cmd) + "\n").encode())
-            log.flush()
-            try:
-                proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        cwd=s.child_cwd(), env=env, start_new_session=True, preexec_fn=child_setup)
-            except OSError as e:
-                self.records[number] = {"status": "skipped", "reason": f"cannot start: {e.strerror or e}"}
-                return False
+        env = {**s.child_env(), "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 2) - loader - 2))}
+        proc = start_process(cmd, d / "log.txt", env=env, cwd=s.child_cwd(), nice=NICE)
+        if isinstance(proc, str):
+            self.records[number] = {"status": "skipped", "reason": proc}
+            return False
         self.twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks})
         self.records[number] = self.twin.record
         return True

@@ -72,10 +72,10 @@ __all__ = [
     "interrupts_held",
     "kill_group",
     "not_launched_outcome",
-    "pdeathsig",
     "launch_command",
     "read_log_tail",
     "run_trial",
+    "start_process",
 ]
 
 LOG_TAIL_LINES = 30
@@ -234,7 +234,7 @@ def command_launcher(command: list[str]) -> Launcher:
     return launch
 
 
-def pdeathsig() -> Callable[[], None] | None:
+def _pdeathsig() -> Callable[[], None] | None:
     """preexec_fn giving the child SIGKILL when the tuner dies (Linux); resolved before fork."""
     if not sys.platform.startswith("linux"):
         return None
@@ -469,21 +469,36 @@ def _launch(cfg: Config, trial_dir: Path, launch: Launcher, env: dict[str, str] 
     _fresh_dir(trial_dir)
     config_path = dump_config(cfg, trial_dir / "config.yaml")
     cmd = launch(cfg, config_path, trial_dir)
-    env = {**os.environ, **(env or {})}
-    env["PYTHONUNBUFFERED"] = "1"
-    env["WORKBENCH_CONFIG"], env["WORKBENCH_OUT"] = str(config_path), str(trial_dir)
+    env = {**(env or {}), "WORKBENCH_CONFIG": str(config_path), "WORKBENCH_OUT": str(trial_dir)}
+    return config_path, start_process(cmd, trial_dir / "log.txt", env=env, cwd=cwd)
+
+
+def start_process(cmd: list[str], log_path: Path, *, env: Mapping[str, str] | None, cwd: str | Path | None,
+                  nice: int = 0) -> subprocess.Popen[bytes] | str:
+    """Start ``cmd`` in a new process group (killed with the tuner), output to ``log_path`` after its command line,
+    with this checkout importable and ``env`` over the tuner's environment (niced by ``nice``): the process, or
+    the reason it could not start (written to the log too)."""
+    env = {**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1"}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(_ROOT), env.get("PYTHONPATH")]))
-    with open(trial_dir / "log.txt", "wb") as log:
+    deathsig = _pdeathsig()
+
+    def child_setup() -> None:
+        if nice:
+            os.nice(nice)
+        if deathsig is not None:
+            deathsig()
+
+    with open(log_path, "wb") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
         # the tuner's working directory: relative paths in the config mean what they mean to the user
         try:
-            return config_path, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                                 cwd=cwd, env=env, start_new_session=True, preexec_fn=pdeathsig())
+            return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                                    env=env, start_new_session=True, preexec_fn=child_setup)
         except OSError as e:  # the command itself cannot start: the study's to fix, not a crash of its config
             reason = f"cannot start {cmd[0]!r}: {e.strerror or e}" + (f" (cwd {cwd})" if cwd else "")
             log.write((reason + "\n").encode())
-            return config_path, reason
+            return reason
 
 
 def classify(rc: int | None, failure: Mapping[str, Any], tail: str, *, windows: list[float],
