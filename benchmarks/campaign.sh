@@ -120,6 +120,7 @@ PY
         --hf-variant "pad_ligerfp8_16:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
         --hf-variant "pad_ligerfp8_32:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=32" \
         --hf-variant "pad_ligerfp8t_ops_16:$lever;$ours;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
+        --hf-variant "pad_ligerfp8t_ops_32:$lever;$ours;hf.pad_vocab_multiple=64;data.micro_batch_size=32" \
         --hf-variant "pad_fp8t_ops_16:loongforge.compute_domain.fp8=tensorwise;$ours;hf.pad_vocab_multiple=64;data.micro_batch_size=16" \
         --hf-variant "ligerfp8_16_model:$lever;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --hf-variant "pad_ligerfp8_16_model:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
