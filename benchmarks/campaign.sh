@@ -31,7 +31,7 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 case "$phase" in
 search)
     # stops starting trials after 500 s; a second call resumes the same study (Optuna storage under RUNS)
-    python -m workbench.tune --study gr00t-n1.6 --out "$RUNS" --timeout 500 --no-progress
+    python -m workbench.tune --study gr00t-n1.6 --out "$RUNS" --timeout 500 --no-progress ${STORAGE:+--storage "$STORAGE"}
     cp "$RUNS/gr00t-n1.6/config.yaml" "$OUT/exported-config.yaml"
     cp "$RUNS/gr00t-n1.6/report.html" "$OUT/report-gr00t-n1.6.html"   # for benchmarks/reports/
     ;;
@@ -89,7 +89,10 @@ vla-fit)
         --multiple 8 --steps 2 --timeout 240 --out "$OUT/fit-vla"
     ;;
 hf-search)
-    python -m workbench.tune --study studies/hf-llama.yaml --out "$RUNS" --timeout "${SEARCH_S:-420}" --no-progress
+    # STORAGE: one Optuna storage for this and the search phase, so the HF study starts from the built-in loop's
+    # winner on the same model and GPU (the tuner's warm start: the values of the knobs both studies search)
+    python -m workbench.tune --study studies/hf-llama.yaml --out "$RUNS" --timeout "${SEARCH_S:-420}" --no-progress \
+        ${STORAGE:+--storage "$STORAGE"}
     cp "$RUNS/hf-llama/config.yaml" "$OUT/exported-config-hf.yaml"
     ;;
 hf-compare)
