@@ -284,3 +284,29 @@ def test_export_by_the_name_of_ones_own_study(study_spec_file, tmp_path, subproc
     p = subprocess.run([sys.executable, "-m", "workbench.tune", "export", "--study", "not-mine", "--out", "runs"],
                        capture_output=True, text=True, env=subprocess_env, cwd=tmp_path, timeout=120)
     assert p.returncode == 2 and "unknown study 'not-mine'" in p.stderr
+
+
+def test_seed_flag_starts_another_search_of_the_same_space(study_spec_file, tmp_path, capsys):
+    """--seed replaces the spec's sampler.seed: the study stores it, and the first proposal of seed 1 is the one
+    a sampler seeded 1 makes, not seed 0's. A stored study does not take another seed on resume, and a bad seed is
+    refused before anything is written."""
+    from workbench.tune.__main__ import _resolve_spec, main, parse_args
+
+    spec_file = study_spec_file("seeded", space={"micro_batch_size": {"choices": [1, 2, 4, 8]},
+                                                 "bucket_width": {"choices": [32, 64, 128, 256]}})
+    firsts = {}
+    for seed in (0, 1, 2, 3):
+        spec = _resolve_spec(parse_args(["--study", str(spec_file), "--seed", str(seed)]))
+        assert spec.sampler.seed == seed
+        tuner = Tuner(spec, study_name=f"s{seed}", out_root=tmp_path / "runs", progress=False)
+        study = tuner.open()
+        assert study.user_attrs["spec"]["sampler"]["seed"] == seed
+        firsts[seed] = tuple(sorted(tuner.searcher.sample(study.ask()).items()))
+    assert len(set(firsts.values())) > 1  # 16 configs: four seeds do not all draw the same first one
+    assert _resolve_spec(parse_args(["--study", str(spec_file)])).sampler.seed == load_study_spec(
+        str(spec_file)).sampler.seed
+    with pytest.raises(SystemExit):
+        parse_args(["--study", str(spec_file), "--seed", "-1"])
+    # a study under --out, resumed by its name, keeps the seed it holds
+    assert main(["--study", "s1", "--seed", "5", "--out", str(tmp_path / "runs"), "--no-progress"]) == 1
+    assert "--seed 5: study 's1' resumes with the spec it holds" in capsys.readouterr().err

@@ -61,6 +61,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-minutes", type=float, help="device time of the whole study (baseline, search, validation, "
                    "traces), in GPU-minutes (default: the spec's budget.gpu_minutes)")
     p.add_argument("--storage", help="Optuna storage URL (default sqlite:///<out>/<study>/study.db)")
+    p.add_argument("--seed", type=int, help="the sampler's seed (default: the spec's sampler.seed); another seed is "
+                   "another search of the same space: name its study apart with --study-name")
     p.add_argument("--study-name", help="Optuna study name and runs/ directory (default: the spec's name)")
     p.add_argument("--gpus", type=int, help="GPUs per trial (default: the spec's gpus); more than 1 needs that many CUDA GPUs "
                    "(trials run under torchrun)")
@@ -91,6 +93,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         p.error("--timeout must be > 0")
     if args.gpu_minutes is not None and not args.gpu_minutes > 0:
         p.error("--gpu-minutes must be > 0")
+    if args.seed is not None and not 0 <= args.seed < 2**31:
+        p.error("--seed must be in [0, 2**31)")
+    if args.seed is not None and args.worker:
+        p.error("--seed: a worker's sampler seed is derived from the study's (its own pid added); set it where the "
+                "study starts")
     return args
 
 
@@ -105,6 +112,8 @@ def _resolve_spec(args: argparse.Namespace) -> StudySpec | None:
             raise ConfigError(f"--gpus {args.gpus}: study {spec.name!r} does not fit {args.gpus} processes per trial "
                               f"({e}); its global batch must split over them, or use a study made for several "
                               f"GPUs (gr00t-n1.6-2gpu, gr00t-n1.6-8gpu)") from None
+    if args.seed is not None:
+        spec = replace(spec, sampler=replace(spec.sampler, seed=args.seed))
     return spec
 
 
@@ -241,6 +250,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     stored_name = _stored_name(args)  # resumes a study of one's own by name, with its stored spec
+    if stored_name and args.seed is not None:
+        raise TuneError(f"--seed {args.seed}: study {stored_name!r} resumes with the spec it holds, seed included; "
+                        "to search again with another seed, start a study of its own (--study SPEC --study-name NEW)")
     spec = None if stored_name else _resolve_spec(args)
     tuner = Tuner(spec, study_name=args.study_name or stored_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, gpu_minutes=args.gpu_minutes, worker=args.worker, report=None if args.no_report else build_report,
