@@ -30,10 +30,13 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 
 case "$phase" in
 search)
-    # stops starting trials after 500 s; a second call resumes the same study (Optuna storage under RUNS)
-    python -m workbench.tune --study gr00t-n1.6 --out "$RUNS" --timeout 500 --no-progress ${STORAGE:+--storage "$STORAGE"}
-    cp "$RUNS/gr00t-n1.6/config.yaml" "$OUT/exported-config.yaml"
-    cp "$RUNS/gr00t-n1.6/report.html" "$OUT/report-gr00t-n1.6.html"   # for benchmarks/reports/
+    # stops starting trials after 500 s; a second call resumes the same study (Optuna storage under RUNS).
+    # SEED: the sampler's seed, a study of its own (gr00t-n1.6-sSEED): the same search from another start
+    name=gr00t-n1.6${SEED:+-s$SEED}
+    python -m workbench.tune --study gr00t-n1.6 --study-name "$name" --out "$RUNS" --timeout 500 --no-progress \
+        ${SEED:+--seed "$SEED"} ${STORAGE:+--storage "$STORAGE"}
+    cp "$RUNS/$name/config.yaml" "$OUT/exported-config.yaml"
+    cp "$RUNS/$name/report.html" "$OUT/report-$name.html"   # for benchmarks/reports/
     ;;
 compare)
     # each variant in its own process, interleaved: the exported config, the compiled reference loop and
