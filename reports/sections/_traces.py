@@ -25,7 +25,8 @@ TOP_OPS = 10
 """Ops listed by self time."""
 
 TRACE_ARMS = ("baseline", "winner")
-"""The traces a study keeps (workbench.tune.measure.Measurer.keep_traces)."""
+"""The traces a study keeps (workbench.tune.measure.Measurer.keep_traces): profiled after the measurement of a
+validation pair's runs, or of the last baseline repeat; an older study's in trace runs of their own (``traces/``)."""
 
 _TRACE_COLS = ["trial", "steps", "file", "path", "memory_snapshot", "status", "exists", "trace_href",
                "snapshot_href"]
@@ -95,11 +96,20 @@ def top_ops(path: str | Path, *, steps: int | None = None, n: int = TOP_OPS) -> 
     return out, kind
 
 
+def _in_study_dir(data: StudyData, path: str) -> Path:
+    """A file of a run of the study (``<phase>/<run>/<file>``: ``validation/trial-3-0/trace.json``, the last
+    baseline repeat's, an older study's ``traces/winner/``) in the study dir as it lies now, also when the dir
+    was moved or copied since the path was recorded."""
+    p = Path(path)
+    return data.study_dir / p.parent.parent.name / p.parent.name / p.name
+
+
 def _resolve(data: StudyData, arm: str, path: Any) -> Path | None:
     """Where the trace lies in the study dir (also when the dir was moved or copied), else its path as recorded."""
-    here = data.study_dir / "traces" / arm / "trace.json"
-    if here.exists():
-        return here
+    here = [_in_study_dir(data, path)] if isinstance(path, str) else []
+    for p in [*here, data.study_dir / "traces" / arm / "trace.json"]:
+        if p.exists():
+            return p
     return Path(path) if isinstance(path, str) and Path(path).exists() else None
 
 
@@ -125,8 +135,10 @@ def _snapshot(data: StudyData, arm: str, path: Any) -> str | None:
     as recorded."""
     if not isinstance(path, str):
         return None
-    here = data.study_dir / "traces" / arm / Path(path).name
-    return str(here) if here.exists() else path
+    for here in (_in_study_dir(data, path), data.study_dir / "traces" / arm / Path(path).name):
+        if here.exists():
+            return str(here)
+    return path
 
 
 def trace_table(data: StudyData) -> tuple[pd.DataFrame, str | None, dict[str, Path]]:
@@ -157,5 +169,5 @@ def trace_table(data: StudyData) -> tuple[pd.DataFrame, str | None, dict[str, Pa
                      "exists": p is not None, "trace_href": _href(data, p), "snapshot_href": _href(data, snapshot)}
     df = pd.DataFrame.from_dict(rows, orient="index", columns=_TRACE_COLS)
     df.index.name = "run"
-    message = None if rows else "No profiler traces were kept (every trace run failed)."
+    message = None if rows else "No profiler traces were kept."
     return df, message, found

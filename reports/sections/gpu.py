@@ -231,7 +231,9 @@ def gpu_section(data: StudyData) -> GpuTime:
                         "span_pct": 100 * t["sum"] / n / span}).reset_index(drop=True)
     runs = best_runs(data, trial) if arm == "winner" else baseline_runs(data)
     compute_ms = float(by_kind.loc[by_kind["kind"].isin(["matmul", "attention"]), "ms_per_step"].sum())
-    flops, flops_message = _flops(RunData(name=f"traces/{arm}", path=found[arm].parent), runs, dt, compute_ms)
+    traced = found[arm].parent  # the measured run profiled after its measurement (an older study's trace run)
+    flops, flops_message = _flops(RunData(name=f"{traced.parent.name}/{traced.name}", path=traced), runs, dt,
+                                  compute_ms)
     return GpuTime(device=dt.device, run=arm, trial=trial, trace=str(row["file"]),
                    trace_href=row["trace_href"] if isinstance(row["trace_href"], str) else None, steps=n,
                    by_kind=by_kind, busy=busy, flops=flops, top=top, message=None, flops_message=flops_message)
@@ -258,7 +260,7 @@ def _flops(trace_run: RunData, runs: list[RunData], dt: DeviceTime,
            compute_ms: float) -> tuple[pd.DataFrame, str | None]:
     """The FLOPs table and why a part of it is missing."""
     per_step, _ = _window_flops(trace_run)
-    per_step_src = "the trace run's window: flops/achieved_tflops_per_gpu × time/step_s"
+    per_step_src = "the traced run's windows: flops/achieved_tflops_per_gpu × time/step_s"
     measured = [_window_flops(r) for r in runs]
     if not math.isfinite(per_step):
         per_step = median_of(f for f, _ in measured)

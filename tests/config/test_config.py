@@ -510,6 +510,22 @@ def test_config_hash_is_stable_and_ignores_provenance(tmp_path: Path, monkeypatc
     assert len(config_hash(cfg)) == 12
 
 
+def test_a_key_added_later_counts_in_the_hash_only_off_its_default() -> None:
+    """metrics.profile_after_measure came after studies were stored: at its default a config hashes as it did
+    without the key (a stored study's baseline and A/B pairs are still its own on resume)."""
+    import hashlib
+    import json
+
+    cfg = merge_overrides(Config(), {"metrics.profile_steps": 2})
+    data = to_dict(cfg)
+    data.pop("provenance", None)
+    data.pop("hf")  # a later section at its defaults
+    del data["metrics"]["profile_after_measure"]
+    before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+    assert config_hash(cfg) == before
+    assert config_hash(merge_overrides(cfg, {"metrics.profile_after_measure": True})) != before
+
+
 def test_from_dict_on_a_section_prefixes_its_path() -> None:
     with pytest.raises(ConfigError, match=r"^loongforge\.overlap\.overlap_ratio"):
         from_dict(OverlapConfig, {"overlap_ratio": 2}, path="loongforge.overlap")

@@ -58,8 +58,9 @@ def _check_study(r: subprocess.CompletedProcess, study: Path, command: list[str]
     # the A/B interval of the best candidate, and the baseline's trace where the protocol asks for traces
     best = result["best"]
     assert best["pairs"] == 2 and best["ci_low"] <= best["speedup"] <= best["ci_high"]
-    trace = study / "traces" / "baseline" / "trace.json"
-    assert json.loads(trace.read_text())["traceEvents"] if traces else not trace.exists()
+    kept = result["traces"]  # profiled after the measurement of a run made anyway: no run of their own
+    assert json.loads(Path(kept["baseline"]["path"]).read_text())["traceEvents"] if traces else kept is None
+    assert not (study / "traces").exists()
     cfg = load_config(study / "config.yaml")
     assert cfg.provenance.trainer == {"command": command, "cwd": str(EXAMPLES), "env": cfg.provenance.trainer["env"],
                                       "safe_env": []}

@@ -174,6 +174,29 @@ def test_without_a_winner_the_baselines_trace_is_ranked_and_a_moved_study_still_
     assert t.top_ops["name"].tolist() == ["sm90_xmma_gemm_bf16", "rmsnorm_kernel"]
 
 
+def test_traces_profiled_in_measured_runs_are_found_after_the_study_moved(tmp_path):
+    """A study's traces in the folders of the runs they were profiled after (the winner's A/B pair, with its
+    memory snapshot), their paths recorded where the study was: the moved study's own files are read and linked."""
+    sdir = tmp_path / "s"
+    base = _write_trace(sdir / "validation" / "baseline-3-0" / "trace.json", CUDA_EVENTS)
+    win = _write_trace(sdir / "validation" / "trial-3-0" / "trace.json", CPU_EVENTS)
+    (win.parent / "memory_snapshot.pickle").write_bytes(b"\x80")
+    was = Path("/gone/runs/s")  # where the study ran
+    rec = {name: {"trial": trial, "run_dir": str(was / "validation" / run), "status": "ok",
+                  "path": str(was / "validation" / run / "trace.json"),
+                  "memory_snapshot": str(was / "validation" / run / "memory_snapshot.pickle") if trial else None}
+           for name, trial, run in (("baseline", None, base.parent.name), ("winner", 3, win.parent.name))}
+    result = build_result({"traces": {"steps": 2, **rec}}, study="s", base_values={}, baseline_repeats=[100.0],
+                          searched=[], budget={}, data={"source": "synthetic"}, commit=None)
+    (sdir / "tune.json").write_text(json.dumps({"study_name": "s", "result": result}))
+    t = compute_sections(sdir).time
+    assert t.traces["path"].tolist() == [str(base), str(win)] and bool(t.traces["exists"].all())
+    assert t.traces["trace_href"].tolist() == ["validation/baseline-3-0/trace.json", "validation/trial-3-0/trace.json"]
+    assert t.traces.loc["winner", "snapshot_href"] == "validation/trial-3-0/memory_snapshot.pickle"
+    assert t.top_ops_of == "winner" and t.top_ops["name"].iloc[0] == "aten::mm"
+    assert_links_stay_inside(build_report(sdir).read_text(), sdir)
+
+
 def test_a_study_without_traces_says_so(tmp_path):
     result = build_result({}, study="s", base_values={}, baseline_repeats=[100.0], searched=[], budget={},
                           data={"source": "synthetic"}, commit=None)

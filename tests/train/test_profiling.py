@@ -8,9 +8,11 @@ import subprocess
 import sys
 from collections import Counter
 
+import pandas as pd
 import pytest
 import torch
 
+from workbench.config import Config, merge_overrides, preset_config
 from workbench.errors import ConfigError
 from workbench.train.profiling import StepProfiler, launch_overhead
 from workbench.train.timing import PhaseTimer
@@ -48,6 +50,62 @@ def test_profile_flag_writes_a_trace_of_the_steps_after_warmup(tmp_path, subproc
     assert summary["profile/memory_snapshot_path"] is None  # CPU: no allocator history
     assert summary["measured_steps"] == 4  # the profile's end closes a window; every measured step still counts
     assert not (out / "memory_snapshot.pickle").exists()
+
+
+def test_a_profile_after_the_measurement_leaves_the_summary_as_it_was(tmp_path, monkeypatch):
+    """metrics.profile_after_measure: the 2 profiled steps run after the 8 of the measured run, and the summary,
+    the windows and the measured steps' rows are those of the same run without them."""
+    from workbench.train import synthetic_data_dir
+    from workbench.train.trainer import Trainer
+
+    monkeypatch.setenv("LOONGFORGE_CACHE", str(tmp_path / "cache"))
+    data = synthetic_data_dir(vocab_size=4096, seq_len=256, num_docs=300, seed=0)
+    over = {"hardware.device": "cpu", "data.seq_len": 256, "data.micro_batch_size": 2, "data.num_workers": 0,
+            "training.global_batch_size": 2, "training.dtype": "fp32", "training.max_steps": 8,
+            "training.warmup_measure_steps": 2, "training.log_every": 3}
+    runs = {}
+    fold = {"metrics.profile_steps": 2, "metrics.profile_after_measure": True}
+    for name, extra in (("plain", {}), ("profiled", fold)):
+        trainer = Trainer(merge_overrides(preset_config("tiny"), {**over, **extra}), data_dir=data,
+                          out_dir=tmp_path / name)
+        try:
+            runs[name] = trainer.run()
+        finally:
+            trainer.close()
+    plain, prof, out = runs["plain"], runs["profiled"], tmp_path / "profiled"
+    # the trace: exactly the two steps after the measured 8, each with its phases
+    ranges = _ranges(json.loads((out / "trace.json").read_text()))
+    assert {n: c for n, c in ranges.items() if n.startswith("step ")} == {"step 9": 1, "step 10": 1}
+    assert ranges["forward"] == 2 and ranges["optimizer"] == 2
+    assert prof["profile/steps"] == 2 and prof["profile/first_step"] == 9
+    assert prof["profile/trace_path"] == str(out / "trace.json") and prof["profile/memory_snapshot_path"] is None
+    # the summary: the measured run's, step for step (the same seed and data: the same losses); the data
+    # pipeline's counters stop where the measurement did
+    assert set(prof) - set(plain) == {k for k in prof if k.startswith("profile/")}
+    for k in ("steps", "measured_steps", "windows", "first_loss", "last_loss", "data/batches", "interrupted"):
+        assert prof[k] == plain[k], k
+    assert (prof["steps"], prof["measured_steps"], prof["windows"]) == (8, 6, 2)
+    windows = {n: [json.loads(x) for x in (tmp_path / n / "metrics.jsonl").read_text().splitlines()]
+               for n in runs}
+    assert [(w["step"], w["steps"], w["loss"]) for w in windows["profiled"]] == \
+        [(w["step"], w["steps"], w["loss"]) for w in windows["plain"]] == \
+        [(5, 3, windows["plain"][0]["loss"]), (8, 3, plain["last_loss"])]
+    # phases.csv: the profiled steps are rows of their own, unmeasured
+    rows = {n: pd.read_csv(tmp_path / n / "phases.csv") for n in runs}
+    assert rows["profiled"]["step"].tolist() == list(range(1, 11))
+    assert rows["profiled"]["measured"].tolist() == [0, 0] + [1] * 6 + [0, 0]
+    assert rows["profiled"]["loss"].iloc[:8].tolist() == rows["plain"]["loss"].tolist()
+
+
+def test_profile_after_measure_is_checked_where_it_is_set():
+    with pytest.raises(ConfigError) as e:
+        merge_overrides(Config(), {"metrics.profile_after_measure": True})  # nothing to profile
+    assert e.value.key == "metrics.profile_after_measure" and "profile_steps" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        merge_overrides(Config(), {"metrics.profile_steps": 2, "metrics.profile_after_measure": "yes"})
+    assert e.value.key == "metrics.profile_after_measure"
+    assert merge_overrides(Config(), {"metrics.profile_steps": 2, "metrics.profile_after_measure": True}) \
+        .metrics.profile_after_measure is True
 
 
 def test_phase_ranges_only_while_profiling():

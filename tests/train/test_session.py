@@ -139,6 +139,28 @@ def test_a_profile_traces_the_loops_steps_and_phases(tmp_path):
     assert s["profile/steps"] == 2 and s["profile/first_step"] == 3
 
 
+def test_a_profile_after_the_measurement_runs_more_steps_that_count_nowhere(tmp_path):
+    """metrics.profile_after_measure: run.max_steps holds the 2 profiled steps after the 8 measured ones; the
+    trace has them, the windows and the summary do not (not their loss, though a NaN, not their time)."""
+    loss = lambda i: torch.tensor(1.0 / (i + 1) if i < 8 else math.nan)  # noqa: E731 - NaN in the profiled steps
+    with workbench.run(_cfg(**{"metrics.profile_steps": 2, "metrics.profile_after_measure": True}),
+                       out=tmp_path) as run:
+        assert run.max_steps == 10
+        _loop(run, sleep_s=0.001, loss=loss)
+    names = [e.get("name") for e in json.loads((tmp_path / "trace.json").read_text())["traceEvents"]]
+    assert names.count("step 9") == 1 and names.count("step 10") == 1 and "step 8" not in names
+    assert names.count("forward") == 2
+    windows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [(w["step"], w["steps"]) for w in windows] == [(5, 3), (8, 3)]
+    s = json.loads((tmp_path / "summary.json").read_text())
+    assert (s["steps"], s["measured_steps"], s["windows"]) == (8, 6, 2)
+    assert s["first_loss"] == pytest.approx(1.0) and s["last_loss"] == pytest.approx(1 / 8)
+    assert s["profile/steps"] == 2 and s["profile/first_step"] == 9 and not s["interrupted"]
+    assert (tmp_path / "heartbeat").read_text() == "10"
+    rows = [r.split(",") for r in (tmp_path / "phases.csv").read_text().splitlines()[1:]]
+    assert [int(r[1]) for r in rows] == [0, 0] + [1] * 6 + [0, 0]  # the measured column
+
+
 def test_the_built_in_loop_and_the_run_api_write_one_failure_record(tmp_path, subprocess_env):
     """python -m workbench.train and workbench.run() name an error the same way in failure.json (they drifted
     once: a ConfigError raised as one of its private subclasses was named by the subclass in one of them)."""

@@ -118,8 +118,9 @@ def test_the_line_the_terminal_and_the_report_print():
 
 
 def test_the_budget_reserves_the_reference_pairs_only_where_they_will_run(tmp_path):
-    # 1 candidate x 3 pairs x 2 runs, the same again beside the plain loop, and 2 trace runs
-    assert runs_after_search(Stub(tmp_path, EAGER).session) == 6 + 6 + 2
-    assert runs_after_search(Stub(tmp_path, EAGER, cuda=False).session) == 6 + 2
-    assert runs_after_search(Stub(tmp_path, EAGER, reference=False).session) == 6 + 2
-    assert runs_after_search(Stub(tmp_path, COMPILED).session) == 6 + 2  # the validation's pairs answer it
+    # 1 candidate x 3 pairs x 2 runs, the same again beside the plain loop; the traces (profile_steps 2) add no
+    # run: their steps follow the measurement of a validation pair's runs
+    assert runs_after_search(Stub(tmp_path, EAGER).session) == 6 + 6
+    assert runs_after_search(Stub(tmp_path, EAGER, cuda=False).session) == 6
+    assert runs_after_search(Stub(tmp_path, EAGER, reference=False).session) == 6
+    assert runs_after_search(Stub(tmp_path, COMPILED).session) == 6  # the validation's pairs answer it

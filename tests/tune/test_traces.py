@@ -1,5 +1,6 @@
-"""The study keeps torch.profiler traces of its baseline and of its winner, in trace runs of their own after the
-A/B validation, and tune.json's result points at them (workbench.tune.measure.Measurer.keep_traces)."""
+"""The study keeps torch.profiler traces of its baseline and of its winner without a run of their own: the steps
+are profiled after the measurement of runs made anyway (the winner's first A/B pair, the last baseline repeat),
+and tune.json's result points at them (workbench.tune.measure.Measurer.keep_traces)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from workbench.tune import validation
+from workbench.tune import measure, validation
 from workbench.tune.study import load_study_spec
 from workbench.tune.tuner import Tuner
 
@@ -23,9 +24,27 @@ def _step_ranges(path: Path) -> Counter:
                    if e.get("ph") == "X" and e.get("cat") == "user_annotation" and e["name"].startswith("step "))
 
 
-def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tmp_path, monkeypatch):
+def _windows(run_dir: Path) -> list[tuple[int, int]]:
+    return [(w["step"], w["steps"]) for w in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())]
+
+
+def _count_runs(monkeypatch) -> list[str]:
+    """The runs the coordinator measures from now on (baseline, validation, anything else), as ``phase/run``."""
+    ran: list[str] = []
+    real = measure.run_trial
+
+    def run_trial(cfg, trial_dir, **kw):
+        ran.append(f"{trial_dir.parent.name}/{trial_dir.name[1:].split('.')[0]}")  # (its attempt folder .<run>.<id>)
+        return real(cfg, trial_dir, **kw)
+
+    monkeypatch.setattr(measure, "run_trial", run_trial)
+    return ran
+
+
+def test_a_study_keeps_the_traces_of_its_winners_pair(study_spec_file, tmp_path, monkeypatch):
+    # the protocol: warm-up 2, then 2 windows of 3 steps (8 steps), 2 steps profiled after them
     spec = load_study_spec(str(study_spec_file("tr", trials=1, protocol={
-        "baseline_repeats": 1, "top_k": 1, "ab_rounds": 1, "profile_steps": 2})))
+        "baseline_repeats": 2, "top_k": 1, "ab_rounds": 2, "profile_steps": 2})))
 
     # a winner whatever the noise of two shared cores: the first ok trial is the candidate, its interval above 1.0
     def candidates(session):
@@ -35,26 +54,43 @@ def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tm
     monkeypatch.setattr(validation, "candidates", candidates)
     monkeypatch.setattr(validation, "interval_fields", lambda runs, base, confidence: {
         "ratios": [1.2] * len(runs), "speedup_median": 1.2, "ci_low": 1.1, "ci_high": 1.3, "significant": True})
+    ran = _count_runs(monkeypatch)
     Tuner(spec, out_root=tmp_path / "runs", progress=False, report=None).run()
 
     sdir = (tmp_path / "runs" / "tr").resolve()
     tune = json.loads((sdir / "tune.json").read_text())
     result = tune["result"]
     assert result["verdict"] == "winner"
+    k = result["exported"]["trial"]
+    # no run of their own: the 2 baseline repeats and the 2 A/B pairs are all the coordinator ran
+    assert ran == ["baseline/0", "baseline/1", f"validation/baseline-{k}-0", f"validation/trial-{k}-0",
+                   f"validation/baseline-{k}-1", f"validation/trial-{k}-1"]
+    assert not (sdir / "traces").exists()
+    assert tune["gpu_minutes"]["by_phase"]["traces"] == 0 and tune["gpu_minutes"]["by_phase"]["validation"] > 0
+
     traces = result["traces"]
     assert traces == json.loads((sdir / "validation.json").read_text())["traces"]
     assert traces["steps"] == 2
-    for name, trial in (("baseline", None), ("winner", result["exported"]["trial"])):
+    # the winner's first pair carries both traces: the base config's run and the winner's
+    for name, trial, run in (("baseline", None, f"baseline-{k}-0"), ("winner", k, f"trial-{k}-0")):
         rec = traces[name]
-        assert rec["status"] == "ok" and rec["trial"] == trial
-        assert rec["path"] == str(sdir / "traces" / name / "trace.json")
-        assert rec["memory_snapshot"] is None  # CPU
-        # the protocol's warm-up (2 steps), then the 2 profiled ones
-        assert _step_ranges(Path(rec["path"])) == {"step 3": 1, "step 4": 1}
-        summary = json.loads((sdir / "traces" / name / "summary.json").read_text())
-        assert summary["profile/steps"] == 2 and summary["steps"] == 4
-    # no measured run is profiled: the baseline repeat and the A/B runs carry no trace
-    assert not list((sdir / "baseline").rglob("trace.json")) and not list((sdir / "validation").rglob("trace.json"))
+        run_dir = sdir / "validation" / run
+        assert rec == {"trial": trial, "run_dir": str(run_dir), "path": str(run_dir / "trace.json"),
+                       "memory_snapshot": None, "status": "ok"}  # CPU: no memory snapshot
+        # the 8 measured steps, then the 2 profiled ones
+        assert _step_ranges(Path(rec["path"])) == {"step 9": 1, "step 10": 1}
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["steps"], summary["measured_steps"], summary["windows"]) == (8, 6, 2)
+        assert summary["profile/steps"] == 2 and summary["profile/first_step"] == 9
+        assert _windows(run_dir) == [(5, 3), (8, 3)]  # the measured windows alone
+        assert "profile_after_measure: true" in (run_dir / "config.yaml").read_text()
+    cand = json.loads((sdir / "validation.json").read_text())["candidates"][0]
+    assert cand["run_dirs"] == [str(sdir / "validation" / f"trial-{k}-{r}") for r in (0, 1)]
+    # the second pair, the first baseline repeat and the search trial are not profiled; the last repeat is
+    assert not (sdir / "validation" / f"trial-{k}-1" / "trace.json").exists()
+    assert not (sdir / "validation" / f"baseline-{k}-1" / "trace.json").exists()
+    assert not (sdir / "baseline" / "0" / "trace.json").exists()
+    assert _step_ranges(sdir / "baseline" / "1" / "trace.json") == {"step 9": 1, "step 10": 1}
     assert not list((sdir / "trials").rglob("trace.json"))
 
     # the report's "Where the time goes" reads them: a link to each, the winner's top ops by self time
@@ -63,8 +99,39 @@ def test_a_study_keeps_the_traces_of_its_baseline_and_winner(study_spec_file, tm
 
     s = time_section(load_study_data(sdir))
     assert list(s.traces.index) == ["baseline", "winner"] and s.traces_message is None
+    assert s.traces.loc["winner", "file"] == f"validation/trial-{k}-0/trace.json"
     assert s.top_ops_of == "winner" and 0 < len(s.top_ops) <= 10
     # torch's ops, never the trace's step or phase ranges; the autograd engine's node wrappers
     # (autograd::engine::evaluate_function: PowBackward0) hold self time of their own and may rank
     assert all(n.split("::")[0] in ("aten", "autograd") for n in s.top_ops["name"])
     assert s.top_ops["name"].str.startswith("aten::").any()
+
+    # a coordinator that died after validation.json was written: the study resumes and runs nothing again
+    tune["finished"] = None
+    (sdir / "tune.json").write_text(json.dumps(tune))
+    ran.clear()
+    Tuner(spec, out_root=tmp_path / "runs", progress=False, report=None).run()
+    again = json.loads((sdir / "tune.json").read_text())
+    assert ran == [] and again["finished"] and again["result"]["traces"] == traces
+
+
+def test_without_a_winner_the_base_trace_is_the_last_baseline_repeats(study_spec_file, tmp_path, monkeypatch):
+    spec = load_study_spec(str(study_spec_file("nw", trials=1, protocol={
+        "baseline_repeats": 2, "top_k": 0, "profile_steps": 2})))
+    ran = _count_runs(monkeypatch)
+    Tuner(spec, out_root=tmp_path / "runs", progress=False, report=None).run()
+    sdir = (tmp_path / "runs" / "nw").resolve()
+    tune = json.loads((sdir / "tune.json").read_text())
+    assert tune["result"]["verdict"] == "no_candidate" and tune["result"]["exported"]["trial"] is None
+    assert ran == ["baseline/0", "baseline/1"] and not (sdir / "traces").exists()
+    assert not (sdir / "validation").exists()
+    assert tune["gpu_minutes"]["by_phase"]["traces"] == 0
+    last = sdir / "baseline" / "1"
+    assert tune["result"]["traces"] == {"steps": 2, "winner": None, "baseline": {
+        "trial": None, "run_dir": str(last), "path": str(last / "trace.json"), "memory_snapshot": None,
+        "status": "ok"}}
+    assert _step_ranges(last / "trace.json") == {"step 9": 1, "step 10": 1}
+    assert _windows(last) == _windows(sdir / "baseline" / "0") == [(5, 3), (8, 3)]
+    # the noise floor is the repeats' windows, the profiled steps in none of them
+    base = json.loads((last / "summary.json").read_text())
+    assert base["measured_steps"] == 6 and base["profile/steps"] == 2

@@ -98,3 +98,61 @@ def test_a_head_to_head_measures_one_candidate_against_the_other(tmp_path):
     again.session.spec, again.session.study_dir = _Spec(), tmp_path
     assert duel(again.session, again, a, b, max_pairs=4, min_pairs=2, confidence=0.95)["pairs"] == 2
     assert again.measured == []
+
+
+PROFILE = {"metrics.profile_steps": 2, "metrics.profile_after_measure": True}
+
+
+class Profiled(Stub):
+    """A Stub that also records which runs carried the profile's keys, and fails the runs named in ``fail``."""
+
+    def __init__(self, study, values, fail=(), stop_at=None):
+        super().__init__(study, values, stop_at)
+        self.fail, self.profiled = set(fail), []
+
+    def measure(self, cfg, run_dir, prefix, phase):
+        out = super().measure(cfg, run_dir, prefix, phase)
+        if cfg.metrics.profile_after_measure:
+            self.profiled.append(run_dir.name)
+        if run_dir.name in self.fail:
+            out.status, out.value = "crash", None
+        return out
+
+
+def _profiled_pairs(v, vdir, profile=PROFILE):
+    return ab_pairs(v.session, v, BASE, {3: ARM, 4: merge_overrides(BASE, {"data.micro_batch_size": 2})}, vdir,
+                    max_pairs=3, min_pairs=3, confidence=0.95, what="validating", resume=True, profile=profile)
+
+
+def test_each_arms_first_completed_pair_is_profiled_and_resumes_so(tmp_path):
+    """``ab_pairs(profile=...)``: both runs of each arm's first pair to complete carry the keys that profile the
+    steps after the measurement (the traces), the later pairs not; a failed pair passes them on to the next."""
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
+    values = {"baseline": 100.0, "trial": 150.0}
+    v = Profiled(study, values, fail={"trial-4-0"}, stop_at="baseline-3-2")
+    with pytest.raises(KeyboardInterrupt):
+        _profiled_pairs(v, tmp_path / "validation")
+    assert v.profiled == ["baseline-3-0", "trial-3-0", "baseline-4-0", "trial-4-0", "baseline-4-1", "trial-4-1"]
+    assert v.measured == ["baseline-3-0", "trial-3-0", "baseline-4-0", "trial-4-0", "baseline-3-1", "trial-3-1",
+                          "baseline-4-1", "trial-4-1"]
+
+    # stopped mid-validation: the stored pairs are taken (the profiled ones as profiled), the failed one measured
+    # again as ever (profiled: its arm had no profiled pair before it), the rest plain
+    again = Profiled(study, values)
+    res = _profiled_pairs(again, tmp_path / "validation")
+    assert again.measured == ["baseline-4-0", "trial-4-0", "baseline-3-2", "trial-3-2", "baseline-4-2", "trial-4-2"]
+    assert again.profiled == ["baseline-4-0", "trial-4-0"]
+    assert res[3]["runs"] == res[4]["runs"] == [150.0] * 3
+    assert res[4]["run_dirs"] == [str(tmp_path / "validation" / f"trial-4-{r}") for r in range(3)]
+    # a pair stored by a tuner that profiled nothing (an older version) is taken too; the next one profiles
+    old = tmp_path / "old"
+    plain = Profiled(study, values)
+    _profiled_pairs(plain, old, profile=None)
+    assert plain.profiled == [] and len(plain.measured) == 12
+    pairs = dict(study.user_attrs["ab_pairs"])
+    study.set_user_attr("ab_pairs", {k: v for k, v in pairs.items() if not k.endswith("-2")})
+    for arm in (3, 4):
+        shutil.rmtree(old / f"trial-{arm}-2")
+    resumed = Profiled(study, values)
+    _profiled_pairs(resumed, old)
+    assert resumed.measured == resumed.profiled == ["baseline-3-2", "trial-3-2", "baseline-4-2", "trial-4-2"]

@@ -245,9 +245,16 @@ class MetricsConfig:
     profile_steps: int = field(default=0, metadata={"ge": 0})
     """Steps after ``training.warmup_measure_steps`` to record with torch.profiler into ``<out_dir>/trace.json``
     (Perfetto), and on CUDA a memory snapshot; 0 = off. Needs an output directory."""
+    profile_after_measure: bool = False
+    """Profile the ``profile_steps`` steps after the measurement instead: the loop runs them after
+    ``training.max_steps`` and they count in no window, loss or summary figure, so a measured run can carry a
+    trace (the tuner's). Needs ``profile_steps`` > 0."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.profile_after_measure and self.profile_steps == 0:
+            raise ConfigError("got true with profile_steps 0; set metrics.profile_steps to the steps to profile "
+                              "after the measurement, or false", key="profile_after_measure")
         try:
             ipaddress.ip_address(self.prometheus_addr)
         except ValueError:

@@ -179,16 +179,22 @@ def _iter_sections(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 _LATER_SECTIONS = {"hf": HFConfig}
 """Sections added after configs were stored (studies' hashes, exported configs): left out of the hash at defaults."""
+_LATER_KEYS = {("metrics", "profile_after_measure"): False}
+"""Keys of older sections added after configs were stored: left out of the hash at their default."""
 
 
 def config_hash(cfg: Config, length: int = 12) -> str:
-    """Short stable hash of the config's content, excluding provenance. A section added after configs were stored
-    (:data:`_LATER_SECTIONS`) counts only once it leaves its defaults, so the hash of an earlier config holds."""
+    """Short stable hash of the config's content, excluding provenance. A section or key added after configs were
+    stored (:data:`_LATER_SECTIONS`, :data:`_LATER_KEYS`) counts only once it leaves its default, so the hash of
+    an earlier config holds (a stored study's baseline and A/B pairs are still recognised on resume)."""
     data = to_dict(cfg)
     data.pop("provenance", None)
     for name, default in _LATER_SECTIONS.items():
         if data.get(name) == to_dict(default()):
             data.pop(name)
+    for (name, key), value in _LATER_KEYS.items():
+        if data[name].get(key) == value:
+            data[name].pop(key)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:length]
 

@@ -94,7 +94,7 @@ def probe_command(source: Sequence[str], micro_batch: int, *, steps: int, alloca
            "--steps", str(steps), "--out", str(out), "--summary", str(out / "summary.json")]
     for s in [*sets, f"data.micro_batch_size={micro_batch}", f"training.global_batch_size={micro_batch}",
               "training.warmup_measure_steps=1", f"training.log_every={max(1, steps - 1)}",
-              "metrics.profile_steps=0", "training.checkpoint_every=0",
+              "metrics.profile_steps=0", "metrics.profile_after_measure=false", "training.checkpoint_every=0",
               *(f"{_ALLOC_KEY}.{k}={json.dumps(v)}" for k, v in allocator.items())]:
         cmd += ["--set", s]
     return cmd

@@ -15,8 +15,10 @@ queue is full, and that wait is counted as launch-call time.
 
 Stopping the profiler and writing the trace takes host time (and a device sync on CUDA): the trainer stops it at
 a window boundary, after the window's flush, and restarts the phase timer's clock afterwards, so that time is
-charged to no step. The profiled steps still carry the profiler's own overhead in their timings; the tuner
-therefore traces in runs of their own, never in a measured one. Only rank 0 profiles.
+charged to no step. The profiled steps still carry the profiler's own overhead in their timings; so with
+``metrics.profile_after_measure`` the profiled steps are the ``N`` steps after the measurement
+(``training.max_steps``), run in addition and counted in no figure (``RunSession``): how the tuner traces its
+measured runs. Only rank 0 profiles.
 """
 
 from __future__ import annotations
@@ -113,6 +115,11 @@ class StepProfiler:
     @property
     def active(self) -> bool:
         return self._prof is not None
+
+    def place(self, *, start_after: int) -> None:
+        """Profile steps ``start_after + 1 .. start_after + steps`` instead (before the first of them started)."""
+        assert self._prof is None and not self._profiled, "the profile has started"
+        self.first, self.last = start_after + 1, start_after + self.requested
 
     def ends_at(self, step: int) -> bool:
         """Whether the profiled steps end with step ``step`` (the trainer flushes its window there)."""

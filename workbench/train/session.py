@@ -76,6 +76,11 @@ class RunSession:
     A window is measured when its first step comes after ``training.warmup_measure_steps``; windows close at the
     warm-up's end and every ``training.log_every`` steps after it. The loss of each step may stay on the device:
     the window reads every loss back at once, with the timer's one sync.
+
+    With ``metrics.profile_after_measure`` the loop runs ``metrics.profile_steps`` more steps after the measured
+    ``total`` (:attr:`last_step`), profiled, as one window of their own that counts nowhere: their rows go to
+    ``phases.csv`` as unmeasured, and :meth:`summary` is the one taken as the measurement ended (its windows,
+    losses, steps and memory peaks), with the profile's keys.
     """
 
     def __init__(self, cfg: Config, *, device: torch.device, out_dir: str | Path | None = None,
@@ -85,13 +90,17 @@ class RunSession:
         self.cfg, self.device, self.world, self.rank, self.peak = cfg, device, world, rank, peak_tflops
         self.echo = echo  # a line on stdout per measured window (rank 0); the files get every window regardless
         self.timer = PhaseTimer(device, enabled=cfg.metrics.phase_timing)
-        self.profiler = StepProfiler(cfg.metrics.profile_steps, start_after=cfg.training.warmup_measure_steps,
+        self.total = total_steps or cfg.training.max_steps
+        """The measured run's steps: warm-up and windows (``training.max_steps`` unless the loop says otherwise)."""
+        self.after_measure = cfg.metrics.profile_after_measure
+        start_after = self.total if self.after_measure else cfg.training.warmup_measure_steps
+        self.profiler = StepProfiler(cfg.metrics.profile_steps, start_after=start_after,
                                      out_dir=Path(out_dir) if out_dir else None, device=device, enabled=rank == 0)
+        self._measured: dict[str, Any] | None = None  # the summary as the measurement ended (profile after it)
         self._step_range: contextlib.AbstractContextManager[Any] | None = None
         self.writer = MetricsWriter(out_dir if rank == 0 else None)
         self.context = context or RunContext()  # the heartbeat's owner (its file, if any)
         self.prom = prometheus
-        self.total = total_steps or cfg.training.max_steps
         self.step = 0
         self.windows: list[dict[str, Any]] = []
         self.first_loss: float | None = None
@@ -102,6 +111,19 @@ class RunSession:
         step's communication time)."""
         self.window_extras: Callable[[], Mapping[str, Any]] | None = None
         """Figures added to every measured window (the Trainer's pipeline, graph-replay and lr figures)."""
+
+    def set_total(self, total: int) -> None:
+        """The measured run's steps, where the loop runs other than ``training.max_steps`` (a profile after the
+        measurement moves with them). Before the first step."""
+        self.total = total
+        if self.after_measure:
+            self.profiler.place(start_after=total)
+
+    @property
+    def last_step(self) -> int:
+        """The loop's last step: ``total``, then under ``metrics.profile_after_measure`` the profiled steps (every
+        rank runs them, though only rank 0 profiles: a step's collectives need them all)."""
+        return self.total + (self.profiler.requested if self.after_measure else 0)
 
     def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
         """``with session.phase("forward"): ...``: the phase runs from the previous stamp to the block's end."""
@@ -127,6 +149,8 @@ class RunSession:
         """The next step starts: the profiler starts before its first profiled step, and a profiled step is a
         ``step <n>`` range with its phases inside."""
         n = self.step + 1
+        if self.after_measure and n == self.total + 1 and self._measured is None:
+            self._measured = self._summary()  # the measurement ended with the window just closed
         self.profiler.before_step(n)
         self.timer.record = self.profiler.active  # phase ranges in the trace, only while it records
         self._step_range = self.profiler.step_range(n)
@@ -146,6 +170,8 @@ class RunSession:
     def at_boundary(self) -> bool:
         """Whether a window closes after the current step (the profile's end closes one too)."""
         warm, every = self.cfg.training.warmup_measure_steps, self.cfg.training.log_every
+        if self.after_measure and self.step > self.total:  # the steps profiled after the measurement: one window
+            return self.step >= self.last_step
         return self.step >= self.total or self.step == warm or (self.step > warm and (self.step - warm) % every == 0) \
             or self.profiler.ends_at(self.step)
 
@@ -174,6 +200,12 @@ class RunSession:
             self.annotate(recs, rows)
         for rec, row, lv in zip(recs, rows or [{}] * len(recs), losses):
             rec.phases, rec.loss = row, lv
+        if self.after_measure and recs[0].step > self.total:  # profiled after the measurement: counted nowhere
+            self.writer.steps(recs, measured=False)
+            if any(r.loss is not None and not math.isfinite(r.loss) for r in recs):
+                log.warning("a non-finite loss in the steps profiled after the measurement (steps %d-%d); the "
+                            "measurement before them stands", recs[0].step, recs[-1].step)
+            return None
         bad = next((r for r in recs if r.loss is not None and not math.isfinite(r.loss)), None)
         if bad is not None:
             raise NanLossError(f"loss is {bad.loss} at step {bad.step}")
@@ -201,7 +233,13 @@ class RunSession:
         return m
 
     def summary(self) -> dict[str, Any]:
-        """Throughput, MFU, step time and phases over the measured windows (weighted by their steps), the losses."""
+        """Throughput, MFU, step time and phases over the measured windows (weighted by their steps), the losses;
+        after a profile after the measurement, the summary as the measurement ended with the profile's keys."""
+        if self._measured is not None:
+            return {**self._measured, **self.profiler.summary()}
+        return self._summary()
+
+    def _summary(self) -> dict[str, Any]:
         windows = self.windows
         steps = sum(w["steps"] for w in windows)
         wall = sum(w[STEP_S] * w["steps"] for w in windows)
@@ -308,8 +346,9 @@ class Run:
 
     @property
     def max_steps(self) -> int:
-        """Steps the protocol asks for (``training.max_steps``): warm-up plus the measured windows."""
-        return self.config.training.max_steps
+        """Steps the loop runs: the protocol's (``training.max_steps``: warm-up plus the measured windows), then
+        under ``metrics.profile_after_measure`` the ``metrics.profile_steps`` profiled after them."""
+        return self.session.last_step
 
     @property
     def device(self) -> torch.device:

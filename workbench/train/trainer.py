@@ -404,10 +404,14 @@ class Trainer:
     # ------------------------------------------------------------------ the run
     def run(self, max_steps: int | None = None) -> dict[str, Any]:
         """Train to ``max_steps`` (default training.max_steps) inside the run context (its stop signals, with
-        SIGUSR1's reload; its heartbeat after every step); returns the summary."""
+        SIGUSR1's reload; its heartbeat after every step); returns the summary. Under
+        ``metrics.profile_after_measure`` the profiled steps follow, and the summary is the one taken as the
+        measurement ended (the data pipeline's counters too), with the profile's keys."""
         session = self.session
-        total = session.total = max_steps or self.cfg.training.max_steps
+        total = max_steps or self.cfg.training.max_steps
+        session.set_total(total)
         interrupted = False
+        measured: dict[str, Any] | None = None  # the summary at the measurement's end, when profiled steps follow
         reload = {"flag": False}
 
         def _on_sigusr1(signum, frame):  # re-read the config file after the step (reload_config)
@@ -421,15 +425,17 @@ class Trainer:
             session.step = self.step  # a resumed run counts on from its checkpoint
             session.start()
             try:
-                while self.step < total:
+                while self.step < session.last_step:
                     session.begin_step()
                     session.step_done(*self.train_step())
-                    done = self.step >= total
+                    done = self.step >= session.last_step
                     # a reload waits for the profile's end; it closes the window first, as the profile's end does
                     reload_now = reload["flag"] and not (done or stop.requested or self.profiler.active)
                     if session.at_boundary() or stop.requested or reload_now:
                         session.close_window()  # note: one CPU-GPU sync per window, here
                         session.end_profile()
+                    if self.step == total < session.last_step:  # the measurement ends: the profiled steps follow
+                        measured = self._summary(time.perf_counter() - t_start, interrupted)
                     ck_every = self.cfg.training.checkpoint_every
                     if self.ckpt_dir and ck_every and self.step % ck_every == 0:
                         self.save_checkpoint()
@@ -445,6 +451,8 @@ class Trainer:
                 self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
         if self.ckpt_dir:
             self.save_checkpoint()
+        if measured is not None:
+            return {**measured, **self.profiler.summary(), "interrupted": interrupted}
         return self._summary(time.perf_counter() - t_start, interrupted)
 
     def _comm_per_step(self, recs: list[StepRecord], rows: list[dict[str, float]]) -> None:

@@ -75,12 +75,15 @@ def _run_seconds(session: StudySession) -> float | None:
 
 
 def runs_after_search(session: StudySession) -> int:
-    """Measured runs after the search at most: every candidate's A/B pairs at the cap, the winner's pairs beside
-    the plain compiled loop where they will run (``validation.against_plain``) and the two trace runs."""
+    """Measured runs after the search at most: every candidate's A/B pairs at the cap and the winner's pairs beside
+    the plain compiled loop where they will run (``validation.against_plain``). The traces add no run: their
+    ``protocol.profile_steps`` steps follow the measurement of runs made anyway (``Measurer.keep_traces``), and
+    their device time counts to those runs' phase, ``validation`` for an A/B pair's (``baseline`` for the last
+    baseline repeat's); ``traces`` stays 0, in GPU_PHASES for the trace runs of older studies."""
     p = session.spec.protocol
     base = session.spec.measured_base_config()
     plain = plain_loop_skipped(session) is None and config_hash(plain_loop_config(base)) != config_hash(base)
-    return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0) + (2 if p.profile_steps > 0 else 0)
+    return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0)
 
 
 def reserved_seconds(session: StudySession) -> float:

@@ -1,6 +1,6 @@
-"""How the tuner measures: a run of a config in its own process (the baseline repeats, validation runs, the
-numerics guard's twins and the trace runs), each in a fresh per-attempt folder (``Measurer``), the numerics guard
-of a search trial, and the base config's gradient lifetimes (``write_lifetimes``)."""
+"""How the tuner measures: a run of a config in its own process (the baseline repeats, validation runs and the
+numerics guard's twins), each in a fresh per-attempt folder (``Measurer``), the traces it keeps of them, the
+numerics guard of a search trial, and the base config's gradient lifetimes (``write_lifetimes``)."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class Measurer:
         return on_phase
 
     def measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str) -> TrialOutcome:
-        """A measurement outside the search trials (baseline, validation, numerics twin, trace): run into this
+        """A measurement outside the search trials (baseline, validation, numerics twin): run into this
         process's own attempt folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still
         holds the study, move it into place; so no two processes ever write one folder, and a folder in place is a
         finished run. Its device seconds count to ``phase`` (one of ``budget.GPU_PHASES``; a twin's are its
@@ -57,7 +57,7 @@ class Measurer:
                         launch=s.launch, env=s.child_env(), cwd=s.child_cwd())
         if phase in COORDINATOR_PHASES:
             spend(s, phase, out.wall_s)
-        if phase in ("validation", "traces"):
+        if phase == "validation":
             s.ran_after_search()
         self.lease.check()  # a coordinator whose study was taken over keeps nothing
         remove_tree(run_dir)
@@ -67,7 +67,8 @@ class Measurer:
         return out
 
     def remove_stale_attempts(self) -> None:
-        """Attempt folders that a dead coordinator left (it held the lease; this one holds it now)."""
+        """Attempt folders that a dead coordinator left (it held the lease; this one holds it now); ``traces/``
+        held the trace runs of studies before traces were folded into measured runs."""
         study_dir, mine = self.session.study_dir, f".{self.session.attempt_id}"
         for root in (study_dir / "baseline", study_dir / "validation", study_dir / "traces"):
             with contextlib.suppress(OSError):
@@ -77,7 +78,10 @@ class Measurer:
                             remove_tree(p)
 
     def run_baseline(self) -> list[float]:
-        """Measure the base config ``baseline_repeats`` times (resumable); returns the throughputs."""
+        """Measure the base config ``baseline_repeats`` times (resumable); returns the throughputs. The last repeat
+        profiles ``protocol.profile_steps`` steps after its measurement: the base config's trace where no A/B pair
+        gives one (no winner; ``keep_traces``). Its figures are those of the run without them; their device time
+        counts to the baseline's."""
         spec, study = self.session.spec, self.session.study
         cfg = spec.measured_base_config()
         try:  # a model the loop cannot build, or weights that do not fit it, stop the study before any run
@@ -92,9 +96,11 @@ class Measurer:
         phases = list(study.user_attrs.get("baseline_phases", [])) if stored_hash in (None, h) else []
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
+        profile = spec.protocol.profile_after_overrides()
         for i in range(len(runs), repeats):
             self.lease.check()
-            out = self.measure(cfg, self.session.study_dir / "baseline" / str(i), f"baseline {i + 1}/{repeats}",
+            run_cfg = merge_overrides(cfg, profile) if profile and i == repeats - 1 else cfg
+            out = self.measure(run_cfg, self.session.study_dir / "baseline" / str(i), f"baseline {i + 1}/{repeats}",
                                "baseline")
             if out.status != "ok" or out.value is None:
                 raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
@@ -133,37 +139,48 @@ class Measurer:
             self.session.log(profile_line(record))
 
     def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """torch.profiler traces of the baseline and of the validated winner (``winner``: its trial and params;
-        None when there is none, the base config being exported): ``protocol.profile_steps`` steps after the
-        warm-up, each in a run of its own (``traces/baseline/``, ``traces/winner/``), since a profiled step's
-        timing carries the profiler's overhead and no measured run may be profiled. Returns validation.json's
-        ``traces``: {steps, baseline, winner (None without a winner)}, each {trial, run_dir, path,
-        memory_snapshot, status}; a trace run that fails costs the study nothing, its entry says why (``reason``).
-        None when ``profile_steps`` is 0."""
-        spec = self.session.spec
+        """torch.profiler traces of the baseline and of the validated winner (``winner``: its validation record,
+        with its pairs' ``run_dirs`` and ``baseline_dirs``; None when there is none, the base config being
+        exported): ``protocol.profile_steps`` steps profiled after the measurement of runs made anyway, so no
+        run is made for them and no measured figure carries the profiler's overhead. The winner's and the base
+        config's come from the winner's profiled A/B pair (``validation.ab_pairs``: its first to complete),
+        whose device time counts to the validation's; without a winner the base config's from the last
+        baseline repeat (``run_baseline``). Returns validation.json's ``traces``: {steps, baseline, winner (None
+        without a winner)}, each {trial, run_dir, path, memory_snapshot, status}, with the ``reason`` where the
+        run holds no trace (a study measured before traces were folded, a loop that ran no step after its
+        measurement); a missing trace costs the study nothing. None when ``profile_steps`` is 0."""
+        spec, study = self.session.spec, self.session.study
         n = spec.protocol.profile_steps
         if n <= 0:
             return None
-        over = spec.protocol.profile_overrides()
         traces: dict[str, Any] = {"steps": n, "winner": None}
-        traces["baseline"] = self.trace(merge_overrides(spec.measured_base_config(), over), "baseline", None)
-        if winner is not None:
-            traces["winner"] = self.trace(merge_overrides(spec.trial_config(winner["params"]), over), "winner",
-                                          winner["trial"])
+        if winner is None:
+            dirs = study.user_attrs.get("baseline_dirs") or []
+            last = Path(dirs[-1]) if dirs else self.session.study_dir / "baseline" / str(
+                spec.protocol.baseline_repeats - 1)
+            traces["baseline"] = self.trace_record(last, "baseline", None)
+            return traces
+        pairs = list(zip(winner["baseline_dirs"], winner["run_dirs"]))
+        base_dir, run_dir = next(((b, r) for b, r in pairs if (Path(r) / "trace.json").exists()),
+                                 pairs[0] if pairs else (None, None))
+        traces["baseline"] = self.trace_record(base_dir, "baseline", None)
+        traces["winner"] = self.trace_record(run_dir, "winner", winner["trial"])
         return traces
 
-    def trace(self, cfg: Any, name: str, trial: int | None) -> dict[str, Any]:
-        run_dir = self.session.study_dir / "traces" / name
-        out = self.measure(cfg, run_dir, f"trace of the {name}", "traces")
-        trace, snapshot = run_dir / "trace.json", run_dir / "memory_snapshot.pickle"
-        rec: dict[str, Any] = {"trial": trial, "run_dir": str(run_dir),
-                               "path": str(trace) if trace.exists() else None,
-                               "memory_snapshot": str(snapshot) if snapshot.exists() else None, "status": out.status}
-        if rec["path"] is None or out.status != "ok":
-            rec["reason"] = out.failure_reason or "the run wrote no trace.json"
-            self.session.log(f"trace of the {name}: none kept ({out.status}: {rec['reason']})")
+    def trace_record(self, run_dir: str | Path | None, name: str, trial: int | None) -> dict[str, Any]:
+        """The trace record of a measured run (``run_dir``; None: no completed run) as the ``name``'s."""
+        rec: dict[str, Any] = {"trial": trial, "run_dir": str(run_dir) if run_dir is not None else None,
+                               "path": None, "memory_snapshot": None, "status": "ok" if run_dir else "missing"}
+        if run_dir is not None:
+            trace, snapshot = Path(run_dir) / "trace.json", Path(run_dir) / "memory_snapshot.pickle"
+            rec["path"] = str(trace) if trace.exists() else None
+            rec["memory_snapshot"] = str(snapshot) if snapshot.exists() else None
+        if rec["path"] is None:
+            rec["reason"] = "the run holds no trace.json (measured unprofiled, or its loop ran no step after its " \
+                "measurement)" if run_dir is not None else "no completed run"
+            self.session.log(f"trace of the {name}: none kept ({rec['reason']})")
         else:
-            self.session.log(f"trace of the {name}: {trace}")
+            self.session.log(f"trace of the {name}: {rec['path']}")
         return rec
 
     def guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:

@@ -214,8 +214,9 @@ class Protocol:
     """Compile the next search trial's config in a shallow twin while the current trial runs, so that its compiles
     read the cache (workbench/tune/ahead.py); null = on with CUDA and the built-in loop."""
     profile_steps: int = 2
-    """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner (each in
-    a run of its own after validation: the warm-up, then these steps profiled); 0 = no traces."""
+    """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner, profiled
+    after the measurement of runs made anyway (the last baseline repeat, each candidate's first A/B pair); 0 = no
+    traces."""
 
     def __post_init__(self) -> None:
         for key, low in (("warmup_steps", 0), ("window_steps", 1), ("windows", 1), ("baseline_repeats", 1),
@@ -245,14 +246,12 @@ class Protocol:
             "training.warmup_measure_steps": self.warmup_steps,
         }
 
-    def profile_overrides(self) -> dict[str, Any]:
-        """The keys of a trace run: the warm-up, then ``profile_steps`` steps, every one of them profiled."""
-        return {
-            "training.max_steps": self.warmup_steps + self.profile_steps,
-            "training.log_every": self.profile_steps,
-            "training.warmup_measure_steps": self.warmup_steps,
-            "metrics.profile_steps": self.profile_steps,
-        }
+    def profile_after_overrides(self) -> dict[str, Any]:
+        """The keys that give a measured run a trace: ``profile_steps`` more steps after its measurement, profiled
+        and counted in none of its figures (``metrics.profile_after_measure``); none when ``profile_steps`` is 0."""
+        if self.profile_steps <= 0:
+            return {}
+        return {"metrics.profile_steps": self.profile_steps, "metrics.profile_after_measure": True}
 
 
 @dataclass(kw_only=True)

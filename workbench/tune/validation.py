@@ -101,7 +101,7 @@ def candidates(session: StudySession) -> tuple[list[FrozenTrial], list[dict[str,
 
 def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *,
              max_pairs: int, min_pairs: int, confidence: float, what: str, resume: bool = False,
-             phase: str = "validation") -> dict[int, dict[str, Any]]:
+             phase: str = "validation", profile: Mapping[str, Any] | None = None) -> dict[int, dict[str, Any]]:
     """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
     baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
     ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
@@ -112,34 +112,55 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
     configs' hashes). With ``resume`` a stored pair of the same configs whose folders are still in place is
     taken as measured, so a validation stopped part-way goes on from its next pair; ``verify`` never
     resumes (it exists to measure again). The runs' device seconds count to ``phase`` (verify's to none: it
-    runs after the study)."""
+    runs after the study).
+
+    With ``profile`` (``Protocol.profile_after_overrides``: steps profiled after the measurement, which leave
+    its figures as they are) both runs of each arm's first pair to complete run with those keys, so the pair's
+    folders hold a trace of the base config and of the arm (``Measurer.keep_traces`` keeps the winner's). The
+    first pair, not the last: under the sequential A/B the last one is known only once it ran. A stored pair is
+    taken with or without them (they change no measured figure); one without them (a study stopped by an older
+    version) leaves the profile to the arm's next pair."""
     results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                    "stopped": "cap"} for k in arms}
     settled: set[int] = set()
+    traced: set[int] = set()  # arms with a completed profiled pair
     study = session.study
-    base_hash = config_hash(base_cfg)
+
+    def configs(base: Any, cfg: Any) -> tuple[tuple[Any, Any], list[str]]:
+        return (base, cfg), [config_hash(base), config_hash(cfg)]
+
+    # each arm's pair of configs with their hashes, plain and with the keys that profile after the measurement
+    plain = {k: configs(base_cfg, cfg) for k, cfg in arms.items()}
+    profiled = {k: configs(merge_overrides(base_cfg, profile), merge_overrides(cfg, profile))
+                for k, cfg in arms.items()} if profile else plain
     for r in range(max_pairs):
-        for k, cfg in arms.items():
+        for k in arms:
             res = results[k]
             if k in settled:
                 continue
             measurer.check_lease()
-            key, hashes = f"{vdir.name}/{k}-{r}", [base_hash, config_hash(cfg)]
+            run_cfgs, hashes = profiled[k] if k not in traced else plain[k]
+            key = f"{vdir.name}/{k}-{r}"
             dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
             stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
-            if stored and stored["hashes"] == hashes and all(d.is_dir() for d in dirs):
+            # a pair of the same configs, with or without the keys that profile after the measurement
+            if stored and stored["hashes"] in (plain[k][1], profiled[k][1]) and all(d.is_dir() for d in dirs):
                 session.log(f"{what} #{k}: pair {len(res['runs']) + 1} taken from the study (measured "
                             f"{stored['finished']})")
                 a_value, b_value = stored["values"]
+                if profile and stored["hashes"] == profiled[k][1]:
+                    traced.add(k)
             else:
                 prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
-                a = measurer.measure(base_cfg, dirs[0], prefix + ", baseline", phase)
-                b = measurer.measure(cfg, dirs[1], prefix + ", candidate", phase)
+                a = measurer.measure(run_cfgs[0], dirs[0], prefix + ", baseline", phase)
+                b = measurer.measure(run_cfgs[1], dirs[1], prefix + ", candidate", phase)
                 if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
                     res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
                                             "reason": a.failure_reason or b.failure_reason})
                     continue
                 a_value, b_value = a.value, b.value
+                if profile:
+                    traced.add(k)  # (this pair was profiled unless an earlier one was)
                 pairs = dict(study.user_attrs.get("ab_pairs", {}))
                 pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": now_iso()}
                 study.set_user_attr("ab_pairs", pairs)
@@ -203,7 +224,8 @@ def validate(session: StudySession, measurer: Runs) -> dict[str, Any]:
                     f"pairs each: " + ", ".join(f"#{t.number}" for t in cands))
     pairs = ab_pairs(session, measurer, spec.measured_base_config(),
                      {t.number: spec.trial_config(t.params) for t in cands}, session.study_dir / "validation",
-                     max_pairs=rounds, min_pairs=min_rounds, confidence=confidence, what="validating", resume=True)
+                     max_pairs=rounds, min_pairs=min_rounds, confidence=confidence, what="validating", resume=True,
+                     profile=spec.protocol.profile_after_overrides())
     validated = []
     for t in cands:
         res = {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], **pairs[t.number],
