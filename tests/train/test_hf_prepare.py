@@ -1,7 +1,7 @@
 """run.prepare(model) on a tiny Hugging Face LlamaForCausalLM (issue 41): each patch keeps the loss and the gradients
-of the unpatched model within tolerance (fp32; FP8 emulated by torchao on the CPU; the project's Triton ops and FP8
-casts under the interpreter, in a process of their own), says what it did, and a model the patches do not know is
-refused with one line naming its type and the knob. Liger-Kernel's kernels do not run under Triton's CPU
+of the unpatched model within tolerance (fp32; FP8 emulated by torchao on the CPU; the project's Triton ops, loss and
+FP8 casts under the interpreter, in a process of their own), says what it did, and a model the patches do not know
+is refused with one line naming its type and the knob. Liger-Kernel's kernels do not run under Triton's CPU
 interpreter: its patch is measured on the GPU (benchmarks/); here a stand-in records what it was asked."""
 
 from __future__ import annotations
@@ -241,21 +241,157 @@ _OPS = {"loongforge.compute_domain.ops.rmsnorm": "triton", "loongforge.compute_d
 _FP8 = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_modules.size_filter": False}
 
 
+_LOSS = textwrap.dedent("""
+    import inspect
+
+    cpu = torch.device("cpu")
+    fp8 = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_modules.size_filter": False}
+    over = {"triton": {"loongforge.compute_domain.ops.loss": "triton"},
+            "fp8": {**fp8, "loongforge.compute_domain.fp8_head": True}}[BACKEND]
+    # what the patched model is compared with: HF's head and loss on the same decoder (FP8's too for the head)
+    same_decoder = {"triton": {}, "fp8": fp8}[BACKEND]
+    labels = x.clone()
+    labels[0, :5] = -100  # a prompt that does not count
+    labels[1, 9] = -100   # and one token in the middle
+    n_items = (labels[:, 1:] != -100).sum() * 2  # the Trainer's count over two accumulated micro-batches
+    names = ["model.embed_tokens.weight", "model.layers.0.mlp.up_proj.weight", "lm_head.weight"]
+
+    def step(m, **kw):
+        m.train()
+        out = m(input_ids=x, labels=labels, **kw)
+        out.loss.backward()
+        return out, {n: p.grad for n, p in m.named_parameters()}
+
+    def errors(a, b):
+        (out, grads), (ref_out, ref_grads) = a, b
+        return {"loss": abs(out.loss.item() - ref_out.loss.item()) / ref_out.loss.item(),
+                "grads": {n: rel(grads[n], ref_grads[n]) for n in names},
+                "all_grads": max(rel(g, ref_grads[n]) for n, g in grads.items()),
+                "same_grads": sorted(ref_grads) == sorted(n for n, g in grads.items() if g is not None)}
+
+    m, applied = prepare(model(), cfg(**over), cpu)
+    got = {"applied": applied,
+           "signature": str(inspect.signature(m.forward)) == str(inspect.signature(model().forward))}
+    patched = step(m)
+    got["logits"] = patched[0].logits is None
+    got["mean"] = errors(patched, step(model()))
+    got["mean_same_decoder"] = errors(patched, step(prepare(model(), cfg(**same_decoder), cpu)[0]))
+    got["sum"] = errors(step(prepare(model(), cfg(**over), cpu)[0], num_items_in_batch=n_items),
+                        step(model(), num_items_in_batch=n_items))
+    m.zero_grad()
+    got["tuple"] = type(m(input_ids=x, labels=labels, return_dict=False)[0]).__name__
+    with torch.no_grad():  # HF's forward, logits and all: without labels, and in evaluation
+        ref = prepare(model(), cfg(**same_decoder), cpu)[0] if same_decoder else model()
+        got["no_labels"] = torch.equal(m(input_ids=x).logits, ref(input_ids=x).logits)
+        m.eval()
+        ref.eval()
+        ev, ref_ev = m(input_ids=x, labels=labels), ref(input_ids=x, labels=labels)
+        got["eval"] = torch.equal(ev.logits, ref_ev.logits) and ev.loss.item() == ref_ev.loss.item()
+    whole = prepare(model(1), cfg(**over, **{"loongforge.compute_domain.compile": "default",
+                                            "loongforge.compute_domain.compile_scope": "model"}), cpu)
+    got["whole"] = whole[1][-1]
+    got["compiled_apart"] = whole[0].model._compiled_call_impl is not None and whole[0]._compiled_call_impl is None
+    print(json.dumps(got))
+""")
+
+
+@pytest.mark.parametrize("backend", ["triton", "fp8"])
+def test_the_projects_loss_replaces_hfs_head_and_loss(subprocess_env, backend):
+    """ops.loss: triton and fp8_head: true run the head and the loss through the project's loss op on the final
+    hidden states and lm_head.weight, in place of HF's lm_head + cross-entropy. The loss and the gradients of the
+    embedding, a decoder weight and the head keep the unpatched model's, with labels -100 where a prompt or a token
+    does not count, both reductions (HF's mean; the sum over the Trainer's num_items_in_batch); the logits are never
+    made. Without labels or in evaluation the forward is HF's (its logits bit for bit). Tolerances: the Triton
+    loss, fp32 sums in another order (gradients about 5e-7 here); the FP8 head as FP8 on the decoder's Linears
+    (test_fp8_converts_the_decoder_linears_only: loss 2 %, gradients 20 %; about 0.07 % and 5-14 % here), and the
+    head's gradient away from that of the same FP8 decoder with HF's head (about 3 %: FP8 ran in the head)."""
+    got = _interpreted(f"BACKEND = {backend!r}\n" + _LOSS, subprocess_env)
+    line = {"triton": "loss: the project's fused linear cross-entropy (triton)",
+            "fp8": "loss: the project's linear cross-entropy, the LM head's matmuls in FP8 (fp8 head)"}[backend]
+    fp8 = ["fp8 tensorwise (torchao): 14 decoder Linears"] if backend == "fp8" else []
+    assert got["applied"] == [*fp8, line]
+    assert got["signature"]  # the Trainer reads it: its batch columns, and num_items_in_batch through **kwargs
+    assert got["logits"] and got["tuple"] == "Tensor"  # return_dict=False: (loss,), no logits
+    assert got["no_labels"] and got["eval"]
+    assert got["whole"] == "torch.compile (default): the whole decoder (the head and the project's loss apart)"
+    assert got["compiled_apart"]
+    for reduction in ("mean", "sum"):
+        err = got[reduction]
+        assert err["same_grads"], reduction
+        if backend == "triton":
+            assert err["loss"] < 1e-5 and err["all_grads"] < 1e-4, (reduction, err)
+        else:
+            assert err["loss"] < 0.02 and err["all_grads"] < 0.2, (reduction, err)
+    if backend == "fp8":
+        head = got["mean_same_decoder"]
+        assert 1e-3 < head["grads"]["lm_head.weight"] < 0.2 and head["loss"] < 0.02, head
+
+
+_COMPILED = {"loongforge.compute_domain.compile": "default"}
+
+
 @pytest.mark.parametrize("over, match", [
     ({"loongforge.compute_domain.ops.rope": "triton"}, r"^loongforge\.compute_domain\.ops\.rope: got 'triton'.*"
                                                        r"hf\.liger: true"),
     # eagerly Liger patches RMSNorm and SwiGLU too: the same modules twice (under compile, see the test above)
     ({"hf.liger": True, **_OPS}, r"^hf\.liger: got true .*compile: none.*same modules"),
-    # the head is HF's: the project's FP8 head has nothing to replace, whoever casts the decoder's Linears
-    ({**_FP8, "loongforge.compute_domain.fp8_head": True}, r"^loongforge\.compute_domain\.fp8_head: got true, but "
-                                                           r"a Hugging Face model's LM head .*set fp8_head: false"),
-    ({**_FP8, "loongforge.compute_domain.fp8_head": True, "loongforge.compute_domain.fp8_cast": "triton"},
-     r"^loongforge\.compute_domain\.fp8_head: "),
+    # the FP8 head is the tensorwise recipe's (rowwise: the config itself refuses it, below)
+    ({"loongforge.compute_domain.fp8_head": True}, r"^loongforge\.compute_domain\.fp8_head: got true with fp8: "
+                                                   r"'none'; .*set fp8: tensorwise or fp8_head: false"),
+    # Liger's fused loss and the project's are two losses for one head, compiled or not
+    ({"hf.liger": True, "loongforge.compute_domain.ops.loss": "triton"},
+     r"^hf\.liger: got true with the project's loss \(ops\.loss: triton\): .*two losses"),
+    ({"hf.liger": True, "loongforge.compute_domain.ops.loss": "triton", **_COMPILED, **_OPS},
+     r"^hf\.liger: got true with the project's loss \(ops\.loss: triton\)"),
+    ({"hf.liger": True, **_FP8, "loongforge.compute_domain.fp8_head": True, **_COMPILED},
+     r"^hf\.liger: got true with the project's loss \(fp8_head: true\)"),
 ])
 def test_what_a_hugging_face_model_cannot_take_is_refused_naming_the_key(over, match):
     model = _model()
     with pytest.raises(ConfigError, match=match):
         prepare(model, _cfg(**over), CPU)
+    assert "forward" not in vars(model)  # the forward is not patched before a refusal
+
+
+def test_the_fp8_head_under_a_rowwise_recipe_is_refused_by_the_config():
+    with pytest.raises(ConfigError, match=r"fp8_head: got true with fp8: 'rowwise'.*set fp8: tensorwise"):
+        _cfg(**{"loongforge.compute_domain.fp8": "rowwise", "loongforge.compute_domain.fp8_head": True})
+
+
+def test_the_projects_loss_on_the_cpu_without_the_interpreter(subprocess_env):
+    """Without TRITON_INTERPRET (a process of its own) the Triton loss cannot run on the CPU: the model keeps HF's
+    loss and the run says so, as the project's Triton RMSNorm and SwiGLU do; the FP8 head's casts are refused
+    naming fp8_head (workbench.train.fp8)."""
+    env = {k: v for k, v in subprocess_env.items() if k != "TRITON_INTERPRET"}
+    script = textwrap.dedent("""
+        import json, torch, transformers
+        from workbench.config import ConfigError, merge_overrides, preset_config
+        from workbench.train.hf_prepare import prepare
+
+        def model():
+            return transformers.LlamaForCausalLM(transformers.LlamaConfig(
+                hidden_size=64, intermediate_size=176, num_attention_heads=4, num_key_value_heads=2,
+                num_hidden_layers=1, vocab_size=256))
+
+        def cfg(**over):
+            return merge_overrides(preset_config("tiny"), {"hardware.device": "cpu", **over})
+
+        m, applied = prepare(model(), cfg(**{"loongforge.compute_domain.ops.loss": "triton"}), torch.device("cpu"))
+        try:
+            prepare(model(), cfg(**{"loongforge.compute_domain.fp8": "tensorwise",
+                                    "loongforge.compute_domain.fp8_modules.size_filter": False,
+                                    "loongforge.compute_domain.fp8_head": True}), torch.device("cpu"))
+            refused = None
+        except ConfigError as e:
+            refused = str(e)
+        print(json.dumps({"applied": applied, "patched": "forward" in vars(m), "refused": refused}))
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["applied"] == [] and not got["patched"]
+    assert "the Triton loss requested on the CPU: the model keeps HF's loss" in r.stderr
+    assert got["refused"].startswith("loongforge.compute_domain.fp8_head: got true, but the Triton casts run on CUDA")
 
 
 def test_fp8_cast_triton_without_the_interpreter_is_refused_on_the_cpu(subprocess_env):

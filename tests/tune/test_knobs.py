@@ -103,6 +103,21 @@ def test_liger_is_searched_beside_the_projects_ops_only_where_they_patch_differe
     assert k.active({"compile": "default", "rmsnorm_backend": "triton", "swiglu_backend": "triton"})
     assert not k.active({"compile": "default", "loss_backend": "triton"})
     assert not k.active({"compile": "default", "triton_fusion": True})
+    # the FP8 head is the project's loss op too (run.prepare refuses it beside Liger: two losses for one head)
+    assert not k.active({"compile": "default", "fp8": "tensorwise", "fp8_head": True})
+    assert k.active({"compile": "default", "fp8": "tensorwise", "fp8_head": False})
+
+
+def test_the_projects_loss_is_searched_for_a_hugging_face_model_too():
+    """run.prepare runs an HF model's head and loss through the project's loss op (ops.loss: triton, or the FP8
+    head): loss_backend is searched unless the FP8 head already chose the op, fp8_head under tensorwise only, and
+    Liger, sampled after both, only beside HF's loss."""
+    names = knob_names()
+    assert names.index("fp8_head") < names.index("loss_backend") < names.index("liger")  # sampling order
+    loss, head = get_knob("loss_backend"), get_knob("fp8_head")
+    assert loss.active({}) and loss.active({"fp8": "tensorwise", "fp8_head": False})
+    assert not loss.active({"fp8": "tensorwise", "fp8_head": True}) and not loss.active({"triton_fusion": True})
+    assert head.active({"fp8": "tensorwise"}) and not head.active({"fp8": "none"}) and head.inactive is False
 
 
 def test_kind_checks():

@@ -77,6 +77,26 @@ def test_the_hf_llama_study_searches_the_projects_casts_and_ops_beside_liger():
     assert hf.knob_overrides({"fp8": "none"})["loongforge.compute_domain.fp8_cast"] == "torchao"
 
 
+
+def test_the_hf_llama_study_searches_the_projects_loss_instead_of_ligers():
+    """run.prepare runs an HF model's head and loss through the project's loss op: the fused Triton linear
+    cross-entropy (loss_backend) or the FP8 head (fp8_head, under tensorwise); Liger's fused loss is the other
+    choice for the same head, so Liger is not sampled beside either (the campaign's hf_pad_fp8t_ops_loss_16 and
+    hf_pad_fp8t_ops_head_16)."""
+    hf = load_study_spec("hf-llama")
+    assert hf.space["loss_backend"].choices == ["torch", "triton"]
+    assert hf.space["fp8_head"].choices == [False, True]
+    base = hf.base_knob_values()
+    for params in ({"loss_backend": "triton"}, {"fp8": "tensorwise", "fp8_head": True}):
+        assert not hf.knob("liger").active({**base, **params}), params
+    cd = hf.trial_config({"fp8": "tensorwise", "fp8_cast": "triton", "fp8_head": True, "liger": False}
+                         ).loongforge.compute_domain
+    assert cd.fp8_head and cd.effective_ops()["loss"] == "fp8"
+    assert hf.trial_config({"loss_backend": "triton"}).loongforge.compute_domain.effective_ops()["loss"] == "triton"
+    # fp8_head acts under tensorwise only: with fp8 none the trial writes false
+    assert hf.knob_overrides({"fp8": "none"})["loongforge.compute_domain.fp8_head"] is False
+
+
 def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):
     (tmp_path / "model.json").write_text(
         Path(__file__).parents[1].joinpath("assets").joinpath("gqa_config.json").read_text())

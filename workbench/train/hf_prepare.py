@@ -11,32 +11,47 @@ config the study wrote for the trial, so the exported config runs the same patch
   which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit); under
   ``torch.compile`` the fused loss alone, outside the compiled code (Dynamo cannot trace Liger's kernels);
 * ``loongforge.compute_domain.ops`` (or ``triton_fusion``): the project's Triton RMSNorm and SwiGLU in place of the
-  model's (RoPE and the loss live inside HF's functions, not in modules: for those, ``hf.liger``). With
-  ``hf.liger`` they go together only under ``torch.compile``, where Liger patches its fused loss alone; eagerly
-  Liger patches the same RMSNorm and MLP modules, and the pair is refused (key ``hf.liger``);
+  model's (RoPE lives inside HF's functions, not in a module: for it, ``hf.liger``). With ``hf.liger`` they go
+  together only under ``torch.compile``, where Liger patches its fused loss alone; eagerly Liger patches the same
+  RMSNorm and MLP modules, and the pair is refused (key ``hf.liger``);
 * ``loongforge.compute_domain.fp8``: FP8 training of the decoder's Linears (``fp8_modules``, matched against names
   under the decoder, ``layers.0.mlp.up_proj``), cast by torchao (``Float8Linear``) or, with ``fp8_cast: triton``
   (tensorwise), by the project's kernels (``workbench.train.fp8_linear.Fp8Linear``: each Linear casts its own
   input; the built-in model's casting of a shared input once does not reach HF's modules, though in a compiled
-  layer the casts of the input q/k/v or gate/up share are one, the same pure op on the same tensor). The LM head
-  stays in the compute dtype: ``fp8_head: true`` is refused (the head is HF's, its loss HF's or Liger's). A layer
+  layer the casts of the input q/k/v or gate/up share are one, the same pure op on the same tensor). A layer
   compiled apart that would not compile in one graph goes back to the compute dtype at its first call, and says so;
+* ``loongforge.compute_domain.ops.loss: triton`` or ``fp8_head: true`` (under ``fp8: tensorwise`` only; with
+  ``fp8: none`` it is refused, key ``fp8_head``): the LM head and the loss through the project's loss op (the
+  fused Triton linear cross-entropy, or the head's matmuls in FP8 on the project's casts, as the built-in loop
+  picks its backend), in place of HF's ``lm_head`` + cross-entropy. The model's forward is patched on the instance
+  (as Liger's fused loss is): a training forward with labels takes the final hidden states and ``lm_head.weight``
+  to the op, the labels shifted as HF shifts them (or ``shift_labels``), -100 never counting, and divides the
+  loss's sum by the counted tokens (HF's mean) or by ``num_items_in_batch`` where the ``Trainer`` passes it
+  (gradient accumulation); its logits are None, never materialised. Any other call (evaluation, generation, no
+  labels, ``logits_to_keep``) is HF's forward, logits and all. The rule with ``hf.liger``: refused (key
+  ``hf.liger``). Liger's fused linear cross-entropy and the project's are two losses for one head, and without its
+  loss Liger would patch nothing under compile; eagerly its RMSNorm and SwiGLU have the project's ops as the
+  alternative;
 * ``training.activation_checkpointing``: every decoder layer (full) or every ``activation_checkpointing_every``-th
   (selective), through HF's own per-layer switch, non-reentrant;
 * ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
-  model (the whole decoder under ``hf.liger``, its fused loss apart), in the config's mode.
+  model (the whole decoder under ``hf.liger`` or the project's loss, the head and its loss apart), in the config's
+  mode.
 
-Order matters and is fixed: kernels and FP8 swap modules, checkpointing wraps layers, compile comes last. A model
-whose layout the patches do not know (a decoder at ``model.model.layers`` with ``*RMSNorm`` and gated ``*MLP``
-modules, of a type in :data:`MODEL_TYPES`) is refused with one ConfigError naming its type and the knob that asked
-(an ``invalid_config`` trial). :func:`prepare` returns the model and one line per change, which the run's summary
-keeps (``hf/patches``) with the versions of the libraries that made them (``hf/versions``).
+Order matters and is fixed: kernels and FP8 swap modules, the loss patches the forward, checkpointing wraps
+layers, compile comes last. A model whose layout the patches do not know (a decoder at ``model.model.layers`` with
+``*RMSNorm`` and gated ``*MLP`` modules, of a type in :data:`MODEL_TYPES`) is refused with one ConfigError naming
+its type and the knob that asked (an ``invalid_config`` trial). :func:`prepare` returns the model and one line per
+change, which the run's summary keeps (``hf/patches``) with the versions of the libraries that made them
+(``hf/versions``).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.metadata
+import inspect
 import logging
 import os
 from collections.abc import Callable
@@ -44,6 +59,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from workbench.config import Config, ConfigError
 from workbench.train.fp8 import convert_to_fp8
@@ -83,6 +99,8 @@ def _asked(cfg: Config) -> list[str]:
         keys.append("loongforge.compute_domain.ops")
     if cd.fp8 != "none":
         keys.append("loongforge.compute_domain.fp8")
+    if cd.fp8_head:
+        keys.append("loongforge.compute_domain.fp8_head")
     if t.activation_checkpointing != "none":
         keys.append("training.activation_checkpointing")
     if cd.compile != "none":
@@ -136,6 +154,25 @@ def _liger(model: nn.Module, mtype: str, cfg: Config) -> str:
     return f"liger: fused_linear_cross_entropy ({mtype}; the compiled layers' norms, SwiGLU and RoPE are Inductor's)"
 
 
+def _loss_backend(cfg: Config) -> str | None:
+    """The backend of the project's loss op that runs the model's head and loss (``triton``, or ``fp8`` under
+    ``fp8_head``: ``ComputeDomainConfig.effective_ops``), or None: HF's (or Liger's). Refuses ``fp8_head`` without
+    FP8 and the project's loss beside ``hf.liger`` (the module docstring's rule)."""
+    cd = cfg.loongforge.compute_domain
+    if cd.fp8_head and cd.fp8 != "tensorwise":  # any other recipe is refused by the config itself
+        raise ConfigError(f"got true with fp8: {cd.fp8!r}; the FP8 head runs under fp8: tensorwise only: set fp8: "
+                          "tensorwise or fp8_head: false", key="loongforge.compute_domain.fp8_head")
+    backend = cd.effective_ops()["loss"]
+    if backend == "torch":
+        return None
+    if cfg.hf.liger:
+        chosen = "fp8_head: true" if backend == "fp8" else "ops.loss: triton"
+        raise ConfigError(f"got true with the project's loss ({chosen}): Liger's fused linear cross-entropy and the "
+                          "project's are two losses for one head; choose one (hf.liger: false, or ops.loss: torch "
+                          "and fp8_head: false)", key="hf.liger")
+    return backend
+
+
 def _pad_vocab(model: nn.Module, multiple: int) -> str | None:
     """The embedding and LM head padded to a multiple of ``multiple`` rows (the new rows the mean of the old, HF's
     default), so the head's GEMMs run on aligned kernels; None where the vocabulary already is one."""
@@ -161,16 +198,16 @@ def _mlp_forward(mlp: nn.Module, fn: Callable) -> Callable:
 
 def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[str]:
     """The project's Triton RMSNorm and SwiGLU in place of the model's modules' forwards (instance attributes: the
-    modules and their parameters stay). RoPE and the loss on Triton are refused: they are HF functions, not
-    modules (Liger patches those). With ``hf.liger`` they are refused where Liger patches the same modules
-    (eagerly, :func:`_liger_patches_layers`); under compile Liger patches only its loss, and both apply."""
+    modules and their parameters stay). RoPE on Triton is refused: it is an HF function, not a module (Liger
+    patches it); the loss is :func:`_project_loss`'s. With ``hf.liger`` they are refused where Liger patches the
+    same modules (eagerly, :func:`_liger_patches_layers`); under compile Liger patches only its loss, and both
+    apply."""
     cd = cfg.loongforge.compute_domain
     backends = cd.effective_ops()
-    for op in ("rope", "loss"):
-        if backends[op] == "triton":
-            raise ConfigError(f"got 'triton', but a Hugging Face model's {op} is a function of its modeling file, "
-                              "not a module the project's kernel can replace; set it to torch, or hf.liger: true",
-                              key=f"loongforge.compute_domain.ops.{op}")
+    if backends["rope"] == "triton":
+        raise ConfigError("got 'triton', but a Hugging Face model's rope is a function of its modeling file, not a "
+                          "module the project's kernel can replace; set it to torch, or hf.liger: true",
+                          key="loongforge.compute_domain.ops.rope")
     wanted = {op: b for op, b in backends.items() if op in ("rmsnorm", "swiglu") and b == "triton"}
     if not wanted:
         return []
@@ -198,6 +235,75 @@ def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[st
             m.forward = _mlp_forward(m, ops.swiglu)
         out.append(f"swiglu: the project's Triton kernel in {len(mlps)} MLPs")
     return out
+
+
+_IGNORE_INDEX = -100  # HF's (and F.cross_entropy's) label that never counts
+
+
+def _loss_forward(model: nn.Module, loss_op: Callable) -> Callable:
+    """``model.forward`` with the head and loss of a training forward with labels through ``loss_op``
+    (``(h_ND, weight_VD, labels_N, mask_N) -> (loss_sum, n_tokens)``); every other call is HF's forward. The
+    decoder gets what HF's forward gives it, less the loss's arguments; the labels shift as HF's
+    ``ForCausalLMLoss`` shifts them (hidden state t predicts label t + 1), and the reduction is its: the mean over
+    the counted tokens, or the sum over ``num_items_in_batch`` (the Trainer's count under gradient accumulation).
+    Returns a ``CausalLMOutputWithPast`` without logits (a tuple under ``return_dict=False``), as Liger's does."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    hf_forward = model.forward
+    positional = [n for n, p in inspect.signature(hf_forward).parameters.items()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+    # wraps: the Trainer reads the signature (the batch's columns it keeps; **kwargs: it passes num_items_in_batch)
+    @functools.wraps(hf_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        kwargs.update(zip(positional, args))
+        labels, shift_labels = kwargs.get("labels"), kwargs.get("shift_labels")
+        keep = kwargs.get("logits_to_keep", 0)
+        if not model.training or (labels is None and shift_labels is None) or not (isinstance(keep, int) and keep == 0):
+            return hf_forward(**kwargs)  # evaluation, generation, a forward for its logits: HF's, logits and all
+        return_dict = kwargs.pop("return_dict", None)
+        n_items = kwargs.pop("num_items_in_batch", None)
+        ignore = kwargs.pop("ignore_index", _IGNORE_INDEX)
+        for name in ("labels", "shift_labels", "logits_to_keep"):
+            kwargs.pop(name, None)
+        outputs = model.model(**kwargs)
+        h_BTD = outputs[0]
+        if shift_labels is None:  # hidden state t predicts label t + 1; the last predicts nothing
+            shift_labels = F.pad(labels, (0, 1), value=ignore)[..., 1:]
+        labels_N = shift_labels.reshape(-1).to(h_BTD.device)
+        loss_sum, n_tokens = loss_op(h_BTD.reshape(-1, h_BTD.shape[-1]), model.get_output_embeddings().weight,
+                                     labels_N, labels_N != ignore)
+        if n_items is None:
+            loss = loss_sum / n_tokens  # HF's mean over the counted tokens (NaN where none counts, as HF's)
+        else:
+            loss = loss_sum / (n_items.to(loss_sum.device) if torch.is_tensor(n_items) else n_items)
+        rest = {k: v for k, v in outputs.items() if k != "last_hidden_state"} if hasattr(outputs, "items") else {}
+        out = CausalLMOutputWithPast(loss=loss, logits=None, **rest)
+        if return_dict is None:
+            return_dict = getattr(model.config, "return_dict", True)
+        return out if return_dict else out.to_tuple()
+
+    return forward
+
+
+def _project_loss(model: nn.Module, backend: str | None, device: torch.device) -> str | None:
+    """The model's head and loss through the project's loss op (:func:`_loss_backend`), by :func:`_loss_forward`
+    on the instance; None where the model keeps HF's loss."""
+    if backend is None:
+        return None
+    head = model.get_output_embeddings()
+    if not isinstance(head, nn.Linear) or head.bias is not None:  # none of MODEL_TYPES has one
+        key, got = ("fp8_head", "true") if backend == "fp8" else ("ops.loss", "'triton'")
+        raise ConfigError(f"got {got}, but the project's loss op takes an LM head's weight alone, and this model's "
+                          f"head is a {type(head).__name__}" + (" with a bias" if isinstance(head, nn.Linear) else ""),
+                          key=f"loongforge.compute_domain.{key}")
+    if backend == "triton" and device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        log.warning("the Triton loss requested on the CPU: the model keeps HF's loss")  # as _project_ops
+        return None
+    model.forward = _loss_forward(model, resolve({"loss": backend}).loss)
+    if backend == "fp8":
+        return "loss: the project's linear cross-entropy, the LM head's matmuls in FP8 (fp8 head)"
+    return "loss: the project's fused linear cross-entropy (triton)"
 
 
 def _checkpointing(model: nn.Module, layers: nn.ModuleList, cfg: Config) -> str | None:
@@ -260,8 +366,9 @@ def _compile_fp8_layer(layer: nn.Module, index: int, *, mode: str | None, dynami
     layer._compiled_call_impl = call
 
 
-def _compile(model: nn.Module, decoder: nn.Module, layers: nn.ModuleList, cfg: Config,
-             applied: list[str]) -> str | None:
+def _compile(model: nn.Module, decoder: nn.Module, layers: nn.ModuleList, cfg: Config, applied: list[str],
+             loss_apart: str | None) -> str | None:
+    """``loss_apart``: whose loss stays outside a whole-model compile (Liger's, the project's), or None."""
     cd = cfg.loongforge.compute_domain
     if cd.compile == "none":
         return None
@@ -274,9 +381,9 @@ def _compile(model: nn.Module, decoder: nn.Module, layers: nn.ModuleList, cfg: C
             else:
                 layer.compile(mode=mode, dynamic=dynamic)
         return f"torch.compile ({cd.compile}): each of {len(layers)} decoder layers"
-    if cfg.hf.liger:  # Liger's fused loss stays eager: the decoder is compiled whole, the head and loss apart
+    if loss_apart is not None:  # a patched loss stays eager: the decoder is compiled whole, the head and loss apart
         decoder.compile(mode=mode, dynamic=dynamic)
-        return f"torch.compile ({cd.compile}): the whole decoder (the head and Liger's fused loss apart)"
+        return f"torch.compile ({cd.compile}): the whole decoder (the head and {loss_apart} apart)"
     model.compile(mode=mode, dynamic=dynamic)
     return f"torch.compile ({cd.compile}): the whole model"
 
@@ -288,6 +395,7 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
         return model, []
     mtype, decoder, layers = _decoder(model, cfg)
     cd = cfg.loongforge.compute_domain
+    loss_backend = _loss_backend(cfg)  # the refusals first, before anything is patched
     applied: list[str] = []
     if cfg.hf.attention != getattr(model.config, "_attn_implementation", None):
         try:
@@ -302,15 +410,15 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
     applied += _project_ops(model, cfg, device)
     if cfg.hf.liger:
         applied.append(_liger(model, mtype, cfg))
-    if cd.fp8 != "none":
-        if cd.fp8_head:
-            raise ConfigError("got true, but a Hugging Face model's LM head runs inside its loss (HF's or Liger's), "
-                              "not the project's FP8 loss op; set fp8_head: false (the decoder's Linears take "
-                              "fp8_cast: torchao or triton)", key="loongforge.compute_domain.fp8_head")
+    if cd.fp8 != "none":  # the head's FP8 (fp8_head) is the loss op's, below
         chosen = convert_to_fp8(decoder, cd, device.type, device.index or 0)
         who = "the project's Triton casts" if cd.fp8_cast == "triton" else "torchao"
         applied.append(f"fp8 {cd.fp8} ({who}): {len(chosen)} decoder Linears")
-    for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg, applied)):
+    loss_line = _project_loss(model, loss_backend, device)
+    if loss_line is not None:
+        applied.append(loss_line)
+    apart = "Liger's fused loss" if cfg.hf.liger else "the project's loss" if loss_line is not None else None
+    for line in (_checkpointing(model, layers, cfg), _compile(model, decoder, layers, cfg, applied, apart)):
         if line is not None:
             applied.append(line)
     for line in applied:

@@ -140,10 +140,11 @@ def _op_backend_free(values: Mapping[str, Any]) -> bool:
 
 
 def _liger_can_act(values: Mapping[str, Any]) -> bool:
-    """No op Liger patches runs on the project's Triton kernels (run.prepare's rule, workbench/train/hf_prepare.py):
-    its fused loss always takes the loss op's place; eagerly (compile: none) it patches RMSNorm, SwiGLU and RoPE
-    too, under compile nothing else, so there the project's Triton RMSNorm and SwiGLU go with it."""
-    if values.get("triton_fusion"):  # every op on Triton, the loss too
+    """No op Liger patches runs on the project's kernels (run.prepare's rule, workbench/train/hf_prepare.py): its
+    fused loss always takes the loss op's place, so the project's loss (``loss_backend: triton``, or the FP8 head)
+    turns it off; eagerly (compile: none) it patches RMSNorm, SwiGLU and RoPE too, under compile nothing else, so
+    there the project's Triton RMSNorm and SwiGLU go with it."""
+    if values.get("triton_fusion") or values.get("fp8_head"):  # the loss on Triton, or on the FP8 head's op
         return False
     patched = ("rmsnorm", "swiglu", "rope", "loss") if values.get("compile", "none") == "none" else ("loss",)
     return all(values.get(f"{op}_backend", "torch") == "torch" for op in patched)
