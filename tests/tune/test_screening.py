@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
@@ -17,7 +18,7 @@ from optuna.trial import TrialState
 import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
-from workbench.tune.budget import gpu_seconds
+from workbench.tune.budget import GpuBudget, gpu_seconds, trial_seconds
 from workbench.tune.progress import Progress
 from workbench.tune.records import screening_record
 from workbench.tune.result import gpu_minutes_line
@@ -157,6 +158,36 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     rate = {"stages": [{"windows": 1, "trials": 2}], "configs_per_gpu_minute": 1.5}
     assert gpu_minutes_line(g, rate).endswith("; 1.50 configs a CPU-minute")  # a CPU study's own unit throughout
     assert gpu_minutes_line({**g, "device": "cuda"}, rate).endswith("; 1.50 configs a GPU-minute")
+
+
+def test_the_next_trial_is_estimated_from_every_trial_that_ran_screens_included(study_spec_file, tmp_path, capsys):
+    """The H200 study (gr00t-n1.6, 8 GPU-minutes): one trial measured to the end (44.6 s, a cold compile) and four
+    screens (21.2, 88.6, 35.1, 20.7 s). Every new trial starts as a screen, so the next one is the median of all
+    five, 35.1 s, not the one complete trial's 44.6 s; a refusal, a repeat and a crash took no trial's time."""
+    t = _tuner(study_spec_file("estimate", space=SPACE, trials=20), tmp_path)
+    s, study = t.session, t.study
+    study.set_user_attr("baseline_wall_s", [43.5, 43.5])  # 4 runs after the search (top_k 1, 2 rounds): 174 s
+    study.set_user_attr("gpu_s", {"baseline": 87.0})
+    for state, wall, attrs in [(TrialState.COMPLETE, 44.6, {}), (TrialState.PRUNED, 21.2, {}),
+                               (TrialState.PRUNED, 88.6, {}), (TrialState.PRUNED, 35.1, {}),
+                               (TrialState.PRUNED, 20.7, {}), (TrialState.FAIL, 0.0, {"status": "oom"}),
+                               (TrialState.FAIL, 30.0, {"status": "crash"}),
+                               (TrialState.COMPLETE, 0.0, {"duplicate_of": 0})]:
+        study.add_trial(optuna.trial.create_trial(state=state, value=1000.0 if state == TrialState.COMPLETE else None,
+                                                  user_attrs={"wall_s": wall, **attrs}))
+    assert trial_seconds(s) == pytest.approx(35.1)
+    spent = 87.0 + 44.6 + 21.2 + 88.6 + 35.1 + 20.7 + 30.0  # the crash's seconds were spent, not a trial's estimate
+    assert gpu_seconds(s)["baseline"] + gpu_seconds(s)["trials"] + gpu_seconds(s)["screening"] == \
+        pytest.approx(spent)
+    budget = GpuBudget(s)
+    s.gpu_minutes = (spent + 174.0 + 40.0) / 60  # 40 s of room: the screens' median fits (the complete one's not)
+    assert budget.room() == pytest.approx(40.0) and budget.left() == pytest.approx(4.9) and not budget.done()
+    s.gpu_minutes = 8.9  # 32.8 s of room: the search stops, and its line adds up
+    assert budget.left() == pytest.approx(-2.3) and budget.done() and budget.done()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("GPU-minute budget")]
+    assert lines == ["GPU-minute budget: 5.5 of 8.9 spent, 2.9 kept for validation and traces, 0.55 left; a trial "
+                     "takes about 0.59 (the median of the 5 search trials that ran, screens included): the search "
+                     "stops"]  # once
 
 
 def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():

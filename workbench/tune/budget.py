@@ -89,13 +89,29 @@ def reserved_seconds(session: StudySession) -> float:
     return (_run_seconds(session) or 0.0) * runs_after_search(session)
 
 
+def _trial_walls(session: StudySession) -> list[float]:
+    """Device seconds of each search trial that ran: COMPLETE or PRUNED with a wall time (a screen stopped by the
+    pruner as much as a trial measured to the end; a config refused before its run, a repeat answered from an
+    earlier trial and a failure are left out)."""
+    return [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and isinstance(t.user_attrs.get("wall_s"), (int, float)) and t.user_attrs["wall_s"] > 0]
+
+
 def trial_seconds(session: StudySession) -> float:
-    """Device seconds the next search trial is expected to take: the median of the search trials measured to the
-    end so far, else a baseline run."""
-    walls = [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
-             if t.state == TrialState.COMPLETE and isinstance(t.user_attrs.get("wall_s"), (int, float))
-             and t.user_attrs["wall_s"] > 0]
+    """Device seconds the next search trial is expected to take: the median of the search trials that ran so far,
+    screens included (with a screening pruner every trial starts as a screen, and most stop there), else a
+    baseline run."""
+    walls = _trial_walls(session)
     return statistics.median(walls) if walls else (_run_seconds(session) or 0.0)
+
+
+def _trial_estimate_text(session: StudySession) -> str:
+    """How ``trial_seconds`` came about, for the budget's line."""
+    n = len(_trial_walls(session))
+    if n:
+        return f"the median of the {n} search trial{'s' if n != 1 else ''} that ran, screens included"
+    return "a baseline run" if _run_seconds(session) else "nothing measured yet"
 
 
 class GpuBudget:
@@ -106,14 +122,19 @@ class GpuBudget:
         self.session = session
         self.noted = False  # the line was printed
 
-    def left(self) -> float | None:
-        """Device seconds the search may still spend: the budget less what was spent, the reserve of the runs after
-        the search, and the next trial; None without a GPU-minute budget."""
+    def room(self) -> float | None:
+        """Device seconds the search may still spend: the budget less what was spent and the reserve of the runs
+        after the search; None without a GPU-minute budget."""
         minutes = self.session.gpu_minutes
         if minutes is None:
             return None
-        s = self.session
-        return minutes * 60 - gpu_seconds_total(s) - reserved_seconds(s) - trial_seconds(s)
+        return minutes * 60 - gpu_seconds_total(self.session) - reserved_seconds(self.session)
+
+    def left(self) -> float | None:
+        """Device seconds left after the next trial too (``room`` less ``trial_seconds``); None without a
+        GPU-minute budget."""
+        room = self.room()
+        return None if room is None else room - trial_seconds(self.session)
 
     def done(self) -> bool:
         left = self.left()
@@ -123,6 +144,7 @@ class GpuBudget:
             self.noted = True
             s = self.session
             self.session.log(f"GPU-minute budget: {gpu_seconds_total(s) / 60:.1f} of {s.gpu_minutes:g} spent, "
-                             f"{reserved_seconds(s) / 60:.1f} kept for validation and traces, a trial takes about "
-                             f"{trial_seconds(s) / 60:.1f}: the search stops")
+                             f"{reserved_seconds(s) / 60:.1f} kept for validation and traces, "
+                             f"{(left + trial_seconds(s)) / 60:.2f} left; a trial takes about "
+                             f"{trial_seconds(s) / 60:.2f} ({_trial_estimate_text(s)}): the search stops")
         return True
