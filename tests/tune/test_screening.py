@@ -8,7 +8,9 @@ tuner's choices and its accounting, which the real runner's tests reach only slo
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -188,6 +190,69 @@ def test_the_next_trial_is_estimated_from_every_trial_that_ran_screens_included(
     assert lines == ["GPU-minute budget: 5.5 of 8.9 spent, 2.9 kept for validation and traces, 0.55 left; a trial "
                      "takes about 0.59 (the median of the 5 search trials that ran, screens included): the search "
                      "stops"]  # once
+
+
+FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and warm-up with its first window; a window
+
+
+@pytest.fixture
+def timed_search(monkeypatch):
+    """Search trials on a clock of their own: the first window at FIRST_WINDOW_S after the launch, each later one
+    WINDOW_S after it; a trial's wall is the clock's. Returns the windows each trial measured, by trial number."""
+    clock = [1000.0]
+    monkeypatch.setattr("workbench.tune.search.time", SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
+    measured: dict[int, int] = {}
+
+    def run(self, trial, cfg, tdir, on_window):
+        Path(tdir).mkdir(parents=True, exist_ok=True)
+        v, start = _speed(trial.params["micro_batch_size"], trial.params["num_workers"]), clock[0]
+        for i in range(self.session.spec.protocol.windows):
+            clock[0] += WINDOW_S if i else FIRST_WINDOW_S
+            measured[trial.number] = i + 1
+            if on_window(i, v):
+                return TrialOutcome("pruned", Path(tdir), windows=[v] * (i + 1), wall_s=clock[0] - start,
+                                    failure_reason=f"pruned after window {i + 1}")
+        return TrialOutcome("ok", Path(tdir), windows=[v] * measured[trial.number], value=v,
+                            summary={"measured_steps": 6}, wall_s=clock[0] - start)
+
+    monkeypatch.setattr(Search, "run_search_trial", run)
+    return measured
+
+
+@pytest.mark.parametrize("minutes, promoted", [(0.5, False), (1.0, True)])
+def test_a_trial_is_promoted_past_its_screen_only_while_the_budget_holds_its_other_windows(
+        study_spec_file, tmp_path, timed_search, capsys, minutes, promoted):
+    """The first screen is always promoted by the pruner. 20 s into the run it measured one window of two; the
+    window left is taken at 20 s (its seconds per window so far), so it needs 40 s in all: 30 s of budget stop it
+    there (pruned, its reason recorded), 60 s let it run to the end."""
+    spec = study_spec_file(f"promote{int(promoted)}", space=SPACE, trials=5, sampler={"name": "grid", "seed": 1},
+                           pruner={"name": "successive_halving", "reduction_factor": 2}, protocol={"windows": 2})
+    t = _tuner(spec, tmp_path)
+    t.session.gpu_minutes = minutes  # no baseline here: nothing spent, nothing kept for validation
+    t.search()
+    first = t.study.get_trials()[0]
+    if not promoted:
+        assert timed_search == {0: 1} and first.state == TrialState.PRUNED
+        assert first.user_attrs["wall_s"] == FIRST_WINDOW_S
+        stop = first.user_attrs["stopped_for_budget"]
+        assert {k: v for k, v in stop.items() if k != "reason"} == {
+            "after_window": 1, "windows_left": 1, "s_per_window": 20.0, "need_s": 20.0, "room_s": 10.0}
+        assert first.user_attrs["failure_reason"] == stop["reason"] == (
+            "stopped after window 1 of 2 for the GPU-minute budget: its other 1 would take about 0.33 GPU-minutes "
+            "at 20.0 s a window, and 0.17 are left beside validation and traces")
+        err = capsys.readouterr().err
+        assert f"trial 0: pruned ({stop['reason']})" in err
+        # 10 s left, a trial takes about 20: the search stops within the budget, after that one trial
+        assert "0.17 left; a trial takes about 0.33 (the median of the 1 search trial that ran" in err
+        assert len(t.study.get_trials()) == 1 and gpu_seconds(t.session)["screening"] == FIRST_WINDOW_S
+        assert screening_record(t.session)["stopped_for_budget"] == 1
+        # the pruner would have run it on: a later proposal of its config runs, not the stopped one's answer
+        assert t.searcher.measured_twin(first.user_attrs["config_hash"], 99) is None
+    else:
+        assert timed_search[0] == 2 and first.state == TrialState.COMPLETE
+        assert "stopped_for_budget" not in first.user_attrs and first.user_attrs["wall_s"] == 30.0
+        assert screening_record(t.session)["stopped_for_budget"] == 0
+    assert gpu_seconds(t.session)["screening"] + gpu_seconds(t.session)["trials"] <= minutes * 60
 
 
 def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():

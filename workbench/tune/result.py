@@ -218,8 +218,11 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
         stages = ", ".join(f"{s['trials']} at {s['windows']} window{'s' if s['windows'] != 1 else ''}"
                            for s in screening["stages"])
         rate = screening.get("configs_per_gpu_minute")
-        text += (f"; trials measured: {stages}" + (f"; {screening['refused_without_run']} refused without a run"
-                                                   if screening.get("refused_without_run") else "")
+        text += (f"; trials measured: {stages}"
+                 + (f"; {screening['stopped_for_budget']} stopped early for the budget"
+                    if screening.get("stopped_for_budget") else "")
+                 + (f"; {screening['refused_without_run']} refused without a run"
+                    if screening.get("refused_without_run") else "")
                  + (f"; {rate:.2f} configs a {unit.removesuffix('s')}" if rate else ""))
         ahead = screening.get("compile_ahead")
         if ahead and ahead.get("twins"):

@@ -1,5 +1,6 @@
 """The search: trials asked of the study's sampler, run and told until the budget (exact across processes by trial
-number), the wall-clock limit or the GPU-minute budget is reached (``Search``). A repeat of a measured config gets
+number), the wall-clock limit or the GPU-minute budget is reached (``Search``); a trial runs on past a measured
+window only while the GPU-minute budget holds its other windows. A repeat of a measured config gets
 the earlier trial's result and, in a finite space, queues an untried config in its place; a trial stopped without
 a result of its own is queued again; the RUNNING trials of a dead tuner are failed."""
 
@@ -303,8 +304,12 @@ class Search:
             if self.ahead is not None:  # its twin's compile (asked during the trial before) is the one it needs
                 waited = self.ahead.wait(n, self.session.spec.protocol.trial_timeout_s / 2)
                 self.ask_ahead(cfg)
-            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial))
+            stop: dict[str, Any] = {}
+            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop))
             out.wall_s += waited  # the GPU waited for the twin: device time of this trial
+            if stop and out.status == "pruned":  # (a window read after the process ended stops nothing)
+                trial.set_user_attr("stopped_for_budget", stop)
+                out.failure_reason = stop["reason"]
             if out.status == "ok":
                 self.measurer.guard_numerics(trial, params, cfg, out)
             return out
@@ -320,10 +325,14 @@ class Search:
                             else ""))
         return _outcome_of(twin)
 
-    def _on_window(self, trial: optuna.Trial) -> Callable[[int, float], bool]:
-        """Each measured window's value, reported to the pruner; True: prune the trial."""
+    def _on_window(self, trial: optuna.Trial, waited: float = 0.0,
+                   stop: dict[str, Any] | None = None) -> Callable[[int, float], bool]:
+        """Each measured window's value, reported to the pruner; True: prune the trial. A trial the pruner lets run
+        on is stopped too where the GPU-minute budget cannot hold its other windows (``budget_stop``: its record
+        goes to ``stop``). ``waited``: the seconds the trial waited for its twin (its device time too)."""
         spec = self.session.spec
         multi, screens, last = spec.objective.multi_objective, spec.pruner.screens, spec.protocol.windows - 1
+        started = time.monotonic()  # (a run killed from outside and run again: both attempts' seconds count)
 
         def on_window(i: int, v: float) -> bool:
             if multi:
@@ -331,9 +340,39 @@ class Search:
             # a screening pruner's resource is the count of windows measured; its last rung is the full protocol,
             # where nothing is left to save, so a trial measured to the end is never pruned
             trial.report(v, step=i + 1 if screens else i)
-            return not (screens and i >= last) and trial.should_prune()
+            if screens and i >= last:
+                return False
+            if trial.should_prune():
+                return True
+            why = self.budget_stop(i + 1, time.monotonic() - started, waited)
+            if why is not None and stop is not None and not stop:
+                stop.update(why)
+            return why is not None
 
         return on_window
+
+    def budget_stop(self, measured: int, run_s: float, waited: float) -> dict[str, Any] | None:
+        """Why a trial that measured ``measured`` windows in the ``run_s`` seconds since its launch (after
+        ``waited`` seconds for its twin) stops there: the GPU-minute budget cannot hold its other windows; None
+        while it can (or there is no such budget, or no window left). Each window left is taken at the trial's
+        seconds per window so far, ``run_s / measured``: an upper bound, since the launch, the compile and the
+        warm-up are in it, so the budget stays hard."""
+        s = self.session
+        room = self.gpu_budget.room()
+        left = s.spec.protocol.windows - measured
+        if room is None or left <= 0 or measured <= 0:
+            return None
+        gpus = s.spec.gpus
+        spent = (run_s + waited) * gpus
+        per_window = run_s / measured
+        need = left * per_window * gpus
+        if spent + need <= room:
+            return None
+        return {"after_window": measured, "windows_left": left, "s_per_window": round(per_window, 3),
+                "need_s": round(need, 3), "room_s": round(room - spent, 3),
+                "reason": f"stopped after window {measured} of {s.spec.protocol.windows} for the GPU-minute budget: "
+                          f"its other {left} would take about {need / 60:.2f} GPU-minutes at {per_window:.1f} s a "
+                          f"window, and {max(0.0, room - spent) / 60:.2f} are left beside validation and traces"}
 
     def run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
         """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
@@ -482,11 +521,13 @@ class Search:
 
     def measured_twin(self, h: str, number: int) -> FrozenTrial | None:
         """The earliest finished search trial of config hash ``h`` whose result is the config's: complete and ok,
-        pruned (screened out: slower than the trials it was ranked with), or failed out of memory (not a timeout,
-        crash or interrupt, which may be the machine's doing)."""
+        pruned (screened out: slower than the trials it was ranked with; not one stopped for the GPU-minute budget,
+        which the pruner would have run on), or failed out of memory (not a timeout, crash or interrupt, which may
+        be the machine's doing)."""
         for t in self.session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+            screened_out = t.state == TrialState.PRUNED and "stopped_for_budget" not in t.user_attrs
             if (t.number != number and t.user_attrs.get("config_hash") == h and "duplicate_of" not in t.user_attrs
-                    and (is_feasible(t) or t.state == TrialState.PRUNED or t.user_attrs.get("status") == "oom")):
+                    and (is_feasible(t) or screened_out or t.user_attrs.get("status") == "oom")):
                 return t
         return None
 
