@@ -96,12 +96,14 @@ class Search:
         self.ahead = CompileAhead(session) if CompileAhead.enabled(session) else None
         self.pending: optuna.Trial | None = None
         self._pending_beat = contextlib.ExitStack()
+        self.t0 = time.monotonic()  # the search's start (search() sets it): each trial line's elapsed time
 
     # ------------------------------------------------------------------ the loop
     def search(self, t0: float) -> None:
         """Run trials until the budget (exact across processes) or the wall-clock limit (from ``t0``, this
         process's start on the monotonic clock) is reached."""
         s = self.session
+        self.t0 = t0
         deadline = t0 + s.timeout_s if s.timeout_s else None  # wall clock of this process
         waiting_note = False
         while True:
@@ -143,7 +145,7 @@ class Search:
                 self.mark_interrupted(trial, why)
                 self.drop_pending(why)
                 raise
-            s.log(self.trial_line(trial, out, t0))
+            s.log(self.trial_line(trial, out, self.t0))
 
     def ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
@@ -153,8 +155,10 @@ class Search:
     # ------------------------------------------------------------------ compile-ahead
     def ask_ahead(self, beside: Config) -> None:
         """As a trial of config ``beside`` starts: ask for the next trial (the sampler sees this one running),
-        sample it, and start its twin (ahead.py). Nothing is asked when the trial budget has no room left, nor once
-        the sampler repeats a measured config of a covered space."""
+        sample it, and start its twin (ahead.py). A proposal the memory model refuses by itself is told at once (an
+        ``oom`` without a run, as the search would tell it) and the next one is asked, so that the twin compiles a
+        config that runs. Nothing is asked when the trial budget has no room left, nor once the sampler repeats a
+        measured config of a covered space."""
         s = self.session
         if self.ahead is None or self.pending is not None:
             return
@@ -173,6 +177,13 @@ class Search:
             except ConfigError:
                 self.pending = trial  # its own run says so
                 return
+            if self.refused(cfg):
+                # told now without a run (no device time; it counts to the trial budget, checked before the next
+                # ask, as a failed config does), so that the twin is started for a config that will run
+                out = self.run_one(trial)
+                self._pending_beat.close()
+                s.log(self.trial_line(trial, out, self.t0))
+                continue
             if self.measured_twin(config_hash(cfg), trial.number) is None:
                 break
             # a repeat of a measured config: told now (no run, no budget where an untried config is queued in its
@@ -280,8 +291,7 @@ class Search:
             except ConfigError as e:
                 out = not_launched_outcome(tdir, str(e))
             else:
-                # the memory model is the built-in loop's: a loop of one's own finds its own limit
-                too_big = predicted_oom(cfg, s.hardware.get("gpu_memory_gib")) if spec.trainer is None else None
+                too_big = self.refused(cfg)
                 if too_big:
                     out = not_launched_outcome(tdir, too_big, kind="oom")
                 else:
@@ -291,6 +301,14 @@ class Search:
             raise
         self.tell(trial, out)
         return out
+
+    def refused(self, cfg: Config) -> str:
+        """Why the memory model refuses ``cfg`` on this device by itself ('' where it may run; a twin beside it is
+        ``CompileAhead.why_not``'s question). The model is the built-in loop's: a loop of one's own finds its own
+        limit."""
+        if self.session.spec.trainer is not None:
+            return ""
+        return predicted_oom(cfg, self.session.hardware.get("gpu_memory_gib"))
 
     def _run_config(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, tdir: Path) -> TrialOutcome:
         """A config that may run: the result of an earlier trial of the same config, else a run of its own (with
