@@ -147,7 +147,7 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     validation = t.run()
     tune = json.loads((tmp_path / "runs" / "gpumin" / "tune.json").read_text())
     g = tune["gpu_minutes"]
-    assert g["budget"] == 10 and g["total"] <= 10
+    assert g["budget"] == 10 and g["total"] <= 10 and g["no_room"] is None  # room for trials: no such line
     assert g["by_phase"]["baseline"] == 2.0 and g["by_phase"]["validation"] == pytest.approx(4.0)
     ran = [tr for tr in t.study.get_trials() if tr.state != TrialState.WAITING and "duplicate_of" not in tr.user_attrs]
     assert g["by_phase"]["trials"] == pytest.approx(len(ran)) and len(ran) == 4  # 2 + 4 + 4 = 10
@@ -253,6 +253,39 @@ def test_a_trial_is_promoted_past_its_screen_only_while_the_budget_holds_its_oth
         assert "stopped_for_budget" not in first.user_attrs and first.user_attrs["wall_s"] == 30.0
         assert screening_record(t.session)["stopped_for_budget"] == 0
     assert gpu_seconds(t.session)["screening"] + gpu_seconds(t.session)["trials"] <= minutes * 60
+
+
+def test_a_budget_that_holds_no_search_trial_says_which_keys_make_room(study_spec_file, tmp_path, fake_search,
+                                                                        fake_measure, capsys):
+    """The hf-llama study on the H200: top_k 2 and 4 A/B rounds at ~54 s a run kept 14.2 GPU-minutes of an
+    8-minute budget, and the base config was exported without a word on why. Here (a minute a run): the baseline's
+    2, 16 kept for 2 x 2 x 4 A/B runs and a trial's 1 need 19 minutes; one line says so after the baseline."""
+    path = study_spec_file("noroom", space=SPACE, trials=50, sampler={"name": "random", "seed": 0},
+                           protocol={"baseline_repeats": 2, "top_k": 2, "ab_rounds": 4, "profile_steps": 0})
+    spec = yaml.safe_load(path.read_text())
+    spec["budget"] = {"trials": 50, "gpu_minutes": 8}
+    path.write_text(yaml.safe_dump(spec))
+    t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False)
+    validation = t.run()
+    err = capsys.readouterr().err
+    line = ("GPU-minute budget: budget.gpu_minutes 8 holds no search trial: 2.0 spent so far, 16.0 kept for "
+            "validation and traces at 1.00 a run (A/B pairs 16.0 (2 x protocol.top_k 2 x protocol.ab_rounds 4 "
+            "runs)), a trial about 1.00. Raise budget.gpu_minutes to 19 or lower protocol.top_k, protocol.ab_rounds "
+            "or protocol.profile_steps (0: no traces); now no search trial runs and the base config is exported")
+    assert [ln for ln in err.splitlines() if ln.startswith("GPU-minute budget")] == [line]  # once, no other
+    assert fake_search == [] and validation["winner"]["trial"] is None
+    assert (tmp_path / "runs" / "noroom" / "config.yaml").exists()  # the base config, exported as before
+    tune = json.loads((tmp_path / "runs" / "noroom" / "tune.json").read_text())
+    assert tune["gpu_minutes"]["no_room"] == {"line": line, "minutes": {
+        "budget": 8, "spent": 2.0, "run": 1.0, "ab_pairs": 16.0, "reference": 0.0, "traces": 0.0, "trial": 1.0,
+        "needed": 19.0}}
+    assert tune["gpu_minutes"]["total"] == 2.0
+    assert gpu_minutes_line(tune["gpu_minutes"]).endswith("; the budget held no search trial (raise it to 19)")
+    # given the minutes (a resume with --gpu-minutes 19), the search runs and the record is cleared
+    again = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False, gpu_minutes=19)
+    again.open()
+    assert GpuBudget(again.session).no_room() is None and again.study.user_attrs["gpu_no_room"] is None
+    again.lease.release()
 
 
 def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():

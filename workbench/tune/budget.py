@@ -4,6 +4,7 @@ trial's in its own attributes), tune.json's ``gpu_minutes`` record, and the GPU-
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -60,12 +61,15 @@ def gpu_seconds_total(session: StudySession) -> float:
 
 
 def gpu_record(session: StudySession) -> dict[str, Any]:
-    """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes, and the device
-    they were spent on (``cuda``, or ``cpu`` for a study that ran on the CPU: its minutes are CPU-minutes)."""
+    """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes, the device they
+    were spent on (``cuda``, or ``cpu`` for a study that ran on the CPU: its minutes are CPU-minutes), and
+    ``no_room``: where the budget held no search trial after the baseline, why (``GpuBudget.no_room``), else
+    None."""
     spent = gpu_seconds(session)
     return {"device": "cuda" if "cuda" in session.hardware.get("capabilities", ()) else "cpu",
             "budget": session.gpu_minutes, "total": round(sum(spent.values()) / 60, 3),
-            "by_phase": {k: round(v / 60, 3) for k, v in spent.items()}}
+            "by_phase": {k: round(v / 60, 3) for k, v in spent.items()},
+            "no_room": session.study.user_attrs.get("gpu_no_room")}
 
 
 def _run_seconds(session: StudySession) -> float | None:
@@ -74,13 +78,19 @@ def _run_seconds(session: StudySession) -> float | None:
     return statistics.median(walls) * session.spec.gpus if walls else None
 
 
-def runs_after_search(session: StudySession) -> int:
-    """Measured runs after the search at most: every candidate's A/B pairs at the cap, the winner's pairs beside
-    the plain compiled loop where they will run (``validation.against_plain``) and the two trace runs."""
+def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
+    """``runs_after_search`` by part: ``ab_pairs``, ``reference`` and ``traces``."""
     p = session.spec.protocol
     base = session.spec.measured_base_config()
     plain = plain_loop_skipped(session) is None and config_hash(plain_loop_config(base)) != config_hash(base)
-    return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0) + (2 if p.profile_steps > 0 else 0)
+    return {"ab_pairs": 2 * p.top_k * p.ab_rounds, "reference": 2 * p.ab_rounds if plain else 0,
+            "traces": 2 if p.profile_steps > 0 else 0}
+
+
+def runs_after_search(session: StudySession) -> int:
+    """Measured runs after the search at most: every candidate's A/B pairs at the cap, the winner's pairs beside
+    the plain compiled loop where they will run (``validation.against_plain``) and the two trace runs."""
+    return sum(_runs_after_search_parts(session).values())
 
 
 def reserved_seconds(session: StudySession) -> float:
@@ -145,6 +155,43 @@ class GpuBudget:
             s = self.session
             self.session.log(f"GPU-minute budget: {gpu_seconds_total(s) / 60:.1f} of {s.gpu_minutes:g} spent, "
                              f"{reserved_seconds(s) / 60:.1f} kept for validation and traces, "
-                             f"{(left + trial_seconds(s)) / 60:.2f} left; a trial takes about "
+                             f"{max(0.0, left + trial_seconds(s)) / 60:.2f} left; a trial takes about "
                              f"{trial_seconds(s) / 60:.2f} ({_trial_estimate_text(s)}): the search stops")
         return True
+
+    def no_room(self) -> dict[str, Any] | None:
+        """Right after the baseline, before any search trial finished: where the budget leaves no room for one
+        trial beside the reserve, one line with the minutes each part takes and the keys that make room, logged
+        (in place of ``done``'s line, which would follow at once) and stored as the study attr ``gpu_no_room``
+        (tune.json's ``gpu_minutes.no_room``); the record, or None (and the attr cleared: a resumed study given
+        more minutes) when a trial fits. The study still validates and exports, the base config."""
+        s = self.session
+        left = self.left()
+        if left is None or s.finished_count() > 0:
+            return None
+        if left >= 0:
+            if s.study.user_attrs.get("gpu_no_room") is not None:
+                s.study.set_user_attr("gpu_no_room", None)
+            return None
+        p, run = s.spec.protocol, _run_seconds(s) or 0.0
+        parts = {k: n * run / 60 for k, n in _runs_after_search_parts(s).items()}
+        minutes = {"budget": s.gpu_minutes, "spent": gpu_seconds_total(s) / 60, "run": run / 60, **parts,
+                   "trial": trial_seconds(s) / 60}
+        minutes["needed"] = math.ceil((minutes["spent"] + sum(parts.values()) + minutes["trial"]) * 10) / 10
+        kept = [f"A/B pairs {parts['ab_pairs']:.1f} (2 x protocol.top_k {p.top_k} x protocol.ab_rounds "
+                f"{p.ab_rounds} runs)"]
+        if parts["reference"]:
+            kept.append(f"beside the plain compiled loop {parts['reference']:.1f} (2 x protocol.ab_rounds "
+                        f"{p.ab_rounds} runs; --no-reference drops them)")
+        if parts["traces"]:
+            kept.append(f"traces {parts['traces']:.1f} (2 runs while protocol.profile_steps > 0)")
+        line = (f"GPU-minute budget: budget.gpu_minutes {s.gpu_minutes:g} holds no search trial: "
+                f"{minutes['spent']:.1f} spent so far, {sum(parts.values()):.1f} kept for validation and traces at "
+                f"{run / 60:.2f} a run ({', '.join(kept)}), a trial about {minutes['trial']:.2f}. Raise "
+                f"budget.gpu_minutes to {minutes['needed']:g} or lower protocol.top_k, protocol.ab_rounds or "
+                f"protocol.profile_steps (0: no traces); now no search trial runs and the base config is exported")
+        record = {"line": line, "minutes": {k: round(v, 3) for k, v in minutes.items()}}
+        s.study.set_user_attr("gpu_no_room", record)
+        s.log(line)
+        self.noted = True
+        return record
