@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 from workbench.config import load_config, merge_overrides, preset_config
 from workbench.tune import Tuner
 from workbench.tune.ahead import CompileAhead, twin_blocks
-from workbench.tune.budget import GpuBudget
+from workbench.tune.budget import GpuBudget, gpu_seconds
 from workbench.tune.records import compile_ahead_record
 from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec
@@ -138,6 +138,50 @@ def test_ctrl_c_leaves_the_asked_ahead_trial_to_be_run_on_resume(study_spec_file
     # both stopped configs were queued again and measured; every config ran once (trial 1's run was cut)
     assert sorted(tuple(sorted(x.params.items())) for x in again.study.get_trials() if x.number in ran[2:]) == \
         sorted(set(CONFIGS) - {tuple(sorted(t.study.trials[0].params.items()))})
+
+
+def _refuse_micro_batch_8(monkeypatch) -> None:
+    """The memory model refuses micro-batch 8 by itself (the H200 study's trial 2: refused, no run)."""
+    monkeypatch.setattr("workbench.tune.search.predicted_oom", lambda cfg, gib: (
+        "the memory model predicts a peak of 150.0 GiB; not launched" if cfg.data.micro_batch_size == 8 else ""))
+
+
+def test_a_proposal_the_memory_model_refuses_is_told_at_once_and_the_next_one_compiled_ahead(
+        study_spec_file, tmp_path, events, monkeypatch, capsys):
+    """On the H200 the trial asked ahead was one the memory model refused: its twin was skipped, it was refused
+    without a run, and the trial after it compiled cold (88.6 s against ~21 s). Now ask_ahead tells a refused
+    proposal there and asks again: the twin compiles the next config that runs."""
+    _refuse_micro_batch_8(monkeypatch)
+    t = _tuner(_spec(study_spec_file, name="refused"), tmp_path)
+    for mb, nw in ((2, 0), (8, 0), (8, 1), (2, 1)):  # the proposals, in order
+        t.study.enqueue_trial({"micro_batch_size": mb, "num_workers": nw})
+    t.search()
+    # trial 0 runs; as it starts, 1 and 2 are refused and 3 is asked and compiled ahead; the budget of 4 is full
+    assert events == [("wait", 0), ("start", 3), ("run", 0), ("wait", 3), ("run", 3), ("stop",)]
+    trials = t.study.get_trials()
+    assert [x.state for x in trials] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.FAIL, TrialState.COMPLETE]
+    for x in trials[1:3]:  # told oom without a run: no twin, no device time, the failed config counted
+        assert x.user_attrs["status"] == "oom" and x.user_attrs["wall_s"] == 0
+        assert x.user_attrs["failure_reason"].startswith("the memory model predicts") and "compile_ahead" not in \
+            x.user_attrs
+    assert trials[3].user_attrs["compile_ahead"] == {"status": "done", "waited_s": 0.5}
+    assert gpu_seconds(t.session)["trials"] == 1.0 and t.session.finished_count() == 4  # the two waits, 0.5 s each
+    err = capsys.readouterr().err
+    assert "trial 1: oom (the memory model predicts" in err and "trial 2: oom (the memory model predicts" in err
+    assert err.index("trial 2: oom") < err.index("trial 0: ")  # told while trial 0 ran
+
+
+def test_refusals_asked_ahead_do_not_take_more_than_the_trial_budget(study_spec_file, tmp_path, events,
+                                                                     monkeypatch):
+    _refuse_micro_batch_8(monkeypatch)
+    t = _tuner(_spec(study_spec_file, name="refused2", trials=2), tmp_path)
+    for mb, nw in ((2, 0), (8, 0), (2, 1)):
+        t.study.enqueue_trial({"micro_batch_size": mb, "num_workers": nw})
+    t.search()
+    # trial 1, refused ahead, fills the budget of 2: nothing more is asked, no twin is started
+    assert events == [("wait", 0), ("run", 0), ("stop",)]
+    assert [x.state for x in t.study.get_trials()] == [TrialState.COMPLETE, TrialState.FAIL, TrialState.WAITING]
+    assert t.session.finished_count() == 2
 
 
 def test_compile_ahead_is_on_by_default_only_where_a_gpu_waits(study_spec_file, tmp_path):

@@ -8,8 +8,11 @@ tuner's choices and its accounting, which the real runner's tests reach only slo
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
+import optuna
 import pytest
 import yaml
 from optuna.trial import TrialState
@@ -17,7 +20,7 @@ from optuna.trial import TrialState
 import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
-from workbench.tune.budget import gpu_seconds
+from workbench.tune.budget import GpuBudget, gpu_seconds, trial_seconds
 from workbench.tune.progress import Progress
 from workbench.tune.records import screening_record
 from workbench.tune.result import gpu_minutes_line
@@ -144,7 +147,7 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     validation = t.run()
     tune = json.loads((tmp_path / "runs" / "gpumin" / "tune.json").read_text())
     g = tune["gpu_minutes"]
-    assert g["budget"] == 10 and g["total"] <= 10
+    assert g["budget"] == 10 and g["total"] <= 10 and g["no_room"] is None  # room for trials: no such line
     assert g["by_phase"]["baseline"] == 2.0 and g["by_phase"]["validation"] == pytest.approx(4.0)
     ran = [tr for tr in t.study.get_trials() if tr.state != TrialState.WAITING and "duplicate_of" not in tr.user_attrs]
     assert g["by_phase"]["trials"] == pytest.approx(len(ran)) and len(ran) == 4  # 2 + 4 + 4 = 10
@@ -157,6 +160,132 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     rate = {"stages": [{"windows": 1, "trials": 2}], "configs_per_gpu_minute": 1.5}
     assert gpu_minutes_line(g, rate).endswith("; 1.50 configs a CPU-minute")  # a CPU study's own unit throughout
     assert gpu_minutes_line({**g, "device": "cuda"}, rate).endswith("; 1.50 configs a GPU-minute")
+
+
+def test_the_next_trial_is_estimated_from_every_trial_that_ran_screens_included(study_spec_file, tmp_path, capsys):
+    """The H200 study (gr00t-n1.6, 8 GPU-minutes): one trial measured to the end (44.6 s, a cold compile) and four
+    screens (21.2, 88.6, 35.1, 20.7 s). Every new trial starts as a screen, so the next one is the median of all
+    five, 35.1 s, not the one complete trial's 44.6 s; a refusal, a repeat and a crash took no trial's time."""
+    t = _tuner(study_spec_file("estimate", space=SPACE, trials=20), tmp_path)
+    s, study = t.session, t.study
+    study.set_user_attr("baseline_wall_s", [43.5, 43.5])  # 4 runs after the search (top_k 1, 2 rounds): 174 s
+    study.set_user_attr("gpu_s", {"baseline": 87.0})
+    for state, wall, attrs in [(TrialState.COMPLETE, 44.6, {}), (TrialState.PRUNED, 21.2, {}),
+                               (TrialState.PRUNED, 88.6, {}), (TrialState.PRUNED, 35.1, {}),
+                               (TrialState.PRUNED, 20.7, {}), (TrialState.FAIL, 0.0, {"status": "oom"}),
+                               (TrialState.FAIL, 30.0, {"status": "crash"}),
+                               (TrialState.COMPLETE, 0.0, {"duplicate_of": 0})]:
+        study.add_trial(optuna.trial.create_trial(state=state, value=1000.0 if state == TrialState.COMPLETE else None,
+                                                  user_attrs={"wall_s": wall, **attrs}))
+    assert trial_seconds(s) == pytest.approx(35.1)
+    spent = 87.0 + 44.6 + 21.2 + 88.6 + 35.1 + 20.7 + 30.0  # the crash's seconds were spent, not a trial's estimate
+    assert gpu_seconds(s)["baseline"] + gpu_seconds(s)["trials"] + gpu_seconds(s)["screening"] == \
+        pytest.approx(spent)
+    budget = GpuBudget(s)
+    s.gpu_minutes = (spent + 174.0 + 40.0) / 60  # 40 s of room: the screens' median fits (the complete one's not)
+    assert budget.room() == pytest.approx(40.0) and budget.left() == pytest.approx(4.9) and not budget.done()
+    s.gpu_minutes = 8.9  # 32.8 s of room: the search stops, and its line adds up
+    assert budget.left() == pytest.approx(-2.3) and budget.done() and budget.done()
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("GPU-minute budget")]
+    assert lines == ["GPU-minute budget: 5.5 of 8.9 spent, 2.9 kept for validation, 0.55 left; a trial "
+                     "takes about 0.59 (the median of the 5 search trials that ran, screens included): the search "
+                     "stops"]  # once
+
+
+FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and warm-up with its first window; a window
+
+
+@pytest.fixture
+def timed_search(monkeypatch):
+    """Search trials on a clock of their own: the first window at FIRST_WINDOW_S after the launch, each later one
+    WINDOW_S after it; a trial's wall is the clock's. Returns the windows each trial measured, by trial number."""
+    clock = [1000.0]
+    monkeypatch.setattr("workbench.tune.search.time", SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
+    measured: dict[int, int] = {}
+
+    def run(self, trial, cfg, tdir, on_window):
+        Path(tdir).mkdir(parents=True, exist_ok=True)
+        v, start = _speed(trial.params["micro_batch_size"], trial.params["num_workers"]), clock[0]
+        for i in range(self.session.spec.protocol.windows):
+            clock[0] += WINDOW_S if i else FIRST_WINDOW_S
+            measured[trial.number] = i + 1
+            if on_window(i, v):
+                return TrialOutcome("pruned", Path(tdir), windows=[v] * (i + 1), wall_s=clock[0] - start,
+                                    failure_reason=f"pruned after window {i + 1}")
+        return TrialOutcome("ok", Path(tdir), windows=[v] * measured[trial.number], value=v,
+                            summary={"measured_steps": 6}, wall_s=clock[0] - start)
+
+    monkeypatch.setattr(Search, "run_search_trial", run)
+    return measured
+
+
+@pytest.mark.parametrize("minutes, promoted", [(0.5, False), (1.0, True)])
+def test_a_trial_is_promoted_past_its_screen_only_while_the_budget_holds_its_other_windows(
+        study_spec_file, tmp_path, timed_search, capsys, minutes, promoted):
+    """The first screen is always promoted by the pruner. 20 s into the run it measured one window of two; the
+    window left is taken at 20 s (its seconds per window so far), so it needs 40 s in all: 30 s of budget stop it
+    there (pruned, its reason recorded), 60 s let it run to the end."""
+    spec = study_spec_file(f"promote{int(promoted)}", space=SPACE, trials=5, sampler={"name": "grid", "seed": 1},
+                           pruner={"name": "successive_halving", "reduction_factor": 2}, protocol={"windows": 2})
+    t = _tuner(spec, tmp_path)
+    t.session.gpu_minutes = minutes  # no baseline here: nothing spent, nothing kept for validation
+    t.search()
+    first = t.study.get_trials()[0]
+    if not promoted:
+        assert timed_search == {0: 1} and first.state == TrialState.PRUNED
+        assert first.user_attrs["wall_s"] == FIRST_WINDOW_S
+        stop = first.user_attrs["stopped_for_budget"]
+        assert {k: v for k, v in stop.items() if k != "reason"} == {
+            "after_window": 1, "windows_left": 1, "s_per_window": 20.0, "need_s": 20.0, "room_s": 10.0}
+        assert first.user_attrs["failure_reason"] == stop["reason"] == (
+            "stopped after window 1 of 2 for the GPU-minute budget: its other 1 would take about 0.33 GPU-minutes "
+            "at 20.0 s a window, and 0.17 are left beside validation and traces")
+        err = capsys.readouterr().err
+        assert f"trial 0: pruned ({stop['reason']})" in err
+        # 10 s left, a trial takes about 20: the search stops within the budget, after that one trial
+        assert "0.17 left; a trial takes about 0.33 (the median of the 1 search trial that ran" in err
+        assert len(t.study.get_trials()) == 1 and gpu_seconds(t.session)["screening"] == FIRST_WINDOW_S
+        assert screening_record(t.session)["stopped_for_budget"] == 1
+        # the pruner would have run it on: a later proposal of its config runs, not the stopped one's answer
+        assert t.searcher.measured_twin(first.user_attrs["config_hash"], 99) is None
+    else:
+        assert timed_search[0] == 2 and first.state == TrialState.COMPLETE
+        assert "stopped_for_budget" not in first.user_attrs and first.user_attrs["wall_s"] == 30.0
+        assert screening_record(t.session)["stopped_for_budget"] == 0
+    assert gpu_seconds(t.session)["screening"] + gpu_seconds(t.session)["trials"] <= minutes * 60
+
+
+def test_a_budget_that_holds_no_search_trial_says_which_keys_make_room(study_spec_file, tmp_path, fake_search,
+                                                                        fake_measure, capsys):
+    """The hf-llama study on the H200: top_k 2 and 4 A/B rounds at ~54 s a run kept 14.2 GPU-minutes of an
+    8-minute budget, and the base config was exported without a word on why. Here (a minute a run): the baseline's
+    2, 16 kept for 2 x 2 x 4 A/B runs and a trial's 1 need 19 minutes; one line says so after the baseline."""
+    path = study_spec_file("noroom", space=SPACE, trials=50, sampler={"name": "random", "seed": 0},
+                           protocol={"baseline_repeats": 2, "top_k": 2, "ab_rounds": 4, "profile_steps": 0})
+    spec = yaml.safe_load(path.read_text())
+    spec["budget"] = {"trials": 50, "gpu_minutes": 8}
+    path.write_text(yaml.safe_dump(spec))
+    t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False)
+    validation = t.run()
+    err = capsys.readouterr().err
+    line = ("GPU-minute budget: budget.gpu_minutes 8 holds no search trial: 2.0 spent so far, 16.0 kept for "
+            "validation at 1.00 a run (A/B pairs 16.0 (2 x protocol.top_k 2 x protocol.ab_rounds 4 runs)), a trial "
+            "about 1.00. Raise budget.gpu_minutes to 19 or lower protocol.top_k or protocol.ab_rounds; now no search "
+            "trial runs and the base config is exported")
+    assert [ln for ln in err.splitlines() if ln.startswith("GPU-minute budget")] == [line]  # once, no other
+    assert fake_search == [] and validation["winner"]["trial"] is None
+    assert (tmp_path / "runs" / "noroom" / "config.yaml").exists()  # the base config, exported as before
+    tune = json.loads((tmp_path / "runs" / "noroom" / "tune.json").read_text())
+    assert tune["gpu_minutes"]["no_room"] == {"line": line, "minutes": {
+        "budget": 8, "spent": 2.0, "run": 1.0, "ab_pairs": 16.0, "reference": 0.0, "trial": 1.0,
+        "needed": 19.0}}
+    assert tune["gpu_minutes"]["total"] == 2.0
+    assert gpu_minutes_line(tune["gpu_minutes"]).endswith("; the budget held no search trial (raise it to 19)")
+    # given the minutes (a resume with --gpu-minutes 19), the search runs and the record is cleared
+    again = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False, gpu_minutes=19)
+    again.open()
+    assert GpuBudget(again.session).no_room() is None and again.study.user_attrs["gpu_no_room"] is None
+    again.lease.release()
 
 
 def test_gpu_minutes_and_the_screening_pruner_are_checked_in_the_spec():

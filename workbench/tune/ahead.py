@@ -21,6 +21,8 @@ Rules the twins follow:
   trial keeps a core for its loop and one for each of its loader workers;
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
   charged to n+1's device time); a twin of any other trial is stopped.
+* a proposal for n+1 that the memory model refuses by itself gets no twin: the search tells it (an ``oom``
+  without a run) and asks again (``Search.ask_ahead``), so the twin compiles a config that runs.
 
 What each twin did is the trial's ``compile_ahead`` attribute: ``started`` (or why not), the twin's compile
 seconds and its exit, and the seconds its trial waited for it.

@@ -4,6 +4,7 @@ trial's in its own attributes), tune.json's ``gpu_minutes`` record, and the GPU-
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -19,7 +20,7 @@ __all__ = ["COORDINATOR_PHASES", "GPU_PHASES", "GpuBudget", "gpu_record", "gpu_s
 GPU_PHASES = ("baseline", "screening", "trials", "numerics", "validation", "traces")
 """Where a study's device time goes: the base config's repeats, search trials stopped at screening (the pruner
 stopped them early), search trials measured to the end (or failed), the numerics guard's twins, validation's A/B
-runs and the trace runs."""
+runs, and the trace runs of studies made before the traces were folded into measured runs (0 since)."""
 
 COORDINATOR_PHASES = ("baseline", "validation", "traces")
 """Phases only the coordinator runs: their device seconds are one study attribute (``gpu_s``) that no other
@@ -60,12 +61,15 @@ def gpu_seconds_total(session: StudySession) -> float:
 
 
 def gpu_record(session: StudySession) -> dict[str, Any]:
-    """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes, and the device
-    they were spent on (``cuda``, or ``cpu`` for a study that ran on the CPU: its minutes are CPU-minutes)."""
+    """tune.json's ``gpu_minutes``: the budget, what each phase spent and the total, in minutes, the device they
+    were spent on (``cuda``, or ``cpu`` for a study that ran on the CPU: its minutes are CPU-minutes), and
+    ``no_room``: where the budget held no search trial after the baseline, why (``GpuBudget.no_room``), else
+    None."""
     spent = gpu_seconds(session)
     return {"device": "cuda" if "cuda" in session.hardware.get("capabilities", ()) else "cpu",
             "budget": session.gpu_minutes, "total": round(sum(spent.values()) / 60, 3),
-            "by_phase": {k: round(v / 60, 3) for k, v in spent.items()}}
+            "by_phase": {k: round(v / 60, 3) for k, v in spent.items()},
+            "no_room": session.study.user_attrs.get("gpu_no_room")}
 
 
 def _run_seconds(session: StudySession) -> float | None:
@@ -74,16 +78,21 @@ def _run_seconds(session: StudySession) -> float | None:
     return statistics.median(walls) * session.spec.gpus if walls else None
 
 
+def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
+    """``runs_after_search`` by part: ``ab_pairs`` and ``reference``."""
+    p = session.spec.protocol
+    base = session.spec.measured_base_config()
+    plain = plain_loop_skipped(session) is None and config_hash(plain_loop_config(base)) != config_hash(base)
+    return {"ab_pairs": 2 * p.top_k * p.ab_rounds, "reference": 2 * p.ab_rounds if plain else 0}
+
+
 def runs_after_search(session: StudySession) -> int:
     """Measured runs after the search at most: every candidate's A/B pairs at the cap and the winner's pairs beside
     the plain compiled loop where they will run (``validation.against_plain``). The traces add no run: their
     ``protocol.profile_steps`` steps follow the measurement of runs made anyway (``Measurer.keep_traces``), and
     their device time counts to those runs' phase, ``validation`` for an A/B pair's (``baseline`` for the last
     baseline repeat's); ``traces`` stays 0, in GPU_PHASES for the trace runs of older studies."""
-    p = session.spec.protocol
-    base = session.spec.measured_base_config()
-    plain = plain_loop_skipped(session) is None and config_hash(plain_loop_config(base)) != config_hash(base)
-    return 2 * p.top_k * p.ab_rounds + (2 * p.ab_rounds if plain else 0)
+    return sum(_runs_after_search_parts(session).values())
 
 
 def reserved_seconds(session: StudySession) -> float:
@@ -92,13 +101,29 @@ def reserved_seconds(session: StudySession) -> float:
     return (_run_seconds(session) or 0.0) * runs_after_search(session)
 
 
+def _trial_walls(session: StudySession) -> list[float]:
+    """Device seconds of each search trial that ran: COMPLETE or PRUNED with a wall time (a screen stopped by the
+    pruner as much as a trial measured to the end; a config refused before its run, a repeat answered from an
+    earlier trial and a failure are left out)."""
+    return [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
+            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            and isinstance(t.user_attrs.get("wall_s"), (int, float)) and t.user_attrs["wall_s"] > 0]
+
+
 def trial_seconds(session: StudySession) -> float:
-    """Device seconds the next search trial is expected to take: the median of the search trials measured to the
-    end so far, else a baseline run."""
-    walls = [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
-             if t.state == TrialState.COMPLETE and isinstance(t.user_attrs.get("wall_s"), (int, float))
-             and t.user_attrs["wall_s"] > 0]
+    """Device seconds the next search trial is expected to take: the median of the search trials that ran so far,
+    screens included (with a screening pruner every trial starts as a screen, and most stop there), else a
+    baseline run."""
+    walls = _trial_walls(session)
     return statistics.median(walls) if walls else (_run_seconds(session) or 0.0)
+
+
+def _trial_estimate_text(session: StudySession) -> str:
+    """How ``trial_seconds`` came about, for the budget's line."""
+    n = len(_trial_walls(session))
+    if n:
+        return f"the median of the {n} search trial{'s' if n != 1 else ''} that ran, screens included"
+    return "a baseline run" if _run_seconds(session) else "nothing measured yet"
 
 
 class GpuBudget:
@@ -109,14 +134,19 @@ class GpuBudget:
         self.session = session
         self.noted = False  # the line was printed
 
-    def left(self) -> float | None:
-        """Device seconds the search may still spend: the budget less what was spent, the reserve of the runs after
-        the search, and the next trial; None without a GPU-minute budget."""
+    def room(self) -> float | None:
+        """Device seconds the search may still spend: the budget less what was spent and the reserve of the runs
+        after the search; None without a GPU-minute budget."""
         minutes = self.session.gpu_minutes
         if minutes is None:
             return None
-        s = self.session
-        return minutes * 60 - gpu_seconds_total(s) - reserved_seconds(s) - trial_seconds(s)
+        return minutes * 60 - gpu_seconds_total(self.session) - reserved_seconds(self.session)
+
+    def left(self) -> float | None:
+        """Device seconds left after the next trial too (``room`` less ``trial_seconds``); None without a
+        GPU-minute budget."""
+        room = self.room()
+        return None if room is None else room - trial_seconds(self.session)
 
     def done(self) -> bool:
         left = self.left()
@@ -126,6 +156,42 @@ class GpuBudget:
             self.noted = True
             s = self.session
             self.session.log(f"GPU-minute budget: {gpu_seconds_total(s) / 60:.1f} of {s.gpu_minutes:g} spent, "
-                             f"{reserved_seconds(s) / 60:.1f} kept for validation and traces, a trial takes about "
-                             f"{trial_seconds(s) / 60:.1f}: the search stops")
+                             f"{reserved_seconds(s) / 60:.1f} kept for validation, "
+                             f"{max(0.0, left + trial_seconds(s)) / 60:.2f} left; a trial takes about "
+                             f"{trial_seconds(s) / 60:.2f} ({_trial_estimate_text(s)}): the search stops")
         return True
+
+    def no_room(self) -> dict[str, Any] | None:
+        """Right after the baseline, before any search trial finished: where the budget leaves no room for one
+        trial beside the reserve, one line with the minutes each part takes and the keys that make room, logged
+        (in place of ``done``'s line, which would follow at once) and stored as the study attr ``gpu_no_room``
+        (tune.json's ``gpu_minutes.no_room``); the record, or None (and the attr cleared: a resumed study given
+        more minutes) when a trial fits. The study still validates and exports, the base config."""
+        s = self.session
+        left = self.left()
+        if left is None or s.finished_count() > 0:
+            return None
+        if left >= 0:
+            if s.study.user_attrs.get("gpu_no_room") is not None:
+                s.study.set_user_attr("gpu_no_room", None)
+            return None
+        p, run = s.spec.protocol, _run_seconds(s) or 0.0
+        parts = {k: n * run / 60 for k, n in _runs_after_search_parts(s).items()}
+        minutes = {"budget": s.gpu_minutes, "spent": gpu_seconds_total(s) / 60, "run": run / 60, **parts,
+                   "trial": trial_seconds(s) / 60}
+        minutes["needed"] = math.ceil((minutes["spent"] + sum(parts.values()) + minutes["trial"]) * 10) / 10
+        kept = [f"A/B pairs {parts['ab_pairs']:.1f} (2 x protocol.top_k {p.top_k} x protocol.ab_rounds "
+                f"{p.ab_rounds} runs)"]
+        if parts["reference"]:
+            kept.append(f"beside the plain compiled loop {parts['reference']:.1f} (2 x protocol.ab_rounds "
+                        f"{p.ab_rounds} runs; --no-reference drops them)")
+        line = (f"GPU-minute budget: budget.gpu_minutes {s.gpu_minutes:g} holds no search trial: "
+                f"{minutes['spent']:.1f} spent so far, {sum(parts.values()):.1f} kept for validation at "
+                f"{run / 60:.2f} a run ({', '.join(kept)}), a trial about {minutes['trial']:.2f}. Raise "
+                f"budget.gpu_minutes to {minutes['needed']:g} or lower protocol.top_k or protocol.ab_rounds; now no "
+                "search trial runs and the base config is exported")
+        record = {"line": line, "minutes": {k: round(v, 3) for k, v in minutes.items()}}
+        s.study.set_user_attr("gpu_no_room", record)
+        s.log(line)
+        self.noted = True
+        return record

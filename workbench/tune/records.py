@@ -111,9 +111,10 @@ def write_tune_json(session: StudySession, sessions: Sessions, started: str, fin
 
 def screening_record(session: StudySession) -> dict[str, Any]:
     """tune.json's ``screening``: how many search trials each stage of the protocol saw (``stages``: trials that
-    measured at least that many windows; the first is the screen, the last the full protocol), the configs
-    refused before any run (the memory model, a config error), repeats answered from an earlier trial, and
-    configs evaluated (screened or refused) per GPU-minute of the study."""
+    measured at least that many windows; the first is the screen, the last the full protocol), the trials the
+    pruner would have run on that the GPU-minute budget stopped (``stopped_for_budget``), the configs refused
+    before any run (the memory model, a config error), repeats answered from an earlier trial, and configs
+    evaluated (screened or refused) per GPU-minute of the study."""
     spec = session.spec
     trials = [t for t in session.trials() if t.state not in (TrialState.WAITING, TrialState.RUNNING)]
     own = [t for t in trials if "duplicate_of" not in t.user_attrs]
@@ -128,7 +129,9 @@ def screening_record(session: StudySession) -> dict[str, Any]:
     refused = sum(not t.intermediate_values and t.user_attrs.get("wall_s") == 0 for t in own)
     minutes = gpu_seconds_total(session) / 60
     evaluated = stages[0]["trials"] + refused
-    return {"pruner": spec.pruner.name, "stages": stages, "refused_without_run": refused,
+    return {"pruner": spec.pruner.name, "stages": stages,
+            "stopped_for_budget": sum("stopped_for_budget" in t.user_attrs for t in own),
+            "refused_without_run": refused,
             "repeats": len(trials) - len(own), "configs_evaluated": evaluated,
             "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None,
             "compile_ahead": compile_ahead_record(own)}

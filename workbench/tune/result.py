@@ -213,13 +213,18 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
     phases = ", ".join(f"{k} {v:.1f}" for k, v in (gpu.get("by_phase") or {}).items() if v)
     unit = "CPU-minutes" if gpu.get("device") == "cpu" else "GPU-minutes"
     text = (f"{unit}: {gpu.get('total', 0):.1f}" + (f" of {gpu['budget']:g}" if gpu.get("budget") else "")
-            + (f" ({phases})" if phases else ""))
+            + (f" ({phases})" if phases else "")
+            + (f"; the budget held no search trial (raise it to {need:g})"
+               if (need := (gpu.get("no_room") or {}).get("minutes", {}).get("needed")) else ""))
     if screening and screening.get("stages"):
         stages = ", ".join(f"{s['trials']} at {s['windows']} window{'s' if s['windows'] != 1 else ''}"
                            for s in screening["stages"])
         rate = screening.get("configs_per_gpu_minute")
-        text += (f"; trials measured: {stages}" + (f"; {screening['refused_without_run']} refused without a run"
-                                                   if screening.get("refused_without_run") else "")
+        text += (f"; trials measured: {stages}"
+                 + (f"; {screening['stopped_for_budget']} stopped early for the budget"
+                    if screening.get("stopped_for_budget") else "")
+                 + (f"; {screening['refused_without_run']} refused without a run"
+                    if screening.get("refused_without_run") else "")
                  + (f"; {rate:.2f} configs a {unit.removesuffix('s')}" if rate else ""))
         ahead = screening.get("compile_ahead")
         if ahead and ahead.get("twins"):

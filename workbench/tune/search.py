@@ -1,5 +1,6 @@
 """The search: trials asked of the study's sampler, run and told until the budget (exact across processes by trial
-number), the wall-clock limit or the GPU-minute budget is reached (``Search``). A repeat of a measured config gets
+number), the wall-clock limit or the GPU-minute budget is reached (``Search``); a trial runs on past a measured
+window only while the GPU-minute budget holds its other windows. A repeat of a measured config gets
 the earlier trial's result and, in a finite space, queues an untried config in its place; a trial stopped without
 a result of its own is queued again; the RUNNING trials of a dead tuner are failed."""
 
@@ -95,12 +96,14 @@ class Search:
         self.ahead = CompileAhead(session) if CompileAhead.enabled(session) else None
         self.pending: optuna.Trial | None = None
         self._pending_beat = contextlib.ExitStack()
+        self.t0 = time.monotonic()  # the search's start (search() sets it): each trial line's elapsed time
 
     # ------------------------------------------------------------------ the loop
     def search(self, t0: float) -> None:
         """Run trials until the budget (exact across processes) or the wall-clock limit (from ``t0``, this
         process's start on the monotonic clock) is reached."""
         s = self.session
+        self.t0 = t0
         deadline = t0 + s.timeout_s if s.timeout_s else None  # wall clock of this process
         waiting_note = False
         while True:
@@ -142,7 +145,7 @@ class Search:
                 self.mark_interrupted(trial, why)
                 self.drop_pending(why)
                 raise
-            s.log(self.trial_line(trial, out, t0))
+            s.log(self.trial_line(trial, out, self.t0))
 
     def ask(self) -> optuna.Trial:
         with warnings.catch_warnings():
@@ -152,8 +155,10 @@ class Search:
     # ------------------------------------------------------------------ compile-ahead
     def ask_ahead(self, beside: Config) -> None:
         """As a trial of config ``beside`` starts: ask for the next trial (the sampler sees this one running),
-        sample it, and start its twin (ahead.py). Nothing is asked when the trial budget has no room left, nor once
-        the sampler repeats a measured config of a covered space."""
+        sample it, and start its twin (ahead.py). A proposal the memory model refuses by itself is told at once (an
+        ``oom`` without a run, as the search would tell it) and the next one is asked, so that the twin compiles a
+        config that runs. Nothing is asked when the trial budget has no room left, nor once the sampler repeats a
+        measured config of a covered space."""
         s = self.session
         if self.ahead is None or self.pending is not None:
             return
@@ -172,6 +177,13 @@ class Search:
             except ConfigError:
                 self.pending = trial  # its own run says so
                 return
+            if self.refused(cfg):
+                # told now without a run (no device time; it counts to the trial budget, checked before the next
+                # ask, as a failed config does), so that the twin is started for a config that will run
+                out = self.run_one(trial)
+                self._pending_beat.close()
+                s.log(self.trial_line(trial, out, self.t0))
+                continue
             if self.measured_twin(config_hash(cfg), trial.number) is None:
                 break
             # a repeat of a measured config: told now (no run, no budget where an untried config is queued in its
@@ -279,8 +291,7 @@ class Search:
             except ConfigError as e:
                 out = not_launched_outcome(tdir, str(e))
             else:
-                # the memory model is the built-in loop's: a loop of one's own finds its own limit
-                too_big = predicted_oom(cfg, s.hardware.get("gpu_memory_gib")) if spec.trainer is None else None
+                too_big = self.refused(cfg)
                 if too_big:
                     out = not_launched_outcome(tdir, too_big, kind="oom")
                 else:
@@ -290,6 +301,14 @@ class Search:
             raise
         self.tell(trial, out)
         return out
+
+    def refused(self, cfg: Config) -> str:
+        """Why the memory model refuses ``cfg`` on this device by itself ('' where it may run; a twin beside it is
+        ``CompileAhead.why_not``'s question). The model is the built-in loop's: a loop of one's own finds its own
+        limit."""
+        if self.session.spec.trainer is not None:
+            return ""
+        return predicted_oom(cfg, self.session.hardware.get("gpu_memory_gib"))
 
     def _run_config(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, tdir: Path) -> TrialOutcome:
         """A config that may run: the result of an earlier trial of the same config, else a run of its own (with
@@ -303,8 +322,12 @@ class Search:
             if self.ahead is not None:  # its twin's compile (asked during the trial before) is the one it needs
                 waited = self.ahead.wait(n, self.session.spec.protocol.trial_timeout_s / 2)
                 self.ask_ahead(cfg)
-            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial))
+            stop: dict[str, Any] = {}
+            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop))
             out.wall_s += waited  # the GPU waited for the twin: device time of this trial
+            if stop and out.status == "pruned":  # (a window read after the process ended stops nothing)
+                trial.set_user_attr("stopped_for_budget", stop)
+                out.failure_reason = stop["reason"]
             if out.status == "ok":
                 self.measurer.guard_numerics(trial, params, cfg, out)
             return out
@@ -320,10 +343,14 @@ class Search:
                             else ""))
         return _outcome_of(twin)
 
-    def _on_window(self, trial: optuna.Trial) -> Callable[[int, float], bool]:
-        """Each measured window's value, reported to the pruner; True: prune the trial."""
+    def _on_window(self, trial: optuna.Trial, waited: float = 0.0,
+                   stop: dict[str, Any] | None = None) -> Callable[[int, float], bool]:
+        """Each measured window's value, reported to the pruner; True: prune the trial. A trial the pruner lets run
+        on is stopped too where the GPU-minute budget cannot hold its other windows (``budget_stop``: its record
+        goes to ``stop``). ``waited``: the seconds the trial waited for its twin (its device time too)."""
         spec = self.session.spec
         multi, screens, last = spec.objective.multi_objective, spec.pruner.screens, spec.protocol.windows - 1
+        started = time.monotonic()  # (a run killed from outside and run again: both attempts' seconds count)
 
         def on_window(i: int, v: float) -> bool:
             if multi:
@@ -331,9 +358,39 @@ class Search:
             # a screening pruner's resource is the count of windows measured; its last rung is the full protocol,
             # where nothing is left to save, so a trial measured to the end is never pruned
             trial.report(v, step=i + 1 if screens else i)
-            return not (screens and i >= last) and trial.should_prune()
+            if screens and i >= last:
+                return False
+            if trial.should_prune():
+                return True
+            why = self.budget_stop(i + 1, time.monotonic() - started, waited)
+            if why is not None and stop is not None and not stop:
+                stop.update(why)
+            return why is not None
 
         return on_window
+
+    def budget_stop(self, measured: int, run_s: float, waited: float) -> dict[str, Any] | None:
+        """Why a trial that measured ``measured`` windows in the ``run_s`` seconds since its launch (after
+        ``waited`` seconds for its twin) stops there: the GPU-minute budget cannot hold its other windows; None
+        while it can (or there is no such budget, or no window left). Each window left is taken at the trial's
+        seconds per window so far, ``run_s / measured``: an upper bound, since the launch, the compile and the
+        warm-up are in it, so the budget stays hard."""
+        s = self.session
+        room = self.gpu_budget.room()
+        left = s.spec.protocol.windows - measured
+        if room is None or left <= 0 or measured <= 0:
+            return None
+        gpus = s.spec.gpus
+        spent = (run_s + waited) * gpus
+        per_window = run_s / measured
+        need = left * per_window * gpus
+        if spent + need <= room:
+            return None
+        return {"after_window": measured, "windows_left": left, "s_per_window": round(per_window, 3),
+                "need_s": round(need, 3), "room_s": round(room - spent, 3),
+                "reason": f"stopped after window {measured} of {s.spec.protocol.windows} for the GPU-minute budget: "
+                          f"its other {left} would take about {need / 60:.2f} GPU-minutes at {per_window:.1f} s a "
+                          f"window, and {max(0.0, room - spent) / 60:.2f} are left beside validation and traces"}
 
     def run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
         """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
@@ -482,11 +539,13 @@ class Search:
 
     def measured_twin(self, h: str, number: int) -> FrozenTrial | None:
         """The earliest finished search trial of config hash ``h`` whose result is the config's: complete and ok,
-        pruned (screened out: slower than the trials it was ranked with), or failed out of memory (not a timeout,
-        crash or interrupt, which may be the machine's doing)."""
+        pruned (screened out: slower than the trials it was ranked with; not one stopped for the GPU-minute budget,
+        which the pruner would have run on), or failed out of memory (not a timeout, crash or interrupt, which may
+        be the machine's doing)."""
         for t in self.session.trials((TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)):
+            screened_out = t.state == TrialState.PRUNED and "stopped_for_budget" not in t.user_attrs
             if (t.number != number and t.user_attrs.get("config_hash") == h and "duplicate_of" not in t.user_attrs
-                    and (is_feasible(t) or t.state == TrialState.PRUNED or t.user_attrs.get("status") == "oom")):
+                    and (is_feasible(t) or screened_out or t.user_attrs.get("status") == "oom")):
                 return t
         return None
 

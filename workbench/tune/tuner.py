@@ -193,6 +193,7 @@ class Tuner:
                 o.measurer.remove_stale_attempts()
                 write_tune_json(s, sessions, started, None)
                 o.measurer.run_baseline()
+                o.gpu_budget.no_room()  # a GPU-minute budget that holds no search trial says so, naming its keys
                 write_lifetimes(s, self.lifetimes)  # the base config's gradient lifetimes, once (no device)
                 write_tune_json(s, sessions, started, None)
             o.search.search(self._t0)
