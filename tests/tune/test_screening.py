@@ -135,14 +135,21 @@ def test_a_config_screened_out_is_not_screened_again(study_spec_file, tmp_path, 
     assert all(p != pruned.params for p, _ in fake_search[runs:])
 
 
+def _budget_study(study_spec_file, name: str, gpu_minutes: float, *, top_k: int, ab_rounds: int) -> Path:
+    """A random search of SPACE on a budget of 50 trials and ``gpu_minutes``, 2 baseline repeats, no traces."""
+    path = study_spec_file(name, space=SPACE, trials=50, sampler={"name": "random", "seed": 0},
+                           protocol={"baseline_repeats": 2, "top_k": top_k, "ab_rounds": ab_rounds,
+                                     "profile_steps": 0})
+    spec = yaml.safe_load(path.read_text())
+    spec["budget"] = {"trials": 50, "gpu_minutes": gpu_minutes}
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
 def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(study_spec_file, tmp_path,
                                                                               fake_search, fake_measure):
     """10 GPU-minutes: the baseline's 2 runs, then trials while 4 A/B runs and one more trial still fit."""
-    path = study_spec_file("gpumin", space=SPACE, trials=50, sampler={"name": "random", "seed": 0},
-                           protocol={"baseline_repeats": 2, "top_k": 1, "ab_rounds": 2, "profile_steps": 0})
-    spec = yaml.safe_load(path.read_text())
-    spec["budget"] = {"trials": 50, "gpu_minutes": 10}
-    path.write_text(yaml.safe_dump(spec))
+    path = _budget_study(study_spec_file, "gpumin", 10, top_k=1, ab_rounds=2)
     t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False)
     validation = t.run()
     tune = json.loads((tmp_path / "runs" / "gpumin" / "tune.json").read_text())
@@ -260,11 +267,7 @@ def test_a_budget_that_holds_no_search_trial_says_which_keys_make_room(study_spe
     """The hf-llama study on the H200: top_k 2 and 4 A/B rounds at ~54 s a run kept 14.2 GPU-minutes of an
     8-minute budget, and the base config was exported without a word on why. Here (a minute a run): the baseline's
     2, 16 kept for 2 x 2 x 4 A/B runs and a trial's 1 need 19 minutes; one line says so after the baseline."""
-    path = study_spec_file("noroom", space=SPACE, trials=50, sampler={"name": "random", "seed": 0},
-                           protocol={"baseline_repeats": 2, "top_k": 2, "ab_rounds": 4, "profile_steps": 0})
-    spec = yaml.safe_load(path.read_text())
-    spec["budget"] = {"trials": 50, "gpu_minutes": 8}
-    path.write_text(yaml.safe_dump(spec))
+    path = _budget_study(study_spec_file, "noroom", 8, top_k=2, ab_rounds=4)
     t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False)
     validation = t.run()
     err = capsys.readouterr().err
