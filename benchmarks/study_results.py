@@ -6,7 +6,8 @@ validation runs) and metric, with the configuration, the study, the GPU and vers
 Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (every search trial, its status and
 summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
 Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
-step time, compile seconds and cache hits, peak reserved memory, seconds per step of each phase and the numerics
+step time, compile seconds and cache hits, device seconds (``time/trial_wall_s``, the baseline's runs too) and a
+compile-ahead twin's figures, peak reserved memory, seconds per step of each phase and the numerics
 guard's check; the baseline's last-window loss; per study its GPU-minutes by phase and its screening record
 (configs a GPU-minute); a failed trial gets ``status`` and ``failure_reason`` in its row's ``note`` and
 objective 0, as the sampler was told.
@@ -59,6 +60,11 @@ def study_rows(d: Path) -> list[dict]:
         rows += [{**base, "metric": f"time/{ph}_s_per_step", "value": v}
                  for ph, v in (summary.get("phase_s_per_step") or {}).items() if v is not None]
         rows += [{**base, "metric": m, "value": summary[m]} for m in CACHE_METRICS if summary.get(m) is not None]
+        if isinstance(attrs.get("wall_s"), (int, float)):  # the trial's device seconds (0: refused without a run)
+            rows.append({**base, "metric": "time/trial_wall_s", "value": attrs["wall_s"]})
+        ahead = attrs.get("compile_ahead") or {}  # its twin's compile, run while the trial before it ran
+        rows += [{**base, "metric": f"compile_ahead/{k}", "value": ahead[k], "note": f"twin {ahead.get('status')}"}
+                 for k in ("wall_s", COMPILE_S, "waited_s") if isinstance(ahead.get(k), (int, float))]
         check = attrs.get("numerics") or {}  # the numerics guard's check of a trial that changed FP8
         rows += [{**base, "metric": f"numerics/{k}", "value": check[k]} for k in ("loss", "reference_loss",
                                                                                   "rel_diff", "tolerance")
@@ -87,6 +93,14 @@ def study_rows(d: Path) -> list[dict]:
             stages = ", ".join(f"{s['trials']} at {s['windows']} window(s)" for s in screening.get("stages") or [])
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screening/{key}",
                          "value": screening[key], "note": f"pruner {screening.get('pruner')}: {stages}"})
+    ahead = screening.get("compile_ahead") or {}
+    for key in ("twins", "finished", "waited_s", "median_compile_s_after_twin", "median_compile_s_without"):
+        if isinstance(ahead.get(key), (int, float)):
+            rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"compile_ahead/{key}",
+                         "value": ahead[key], "note": f"{ahead.get('asked_ahead')} asked ahead"})
+    for i, wall in enumerate(study.user_attrs.get("baseline_wall_s") or []):
+        rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
+                     "metric": "time/trial_wall_s", "value": wall})
     val = d / "validation.json"
     if val.exists():
         v = json.loads(val.read_text())

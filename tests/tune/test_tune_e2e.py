@@ -228,6 +228,11 @@ def _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w):
     search = obj[obj["phase"] == "search"].set_index("trial")["value"]
     assert search.to_dict() == pytest.approx({t.number: t.values[0] for t in counted})
     assert obj[obj["phase"] == "baseline"]["value"].tolist() == pytest.approx(val["baseline_runs"])
+    walls = df[df["metric"] == "time/trial_wall_s"]  # each run's device seconds, as the GPU budget counted them
+    assert walls[walls["phase"] == "search"].set_index("trial")["value"].to_dict() == pytest.approx(
+        {t.number: t.user_attrs["wall_s"] for t in counted})
+    assert len(walls[walls["phase"] == "baseline"]) == len(val["baseline_runs"])
+    assert (walls["value"] > 0).all()
     if w["trial"] is not None:
         v = df[(df["phase"] == "validation") & (df["trial"] == w["trial"])].set_index("metric")["value"]
         assert v["validation/speedup_median"] == pytest.approx(w["speedup_median"])
