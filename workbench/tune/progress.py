@@ -1,5 +1,5 @@
 """The tuner's progress bar (tqdm): the runs of the study done of those planned (the search's trials, then
-validation's A/B runs and the trace runs), the best so far, the GPU-minutes spent, the current phase; and the
+validation's A/B runs), the best so far, the GPU-minutes spent, the current phase; and the
 ``Console`` the tuner's lines go through (above the bar while there is one)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ __all__ = ["Console", "Progress"]
 
 class Progress:
     """tqdm bar over the study's runs: ``trials`` search trials (None: no trial budget, so no total), then at most
-    ``after`` runs after the search (validation and traces); each counts one."""
+    ``after`` runs after the search (validation); each counts one."""
 
     def __init__(self, trials: int | None, desc: str, enabled: bool, after: int = 0) -> None:
         total = None if trials is None else trials + after

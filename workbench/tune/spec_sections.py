@@ -106,10 +106,10 @@ class Budget:
     timeout_s: float | None = None
     """Wall-clock limit of the search in each tuner process; null = none."""
     gpu_minutes: float | None = None
-    """Device time of the whole study, every process it ran (baseline, search, numerics twins, validation,
-    traces) times its GPUs: the search stops before a trial once what was spent, plus what validation and the
-    traces may take at most, plus a trial (the median of those that ran), reaches it, and a trial runs on past a
-    window only while it holds the trial's other windows; null = none."""
+    """Device time of the whole study, every process it ran (baseline, search, numerics twins, validation)
+    times its GPUs: the search stops before a trial once what was spent, plus what validation (its traced pairs
+    included) may take at most, plus a trial (the median of those that ran), reaches it, and a trial runs on
+    past a window only while it holds the trial's other windows; null = none."""
 
     def __post_init__(self) -> None:
         if self.trials is not None and self.trials < 1:
