@@ -2,9 +2,10 @@
 validation runs) and metric, with the configuration, the study, the GPU and versions, and the time.
 
     python benchmarks/study_results.py runs/<study> [runs/<study2> ...] --out benchmarks/results/NAME.csv
+        [--storage URL]  # a study tuned with --storage URL (one storage shared by studies)
 
-Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (every search trial, its status and
-summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
+Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (or ``--storage``: every search trial,
+its status and summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
 Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
 step time, compile seconds and cache hits, device seconds (``time/trial_wall_s``, the baseline's runs too) and a
 compile-ahead twin's figures, peak reserved memory, seconds per step of each phase and the numerics
@@ -34,14 +35,15 @@ CACHE_METRICS = ("compile/fx_graph_cache_hit", "compile/fx_graph_cache_miss", "c
                  "compile/aot_autograd_cache_miss")
 
 
-def study_rows(d: Path) -> list[dict]:
+def study_rows(d: Path, storage: str | None = None) -> list[dict]:
     tune = json.loads((d / "tune.json").read_text())
     env = json.loads((d / "environment.json").read_text()) if (d / "environment.json").exists() else {}
     common = {"study": tune["study_name"], "gpu": env.get("gpu") or tune["hardware"].get("gpu"),
               "torch": env.get("torch"), "triton": env.get("triton"), "cuda": env.get("cuda"),
               "timestamp": tune.get("finished") or tune.get("started")}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.load_study(study_name=tune["study_name"], storage=f"sqlite:///{(d / 'study.db').resolve()}")
+    study = optuna.load_study(study_name=tune["study_name"],
+                              storage=storage or f"sqlite:///{(d / 'study.db').resolve()}")
     rows = []
     for t in study.trials:
         if t.state not in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) and not infeasible(t):
@@ -129,13 +131,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser()
     p.add_argument("studies", nargs="+", help="study directories (runs/<study>)")
     p.add_argument("--out", required=True)
+    p.add_argument("--storage", help="the Optuna storage URL the studies were tuned with (default: each study "
+                                     "directory's study.db)")
     a = p.parse_args(argv)
     rows = []
     for s in a.studies:
         d = Path(s)
         if not (d / "tune.json").exists():
             sys.exit(f"study_results: {d}: no tune.json (expected a study directory written by workbench.tune)")
-        rows += study_rows(d)
+        rows += study_rows(d, a.storage)
     df = pd.DataFrame(rows, columns=["study", "phase", "trial", "config", "metric", "value", "note", "gpu",
                                      "torch", "triton", "cuda", "timestamp"])
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)

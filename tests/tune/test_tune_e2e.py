@@ -238,3 +238,14 @@ def _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w):
         assert v["validation/speedup_median"] == pytest.approx(w["speedup_median"])
         assert v["validation/ci_low"] == pytest.approx(w["ci_low"])
     assert (df["study"] == "e2e").all()
+    # a study tuned in a storage of its own (--storage, shared by studies): the same rows from there
+    shared = tmp_path / "shared.db"
+    (sdir / "study.db").rename(shared)
+    try:
+        p = subprocess.run([sys.executable, str(repo / "benchmarks" / "study_results.py"), str(sdir), "--out",
+                            str(tmp_path / "shared.csv"), "--storage", f"sqlite:///{shared}"],
+                           capture_output=True, text=True, env=subprocess_env, cwd=repo, timeout=120)
+    finally:
+        shared.rename(sdir / "study.db")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert pd.read_csv(tmp_path / "shared.csv").equals(df)
