@@ -205,7 +205,26 @@ FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and war
 @pytest.fixture
 def timed_search(monkeypatch):
     """Search trials on a clock of their own: the first window at FIRST_WINDOW_S after the launch, each later one
-    WINDOW_S after it; a trial's wall is the clock's. Returns the windows each trial measured, by trial number."""
+    WINDOW_S after it; a trial's wall is the clock's. Their windows' records hold no step time (the runner gives
+    no window seconds). Returns the windows each trial measured, by trial number."""
+    return _timed_runs(monkeypatch, own_s=None)
+
+
+@pytest.fixture
+def timed_search_own(monkeypatch):
+    """The same clock, each window's own seconds (WINDOW_S) given with its value, as the real runner reads them
+    from the window's record."""
+    return _timed_runs(monkeypatch, own_s=WINDOW_S)
+
+
+@pytest.fixture
+def timed_search_gaps(monkeypatch):
+    """The same clock, each window's own seconds half the time between windows' reports (the rest: the loop's
+    work between windows)."""
+    return _timed_runs(monkeypatch, own_s=WINDOW_S / 2)
+
+
+def _timed_runs(monkeypatch, *, own_s: float | None) -> dict[int, int]:
     clock = [1000.0]
     monkeypatch.setattr("workbench.tune.search.time", SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
     measured: dict[int, int] = {}
@@ -216,7 +235,7 @@ def timed_search(monkeypatch):
         for i in range(self.session.spec.protocol.windows):
             clock[0] += WINDOW_S if i else FIRST_WINDOW_S
             measured[trial.number] = i + 1
-            if on_window(i, v):
+            if on_window(i, v) if own_s is None else on_window(i, v, own_s):
                 return TrialOutcome("pruned", Path(tdir), windows=[v] * (i + 1), wall_s=clock[0] - start,
                                     failure_reason=f"pruned after window {i + 1}")
         return TrialOutcome("ok", Path(tdir), windows=[v] * measured[trial.number], value=v,
@@ -260,6 +279,43 @@ def test_a_trial_is_promoted_past_its_screen_only_while_the_budget_holds_its_oth
         assert "stopped_for_budget" not in first.user_attrs and first.user_attrs["wall_s"] == 30.0
         assert screening_record(t.session)["stopped_for_budget"] == 0
     assert gpu_seconds(t.session)["screening"] + gpu_seconds(t.session)["trials"] <= minutes * 60
+
+
+def test_a_screen_is_priced_at_its_windows_own_seconds_not_its_compile(study_spec_file, tmp_path,
+                                                                         timed_search_own):
+    """The hf-llama study on the H200: its one trial measured 64,553 tok/s in its first window, 50 s after its
+    launch (most of it the compile), and was stopped there at 50 s a window left, though a window took 5 s; the
+    base config was exported. Here the first window comes 20 s after the launch and takes 10 s of it: with 15 s
+    of budget left, the window left (10 s) fits and the trial is measured to the end."""
+    spec = study_spec_file("ownsec", space=SPACE, trials=1, sampler={"name": "grid", "seed": 1},
+                           pruner={"name": "successive_halving", "reduction_factor": 2}, protocol={"windows": 2})
+    t = _tuner(spec, tmp_path)
+    t.session.gpu_minutes = (FIRST_WINDOW_S + 15.0) / 60  # after the first window, 15 s are left
+    t.search()
+    first = t.study.get_trials()[0]
+    assert timed_search_own == {0: 2} and first.state == TrialState.COMPLETE
+    assert "stopped_for_budget" not in first.user_attrs
+    assert first.user_attrs["wall_s"] == FIRST_WINDOW_S + WINDOW_S
+
+
+@pytest.mark.parametrize("left_s, stopped", [(9.0, True), (11.0, False)])
+def test_later_windows_are_priced_at_the_pace_between_their_reports(study_spec_file, tmp_path, timed_search_gaps,
+                                                                      left_s, stopped):
+    """Three windows of 5 s each, reported 10 s apart: after the first (20 s in) the two left are priced at 5 s
+    each; after the second (30 s in) the one left at the 10 s since the first's report, the longer. 9 s left
+    then stop it, 11 s let it run."""
+    spec = study_spec_file(f"pace{int(stopped)}", space=SPACE, trials=1, sampler={"name": "grid", "seed": 1},
+                           pruner={"name": "none"}, protocol={"windows": 3})
+    t = _tuner(spec, tmp_path)
+    t.session.gpu_minutes = (FIRST_WINDOW_S + WINDOW_S + left_s) / 60
+    t.search()
+    first = t.study.get_trials()[0]
+    if stopped:
+        assert timed_search_gaps == {0: 2} and first.state == TrialState.PRUNED
+        stop = first.user_attrs["stopped_for_budget"]
+        assert (stop["after_window"], stop["s_per_window"], stop["need_s"]) == (2, WINDOW_S, WINDOW_S)
+    else:
+        assert timed_search_gaps == {0: 3} and first.state == TrialState.COMPLETE
 
 
 def test_a_budget_that_holds_no_search_trial_says_which_keys_make_room(study_spec_file, tmp_path, fake_search,

@@ -13,7 +13,7 @@ from workbench.config import load_config, merge_overrides
 from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import classify, launch_command, not_launched_outcome, run_trial
-from workbench.vocab import EXIT_CODES
+from workbench.vocab import EXIT_CODES, REAL_TOKENS_PER_S, STEP_S
 
 
 @pytest.fixture
@@ -22,13 +22,20 @@ def spec(study_spec_file):
 
 
 def test_a_real_trial_reports_its_windows(spec, tmp_path):
-    seen, phases = [], []
+    seen, phases, seconds = [], [], []
     out = run_trial(spec.trial_config({"micro_batch_size": 8}), tmp_path / "t0", timeout_s=180,
-                    heartbeat_timeout_s=60, on_window=lambda i, v: seen.append((i, v)) and False,
+                    heartbeat_timeout_s=60, on_window=lambda i, v, s: seen.append((i, v)) or seconds.append(s),
                     on_phase=phases.append)
     assert out.status == "ok", out.log_tail
     assert len(out.windows) == spec.protocol.windows
     assert seen == list(enumerate(out.windows))
+    # each window's own seconds, from its record: its steps at its mean step time (what the budget prices a
+    # window left at; the launch and the warm-up are not in it)
+    recs = [json.loads(ln) for ln in (tmp_path / "t0" / "metrics.jsonl").read_text().splitlines()]
+    recs = [r for r in recs if REAL_TOKENS_PER_S in r
+            and r["step"] > spec.protocol.warmup_steps]
+    assert seconds == pytest.approx([r["steps"] * r[STEP_S] for r in recs])
+    assert all(0 < s < out.wall_s / spec.protocol.windows for s in seconds)
     assert out.value == pytest.approx(statistics.median(out.windows))
     assert out.summary and out.summary["measured_steps"] > 0 and "phase_s_per_step" in out.summary
     for name in ("config.yaml", "metrics.jsonl", "phases.csv", "summary.json", "log.txt", "heartbeat"):
@@ -76,7 +83,7 @@ def test_a_symlink_in_a_study_folder_is_refused_never_emptied(spec, tmp_path):
 
 def test_pruning_kills_the_trial(spec, tmp_path):
     out = run_trial(spec.trial_config({}), tmp_path / "p", timeout_s=180, heartbeat_timeout_s=60,
-                    on_window=lambda i, v: True)
+                    on_window=lambda i, v, s: True)
     assert out.status == "pruned" and len(out.windows) >= 1 and out.value is None
 
 

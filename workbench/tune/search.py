@@ -14,7 +14,7 @@ import statistics
 import threading
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +34,8 @@ from workbench.tune.samplers import CONSTRAINTS, infeasible, untried_config
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor
 from workbench.tune.storage import HEARTBEAT_INTERVAL_S, alive, proc_identity
-from workbench.tune.trial import TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail, run_trial
+from workbench.tune.trial import (OnWindow, TrialOutcome, interrupts_held, not_launched_outcome, read_log_tail,
+                                  run_trial)
 from workbench.tune.validation import is_feasible
 
 __all__ = ["COUNTED_STATES", "MAX_ENUMERATED", "SEARCH_ENDED", "Search", "counts", "flat_attrs"]
@@ -344,15 +345,21 @@ class Search:
         return _outcome_of(twin)
 
     def _on_window(self, trial: optuna.Trial, waited: float = 0.0,
-                   stop: dict[str, Any] | None = None) -> Callable[[int, float], bool]:
+                   stop: dict[str, Any] | None = None) -> OnWindow:
         """Each measured window's value, reported to the pruner; True: prune the trial. A trial the pruner lets run
         on is stopped too where the GPU-minute budget cannot hold its other windows (``budget_stop``: its record
         goes to ``stop``). ``waited``: the seconds the trial waited for its twin (its device time too)."""
         spec = self.session.spec
         multi, screens, last = spec.objective.multi_objective, spec.pruner.screens, spec.protocol.windows - 1
         started = time.monotonic()  # (a run killed from outside and run again: both attempts' seconds count)
+        reports: list[float] = []  # when each window was read
 
-        def on_window(i: int, v: float) -> bool:
+        def on_window(i: int, v: float, window_s: float | None = None) -> bool:
+            now = time.monotonic()
+            # a window's seconds: the longer of its own (its record's) and the time since the previous window's
+            # report; the first window's report follows the launch, compile and warm-up, so its own seconds alone
+            pace = max(window_s or 0.0, now - reports[-1]) if reports else window_s
+            reports.append(now)
             if multi:
                 return False
             # a screening pruner's resource is the count of windows measured; its last rung is the full protocol,
@@ -362,19 +369,21 @@ class Search:
                 return False
             if trial.should_prune():
                 return True
-            why = self.budget_stop(i + 1, time.monotonic() - started, waited)
+            why = self.budget_stop(i + 1, now - started, waited, pace)
             if why is not None and stop is not None and not stop:
                 stop.update(why)
             return why is not None
 
         return on_window
 
-    def budget_stop(self, measured: int, run_s: float, waited: float) -> dict[str, Any] | None:
+    def budget_stop(self, measured: int, run_s: float, waited: float,
+                    window_s: float | None = None) -> dict[str, Any] | None:
         """Why a trial that measured ``measured`` windows in the ``run_s`` seconds since its launch (after
         ``waited`` seconds for its twin) stops there: the GPU-minute budget cannot hold its other windows; None
-        while it can (or there is no such budget, or no window left). Each window left is taken at the trial's
-        seconds per window so far, ``run_s / measured``: an upper bound, since the launch, the compile and the
-        warm-up are in it, so the budget stays hard."""
+        while it can (or there is no such budget, or no window left). Each window left is taken at ``window_s``,
+        the seconds of its last window (``_on_window``): the launch, the compile and the warm-up are paid once and
+        are not in it. Without it (a window record with no step time), at the trial's seconds per window so far,
+        ``run_s / measured``, an upper bound that holds them."""
         s = self.session
         room = self.gpu_budget.room()
         left = s.spec.protocol.windows - measured
@@ -382,7 +391,7 @@ class Search:
             return None
         gpus = s.spec.gpus
         spent = (run_s + waited) * gpus
-        per_window = run_s / measured
+        per_window = window_s if window_s else run_s / measured
         need = left * per_window * gpus
         if spent + need <= room:
             return None

@@ -58,7 +58,7 @@ from typing import Any
 from workbench.config import Config, dump_config
 from workbench.files import remove_tree, write_json, write_text
 from workbench.vocab import (DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
-                             REAL_TOKENS_PER_S, STATUSES)
+                             REAL_TOKENS_PER_S, STATUSES, STEP_S)
 
 __all__ = [
     "FAILURE_KINDS",
@@ -387,12 +387,25 @@ class Watch:
     pruned: bool = False
 
 
+OnWindow = Callable[[int, float, float | None], bool]
+"""A measured window's callback: (its index, its tokens/s/GPU, its own seconds or None); True prunes the trial."""
+
+
+def _window_seconds(rec: dict[str, Any]) -> float | None:
+    """A window record's own seconds: its steps at its mean step time (the launch, the compile, the warm-up and
+    the earlier windows are not in it); None where the record lacks either."""
+    steps, step_s = rec.get("steps"), rec.get(STEP_S)
+    if isinstance(steps, int) and steps > 0 and isinstance(step_s, (int, float)) and step_s > 0:
+        return steps * float(step_s)
+    return None
+
+
 class Watchdog:
     """Polls a running trial (see the module docstring): each measured window of ``metrics`` goes to
     ``on_window`` (True prunes), the heartbeat file tells progress, and the time limits end the process group."""
 
     def __init__(self, proc: subprocess.Popen[bytes], trial_dir: Path, cfg: Config, *, timeout_s: float,
-                 heartbeat_timeout_s: float, on_window: Callable[[int, float], bool] | None,
+                 heartbeat_timeout_s: float, on_window: OnWindow | None,
                  phase: Callable[[str], None], poll_s: float) -> None:
         self.proc, self.phase, self.on_window, self.poll_s = proc, phase, on_window, poll_s
         self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
@@ -402,14 +415,15 @@ class Watchdog:
         self.heartbeat = trial_dir / "heartbeat"
         self.seen = Watch()
 
-    def _new_windows(self) -> Iterator[float]:
-        """Each measured window written since the last read (only windows after the warm-up count)."""
+    def _new_windows(self) -> Iterator[tuple[float, float | None]]:
+        """Each measured window written since the last read (only windows after the warm-up count): its
+        tokens/s/GPU and its own seconds (its steps at its mean step time; None where the record lacks them)."""
         for rec in self.metrics.read():
             v = rec.get(REAL_TOKENS_PER_S)
             if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > self.warm:
                 self.seen.windows.append(float(v))
                 self.seen.last_window = rec
-                yield float(v)
+                yield float(v), _window_seconds(rec)
 
     def _limit_passed(self, t0: float, now: float, beat: str | None, beat_at: float) -> tuple[str, str]:
         """(kind, reason) of the time limit the trial has passed, or ("", "")."""
@@ -430,9 +444,9 @@ class Watchdog:
         beat, beat_at = None, t0
         while True:
             rc = self.proc.poll()
-            for v in self._new_windows():
+            for v, window_s in self._new_windows():
                 self.phase(f"measuring window {len(seen.windows) + 1}/{n}" if len(seen.windows) < n else "finishing")
-                if self.on_window is not None and self.on_window(len(seen.windows) - 1, v) and rc is None:
+                if self.on_window is not None and self.on_window(len(seen.windows) - 1, v, window_s) and rc is None:
                     seen.pruned = True
             if seen.pruned:
                 kill_group(self.proc)
@@ -457,9 +471,9 @@ class Watchdog:
     def drain(self) -> None:
         """The windows written between the last poll and the exit, to ``on_window`` for the pruner's statistics
         (the trial is over)."""
-        for v in self._new_windows():
+        for v, window_s in self._new_windows():
             if self.on_window is not None:
-                self.on_window(len(self.seen.windows) - 1, v)
+                self.on_window(len(self.seen.windows) - 1, v, window_s)
 
 
 def _launch(cfg: Config, trial_dir: Path, launch: Launcher, env: dict[str, str] | None,
@@ -545,7 +559,7 @@ def run_trial(
     *,
     timeout_s: float,
     heartbeat_timeout_s: float,
-    on_window: Callable[[int, float], bool] | None = None,
+    on_window: OnWindow | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_launch: Callable[[int], None] | None = None,
     launch: Launcher = launch_command,
@@ -555,8 +569,8 @@ def run_trial(
 ) -> TrialOutcome:
     """Run one trial of ``cfg`` in a fresh process group under ``trial_dir`` (see the module docstring).
 
-    ``on_window(i, tokens_per_s)`` is called for each measured window; returning True prunes the
-    trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
+    ``on_window(i, tokens_per_s, window_s)`` is called for each measured window (``window_s``: its own seconds,
+    or None); returning True prunes the trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
     ``on_launch(pgid)`` is called once the child runs. ``launch`` builds the child's command line.
     ``env``: variables set in the child's environment (the study's shared compile caches); ``cwd``: its working
     directory (default the tuner's). A KeyboardInterrupt kills the child's group and propagates.
