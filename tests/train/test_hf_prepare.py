@@ -345,6 +345,11 @@ _COMPILED = {"loongforge.compute_domain.compile": "default"}
      r"^hf\.liger: got true with the project's loss \(ops\.loss: triton\)"),
     ({"hf.liger": True, **_FP8, "loongforge.compute_domain.fp8_head": True, **_COMPILED},
      r"^hf\.liger: got true with the project's loss \(fp8_head: true\)"),
+    # per layer, a mode that captures CUDA graphs: the layers' replays write over what the next layer saved
+    ({"loongforge.compute_domain.compile": "reduce-overhead"},
+     r"^loongforge\.compute_domain\.compile: got 'reduce-overhead' with compile_scope: layer: .*CUDA graph"),
+    ({"loongforge.compute_domain.compile": "max-autotune"}, r"^loongforge\.compute_domain\.compile: got "
+                                                            r"'max-autotune' with compile_scope: layer"),
 ])
 def test_what_a_hugging_face_model_cannot_take_is_refused_naming_the_key(over, match):
     model = _model()

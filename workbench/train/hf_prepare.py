@@ -36,7 +36,9 @@ config the study wrote for the trial, so the exported config runs the same patch
   (selective), through HF's own per-layer switch, non-reentrant;
 * ``loongforge.compute_domain.compile``: each decoder layer compiled apart (``compile_scope: layer``), or the whole
   model (the whole decoder under ``hf.liger`` or the project's loss, the head and its loss apart), in the config's
-  mode.
+  mode. A mode that captures CUDA graphs is refused per layer: the layers' replays write over the outputs that
+  the next layer saved for its backward (on the H200, torch 2.11: "accessing tensor output of CUDAGraphs that
+  has been overwritten by a subsequent run", in the backward of the first step).
 
 Order matters and is fixed: kernels and FP8 swap modules, the loss patches the forward, checkpointing wraps
 layers, compile comes last. A model whose layout the patches do not know (a decoder at ``model.model.layers`` with
@@ -61,7 +63,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from workbench.config import Config, ConfigError
+from workbench.config import GRAPH_CAPTURING_COMPILE_MODES, Config, ConfigError
 from workbench.train.fp8 import convert_to_fp8
 from workbench.train.ops import resolve
 
@@ -396,6 +398,10 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
     mtype, decoder, layers = _decoder(model, cfg)
     cd = cfg.loongforge.compute_domain
     loss_backend = _loss_backend(cfg)  # the refusals first, before anything is patched
+    if cd.compile_scope == "layer" and cd.compile in GRAPH_CAPTURING_COMPILE_MODES:
+        raise ConfigError(f"got {cd.compile!r} with compile_scope: layer: each decoder layer's CUDA graph replays "
+                          "over the outputs the next layer saved for its backward, and the first backward fails; "
+                          "choose 'default' or 'max-autotune-no-cudagraphs'", key="loongforge.compute_domain.compile")
     applied: list[str] = []
     if cfg.hf.attention != getattr(model.config, "_attn_implementation", None):
         try:
