@@ -146,6 +146,48 @@ def test_the_projects_triton_ops_replace_the_norms_and_mlps(subprocess_env):
     assert got["loss"] < 1e-5 and got["grad"] < 1e-4
 
 
+def test_the_fused_residual_norm_keeps_the_loss_and_gradients(subprocess_env):
+    """fused_residual_norm with the Triton RMSNorm: each layer's post-attention residual add runs inside the norm
+    (rmsnorm_add). The same sums in the same order: loss and every gradient as with the unfused Triton ops, and
+    within the interpreter's float error of HF's own model."""
+    got = _interpreted("""
+        ops = {"loongforge.compute_domain.ops.rmsnorm": "triton", "loongforge.compute_domain.ops.swiglu": "triton"}
+        ref_out, ref_grads = run(model())
+        uf_out, uf_grads = run(prepare(model(), cfg(**ops), torch.device("cpu"))[0])
+        m, applied = prepare(model(), cfg(**ops, **{"loongforge.compute_domain.fused_residual_norm": True}),
+                             torch.device("cpu"))
+        out, grads = run(m)
+        print(json.dumps({"applied": applied, "patched": ["forward" in vars(layer) for layer in m.model.layers],
+                          "loss_vs_unfused": abs(out.loss.item() - uf_out.loss.item()),
+                          "loss_vs_hf": abs(out.loss.item() - ref_out.loss.item()) / ref_out.loss.item(),
+                          "grads_vs_unfused": max(rel(grads[n], uf_grads[n]) for n in uf_grads),
+                          "grads_vs_hf": max(rel(grads[n], ref_grads[n]) for n in ref_grads),
+                          "all_grads": sorted(grads) == sorted(ref_grads)}))
+    """, subprocess_env)
+    assert got["applied"] == ["rmsnorm: the project's Triton kernel in 5 modules",
+                              "fused_residual_norm: the post-attention residual add inside the norm in 2 decoder "
+                              "layers", "swiglu: the project's Triton kernel in 2 MLPs"]
+    assert got["patched"] == [True, True] and got["all_grads"]
+    assert got["loss_vs_unfused"] < 1e-6 and got["grads_vs_unfused"] < 1e-5, got
+    assert got["loss_vs_hf"] < 1e-5 and got["grads_vs_hf"] < 1e-4, got
+
+
+def test_the_fused_residual_norm_is_refused_for_a_layer_it_does_not_know():
+    """A decoder layer whose forward returns a tuple (older transformers) is not the layer the fused forward
+    replaces: refused naming the key, before anything is patched."""
+    class TupleLayer(transformers.models.llama.modeling_llama.LlamaDecoderLayer):
+        def forward(self, hidden_states, **kwargs) -> tuple:
+            return (super().forward(hidden_states, **kwargs),)
+
+    model = _model(2)
+    model.model.layers[1].__class__ = TupleLayer
+    over = {**_OPS, "loongforge.compute_domain.fused_residual_norm": True}
+    with pytest.raises(ConfigError, match=r"^loongforge\.compute_domain\.fused_residual_norm: got true, but "
+                                          r"TupleLayer is not a pre-norm decoder layer .* returns tuple\)"):
+        prepare(model, _cfg(**over), CPU)
+    assert not any("forward" in vars(m) for m in model.modules())
+
+
 def test_fp8_cast_triton_puts_the_projects_casts_in_the_decoder_linears(subprocess_env):
     """fp8_cast: triton makes every selected decoder Linear an Fp8Linear (the head stays a plain Linear). Its casts
     are torchao's bit for bit and its matmuls the same _scaled_mm calls (tests/kernels/test_fp8_linear.py), so the
@@ -235,6 +277,46 @@ def test_the_projects_ops_and_casts_go_with_ligers_fused_loss_under_compile(subp
     # tensor, deduplicated in the graph): 3 fewer, as the built-in model's shared-input cast
     assert got["launched"] == {"rmsnorm": 3, "swiglu": 1, "fp8_cast": 18}
     assert got["logits"] < 1e-5 and got["grad"] < 1e-4  # Inductor's fusions reorder fp32 sums, no more
+
+
+def test_the_fused_residual_norm_compiles_in_one_graph_with_the_fp8_casts(subprocess_env, tmp_path):
+    """The export's levers on an HF layer compiled apart: FP8 by the project's casts, the Triton ops and the fused
+    residual norm. The layer compiles in one graph (no FP8 fallback line), its post-attention norm takes the
+    residual (the fused kernel: one of the layer's two norm launches), and it computes what it computes eagerly."""
+    env = {**subprocess_env, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    got = _interpreted("""
+        import kernels.rmsnorm
+
+        with_residual = []
+        fwd = kernels.rmsnorm._rmsnorm_fwd
+
+        def counted(x, residual, *args, **kwargs):
+            with_residual.append(residual is not None)
+            return fwd(x, residual, *args, **kwargs)
+        kernels.rmsnorm._rmsnorm_fwd = counted
+        over = {"loongforge.compute_domain.ops.rmsnorm": "triton", "loongforge.compute_domain.ops.swiglu": "triton",
+                "loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_cast": "triton",
+                "loongforge.compute_domain.fp8_modules.size_filter": False,
+                "loongforge.compute_domain.fused_residual_norm": True}
+        eager_out, eager_grads = run(prepare(model(1), cfg(**over), torch.device("cpu"))[0])
+        eager = list(with_residual)
+        with_residual.clear()
+        m, applied = prepare(model(1), cfg(**over, **{"loongforge.compute_domain.compile": "default",
+                                                     "loongforge.compute_domain.compile_shapes": "static"}),
+                             torch.device("cpu"))
+        out, grads = run(m)
+        print(json.dumps({"applied": applied, "eager": eager, "compiled": with_residual,
+                          "logits": rel(out.logits, eager_out.logits),
+                          "grad": max(rel(g, eager_grads[n]) for n, g in grads.items())}))
+    """, env)
+    assert got["applied"] == [
+        "rmsnorm: the project's Triton kernel in 3 modules",
+        "fused_residual_norm: the post-attention residual add inside the norm in 1 decoder layers",
+        "swiglu: the project's Triton kernel in 1 MLPs", "fp8 tensorwise (the project's Triton casts): 7 decoder Linears",
+        "torch.compile (default): each of 1 decoder layers"]  # no "fp8: decoder layer 0 breaks" line
+    # the layer's input norm, its post-attention norm with the residual, the final norm; compiled the same
+    assert got["eager"] == got["compiled"] == [False, True, False]
+    assert got["logits"] < 1e-5 and got["grad"] < 1e-4
 
 
 _OPS = {"loongforge.compute_domain.ops.rmsnorm": "triton", "loongforge.compute_domain.ops.swiglu": "triton"}

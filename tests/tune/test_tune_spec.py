@@ -97,6 +97,18 @@ def test_the_hf_llama_study_searches_the_projects_loss_instead_of_ligers():
     assert hf.knob_overrides({"fp8": "none"})["loongforge.compute_domain.fp8_head"] is False
 
 
+def test_the_hf_llama_study_searches_the_fused_residual_norm_under_the_triton_norm():
+    """The export's fused residual norm is a knob of the HF run too (run.prepare fuses the post-attention add):
+    sampled where RMSNorm runs on Triton only, so a warm start from the built-in loop's winner keeps it."""
+    hf = load_study_spec("hf-llama")
+    assert hf.space["fused_residual_norm"].choices == [False, True]
+    base = hf.base_knob_values()
+    assert not hf.knob("fused_residual_norm").active({**base, "rmsnorm_backend": "torch"})
+    assert hf.knob("fused_residual_norm").active({**base, "rmsnorm_backend": "triton"})
+    cd = hf.trial_config({"rmsnorm_backend": "triton", "fused_residual_norm": True}).loongforge.compute_domain
+    assert cd.fused_residual_norm and cd.ops.rmsnorm == "triton"
+
+
 def test_a_spec_file_by_path_and_a_model_config_json(tmp_path):
     (tmp_path / "model.json").write_text(
         Path(__file__).parents[1].joinpath("assets").joinpath("gqa_config.json").read_text())

@@ -14,6 +14,11 @@ config the study wrote for the trial, so the exported config runs the same patch
   model's (RoPE lives inside HF's functions, not in a module: for it, ``hf.liger``). With ``hf.liger`` they go
   together only under ``torch.compile``, where Liger patches its fused loss alone; eagerly Liger patches the same
   RMSNorm and MLP modules, and the pair is refused (key ``hf.liger``);
+* ``loongforge.compute_domain.fused_residual_norm`` (with the Triton RMSNorm): in each decoder layer the residual
+  add before the post-attention norm runs inside that norm (``rmsnorm_add``: one kernel reads the attention output
+  and the residual once; the layer's forward is patched on the instance, the same sums in the same order). The add
+  after the MLP stays HF's: the layers hand each other one tensor, so it cannot reach the next layer's norm as the
+  built-in model's does. With the torch RMSNorm it changes nothing (as in the built-in loop);
 * ``loongforge.compute_domain.fp8``: FP8 training of the decoder's Linears (``fp8_modules``, matched against names
   under the decoder, ``layers.0.mlp.up_proj``), cast by torchao (``Float8Linear``) or, with ``fp8_cast: triton``
   (tensorwise), by the project's kernels (``workbench.train.fp8_linear.Fp8Linear``: each Linear casts its own
@@ -99,6 +104,8 @@ def _asked(cfg: Config) -> list[str]:
         keys.append("hf.liger")
     if any(b == "triton" for b in cd.effective_ops().values()):
         keys.append("loongforge.compute_domain.ops")
+    if cd.fused_residual_norm:
+        keys.append("loongforge.compute_domain.fused_residual_norm")
     if cd.fp8 != "none":
         keys.append("loongforge.compute_domain.fp8")
     if cd.fp8_head:
@@ -198,9 +205,38 @@ def _mlp_forward(mlp: nn.Module, fn: Callable) -> Callable:
     return forward
 
 
-def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[str]:
+def _fused_layer_forward(layer: nn.Module, add_norm: Callable) -> Callable:
+    """A decoder layer's forward with the residual add before its post-attention norm inside that norm
+    (``add_norm(x, residual, weight, eps) -> (norm(x + residual), x + residual)``). HF's decoder passes the layer
+    everything but the hidden states by keyword, and the attention takes the same keywords; a call with more
+    positional arguments runs HF's forward."""
+    hf_forward, post = layer.forward, layer.post_attention_layernorm
+
+    def forward(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if args:
+            return hf_forward(hidden_states, *args, **kwargs)
+        h = layer.self_attn(hidden_states=layer.input_layernorm(hidden_states), **kwargs)[0]
+        h, s = add_norm(h, hidden_states, post.weight, post.variance_epsilon)  # s: HF's residual + attention
+        return s + layer.mlp(h)
+    return forward
+
+
+def _check_fusable(layers: nn.ModuleList) -> None:
+    """A ConfigError where a layer is not the pre-norm decoder layer :func:`_fused_layer_forward` knows: its
+    modules, and a forward that returns the hidden states alone."""
+    parts = ("input_layernorm", "self_attn", "post_attention_layernorm", "mlp")
+    for layer in layers:
+        ret = inspect.signature(type(layer).forward).return_annotation
+        if not all(hasattr(layer, p) for p in parts) or ret not in (torch.Tensor, "torch.Tensor"):
+            raise ConfigError(f"got true, but {type(layer).__name__} is not a pre-norm decoder layer with "
+                              f"{', '.join(parts)} that returns its hidden states alone (its forward returns "
+                              f"{ret}); set it to false", key="loongforge.compute_domain.fused_residual_norm")
+
+
+def _project_ops(model: nn.Module, layers: nn.ModuleList, cfg: Config, device: torch.device) -> list[str]:
     """The project's Triton RMSNorm and SwiGLU in place of the model's modules' forwards (instance attributes: the
-    modules and their parameters stay). RoPE on Triton is refused: it is an HF function, not a module (Liger
+    modules and their parameters stay), and under ``fused_residual_norm`` the decoder ``layers``' forwards
+    (:func:`_fused_layer_forward`). RoPE on Triton is refused: it is an HF function, not a module (Liger
     patches it); the loss is :func:`_project_loss`'s. With ``hf.liger`` they are refused where Liger patches the
     same modules (eagerly, :func:`_liger_patches_layers`); under compile Liger patches only its loss, and both
     apply."""
@@ -217,16 +253,24 @@ def _project_ops(model: nn.Module, cfg: Config, device: torch.device) -> list[st
         raise ConfigError("got true with the project's Triton ops chosen and compile: none: eagerly Liger patches "
                           "RMSNorm and SwiGLU too, so both replace the same modules; choose one, or compile (then "
                           "Liger patches only its fused loss)", key="hf.liger")
+    fuse = cd.fused_residual_norm and "rmsnorm" in wanted
+    if fuse:
+        _check_fusable(layers)
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":  # as the built-in loop's rule
         log.warning("Triton ops requested on the CPU: the model keeps its torch ops")
         return []
-    ops = resolve(wanted)
+    ops = resolve(wanted, fused_residual_norm=fuse)
     out = []
     if "rmsnorm" in wanted:
         norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm") and hasattr(m, "variance_epsilon")]
         for m in norms:
             m.forward = _norm_forward(m, ops.rmsnorm)
         out.append(f"rmsnorm: the project's Triton kernel in {len(norms)} modules")
+    if fuse:
+        for layer in layers:
+            layer.forward = _fused_layer_forward(layer, ops.rmsnorm_add)
+        out.append(f"fused_residual_norm: the post-attention residual add inside the norm in {len(layers)} "
+                   "decoder layers")
     if "swiglu" in wanted:
         mlps = [m for m in model.modules() if all(hasattr(m, p) for p in ("gate_proj", "up_proj", "down_proj"))]
         acts = {getattr(getattr(m, "config", None), "hidden_act", "silu") for m in mlps}
@@ -413,7 +457,7 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
     padded = _pad_vocab(model, cfg.hf.pad_vocab_multiple)
     if padded is not None:
         applied.append(padded)
-    applied += _project_ops(model, cfg, device)
+    applied += _project_ops(model, layers, cfg, device)
     if cfg.hf.liger:
         applied.append(_liger(model, mtype, cfg))
     if cd.fp8 != "none":  # the head's FP8 (fp8_head) is the loss op's, below
