@@ -652,3 +652,69 @@ def test_padding_free_and_padded_batches_give_the_same_loss():
                  for d in docs]
     assert packed == pytest.approx(padded, rel=1e-5)
     assert packed == pytest.approx(sum(a * (len(d["input_ids"]) - 1) for a, d in zip(alone, docs)) / 21, rel=1e-5)
+
+
+@pytest.fixture
+def mask_builders(monkeypatch):
+    """transformers' Llama mask builders and packed-sequence check, restored after the test (prepare patches the
+    builders once a process); returns the list of batch sizes the check saw."""
+    from transformers import masking_utils
+    from transformers.models.llama import modeling_llama
+
+    for name in ("create_causal_mask", "create_sliding_window_causal_mask"):
+        if hasattr(modeling_llama, name):
+            monkeypatch.setattr(modeling_llama, name, getattr(modeling_llama, name))
+    checked: list[int] = []
+    check = masking_utils.find_packed_sequence_indices
+
+    def counted(position_ids):
+        checked.append(position_ids.shape[0])
+        return check(position_ids)
+    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", counted)
+    return checked
+
+
+def test_the_packed_check_is_skipped_where_the_model_numbers_the_tokens_itself(mask_builders):
+    """hf.packed_check: false. transformers checks a forward's position ids for packed sequences with an .all()
+    (a wait for the device every micro-batch on a GPU); a forward given neither an attention mask nor position ids
+    is numbered by the model itself, so the check is skipped there: the same loss and gradients, no check. A
+    padding-free batch, which brings its own position ids, is still checked and gives the same loss."""
+    from workbench.train.hf_prepare import collator
+
+    def loss_and_grads(model):  # a training forward without a KV cache, as the Trainer's (with one, no check)
+        model.train()
+        x = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(1))
+        loss = model(input_ids=x, labels=x, use_cache=False).loss
+        loss.backward()
+        return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+    ref_loss, ref_grads = loss_and_grads(_model(2))
+    assert mask_builders == [2]  # unpatched: one check a forward
+    mask_builders.clear()
+    model, applied = prepare(_model(2), _cfg(**{"hf.packed_check": False}), CPU)
+    assert applied == ["packed check: skipped in LlamaModel's forwards given no attention mask or position ids "
+                       "(create_causal_mask)"]
+    loss, grads = loss_and_grads(model)
+    assert mask_builders == [] and loss == ref_loss
+    assert grads.keys() == ref_grads.keys() and all(torch.equal(g, ref_grads[n]) for n, g in grads.items())
+    g = torch.Generator().manual_seed(3)
+    docs = [{"input_ids": torch.randint(0, 256, (n,), generator=g).tolist()} for n in (7, 12, 5)]
+    fill = collator(_cfg(**{"data.packing": "fill"}))(docs)
+    with torch.no_grad():
+        packed = model(**fill).loss.item()
+        assert mask_builders == [1]  # its own position ids: checked, and found packed
+        assert packed == pytest.approx(_model(2).train()(**fill).loss.item(), rel=1e-6)
+    prepare(_model(2), _cfg(**{"hf.packed_check": False}), CPU)  # a second model: the builders patched once
+    from transformers.models.llama import modeling_llama
+    assert not getattr(modeling_llama.create_causal_mask.__wrapped__, "_workbench_unchecked", False)
+
+
+def test_the_packed_check_is_kept_where_transformers_has_no_mask_builder_to_patch(mask_builders, monkeypatch):
+    from transformers.models.llama import modeling_llama
+
+    monkeypatch.delattr(modeling_llama, "create_causal_mask")
+    model = _model(2)
+    with pytest.raises(ConfigError, match=r"^hf\.packed_check: got false, but transformers\.models\.llama\."
+                                          r"modeling_llama builds its masks without .*create_causal_mask"):
+        prepare(model, _cfg(**{"hf.packed_check": False, "hf.pad_vocab_multiple": 64}), CPU)
+    assert model.get_input_embeddings().weight.shape[0] == 256  # nothing patched before the refusal

@@ -142,7 +142,7 @@ def test_dropping_on_a_cpu_host():
     kept, dropped = drop_unsupported(names, {"io_uring"})
     assert kept == ["bucket_width", "io_uring_entries", "num_workers", "micro_batch_size", "packing",
                     "activation_checkpointing", "activation_checkpointing_every", "compile", "compile_scope",
-                    "compile_shapes", "hf_attention", "hf_pad_vocab"]
+                    "compile_shapes", "hf_attention", "hf_pad_vocab", "hf_packed_check"]
     reasons = {d.knob: d.reason for d in dropped}
     assert reasons["liger"] == "needs cuda and Liger-Kernel (pip install liger-kernel)"
     assert reasons["graph_capture"] == "needs cuda"

@@ -224,6 +224,11 @@ class HFConfig:
     """Pad the embedding and the LM head to a multiple of this many rows (HF's ``resize_token_embeddings``); 0 keeps
     the vocabulary. A vocabulary such as GPT-2's 50,257 (not a multiple of 8) puts the head's GEMMs on unaligned
     kernels; the new rows are never a label, but they take a share of the softmax and the saved model keeps them."""
+    packed_check: bool = True
+    """Whether the model's causal-mask builder checks its position ids for packed sequences, an ``.all()`` that
+    makes the host wait for the device at every forward. false skips it for a forward given neither an attention
+    mask nor position ids: the model then numbers the tokens itself, one sequence a row, which the check would find.
+    A forward given either (a padded or a padding-free batch) is checked as before. Same masks, same numbers."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -179,7 +179,7 @@ def _iter_sections(obj: Any, path: str = "") -> Iterator[tuple[str, Any]]:
 
 _LATER_SECTIONS = {"hf": HFConfig}
 """Sections added after configs were stored (studies' hashes, exported configs): left out of the hash at defaults."""
-_LATER_KEYS = {("metrics", "profile_after_measure"): False}
+_LATER_KEYS = {("metrics", "profile_after_measure"): False, ("hf", "packed_check"): True}
 """Keys of older sections added after configs were stored: left out of the hash at their default."""
 
 
@@ -193,7 +193,7 @@ def config_hash(cfg: Config, length: int = 12) -> str:
         if data.get(name) == to_dict(default()):
             data.pop(name)
     for (name, key), value in _LATER_KEYS.items():
-        if data[name].get(key) == value:
+        if name in data and data[name].get(key) == value:
             data[name].pop(key)
     text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return hashlib.sha256(text.encode()).hexdigest()[:length]

@@ -7,6 +7,9 @@ config the study wrote for the trial, so the exported config runs the same patch
 * ``hf.pad_vocab_multiple``: the embedding and LM head padded to a multiple of this many rows, so the head's GEMMs
   run on aligned kernels (HF's ``resize_token_embeddings``; GPT-2's 50,257 rows put them on CUTLASS's ``align1``
   kernels, about a quarter of an H200 step of gr00t-n1.6's shapes);
+* ``hf.packed_check: false``: the causal-mask builder's packed-sequence check skipped for a forward given neither
+  an attention mask nor position ids (:func:`_skip_packed_check`): transformers reads it back with an ``.all()``,
+  one wait for the device at every forward, which drains the queue the host had launched ahead;
 * ``hf.liger``: Liger-Kernel's patches of the instance (RMSNorm, SwiGLU, RoPE, the fused linear cross-entropy,
   which never materialises the fp32 logits HF's loss upcasts to: what lets a bigger micro-batch fit); under
   ``torch.compile`` the fused loss alone, outside the compiled code (Dynamo cannot trace Liger's kernels);
@@ -55,12 +58,14 @@ change, which the run's summary keeps (``hf/patches``) with the versions of the 
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import importlib.metadata
 import inspect
 import logging
 import os
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +105,8 @@ def _asked(cfg: Config) -> list[str]:
         keys.append("hf.attention")
     if cfg.hf.pad_vocab_multiple:
         keys.append("hf.pad_vocab_multiple")
+    if not cfg.hf.packed_check:
+        keys.append("hf.packed_check")
     if cfg.hf.liger:
         keys.append("hf.liger")
     if any(b == "triton" for b in cd.effective_ops().values()):
@@ -191,6 +198,57 @@ def _pad_vocab(model: nn.Module, multiple: int) -> str | None:
     model.resize_token_embeddings(None, pad_to_multiple_of=multiple)
     new = model.get_input_embeddings().weight.shape[0]
     return f"vocabulary padded: {old:,} -> {new:,} rows (a multiple of {multiple})"
+
+
+_UNNUMBERED: contextvars.ContextVar[bool] = contextvars.ContextVar("workbench_hf_unnumbered", default=False)
+"""True inside a prepared decoder's forward that was given neither an attention mask nor position ids."""
+_MASK_BUILDERS = ("create_causal_mask", "create_sliding_window_causal_mask")
+
+
+def _unchecked(builder: Callable) -> Callable:
+    """``builder`` (transformers' mask builder, as the modeling module imported it) without the packed-sequence
+    check where :data:`_UNNUMBERED` holds: the position ids it gets are then the decoder's own ``arange``, one
+    sequence a row, so the check's answer is known; without them it skips the check and builds the same mask."""
+    @functools.wraps(builder)
+    def build(*args: Any, **kwargs: Any) -> Any:
+        if _UNNUMBERED.get() and kwargs.get("position_ids") is not None:
+            kwargs = {**kwargs, "position_ids": None}
+        return builder(*args, **kwargs)
+    build._workbench_unchecked = True  # type: ignore[attr-defined]
+    return build
+
+
+def _skip_packed_check(decoder: nn.Module, *, whole: bool) -> str:
+    """The decoder's forward marks a call given neither ``attention_mask`` nor ``position_ids`` (its inputs by
+    keyword, as the causal LM passes them), and its modeling module's mask builders, patched once a process, skip
+    the packed-sequence check inside such a call. ``whole``: the whole model or decoder is compiled, and
+    transformers skips the check while tracing: nothing to patch. A ConfigError where the module has no builder to
+    patch (the first refusal: nothing is patched before it)."""
+    module = sys.modules[type(decoder).__module__]
+    names = [n for n in _MASK_BUILDERS if callable(getattr(module, n, None))]
+    if "create_causal_mask" not in names:
+        raise ConfigError(f"got false, but {module.__name__} builds its masks without transformers' "
+                          "create_causal_mask (another transformers version); leave it true",
+                          key="hf.packed_check")
+    if whole:
+        return "packed check: none to skip (the model is compiled whole: transformers skips it while tracing)"
+    for n in names:
+        if not getattr(getattr(module, n), "_workbench_unchecked", False):
+            setattr(module, n, _unchecked(getattr(module, n)))
+    hf_forward = decoder.forward
+
+    @functools.wraps(hf_forward)
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        if len(args) > 1 or kwargs.get("attention_mask") is not None or kwargs.get("position_ids") is not None:
+            return hf_forward(*args, **kwargs)
+        token = _UNNUMBERED.set(True)
+        try:
+            return hf_forward(*args, **kwargs)
+        finally:
+            _UNNUMBERED.reset(token)
+    decoder.forward = forward
+    return (f"packed check: skipped in {type(decoder).__name__}'s forwards given no attention mask or position ids "
+            f"({', '.join(names)})")
 
 
 def _norm_forward(norm: nn.Module, fn: Callable) -> Callable:
@@ -447,6 +505,8 @@ def prepare(model: nn.Module, cfg: Config, device: torch.device) -> tuple[nn.Mod
                           "over the outputs the next layer saved for its backward, and the first backward fails; "
                           "choose 'default' or 'max-autotune-no-cudagraphs'", key="loongforge.compute_domain.compile")
     applied: list[str] = []
+    if not cfg.hf.packed_check:
+        applied.append(_skip_packed_check(decoder, whole=cd.compile != "none" and cd.compile_scope != "layer"))
     if cfg.hf.attention != getattr(model.config, "_attn_implementation", None):
         try:
             model.set_attn_implementation(cfg.hf.attention)

@@ -261,6 +261,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="hf_pad_vocab", key="hf.pad_vocab_multiple", kind="categorical",
          doc="pad a Hugging Face model's vocabulary to a multiple of this (0: as it is), for aligned LM-head GEMMs",
          phases=_COMPUTE),
+    Knob(name="hf_packed_check", key="hf.packed_check", kind="bool",
+         doc="a Hugging Face model's packed-sequence check of its own position ids (a host sync every forward)",
+         phases=_COMPUTE),
     *_launch_knobs(),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
