@@ -103,7 +103,8 @@ hf-compare)
     # micro-batch 8) twice, run.prepare's levers (the vocabulary padded, Liger's fused loss, FP8 on the decoder's
     # Linears cast by torchao or by the project's Triton kernels (fp8t), the project's Triton RMSNorm and SwiGLU
     # (ops), the project's loss op in place of HF's head and loss, no Liger: its fused Triton linear cross-entropy
-    # (loss) or the head's matmuls in FP8 (head), the residual add inside the norm (fused), bigger micro-batches)
+    # (loss) or the head's matmuls in FP8 (head), the residual add inside the norm (fused), no host waits inside
+    # a step (nosync), bigger micro-batches)
     # and the workbench's exported gr00t-n1.6
     # config (WB_CONFIG), 32 sequences of 2,048 tokens an optimizer step for all. HF_CONFIG: an hf-llama study's
     # export (hf-search), run as the hf_config variant (VARIANTS=hf_base,hf_config,wb_config,hf_base,hf_config for
@@ -123,6 +124,9 @@ PY
     loss="loongforge.compute_domain.ops.loss=triton"
     head="loongforge.compute_domain.fp8_head=true"
     fused="loongforge.compute_domain.fused_residual_norm=true"  # the post-attention add inside the Triton norm
+    # no wait for the device inside a step: transformers' packed-sequence check, the Trainer's NaN/Inf check and
+    # its blocking batch copies (examples/hf_trainer.py's user knobs)
+    nosync="hf.packed_check=false;user.nan_inf_filter=false;user.non_blocking=true"
     python benchmarks/loop_bench.py --seq-len 2048 --global-batch 32 --steps "${STEPS:-6}" --warmup 3 \
         --log-every 3 --timeout 200 --hf-base "$OUT/hf-base.yaml" ${HF_CONFIG:+--hf-config "$HF_CONFIG"} \
         --wb-config "${WB_CONFIG:-benchmarks/reports/gr00t-n1.6_config_h200_2026-12-03.yaml}" \
@@ -140,6 +144,7 @@ PY
         --hf-variant "pad_fp8t_ops_head_16:$fp8t_ops;$head;data.micro_batch_size=16" \
         --hf-variant "pad_fp8t_ops_head_32:$fp8t_ops;$head;data.micro_batch_size=32" \
         --hf-variant "pad_fp8t_ops_loss_fused_16:$fp8t_ops;$loss;$fused;data.micro_batch_size=16" \
+        --hf-variant "pad_fp8t_ops_loss_fused_nosync_16:$fp8t_ops;$loss;$fused;$nosync;data.micro_batch_size=16" \
         --hf-variant "ligerfp8_16_model:$lever;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --hf-variant "pad_ligerfp8_16_model:$lever;hf.pad_vocab_multiple=64;data.micro_batch_size=16;loongforge.compute_domain.compile_scope=model" \
         --reference hf_base \

@@ -77,7 +77,12 @@ def main() -> None:
             optim=run.user.get("optim", "adamw_torch"), use_cpu=run.device.type == "cpu",
             bf16=cfg.training.dtype == "bf16" or (cfg.training.dtype == "auto" and run.device.type == "cuda"),
             dataloader_num_workers=0, logging_strategy="no", save_strategy="no", report_to=[],
-            disable_tqdm=True, seed=cfg.training.seed)
+            disable_tqdm=True, seed=cfg.training.seed,
+            # the Trainer's own waits for the device, the loop's knobs: its NaN/Inf check reads every micro-batch's
+            # loss back (user.nan_inf_filter), and its batches go over in blocking copies unless non-blocking
+            # from pinned memory (user.non_blocking)
+            logging_nan_inf_filter=bool(run.user.get("nan_inf_filter", True)),
+            accelerator_config={"non_blocking": bool(run.user.get("non_blocking", False))})
         if run.user.get("doc_lengths", "full") == "varied":  # documents, batched padding-free or padded
             data = Documents(run.max_steps * B * accum, cfg.data.seq_len, hf["vocab_size"], cfg.data.seed,
                              cfg.data.min_len)
