@@ -524,6 +524,14 @@ def test_a_key_added_later_counts_in_the_hash_only_off_its_default() -> None:
     before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
     assert config_hash(cfg) == before
     assert config_hash(merge_overrides(cfg, {"metrics.profile_after_measure": True})) != before
+    # hf.packed_check came after the hf-llama studies were stored with a padded vocabulary (hf off its defaults)
+    hf = merge_overrides(cfg, {"hf.pad_vocab_multiple": 64})
+    data = to_dict(hf)
+    data.pop("provenance", None)
+    del data["metrics"]["profile_after_measure"], data["hf"]["packed_check"]
+    before = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:12]
+    assert config_hash(hf) == before
+    assert config_hash(merge_overrides(hf, {"hf.packed_check": False})) != before
 
 
 def test_from_dict_on_a_section_prefixes_its_path() -> None:
