@@ -73,4 +73,16 @@ def render_gpu(s: GpuTime, figs: Figures) -> str:
                               "span_pct": "share of the step's span, idle included"},
                           formats={"calls_per_step": lambda v: fmt(v) if not math.isnan(v) else "—",
                                "ms_per_step": lambda v: f"{v:,.3f}", "share_pct": _pct, "span_pct": _pct}))
+    if s.waits is not None:
+        out.append("<h3>Where the GPU waits</h3>")
+        if len(s.waits):
+            out.append("<p>Idle gaps of 50 us or more between the GPU's work, by the host op that launched the work "
+                       "after each (outermost &gt; innermost); and the host's waits for the GPU, by the op that made "
+                       "them. Many short gaps under one op: the host launches no faster than the GPU runs. A sync "
+                       "empties the queue the host had launched ahead.</p>")
+            out.append(html_table(s.waits, cls="compact", clip=("where",),
+                                  headers={"what": "", "count_per_step": "count/step", "ms_per_step": "ms/step"},
+                                  formats={"count_per_step": lambda v: fmt(v), "ms_per_step": lambda v: f"{v:,.2f}"}))
+        else:
+            out.append(missing_note("No idle gap of 50 us or more and no wait for the GPU in the profiled steps."))
     return "\n".join(out)

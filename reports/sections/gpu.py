@@ -15,12 +15,20 @@ a step's ``optimizer`` phase range is ``optimizer`` (clipping, the update, zero_
 ``communication``. On a CPU trace there is no device work: the same figures are computed over the aten ops
 (``cpu_op``) of the training thread(s), by self time (``reports.sections._traces``); busy is the time inside an
 op, idle the rest of the steps (Python, waiting for data, the profiler itself).
+
+Where a GPU waits (``device_waits``): each gap of at least ``IDLE_GAP_US`` between the steps' device work goes to
+the host op that launched the work ending it (the outermost and innermost ``cpu_op`` around the launch call, on the
+launching thread): many short gaps under one compiled region say the host launches no faster than the device runs;
+and each call that made the host wait for the device (``cudaStreamSynchronize`` and the like, at least
+``IDLE_GAP_US``) goes to the op that made it (an ``.item()`` or a tensor's truth value: ``aten::is_nonzero``), since
+after one the device idles until the host has launched again.
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -30,13 +38,22 @@ from reports.sections._common import median_of, baseline_runs, best_runs
 from reports.sections._traces import op_self_times, read_events, trace_table
 from workbench.vocab import STEP_S
 
-__all__ = ["KINDS", "KIND_RULES", "DeviceTime", "GpuTime", "device_time", "gpu_section", "work_kind"]
+__all__ = ["KINDS", "KIND_RULES", "DeviceTime", "GpuTime", "device_time", "device_waits", "gpu_section", "work_kind"]
 
 KINDS = ("matmul", "attention", "elementwise/norm", "copy/cast/memset", "optimizer", "communication", "other")
 """The kinds of device work, in the order the report lists them."""
 
 TOP_KERNELS = 10
 """Kernels (or CPU ops) listed by time."""
+TOP_WAITS = 8
+"""Places the device waits at, listed by time."""
+IDLE_GAP_US = 50.0
+"""The shortest gap between device work, and the shortest host wait for the device, that ``device_waits`` counts:
+below it, the device's own scheduling between kernels."""
+SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
+              "cudaMemcpyAsync")
+"""Runtime calls that can hold the host until the device is done (a copy to the host, or one from pageable memory,
+waits for the stream)."""
 
 _ATEN_MATH = ("add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|tanh|sigmoid|where|mean|sum|max|min|clamp|abs|sign|sin|"
               "cos|lerp|addcmul|addcdiv|gt|lt|ge|le|eq|ne|masked_fill|argmax")
@@ -109,6 +126,17 @@ def _within(t: float, ranges: list[tuple[float, float]]) -> bool:
     return any(s <= t <= e for s, e in ranges)
 
 
+def _complete(events: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any, str, float, float, dict]]:
+    """The trace's complete events ("X") with a finite start and a duration >= 0: (event, cat, name, ts, dur,
+    args)."""
+    for e in events:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        ts, dur = num(e.get("ts")), num(e.get("dur"))
+        if math.isfinite(ts) and math.isfinite(dur) and dur >= 0:
+            yield e, e.get("cat"), str(e.get("name", "")), ts, dur, e["args"] if isinstance(e.get("args"), dict) else {}
+
+
 def device_time(events: list[dict[str, Any]], steps: int | None = None) -> DeviceTime:
     """The device's work over a trace's profiled steps (the module's rules); ``steps``: how many steps the trace
     holds when it has no ``step <n>`` ranges. Raises ValueError when the trace holds no device work and no op."""
@@ -116,14 +144,8 @@ def device_time(events: list[dict[str, Any]], steps: int | None = None) -> Devic
     optimizer: list[tuple[float, float]] = []
     launches: dict[Any, float] = {}
     device: list[tuple[str, str, float, float, Any]] = []
-    for e in events:
-        if not isinstance(e, dict) or e.get("ph") != "X":
-            continue
-        cat, name = e.get("cat"), str(e.get("name", ""))
-        ts, dur = num(e.get("ts")), num(e.get("dur"))
-        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
-            continue
-        corr = (e.get("args") or {}).get("correlation") if isinstance(e.get("args"), dict) else None
+    for _, cat, name, ts, dur, args in _complete(events):
+        corr = args.get("correlation")
         if cat == "user_annotation" and name.startswith("step "):
             step_ranges.append((ts, ts + dur))
         elif cat == "user_annotation" and name == "optimizer":
@@ -166,6 +188,74 @@ def device_time(events: list[dict[str, Any]], steps: int | None = None) -> Devic
                       pd.DataFrame(rows, columns=["name", "kind", "ms"]))
 
 
+def _enclosing(ops: dict[Any, list[tuple[float, float, str]]], queries: list[tuple[Any, float, int]]) -> dict[int, str]:
+    """For each query (thread, time, id): "outermost > innermost" of the ``cpu_op`` ranges on that thread that hold
+    the time ("-" for none). ``ops``: per thread, (start, end, name) sorted by start, longest first at a tie."""
+    found: dict[int, str] = {}
+    by_tid: dict[Any, list[tuple[float, int]]] = {}
+    for tid, t, qid in queries:
+        by_tid.setdefault(tid, []).append((t, qid))
+    for tid, qs in by_tid.items():
+        stack: list[tuple[float, float, str]] = []
+        rows, i = ops.get(tid, []), 0
+        for t, qid in sorted(qs):
+            while i < len(rows) and rows[i][0] <= t:
+                while stack and stack[-1][1] < rows[i][0]:
+                    stack.pop()
+                stack.append(rows[i])
+                i += 1
+            open_ = [r for r in stack if r[1] >= t]
+            found[qid] = (open_[0][2] if len(open_) == 1 else f"{open_[0][2]} > {open_[-1][2]}") if open_ else "-"
+    return found
+
+
+def device_waits(events: list[dict[str, Any]]) -> pd.DataFrame:
+    """Where the device waits over a trace's ``step <n>`` ranges (the module's rules): one row per (what, where):
+    what is ``idle gap`` (by the op that launched the work after it) or ``host sync`` (the call, by the op that
+    made it); with count_per_step and ms_per_step, most time first. Empty without step ranges or device work."""
+    steps: list[tuple[float, float]] = []
+    launches: dict[Any, tuple[Any, float]] = {}
+    syncs: list[tuple[Any, float, float, str]] = []
+    work: list[tuple[float, float, Any]] = []
+    ops: dict[Any, list[tuple[float, float, str]]] = {}
+    for e, cat, name, ts, dur, args in _complete(events):
+        if cat == "user_annotation" and name.startswith("step "):
+            steps.append((ts, ts + dur))
+        elif cat in _LAUNCH_CATS:
+            if args.get("correlation") is not None:
+                launches[args["correlation"]] = (e.get("tid"), ts)
+            if name in SYNC_CALLS and dur >= IDLE_GAP_US:
+                syncs.append((e.get("tid"), ts, dur, name))
+        elif cat in _DEVICE_WORK:
+            work.append((ts, ts + dur, args.get("correlation")))
+        elif cat == "cpu_op":
+            ops.setdefault(e.get("tid"), []).append((ts, ts + dur, name))
+    if not steps or not work:
+        return pd.DataFrame(columns=["what", "where", "count_per_step", "ms_per_step"])
+    begin, end = min(s for s, _ in steps), max(e for _, e in steps)
+    for rows in ops.values():
+        rows.sort(key=lambda r: (r[0], -r[1]))
+    work = sorted(w for w in work if begin <= launches.get(w[2], (None, w[0]))[1] <= end)
+    queries, gaps, reach = [], [], work[0][1] if work else 0.0
+    for i, (start, stop, corr) in enumerate(work[1:], 1):
+        if start - reach >= IDLE_GAP_US and corr in launches:
+            tid, at = launches[corr]
+            queries.append((tid, at, i))
+            gaps.append((i, (start - reach) / 1e3))
+        reach = max(reach, stop)
+    syncs = [x for x in syncs if begin <= x[1] <= end]
+    queries += [(tid, ts, -1 - j) for j, (tid, ts, _, _) in enumerate(syncs)]
+    where = _enclosing(ops, queries)
+    rows = [("idle gap", where[i], ms) for i, ms in gaps]
+    rows += [("host sync", f"{call} in {where[-1 - j]}", dur / 1e3) for j, (_, _, dur, call) in enumerate(syncs)]
+    if not rows:
+        return pd.DataFrame(columns=["what", "where", "count_per_step", "ms_per_step"])
+    n = len(steps)
+    g = pd.DataFrame(rows, columns=["what", "where", "ms"]).groupby(["what", "where"])["ms"].agg(["size", "sum"])
+    out = pd.DataFrame({"count_per_step": g["size"] / n, "ms_per_step": g["sum"] / n}).reset_index()
+    return out.sort_values(["ms_per_step", "what"], ascending=[False, True], kind="stable").reset_index(drop=True)
+
+
 class GpuTime(NamedTuple):
     device: str | None
     """'GPU' or 'CPU': what the trace holds; None without a trace."""
@@ -191,6 +281,9 @@ class GpuTime(NamedTuple):
     message: str | None
     flops_message: str | None = None
     """Why there is no TFLOP/s, or no peak to hold it against; None when both are there."""
+    waits: pd.DataFrame | None = None
+    """what, where, count_per_step, ms_per_step: the places the GPU waits at, most time first (``device_waits``,
+    the first ``TOP_WAITS``); None on a CPU trace or without a trace."""
 
 
 def _empty(message: str) -> GpuTime:
@@ -212,7 +305,8 @@ def gpu_section(data: StudyData) -> GpuTime:
     trial = None if row["trial"] is None or row["trial"] != row["trial"] else int(row["trial"])
     hint = num(row["steps"])
     try:
-        dt = device_time(read_events(found[arm]), int(hint) if math.isfinite(hint) else None)
+        events = read_events(found[arm])
+        dt = device_time(events, int(hint) if math.isfinite(hint) else None)
     except (OSError, ValueError) as e:
         return _empty(f"No GPU time: the {arm}'s trace could not be used ({type(e).__name__}: {e}).")
     n, span = dt.steps, dt.span_ms
@@ -234,9 +328,11 @@ def gpu_section(data: StudyData) -> GpuTime:
     traced = found[arm].parent  # the measured run profiled after its measurement (an older study's trace run)
     flops, flops_message = _flops(RunData(name=f"{traced.parent.name}/{traced.name}", path=traced), runs, dt,
                                   compute_ms)
+    waits = device_waits(events).head(TOP_WAITS) if dt.device == "GPU" else None
     return GpuTime(device=dt.device, run=arm, trial=trial, trace=str(row["file"]),
                    trace_href=row["trace_href"] if isinstance(row["trace_href"], str) else None, steps=n,
-                   by_kind=by_kind, busy=busy, flops=flops, top=top, message=None, flops_message=flops_message)
+                   by_kind=by_kind, busy=busy, flops=flops, top=top, message=None, flops_message=flops_message,
+                   waits=waits)
 
 
 def _window_flops(run: RunData) -> tuple[float, float]:

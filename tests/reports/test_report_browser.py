@@ -340,15 +340,17 @@ def test_the_exported_config_is_collapsed(laid_out, width):
 
 @pytest.mark.parametrize("width", [WINDOW[0], WIDE[0]])
 def test_the_gpu_time_section_is_visible_and_fits(laid_out, width):
-    """The GPU time section (the winner's CUDA trace of test_report_gpu) is laid out with its figure and its three
-    tables inside the window; its long kernel names are cut to one line, not wrapped."""
+    """The GPU time section (the winner's CUDA trace of test_report_gpu) is laid out with its figure and its four
+    tables (busy and idle, TFLOP/s, top kernels, where the GPU waits) inside the window; its long kernel names are
+    cut to one line, not wrapped."""
     got = laid_out[width]
     gpu, inner = got["gpu"], got["page"]["inner"]
     assert gpu is not None and gpu["visible"] and gpu["box"][3] - gpu["box"][1] > 300, gpu
-    assert gpu["figures"] == 1 and len(gpu["tables"]) == 3, gpu
+    assert gpu["figures"] == 1 and len(gpu["tables"]) == 4, gpu
     assert gpu["box"][2] <= inner and all(t[2] <= inner + 0.5 for t in gpu["tables"]), gpu
     names = gpu["clipped"]
-    assert len(names) == 8 and any(n["full"] for n in names), names  # its 8 kernels; the longest names cut
+    # its 8 kernels (the longest names cut) and the one place the GPU waits at
+    assert len(names) == 9 and any(n["full"] for n in names), names
     heights = {round(n["box"][3] - n["box"][1]) for n in names}
     assert max(heights) < 2 * min(heights), heights
     titles = [f["title"] for f in got["figures"]]

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reports import build_report, compute_sections
-from reports.sections.gpu import KIND_RULES, device_time, work_kind
+from reports.sections.gpu import KIND_RULES, device_time, device_waits, work_kind
 from test_report_traces import CPU_EVENTS
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel"
@@ -161,6 +161,34 @@ def test_gpu_time_section_from_the_winners_trace(tmp_path):
     assert '<a href="traces/winner/trace.json">traces/winner/trace.json</a>' in sec
     assert f'<div class="clip" title="{html.escape(ADD, quote=True)}">' in sec  # the full name in its title
     assert "Achieved TFLOP/s" in sec and "Busy and idle" in sec
+    # its idle gaps of 50 us or more, by hand: 500-600, 750-820 in step 3; 960-1010, 1500-1600, 1750-1820,
+    # 1900-1950 in step 4 (the 10 us ones are the device's own); launched under no op, so no op to name
+    assert g.waits.to_dict("records") == [pytest.approx({"what": "idle gap", "where": "-", "count_per_step": 3,
+                                                         "ms_per_step": 0.22})]
+    assert "Where the GPU waits" in sec
+
+
+def test_where_the_gpu_waits_names_the_ops_that_launched_late_and_the_syncs():
+    """One step. A kernel launched inside a compiled region's FP8 cast starts 100 us after the work before it ended;
+    an .item() on a tensor's truth value holds the host 210 us until the device is done, and the next kernel, from
+    an aten::mm, starts 360 us after the device went idle."""
+    events = [
+        _ev("step 1", 0, 1000, "user_annotation"),
+        _ev("Torch-Compiled Region: 0/0", 0, 400, "cpu_op"), _ev("wb_kernels::fp8_cast", 100, 20, "cpu_op"),
+        _ev("cudaLaunchKernel", 5, 4, "cuda_runtime", corr=1), _ev(GEMM, 10, 190, "kernel", corr=1, pid=0, tid=7),
+        _ev("cudaLaunchKernel", 110, 4, "cuda_runtime", corr=2), _ev(ADD, 300, 100, "kernel", corr=2, pid=0, tid=7),
+        _ev("aten::is_nonzero", 450, 250, "cpu_op"), _ev("aten::_local_scalar_dense", 460, 230, "cpu_op"),
+        _ev("cudaStreamSynchronize", 470, 210, "cuda_runtime"),
+        _ev("aten::mm", 740, 20, "cpu_op"), _ev("cudaLaunchKernel", 750, 4, "cuda_runtime", corr=3),
+        _ev(GEMM2, 760, 140, "kernel", corr=3, pid=0, tid=7),
+    ]
+    assert device_waits(events).to_dict("records") == [
+        pytest.approx({"what": "idle gap", "where": "aten::mm", "count_per_step": 1, "ms_per_step": 0.36}),
+        pytest.approx({"what": "host sync", "where": "cudaStreamSynchronize in aten::is_nonzero > "
+                       "aten::_local_scalar_dense", "count_per_step": 1, "ms_per_step": 0.21}),
+        pytest.approx({"what": "idle gap", "where": "Torch-Compiled Region: 0/0 > wb_kernels::fp8_cast",
+                       "count_per_step": 1, "ms_per_step": 0.1})]
+    assert device_waits([e for e in events if e["name"] != "step 1"]).empty  # no step ranges: nothing to say
 
 
 def test_gpu_time_of_a_cpu_trace_says_there_is_no_gpu_and_no_peak(tmp_path):
@@ -176,8 +204,10 @@ def test_gpu_time_of_a_cpu_trace_says_there_is_no_gpu_and_no_peak(tmp_path):
     f = g.flops.set_index("metric")
     assert "peak TFLOP/s" not in f.index and f["peak_pct"].isna().all()
     assert f.loc["TFLOP/s over in-op (CPU) time", "value"] == pytest.approx(4e11 / (1.17e-3 / 2) / 1e12)
+    assert g.waits is None  # a CPU trace: no device to wait
     page = html.unescape(build_report(sdir).read_text())
     assert "No GPU: a CPU study" in page and 'data-title="CPU time by kind of work"' in page
+    assert "Where the GPU waits" not in page
 
 
 def test_without_a_trace_the_section_is_one_line(tmp_path):
