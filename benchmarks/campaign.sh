@@ -93,7 +93,9 @@ vla-fit)
     ;;
 hf-search)
     # STORAGE: one Optuna storage for this and the search phase, so the HF study starts from the built-in loop's
-    # winner on the same model and GPU (the tuner's warm start: the values of the knobs both studies search)
+    # winner on the same model and GPU (the tuner's warm start: the values of the knobs both studies search).
+    # benchmarks/storage/gr00t-n1.6_h200_2026-12-04.db holds the H200 study of 2026-12-04 (study.csv run ahead1):
+    # copy it under RUNS, write to the copy (cp ... runs/shared.db; STORAGE=sqlite:///runs/shared.db)
     python -m workbench.tune --study studies/hf-llama.yaml --out "$RUNS" --timeout "${SEARCH_S:-420}" --no-progress \
         ${STORAGE:+--storage "$STORAGE"}
     cp "$RUNS/hf-llama/config.yaml" "$OUT/exported-config-hf.yaml"
