@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -126,47 +125,80 @@ def _within(t: float, ranges: list[tuple[float, float]]) -> bool:
     return any(s <= t <= e for s, e in ranges)
 
 
-def _complete(events: list[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any, str, float, float, dict]]:
-    """The trace's complete events ("X") with a finite start and a duration >= 0: (event, cat, name, ts, dur,
-    args)."""
+class _Trace(NamedTuple):
+    """What the module's figures read from a trace's complete events ("X", finite, duration >= 0), in one pass."""
+
+    steps: list[tuple[float, float]]
+    """The ``step <n>`` ranges."""
+    optimizer: list[tuple[float, float]]
+    """The ``optimizer`` phase ranges."""
+    launches: dict[Any, tuple[Any, float]]
+    """Correlation id -> (thread, host time) of each launch call."""
+    device: list[tuple[str, str, float, float, Any]]
+    """Each kernel, copy and set: name, cat, start, duration, correlation id."""
+    syncs: list[tuple[Any, float, float, str]]
+    """Each ``SYNC_CALLS`` call of at least ``IDLE_GAP_US``: thread, start, duration, name."""
+    ops: dict[Any, list[tuple[float, float, str]]]
+    """Per thread, each ``cpu_op``: start, end, name; sorted by start, longest first at a tie."""
+
+
+def _read(events: list[dict[str, Any]]) -> _Trace:
+    tr = _Trace([], [], {}, [], [], {})
     for e in events:
         if not isinstance(e, dict) or e.get("ph") != "X":
             continue
         ts, dur = num(e.get("ts")), num(e.get("dur"))
-        if math.isfinite(ts) and math.isfinite(dur) and dur >= 0:
-            yield e, e.get("cat"), str(e.get("name", "")), ts, dur, e["args"] if isinstance(e.get("args"), dict) else {}
+        if not (math.isfinite(ts) and math.isfinite(dur)) or dur < 0:
+            continue
+        cat, name = e.get("cat"), str(e.get("name", ""))
+        corr = e["args"].get("correlation") if isinstance(e.get("args"), dict) else None
+        if cat == "user_annotation" and name.startswith("step "):
+            tr.steps.append((ts, ts + dur))
+        elif cat == "user_annotation" and name == "optimizer":
+            tr.optimizer.append((ts, ts + dur))
+        elif cat in _LAUNCH_CATS:
+            if corr is not None:
+                tr.launches[corr] = (e.get("tid"), ts)
+            if name in SYNC_CALLS and dur >= IDLE_GAP_US:
+                tr.syncs.append((e.get("tid"), ts, dur, name))
+        elif cat in _DEVICE_WORK:
+            tr.device.append((name, cat, ts, dur, corr))
+        elif cat == "cpu_op":
+            tr.ops.setdefault(e.get("tid"), []).append((ts, ts + dur, name))
+    for rows in tr.ops.values():
+        rows.sort(key=lambda r: (r[0], -r[1]))
+    return tr
+
+
+def _step_work(tr: _Trace) -> list[tuple[str, str, float, float, Any, float]]:
+    """The device work of the steps (all of it without step ranges): name, cat, start, duration, correlation id,
+    and the host time of its launch where the trace links them (else its start), which decides its step."""
+    work = [(name, cat, ts, dur, corr, tr.launches.get(corr, (None, ts))[1]) for name, cat, ts, dur, corr in tr.device]
+    if not tr.steps:
+        return work
+    begin, host_end = min(s for s, _ in tr.steps), max(e for _, e in tr.steps)
+    return [w for w in work if begin <= w[5] <= host_end]
 
 
 def device_time(events: list[dict[str, Any]], steps: int | None = None) -> DeviceTime:
     """The device's work over a trace's profiled steps (the module's rules); ``steps``: how many steps the trace
     holds when it has no ``step <n>`` ranges. Raises ValueError when the trace holds no device work and no op."""
-    step_ranges: list[tuple[float, float]] = []
-    optimizer: list[tuple[float, float]] = []
-    launches: dict[Any, float] = {}
-    device: list[tuple[str, str, float, float, Any]] = []
-    for _, cat, name, ts, dur, args in _complete(events):
-        corr = args.get("correlation")
-        if cat == "user_annotation" and name.startswith("step "):
-            step_ranges.append((ts, ts + dur))
-        elif cat == "user_annotation" and name == "optimizer":
-            optimizer.append((ts, ts + dur))
-        elif cat in _LAUNCH_CATS and corr is not None:
-            launches[corr] = ts
-        elif cat in _DEVICE_WORK:
-            device.append((name, cat, ts, dur, corr))
+    return _device_time(_read(events), events, steps)
+
+
+def _device_time(tr: _Trace, events: list[dict[str, Any]], steps: int | None) -> DeviceTime:
+    step_ranges, optimizer = tr.steps, tr.optimizer
     n = len(step_ranges) or (steps if steps and steps > 0 else 1)
-    if device:
-        # each piece of work at its launch's host time where the trace links them
-        work = [(name, cat, ts, dur, launches.get(corr, ts)) for name, cat, ts, dur, corr in device]
+    if tr.device:
+        work = _step_work(tr)
         if step_ranges:
             begin, host_end = min(s for s, _ in step_ranges), max(e for _, e in step_ranges)
-            work = [w for w in work if begin <= w[4] <= host_end]
-            end = max([host_end, *(ts + dur for _, _, ts, dur, _ in work)])
+            end = max([host_end, *(w[2] + w[3] for w in work)])
         else:
             begin, end = min(w[2] for w in work), max(w[2] + w[3] for w in work)
-        busy = _union([(ts, ts + dur) for _, _, ts, dur, _ in work])
+        busy = _union([(w[2], w[2] + w[3]) for w in work])
         rows = [(name, work_kind(name, cat, in_optimizer=_within(at, optimizer)), dur / 1e3)
-                for name, cat, ts, dur, at in work]
+                for name, cat, _, dur, _, at in work]
         return DeviceTime("GPU", n, len(step_ranges), (end - begin) / 1e3 / n, busy / 1e3 / n,
                           pd.DataFrame(rows, columns=["name", "kind", "ms"]))
     ops = op_self_times(events)
@@ -209,48 +241,36 @@ def _enclosing(ops: dict[Any, list[tuple[float, float, str]]], queries: list[tup
     return found
 
 
+_NO_WAITS = ["what", "where", "count_per_step", "ms_per_step"]
+
+
 def device_waits(events: list[dict[str, Any]]) -> pd.DataFrame:
     """Where the device waits over a trace's ``step <n>`` ranges (the module's rules): one row per (what, where):
     what is ``idle gap`` (by the op that launched the work after it) or ``host sync`` (the call, by the op that
     made it); with count_per_step and ms_per_step, most time first. Empty without step ranges or device work."""
-    steps: list[tuple[float, float]] = []
-    launches: dict[Any, tuple[Any, float]] = {}
-    syncs: list[tuple[Any, float, float, str]] = []
-    work: list[tuple[float, float, Any]] = []
-    ops: dict[Any, list[tuple[float, float, str]]] = {}
-    for e, cat, name, ts, dur, args in _complete(events):
-        if cat == "user_annotation" and name.startswith("step "):
-            steps.append((ts, ts + dur))
-        elif cat in _LAUNCH_CATS:
-            if args.get("correlation") is not None:
-                launches[args["correlation"]] = (e.get("tid"), ts)
-            if name in SYNC_CALLS and dur >= IDLE_GAP_US:
-                syncs.append((e.get("tid"), ts, dur, name))
-        elif cat in _DEVICE_WORK:
-            work.append((ts, ts + dur, args.get("correlation")))
-        elif cat == "cpu_op":
-            ops.setdefault(e.get("tid"), []).append((ts, ts + dur, name))
-    if not steps or not work:
-        return pd.DataFrame(columns=["what", "where", "count_per_step", "ms_per_step"])
-    begin, end = min(s for s, _ in steps), max(e for _, e in steps)
-    for rows in ops.values():
-        rows.sort(key=lambda r: (r[0], -r[1]))
-    work = sorted(w for w in work if begin <= launches.get(w[2], (None, w[0]))[1] <= end)
-    queries, gaps, reach = [], [], work[0][1] if work else 0.0
+    return _device_waits(_read(events))
+
+
+def _device_waits(tr: _Trace) -> pd.DataFrame:
+    work = sorted((ts, ts + dur, corr) for _, _, ts, dur, corr, _ in _step_work(tr))
+    if not tr.steps or not work:
+        return pd.DataFrame(columns=_NO_WAITS)
+    begin, end = min(s for s, _ in tr.steps), max(e for _, e in tr.steps)
+    queries, gaps, reach = [], [], work[0][1]
     for i, (start, stop, corr) in enumerate(work[1:], 1):
-        if start - reach >= IDLE_GAP_US and corr in launches:
-            tid, at = launches[corr]
+        if start - reach >= IDLE_GAP_US and corr in tr.launches:
+            tid, at = tr.launches[corr]
             queries.append((tid, at, i))
             gaps.append((i, (start - reach) / 1e3))
         reach = max(reach, stop)
-    syncs = [x for x in syncs if begin <= x[1] <= end]
+    syncs = [x for x in tr.syncs if begin <= x[1] <= end]
     queries += [(tid, ts, -1 - j) for j, (tid, ts, _, _) in enumerate(syncs)]
-    where = _enclosing(ops, queries)
+    where = _enclosing(tr.ops, queries)
     rows = [("idle gap", where[i], ms) for i, ms in gaps]
     rows += [("host sync", f"{call} in {where[-1 - j]}", dur / 1e3) for j, (_, _, dur, call) in enumerate(syncs)]
     if not rows:
-        return pd.DataFrame(columns=["what", "where", "count_per_step", "ms_per_step"])
-    n = len(steps)
+        return pd.DataFrame(columns=_NO_WAITS)
+    n = len(tr.steps)
     g = pd.DataFrame(rows, columns=["what", "where", "ms"]).groupby(["what", "where"])["ms"].agg(["size", "sum"])
     out = pd.DataFrame({"count_per_step": g["size"] / n, "ms_per_step": g["sum"] / n}).reset_index()
     return out.sort_values(["ms_per_step", "what"], ascending=[False, True], kind="stable").reset_index(drop=True)
@@ -306,7 +326,8 @@ def gpu_section(data: StudyData) -> GpuTime:
     hint = num(row["steps"])
     try:
         events = read_events(found[arm])
-        dt = device_time(events, int(hint) if math.isfinite(hint) else None)
+        trace = _read(events)
+        dt = _device_time(trace, events, int(hint) if math.isfinite(hint) else None)
     except (OSError, ValueError) as e:
         return _empty(f"No GPU time: the {arm}'s trace could not be used ({type(e).__name__}: {e}).")
     n, span = dt.steps, dt.span_ms
@@ -328,7 +349,7 @@ def gpu_section(data: StudyData) -> GpuTime:
     traced = found[arm].parent  # the measured run profiled after its measurement (an older study's trace run)
     flops, flops_message = _flops(RunData(name=f"{traced.parent.name}/{traced.name}", path=traced), runs, dt,
                                   compute_ms)
-    waits = device_waits(events).head(TOP_WAITS) if dt.device == "GPU" else None
+    waits = _device_waits(trace).head(TOP_WAITS) if dt.device == "GPU" else None
     return GpuTime(device=dt.device, run=arm, trial=trial, trace=str(row["file"]),
                    trace_href=row["trace_href"] if isinstance(row["trace_href"], str) else None, steps=n,
                    by_kind=by_kind, busy=busy, flops=flops, top=top, message=None, flops_message=flops_message,
