@@ -4,7 +4,8 @@ metric keys. A leaf module: no import of the project's packages, no torch."""
 from __future__ import annotations
 
 __all__ = ["ALLOCATOR_REUSE_RATIO", "COMM_EXPOSED_S", "COMM_OVERLAP_PCT", "COMM_TOTAL_S", "COMPILE_S",
-           "DEVICE_TOTAL_GIB", "EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "MAX_ALLOCATED_GIB",
+           "DEVICE_TOTAL_GIB", "EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "LOSS_MEAN", "LOSS_STEPS",
+           "MAX_ALLOCATED_GIB",
            "MAX_RESERVED_GIB", "MAX_RSS_GIB", "PADDED_TOKENS_PER_S", "PADDING_RATIO", "PHASES", "PREDICTED_PEAK_GIB",
            "REAL_TOKENS_PER_S", "STATUSES", "STEP_S", "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
 
@@ -34,6 +35,12 @@ REAL_TOKENS_PER_S = "throughput/real_tokens_per_s_per_gpu"
 """The objective's metric key: real (non-padding) tokens per second per GPU."""
 
 # metric keys read in more than one module (summary.json, metrics.jsonl, the report)
+LOSS_MEAN = "loss/mean"
+"""A window's mean training loss over its steps."""
+
+LOSS_STEPS = "loss/steps"
+"""A window's training loss of each of its steps, in order (a list; the numerics guard's median reads them)."""
+
 MAX_RESERVED_GIB = "memory/max_reserved_gib"
 """Peak device memory the caching allocator reserved (GiB)."""
 

@@ -56,9 +56,10 @@ def compile_section(data: StudyData) -> CompileSection:
 
 class NumericsSection(NamedTuple):
     checks: pd.DataFrame
-    """trial, status, loss, reference_loss, rel_diff, tolerance, reference, passed: one row per guarded trial."""
+    """trial, status, loss, reference_loss, rel_diff, tolerance, reference, passed: one row per guarded trial
+    (losses: each run's median step loss; tolerance: the one applied, widened by the base's spread)."""
     baseline_losses: list[float]
-    """The base config's last-window mean loss per baseline repeat (their spread is the run-to-run noise)."""
+    """The base config's median step loss per baseline repeat (their spread is the run-to-run noise)."""
     curves: pd.DataFrame | None
     """convergence.csv: variant, step, loss."""
     curve_tail: pd.DataFrame | None

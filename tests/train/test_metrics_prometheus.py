@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -17,7 +18,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.train.__main__ import parse_args
-from workbench.train.metrics import LaunchTimer, PrometheusExporter, StepRecord, summarize_window
+from workbench.train.metrics import LaunchTimer, MetricsWriter, PrometheusExporter, StepRecord, summarize_window
 from workbench.train.run import load_run_config
 from workbench.train.timing import PHASES
 
@@ -245,3 +246,16 @@ def test_a_live_run_is_scraped_and_parsed(tmp_path, subprocess_env):
     for name in ("loongforge_mfu_percent", "loongforge_memory_reserved_gib",
                  "loongforge_compute_graph_launch_overhead_us"):
         assert name not in fams, name
+
+
+def test_a_window_record_carries_its_step_losses_as_strict_json(tmp_path):
+    """Each step's loss in order (the numerics guard's median reads them); a non-finite one is written as a string,
+    so metrics.jsonl stays strict JSON."""
+    m, steps = _window()
+    assert m["loss/steps"] == pytest.approx([3.4, 3.3, 3.2, 3.1]) and m["loss"] == pytest.approx(3.1)
+    steps[-1].loss = float("nan")
+    writer = MetricsWriter(tmp_path)
+    writer.window(summarize_window(steps, peak_tflops=989.0))
+    writer.close()
+    rec = json.loads((tmp_path / "metrics.jsonl").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert rec["loss/steps"][:3] == pytest.approx([3.4, 3.3, 3.2]) and rec["loss/steps"][3] == "nan"

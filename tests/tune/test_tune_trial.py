@@ -13,7 +13,7 @@ from workbench.config import load_config, merge_overrides
 from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import classify, launch_command, not_launched_outcome, run_trial
-from workbench.vocab import EXIT_CODES, REAL_TOKENS_PER_S, STEP_S
+from workbench.vocab import EXIT_CODES, LOSS_STEPS, REAL_TOKENS_PER_S, STEP_S
 
 
 @pytest.fixture
@@ -35,6 +35,13 @@ def test_a_real_trial_reports_its_windows(spec, tmp_path):
     recs = [r for r in recs if REAL_TOKENS_PER_S in r
             and r["step"] > spec.protocol.warmup_steps]
     assert seconds == pytest.approx([r["steps"] * r[STEP_S] for r in recs])
+    # the numerics guard's losses: every measured step's, in order, the same as phases.csv's measured rows
+    rows = [ln.split(",") for ln in (tmp_path / "t0" / "phases.csv").read_text().splitlines()[1:]]
+    measured = [float(r[5]) for r in rows if int(r[0]) > spec.protocol.warmup_steps]
+    assert len(out.step_losses) == spec.protocol.windows * spec.protocol.window_steps
+    assert out.step_losses == pytest.approx(measured, rel=1e-5)
+    assert [r[LOSS_STEPS] for r in recs] == [out.step_losses[i:i + spec.protocol.window_steps] for i in
+                                             range(0, len(out.step_losses), spec.protocol.window_steps)]
     assert all(0 < s < out.wall_s / spec.protocol.windows for s in seconds)
     assert out.value == pytest.approx(statistics.median(out.windows))
     assert out.summary and out.summary["measured_steps"] > 0 and "phase_s_per_step" in out.summary

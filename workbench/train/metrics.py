@@ -46,7 +46,7 @@ import torch
 
 from workbench.train.timing import PHASES
 from workbench.vocab import (ALLOCATOR_REUSE_RATIO, COMM_EXPOSED_S, COMM_OVERLAP_PCT, COMM_TOTAL_S, DEVICE_TOTAL_GIB,
-                             MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDED_TOKENS_PER_S, PADDING_RATIO,
+                             LOSS_MEAN, LOSS_STEPS, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDED_TOKENS_PER_S, PADDING_RATIO,
                              REAL_TOKENS_PER_S, STEP_S)
 
 __all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
@@ -131,7 +131,8 @@ def summarize_window(steps: list[StepRecord], *, world_size: int = 1,
     out.update(_comm_metrics([s.comm_s for s in steps], [s.comm_exposed_s for s in steps]))
     losses = [s.loss for s in steps if s.loss is not None]
     out["loss"] = losses[-1] if losses else None
-    out["loss/mean"] = sum(losses) / len(losses) if losses else None
+    out[LOSS_MEAN] = sum(losses) / len(losses) if losses else None
+    out[LOSS_STEPS] = losses
     out["world_size"] = world_size
     return out
 
@@ -202,7 +203,10 @@ class MetricsWriter:
 
 def _finite(d: dict[str, Any]) -> dict[str, Any]:
     """JSON has no NaN: write non-finite floats as strings so a reader sees them."""
-    return {k: (str(v) if isinstance(v, float) and not math.isfinite(v) else v) for k, v in d.items()}
+    def one(v: Any) -> Any:
+        return str(v) if isinstance(v, float) and not math.isfinite(v) else v
+
+    return {k: [one(x) for x in v] if isinstance(v, list) else one(v) for k, v in d.items()}
 
 
 class LaunchTimer:

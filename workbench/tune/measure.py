@@ -18,7 +18,7 @@ from workbench.train.workload import is_vla, workload_for
 from workbench.tune.budget import COORDINATOR_PHASES, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
-from workbench.tune.numerics import check_loss, data_key, window_loss
+from workbench.tune.numerics import check_loss, data_key, run_loss, spread
 from workbench.tune.profiled import phase_shares, profile_line, profile_record
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor, noise_warning
@@ -106,7 +106,7 @@ class Measurer:
                 raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
                                 f"config must run. Log: {out.trial_dir / 'log.txt'}\n{out.log_tail}")
             runs.append(out.value)
-            losses.append(window_loss(out.last_window))
+            losses.append(run_loss(out.step_losses))
             study.set_user_attr("baseline_wall_s", [*(study.user_attrs.get("baseline_wall_s") or [])[:i],
                                                     round(out.wall_s, 3)])
             study.set_user_attr("baseline_runs", runs)
@@ -185,7 +185,8 @@ class Measurer:
 
     def guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
         """The numerics guard (workbench.tune.numerics): a trial that sets a numerics knob off its base value keeps
-        status ok only if its last-window loss is within the protocol's tolerance of its twin's; else its status
+        status ok only if its median step loss (``numerics.run_loss``) is within the tolerance of its twin's (the
+        protocol's, or twice the baseline repeats' spread where larger: ``numerics.check_loss``); else its status
         becomes ``numerics``. The check is stored as the trial's ``numerics`` user attr."""
         spec, study = self.session.spec, self.session.study
         base = spec.base_knob_values()
@@ -196,8 +197,9 @@ class Measurer:
         twin_cfg = merge_overrides(cfg, {spec.knob(k).key: base.get(k) for k in changed})
         tol = spec.protocol.numerics_tolerance
         base_losses = [x for x in study.user_attrs.get("baseline_losses", []) if x is not None]
+        noise = spread(base_losses)
         if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):
-            check = check_loss(window_loss(out.last_window), base_losses, tol, source="baseline")
+            check = check_loss(run_loss(out.step_losses), base_losses, tol, source="baseline", noise=noise)
         else:
             twins = dict(study.user_attrs.get("numerics_twins", {}))
             h = config_hash(twin_cfg)
@@ -207,16 +209,16 @@ class Measurer:
                 tw = self.measure(twin_cfg, out.trial_dir / "numerics-twin", f"trial {trial.number} numerics twin",
                                   "numerics")
                 trial.set_user_attr("twin_wall_s", round(tw.wall_s, 3))
-                if tw.status != "ok" or window_loss(tw.last_window) is None:
+                if tw.status != "ok" or run_loss(tw.step_losses) is None:
                     # no reference: the candidate cannot be shown to train like the base, so it cannot win
                     out.status, out.failure_reason = "numerics", (
                         f"its twin ({', '.join(changed)} at base: {twin_params}) failed ({tw.status}: "
                         f"{tw.failure_reason}), so its loss has no reference")
                     trial.set_user_attr("numerics", {"passed": False, "reference": "twin", "twin_status": tw.status})
                     return
-                twins[h] = window_loss(tw.last_window)
+                twins[h] = run_loss(tw.step_losses)
                 study.set_user_attr("numerics_twins", twins)
-            check = check_loss(window_loss(out.last_window), [twins[h]], tol, source="twin")
+            check = check_loss(run_loss(out.step_losses), [twins[h]], tol, source="twin", noise=noise)
         trial.set_user_attr("numerics", check.to_dict())
         if not check.passed:
             out.status, out.failure_reason = "numerics", f"{', '.join(f'{k}={params[k]}' for k in changed)}: " \

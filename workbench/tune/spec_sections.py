@@ -209,8 +209,9 @@ class Protocol:
     """A trial whose step counter does not move for this long (or has no first step by the time limit) is killed."""
     numerics_tolerance: float = 0.02
     """Numerics guard: a trial that sets a numerics knob (FP8) off its base value fails with kind ``numerics``
-    when its mean loss over the last measured window differs from the base config's, on the same seed and data,
-    by more than this share of the base's."""
+    when the median loss of its measured steps differs from the base config's, on the same seed and data, by more
+    than this share of the base's, or than twice the baseline repeats' spread of it where that is larger
+    (workbench/tune/numerics.py)."""
     compile_ahead: bool | None = None
     """Compile the next search trial's config in a shallow twin while the current trial runs, so that its compiles
     read the cache (workbench/tune/ahead.py); null = on with CUDA and the built-in loop."""

@@ -57,6 +57,7 @@ from typing import Any
 
 from workbench.config import Config, dump_config
 from workbench.files import remove_tree, write_json, write_text
+from workbench.tune.numerics import window_losses
 from workbench.vocab import (DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
                              REAL_TOKENS_PER_S, STATUSES, STEP_S)
 
@@ -110,6 +111,8 @@ class TrialOutcome:
     wall_s: float = 0.0
     last_window: dict[str, Any] | None = None
     """The last metrics.jsonl record (memory and loss of a pruned or failed trial)."""
+    step_losses: list[float] = field(default_factory=list)
+    """The training loss of each measured step, in order (``numerics.window_losses`` of each measured window)."""
     killed_from_outside: bool = False
     """Ended by a SIGKILL that neither the watchdog sent nor an OOM explains (no kernel OOM kill recorded, memory
     not near the host's): the config is not to blame; the tuner runs such a trial once more."""
@@ -381,6 +384,8 @@ class Watch:
 
     windows: list[float] = field(default_factory=list)
     last_window: dict[str, Any] | None = None
+    step_losses: list[float] = field(default_factory=list)
+    """The training loss of each measured step so far (``numerics.window_losses``)."""
     killed_kind: str = ""
     """``timeout`` or ``no_report`` when the watchdog killed the trial; "" otherwise."""
     killed_reason: str = ""
@@ -423,6 +428,7 @@ class Watchdog:
             if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > self.warm:
                 self.seen.windows.append(float(v))
                 self.seen.last_window = rec
+                self.seen.step_losses.extend(window_losses(rec))
                 yield float(v), _window_seconds(rec)
 
     def _limit_passed(self, t0: float, now: float, beat: str | None, beat_at: float) -> tuple[str, str]:
@@ -608,7 +614,8 @@ def run_trial(
         failure = json.loads((trial_dir / "failure.json").read_text())
     tail = read_log_tail(trial_dir)
     windows = seen.windows
-    out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, seen.last_window)
+    out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, seen.last_window,
+                       seen.step_losses)
     if seen.killed_reason:
         out.status, out.failure_reason = seen.killed_kind, seen.killed_reason
     elif seen.pruned:
