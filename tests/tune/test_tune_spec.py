@@ -77,6 +77,18 @@ def test_the_hf_llama_study_searches_the_projects_casts_and_ops_beside_liger():
     assert hf.knob_overrides({"fp8": "none"})["loongforge.compute_domain.fp8_cast"] == "torchao"
 
 
+def test_the_hf_llama_study_searches_the_host_waits_inside_a_step():
+    """The best HF run measured on the H200 (1.60x) waits for the device nowhere inside a step: transformers'
+    packed-sequence check, the Trainer's NaN/Inf filter and its blocking batch copies are knobs of the study, their
+    base values the HF defaults."""
+    hf = load_study_spec("hf-llama")
+    base = hf.base_knob_values()
+    assert (base["hf_packed_check"], base["user.nan_inf_filter"], base["user.non_blocking"]) == (True, True, False)
+    cfg = hf.trial_config({"hf_packed_check": False, "user.nan_inf_filter": False, "user.non_blocking": True})
+    assert cfg.hf.packed_check is False and cfg.user == {"optim": "adamw_torch_fused", "nan_inf_filter": False,
+                                                         "non_blocking": True}
+    assert hf.base_config().hf.packed_check is True and hf.base_config().user["nan_inf_filter"] is True
+
 
 def test_the_hf_llama_study_searches_the_projects_loss_instead_of_ligers():
     """run.prepare runs an HF model's head and loss through the project's loss op: the fused Triton linear
