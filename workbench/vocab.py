@@ -5,9 +5,8 @@ from __future__ import annotations
 
 __all__ = ["ALLOCATOR_REUSE_RATIO", "COMM_EXPOSED_S", "COMM_OVERLAP_PCT", "COMM_TOTAL_S", "COMPILE_S",
            "DEVICE_TOTAL_GIB", "EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "LOSS_MEAN", "LOSS_STEPS",
-           "MAX_ALLOCATED_GIB",
-           "MAX_RESERVED_GIB", "MAX_RSS_GIB", "PADDED_TOKENS_PER_S", "PADDING_RATIO", "PHASES", "PREDICTED_PEAK_GIB",
-           "REAL_TOKENS_PER_S", "STATUSES", "STEP_S", "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
+           "MAX_ALLOCATED_GIB", "MAX_RESERVED_GIB", "MAX_RSS_GIB", "PADDED_TOKENS_PER_S", "PADDING_RATIO", "PHASES",
+           "PREDICTED_PEAK_GIB", "REAL_TOKENS_PER_S", "STATUSES", "STEP_S", "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
 
 PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other")
 """The phases of a training step, in order; they add up to the step time."""

@@ -46,8 +46,8 @@ import torch
 
 from workbench.train.timing import PHASES
 from workbench.vocab import (ALLOCATOR_REUSE_RATIO, COMM_EXPOSED_S, COMM_OVERLAP_PCT, COMM_TOTAL_S, DEVICE_TOTAL_GIB,
-                             LOSS_MEAN, LOSS_STEPS, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDED_TOKENS_PER_S, PADDING_RATIO,
-                             REAL_TOKENS_PER_S, STEP_S)
+                             LOSS_MEAN, LOSS_STEPS, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB,
+                             PADDED_TOKENS_PER_S, PADDING_RATIO, REAL_TOKENS_PER_S, STEP_S)
 
 __all__ = ["StepRecord", "MetricsWriter", "summarize_comm", "summarize_window", "memory_snapshot",
            "PrometheusExporter", "LaunchTimer"]
