@@ -141,6 +141,11 @@ class _Trace(NamedTuple):
     ops: dict[Any, list[tuple[float, float, str]]]
     """Per thread, each ``cpu_op``: start, end, name; sorted by start, longest first at a tie."""
 
+    @property
+    def host_span(self) -> tuple[float, float]:
+        """The host time from the first step range's start to the last one's end (the trace has step ranges)."""
+        return min(s for s, _ in self.steps), max(e for _, e in self.steps)
+
 
 def _read(events: list[dict[str, Any]]) -> _Trace:
     tr = _Trace([], [], {}, [], [], {})
@@ -176,7 +181,7 @@ def _step_work(tr: _Trace) -> list[tuple[str, str, float, float, Any, float]]:
     work = [(name, cat, ts, dur, corr, tr.launches.get(corr, (None, ts))[1]) for name, cat, ts, dur, corr in tr.device]
     if not tr.steps:
         return work
-    begin, host_end = min(s for s, _ in tr.steps), max(e for _, e in tr.steps)
+    begin, host_end = tr.host_span
     return [w for w in work if begin <= w[5] <= host_end]
 
 
@@ -192,7 +197,7 @@ def _device_time(tr: _Trace, events: list[dict[str, Any]], steps: int | None) ->
     if tr.device:
         work = _step_work(tr)
         if step_ranges:
-            begin, host_end = min(s for s, _ in step_ranges), max(e for _, e in step_ranges)
+            begin, host_end = tr.host_span
             end = max([host_end, *(w[2] + w[3] for w in work)])
         else:
             begin, end = min(w[2] for w in work), max(w[2] + w[3] for w in work)
@@ -255,7 +260,7 @@ def _device_waits(tr: _Trace) -> pd.DataFrame:
     work = sorted((ts, ts + dur, corr) for _, _, ts, dur, corr, _ in _step_work(tr))
     if not tr.steps or not work:
         return pd.DataFrame(columns=_NO_WAITS)
-    begin, end = min(s for s, _ in tr.steps), max(e for _, e in tr.steps)
+    begin, end = tr.host_span
     queries, gaps, reach = [], [], work[0][1]
     for i, (start, stop, corr) in enumerate(work[1:], 1):
         if start - reach >= IDLE_GAP_US and corr in tr.launches:
