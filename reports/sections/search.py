@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import StudyData, num
-from workbench.tune.profiled import profile_line
+from workbench.tune.profiled import profile_line, warm_start_line
 from workbench.tune.result import gpu_minutes_line
 from reports.sections._common import (
     TPUT,
@@ -64,6 +64,9 @@ class Search(NamedTuple):
     profile_line: str | None = None
     """Where the base step's time went and which knobs the startup trials held for it (tune.json's ``profile``);
     None for a study not led by a profile (a grid, no phase timings)."""
+    warm_start_line: str | None = None
+    """Which earlier study's best config ran first and what the startup trials held for it (tune.json's
+    ``warm_start``); None for a study not warm-started."""
 
 
 def search_section(data: StudyData) -> Search:
@@ -114,7 +117,9 @@ def search_section(data: StudyData) -> Search:
                   knob_kinds={k: kinds[k] for k in names if k in kinds},
                   knob_choices={k: choices[k] for k in names if k in choices}, gpu_minutes=minutes,
                   gpu_minutes_line=gpu_minutes_line(gpu, data.tune.get("screening")) if minutes is not None else None,
-                  profile_line=profile_line(prof) if isinstance(prof := data.tune.get("profile"), dict) else None)
+                  profile_line=profile_line(prof) if isinstance(prof := data.tune.get("profile"), dict) else None,
+                  warm_start_line=warm_start_line(warm, (data.tune.get("spec") or {}).get("sampler", {}).get(
+                      "n_startup_trials")) if isinstance(warm := data.tune.get("warm_start"), dict) else None)
 
 
 @contextlib.contextmanager

@@ -380,6 +380,57 @@ def test_warm_start_runs_the_earlier_studys_best_config_first(study_spec_file, t
     assert third.study.get_trials() == [] and third.study.user_attrs["warm_start"] is None
 
 
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_warm_start_holds_what_it_knows_while_the_startup_draws_the_new_knobs(study_spec_file, tmp_path,
+                                                                               fake_search, sampler, capsys):
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    _tuner(study_spec_file("first", space=SPACE, trials=8, sampler={"name": "grid", "seed": 0}), tmp_path,
+           storage_url=url).search()
+    wider = {**SPACE, "activation_checkpointing": {"choices": ["none", "full"]}}
+    spec = study_spec_file("second", space=wider, trials=4,
+                           sampler={"name": sampler, "seed": 2, "n_startup_trials": 3})
+    second = _tuner(spec, tmp_path, storage_url=url)
+    assert second.study.user_attrs["warm_start"]["new"] == ["activation_checkpointing"]
+    assert "the startup trials keep its values and draw activation_checkpointing" in capsys.readouterr().err
+    fake_search.clear()
+    second.search()
+    ran = [p for p, _ in fake_search]
+    # the earlier study's best (mb 8, a worker) runs first; the next startup trial keeps it and draws the other
+    # checkpointing; with that neighbourhood measured, the third startup trial is an untried config elsewhere
+    assert [(p["micro_batch_size"], p["num_workers"]) for p in ran[:2]] == [(8, 1), (8, 1)]
+    assert {p["activation_checkpointing"] for p in ran[:2]} == {"none", "full"}
+    assert (ran[2]["micro_batch_size"], ran[2]["num_workers"]) != (8, 1)
+    assert len({tuple(sorted(p.items())) for p in ran}) == len(ran) == 4  # no repeat
+    assert not second.study.sampler.held(second.study)  # after the startup every knob is drawn
+    # a warm start from a study that searched every knob holds nothing
+    third = _tuner(study_spec_file("third", space=SPACE, trials=2, sampler={"name": sampler, "seed": 2}), tmp_path,
+                   storage_url=url)
+    assert third.study.user_attrs["warm_start"]["new"] == [] and not third.study.sampler.held(third.study)
+
+
+def test_tune_json_and_the_report_say_what_the_warm_start_held(study_spec_file, tmp_path, fake_search,
+                                                               fake_measure):
+    from reports import build_report
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    _tuner(study_spec_file("first", space=SPACE, trials=8, sampler={"name": "grid", "seed": 0}), tmp_path,
+           storage_url=url).search()
+    wider = {**SPACE, "activation_checkpointing": {"choices": ["none", "full"]}}
+    spec = study_spec_file("rep", space=wider, trials=2, sampler={"name": "tpe", "seed": 0, "n_startup_trials": 2},
+                           protocol={"baseline_repeats": 1, "top_k": 1, "ab_rounds": 1, "profile_steps": 0})
+    t = Tuner(load_study_spec(str(spec)), out_root=tmp_path / "runs", progress=False, storage_url=url)
+    t.run()
+    tune = json.loads((tmp_path / "runs" / "rep" / "tune.json").read_text())
+    first = next(tr.number for tr in optuna.load_study(study_name="first", storage=url).trials
+                 if tr.params == {"micro_batch_size": 8, "num_workers": 1})
+    assert tune["warm_start"] == {"study": "first", "trial": first, "params": {"micro_batch_size": 8, "num_workers": 1},
+                                  "new": ["activation_checkpointing"]}
+    html = build_report(tmp_path / "runs" / "rep").read_text()
+    assert (f'<p id="warm-start">The first trial was trial {first} of the earlier study first (same model and '
+            "hardware), 2 of its values kept; the first 2 trial(s) held them and drew activation_checkpointing, "
+            "which it did not search.</p>") in html
+
+
 def test_the_progress_bar_counts_validation_and_traces():
     bar = Progress(5, "t", enabled=False, after=10)
     assert bar.total == 15

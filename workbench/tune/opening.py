@@ -269,7 +269,7 @@ def _warm_start(req: SessionRequest, storage: optuna.storages.RDBStorage, study:
     if "warm_start" in study.user_attrs or study.get_trials(deepcopy=False):
         return
     mine = hardware_key(dict(hardware))
-    best: tuple[float, str, int, dict[str, Any]] | None = None
+    best: tuple[float, str, int, dict[str, Any], list[str]] | None = None
     for summary in optuna.get_all_study_summaries(storage, include_best_trial=False):
         a = summary.user_attrs
         if summary.study_name == req.study_name or (a.get("spec") or {}).get("model") != spec.model \
@@ -282,17 +282,21 @@ def _warm_start(req: SessionRequest, storage: optuna.storages.RDBStorage, study:
         pick = next((t for t in ok if t.number == exported), None) or max(ok, key=lambda t: t.values[0],
                                                                            default=None)
         if pick is not None and (best is None or pick.values[0] > best[0]):
-            best = (pick.values[0], summary.study_name, pick.number, dict(pick.params))
+            best = (pick.values[0], summary.study_name, pick.number, dict(pick.params),
+                    list(a.get("active_knobs") or []))
     if best is None:
         study.set_user_attr("warm_start", None)
         return
-    value, name, number, params = best
+    value, name, number, params, theirs = best
     kept = {k: v for k, v in params.items() if k in active and k in spec.space
             and spec.space[k].contains(v, spec.knob(k).kind)}
+    new = [k for k in active if k not in theirs]  # what the earlier study could not tell (workbench.tune.profiled)
     study.enqueue_trial(kept, user_attrs={"warm_start": {"study": name, "trial": number}})
-    study.set_user_attr("warm_start", {"study": name, "trial": number, "params": kept})
+    study.set_user_attr("warm_start", {"study": name, "trial": number, "params": kept, "new": new})
     console.log(f"warm start: trial {number} of study {name} (same model and {mine['device']}; {value:,.0f} "
-                f"tok/s/gpu there) runs first ({params_text(kept) or 'the base config'})")
+                f"tok/s/gpu there) runs first ({params_text(kept) or 'the base config'})"
+                + (f"; the startup trials keep its values and draw {', '.join(new)}, which it did not search"
+                   if new and kept else ""))
 
 
 def _enqueue_seeds(study: optuna.Study, spec: StudySpec, active: list[str], console: Console) -> None:

@@ -10,7 +10,13 @@ every knob: a held knob is still searched, later.
 
 The profile, each knob's weight and the knobs held are the study attribute ``profile`` (tune.json's ``profile``, the
 report's Search section). A grid sampler and a study whose baseline recorded no phase timings (phase timing off, a
-loop of one's own without them) are not led: every knob is drawn from the start.
+loop of one's own without them) are not led by a profile: every knob is drawn from the start.
+
+A warm-started study (``workbench.tune.opening``: its first trial is the best config of an earlier study of the same
+model on the same hardware) that searches knobs the earlier study did not also holds, during the startup, the knobs
+the warm start set at its values: the startup's random draws then explore what the earlier study could not tell,
+around what it found, instead of the whole space again. Where the earlier study searched every knob of this one,
+the warm start holds nothing. The profile's holds give way to the warm start's values.
 """
 
 from __future__ import annotations
@@ -28,7 +34,8 @@ from workbench.tune.knobs import Knob
 from workbench.tune.samplers import WrappedSampler, infeasible
 from workbench.vocab import PHASES
 
-__all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record"]
+__all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record", "warm_held",
+           "warm_start_line"]
 
 HOT_SHARE = 0.05
 """A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
@@ -91,13 +98,15 @@ class ProfileLed(WrappedSampler):
         self.startup_trials = startup_trials
 
     def held(self, study: Study) -> Mapping[str, Any]:
-        """The knobs held now (name -> base value): the profile's while the startup lasts, else none."""
-        record = study.user_attrs.get("profile")
-        if not record or not record.get("held"):
+        """The knobs held now (name -> value) while the startup lasts, else none: the profile's at their base
+        value, and a partial warm start's at its values (``warm_held``)."""
+        record = study.user_attrs.get("profile") or {}
+        held = {**(record.get("held") or {}), **warm_held(study)}
+        if not held:
             return {}
         done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t)
                    for t in study.get_trials(deepcopy=False))
-        return record["held"] if done < self.startup_trials else {}
+        return held if done < self.startup_trials else {}
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
@@ -111,6 +120,24 @@ class ProfileLed(WrappedSampler):
         if param_name in held and _fits(param_distribution, held[param_name]):
             return held[param_name]
         return self.sampler.sample_independent(study, trial, param_name, param_distribution)
+
+
+def warm_held(study: Study) -> dict[str, Any]:
+    """The warm start's values (the study attr ``warm_start``'s ``params``) when this study searches a knob the
+    earlier study did not (its ``new``), else none."""
+    warm = study.user_attrs.get("warm_start") or {}
+    return dict(warm.get("params") or {}) if warm.get("new") else {}
+
+
+def warm_start_line(record: Mapping[str, Any], startup_trials: int | None = None) -> str:
+    """One line: which earlier study's trial ran first, and what the startup trials held for it."""
+    kept = record.get("params") or {}
+    line = (f"the first trial was trial {record.get('trial')} of the earlier study {record.get('study')} (same model "
+            f"and hardware), {len(kept)} of its values kept")
+    if record.get("new") and kept:
+        first = f"the first {startup_trials} trial(s)" if startup_trials else "the startup trials"
+        line += f"; {first} held them and drew {', '.join(record['new'])}, which it did not search"
+    return line
 
 
 def _fits(dist: BaseDistribution, value: Any) -> bool:

@@ -103,7 +103,8 @@ def write_tune_json(session: StudySession, sessions: Sessions, started: str, fin
         "active_knobs": session.active, "dropped_knobs": session.dropped, "hardware": session.hardware,
         "budget_trials": session.budget, "gpu_minutes": gpu_record(session),
         "screening": screening_record(session),
-        "profile": study.user_attrs.get("profile"), "noise_floor": study.user_attrs.get("noise_floor"),
+        "profile": study.user_attrs.get("profile"), "warm_start": study.user_attrs.get("warm_start"),
+        "noise_floor": study.user_attrs.get("noise_floor"),
         "started": runs[0]["started"], "finished": finished,
         "sessions": runs, "wall_s": sessions_wall_s(runs), "result": result,
     })
