@@ -391,7 +391,8 @@ def test_a_warm_start_holds_what_it_knows_while_the_startup_draws_the_new_knobs(
                            sampler={"name": sampler, "seed": 2, "n_startup_trials": 3})
     second = _tuner(spec, tmp_path, storage_url=url)
     assert second.study.user_attrs["warm_start"]["new"] == ["activation_checkpointing"]
-    assert "the startup trials keep its values and draw activation_checkpointing" in capsys.readouterr().err
+    assert ("the startup trials change activation_checkpointing, which it did not search, one at a time from the "
+            "best so far") in capsys.readouterr().err
     fake_search.clear()
     second.search()
     ran = [p for p, _ in fake_search]
@@ -408,7 +409,43 @@ def test_a_warm_start_holds_what_it_knows_while_the_startup_draws_the_new_knobs(
     assert third.study.user_attrs["warm_start"]["new"] == [] and not third.study.sampler.held(third.study)
 
 
-def test_tune_json_and_the_report_say_what_the_warm_start_held(study_spec_file, tmp_path, fake_search,
+@pytest.mark.parametrize("sampler", ["tpe", "random"])
+def test_a_warm_started_startup_walks_the_new_knobs_one_at_a_time(study_spec_file, tmp_path, monkeypatch, sampler):
+    """The earlier study searched the micro-batch alone; this one adds three knobs that each add speed at one of
+    their values. Whatever the first trial draws for them, its startup reaches the fastest config."""
+    gain = {"num_workers": {1: 300.0}, "activation_checkpointing": {"none": 200.0}, "bucket_width": {64: 100.0}}
+    ran: list[dict] = []
+
+    def run(self, trial, cfg, tdir, on_window):
+        p = dict(trial.params)
+        ran.append(p)
+        v = 1000.0 * p["micro_batch_size"] + sum(g.get(p.get(k), 0.0) for k, g in gain.items())
+        return TrialOutcome("ok", Path(tdir), windows=[v] * 3, value=v, summary={"measured_steps": 6}, wall_s=RUN_S)
+
+    monkeypatch.setattr(Search, "run_search_trial", run)
+    wider = {"micro_batch_size": {"choices": [2, 8]}, "num_workers": {"choices": [0, 1]},
+             "activation_checkpointing": {"choices": ["none", "full"]}, "bucket_width": {"choices": [32, 64]}}
+    best = (8, 1, "none", 64)
+    for seed in range(4):
+        url = f"sqlite:///{tmp_path / f'shared{seed}.db'}"
+        _tuner(study_spec_file(f"first{seed}", space={"micro_batch_size": {"choices": [2, 8]}}, trials=2,
+                               sampler={"name": "grid", "seed": 0}), tmp_path, storage_url=url).search()
+        ran.clear()
+        t = _tuner(study_spec_file(f"second{seed}", space=wider, trials=4,
+                                   sampler={"name": sampler, "seed": seed, "n_startup_trials": 4}),
+                   tmp_path, storage_url=url)
+        assert t.study.user_attrs["warm_start"]["new"] == ["num_workers", "activation_checkpointing", "bucket_width"]
+        t.search()
+        assert all(p["micro_batch_size"] == 8 for p in ran)  # what the earlier study knew is kept
+        # each startup trial after the first changes one new knob of the best so far, in knob order
+        keys = ("micro_batch_size", "num_workers", "activation_checkpointing", "bucket_width")
+        seen = [tuple(p[k] for k in keys) for p in ran]
+        assert all(sum(a != b for a, b in zip(seen[i], max(seen[:i], key=lambda c: (
+            c[1] == 1) * 300 + (c[2] == "none") * 200 + (c[3] == 64) * 100))) == 1 for i in range(1, 4))
+        assert best in seen, (seed, seen)
+
+
+def test_tune_json_and_the_report_say_what_the_warm_start_did(study_spec_file, tmp_path, fake_search,
                                                                fake_measure):
     from reports import build_report
 
@@ -427,8 +464,8 @@ def test_tune_json_and_the_report_say_what_the_warm_start_held(study_spec_file, 
                                   "new": ["activation_checkpointing"]}
     html = build_report(tmp_path / "runs" / "rep").read_text()
     assert (f'<p id="warm-start">The first trial was trial {first} of the earlier study first (same model and '
-            "hardware), 2 of its values kept; the first 2 trial(s) held them and drew activation_checkpointing, "
-            "which it did not search.</p>") in html
+            "hardware), 2 of its values kept; the first 2 trial(s) changed activation_checkpointing, which it did "
+            "not search, one at a time from the best so far.</p>") in html
 
 
 def test_the_progress_bar_counts_validation_and_traces():

@@ -295,7 +295,8 @@ def _warm_start(req: SessionRequest, storage: optuna.storages.RDBStorage, study:
     study.set_user_attr("warm_start", {"study": name, "trial": number, "params": kept, "new": new})
     console.log(f"warm start: trial {number} of study {name} (same model and {mine['device']}; {value:,.0f} "
                 f"tok/s/gpu there) runs first ({params_text(kept) or 'the base config'})"
-                + (f"; the startup trials keep its values and draw {', '.join(new)}, which it did not search"
+                + (f"; the startup trials change {', '.join(new)}, which it did not search, one at a time from the "
+                   "best so far"
                    if new and kept else ""))
 
 

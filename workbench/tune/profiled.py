@@ -13,10 +13,14 @@ report's Search section). A grid sampler and a study whose baseline recorded no 
 loop of one's own without them) are not led by a profile: every knob is drawn from the start.
 
 A warm-started study (``workbench.tune.opening``: its first trial is the best config of an earlier study of the same
-model on the same hardware) that searches knobs the earlier study did not also holds, during the startup, the knobs
-the warm start set at its values: the startup's random draws then explore what the earlier study could not tell,
-around what it found, instead of the whole space again. Where the earlier study searched every knob of this one,
-the warm start holds nothing. The profile's holds give way to the warm start's values.
+model on the same hardware) that searches knobs the earlier study did not (``warm_start.new``) spends its startup
+around what the earlier study found, instead of on the whole space again. Each startup trial is a neighbour of the
+incumbent: the best feasible trial so far (the warm start's own trial until one finished), one of the new knobs
+set to another of its choices, the first such config in knob order that no trial has asked for; the incumbent
+moves as faster neighbours finish, so the startup walks the new knobs one at a time (coordinate descent). Once every
+neighbour was asked, the startup holds the warm start's values and draws the new knobs at random. A trial asked
+ahead (compile-ahead: during the trial before it) is planned from the trials finished by then. Where the earlier
+study searched every knob of this one, the warm start holds nothing. The profile's holds give way to these values.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from workbench.tune.samplers import WrappedSampler, infeasible
 from workbench.vocab import PHASES
 
 __all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record", "warm_held",
-           "warm_start_line"]
+           "warm_neighbour", "warm_start_line"]
 
 HOT_SHARE = 0.05
 """A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
@@ -96,27 +100,35 @@ class ProfileLed(WrappedSampler):
     def __init__(self, sampler: optuna.samplers.BaseSampler, startup_trials: int) -> None:
         super().__init__(sampler)
         self.startup_trials = startup_trials
+        self._neighbours: dict[int, dict[str, Any]] = {}  # trial number -> its warm start neighbour, once planned
 
-    def held(self, study: Study) -> Mapping[str, Any]:
+    def held(self, study: Study, trial: FrozenTrial | None = None) -> Mapping[str, Any]:
         """The knobs held now (name -> value) while the startup lasts, else none: the profile's at their base
-        value, and a partial warm start's at its values (``warm_held``)."""
+        value, and a partial warm start's at its values (``warm_held``), or, for ``trial``, at the incumbent's
+        neighbour it was planned to be (``warm_neighbour``)."""
         record = study.user_attrs.get("profile") or {}
         held = {**(record.get("held") or {}), **warm_held(study)}
         if not held:
             return {}
-        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t)
-                   for t in study.get_trials(deepcopy=False))
-        return held if done < self.startup_trials else {}
+        trials = study.get_trials(deepcopy=False)
+        done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t) for t in trials)
+        if done >= self.startup_trials:
+            return {}
+        if trial is not None:
+            if trial.number not in self._neighbours:
+                self._neighbours[trial.number] = warm_neighbour(study, trials, trial.number)
+            held.update(self._neighbours[trial.number])
+        return held
 
     def sample_relative(self, study: Study, trial: FrozenTrial,
                         search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        held = self.held(study)
+        held = self.held(study, trial)
         out = self.sampler.sample_relative(study, trial, search_space)
         return {k: (held[k] if k in held and _fits(search_space[k], held[k]) else v) for k, v in out.items()}
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution) -> Any:
-        held = self.held(study)
+        held = self.held(study, trial)
         if param_name in held and _fits(param_distribution, held[param_name]):
             return held[param_name]
         return self.sampler.sample_independent(study, trial, param_name, param_distribution)
@@ -129,14 +141,45 @@ def warm_held(study: Study) -> dict[str, Any]:
     return dict(warm.get("params") or {}) if warm.get("new") else {}
 
 
+def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
+    """The config trial ``number`` of a partially warm-started study is planned to be (see the module docstring):
+    the incumbent's params with one new knob set to another of its choices, the first in knob order and choice
+    order that no other trial asked for; {} when none is left, the study is not partially warm-started, or it has
+    more than one objective."""
+    warm = study.user_attrs.get("warm_start") or {}
+    new = warm.get("new") or []
+    if not new or not warm.get("params") or len(study.directions) != 1:
+        return {}
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    ok = [t for t in trials if t.number != number and t.state == TrialState.COMPLETE and t.values
+          and t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())]
+    first = next((t for t in trials if "warm_start" in t.user_attrs and t.number != number), None)
+    incumbent = max(ok, key=lambda t: sign * t.values[0]) if ok else first
+    if incumbent is None or not incumbent.params:
+        return {}
+    asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number]
+    for name in new:
+        dist = incumbent.distributions.get(name)
+        if not isinstance(dist, CategoricalDistribution):  # inactive in the incumbent, or a numeric range
+            continue
+        for choice in dist.choices:
+            if choice == incumbent.params[name] and type(choice) is type(incumbent.params[name]):
+                continue
+            config = {**incumbent.params, name: choice}
+            if not any(all(n in a and a[n] == v for n, v in config.items()) for a in asked):
+                return config
+    return {}
+
+
 def warm_start_line(record: Mapping[str, Any], startup_trials: int | None = None) -> str:
-    """One line: which earlier study's trial ran first, and what the startup trials held for it."""
+    """One line: which earlier study's trial ran first, and what the startup trials did around it."""
     kept = record.get("params") or {}
     line = (f"the first trial was trial {record.get('trial')} of the earlier study {record.get('study')} (same model "
             f"and hardware), {len(kept)} of its values kept")
     if record.get("new") and kept:
         first = f"the first {startup_trials} trial(s)" if startup_trials else "the startup trials"
-        line += f"; {first} held them and drew {', '.join(record['new'])}, which it did not search"
+        line += (f"; {first} changed {', '.join(record['new'])}, which it did not search, one at a time from "
+                 "the best so far")
     return line
 
 
