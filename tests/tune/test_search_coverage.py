@@ -70,11 +70,17 @@ def _measured(t: Tuner) -> list[dict]:
             if "duplicate_of" not in x.user_attrs]
 
 
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "too-large-to-list"])
 @pytest.mark.parametrize("sampler", [{"name": "tpe", "seed": 0, "n_startup_trials": 1},
                                      {"name": "random", "seed": 3}, {"name": "gp", "seed": 0,
                                                                       "n_startup_trials": 1}])
-def test_a_2x2_space_with_a_4_trial_budget_measures_all_4(study_spec_file, tmp_path, fake_runs, sampler):
-    """Issue 38: a 2x2 space with a 3-trial TPE budget measured 1 of 4 configs; the repeats took the budget."""
+def test_a_2x2_space_with_a_4_trial_budget_measures_all_4(study_spec_file, tmp_path, fake_runs, sampler, listed,
+                                                          monkeypatch):
+    """Issue 38: a 2x2 space with a 3-trial TPE budget measured 1 of 4 configs; the repeats took the budget. A space
+    too large to list (the hf-llama study's ~10k configs: a repeat took a trial of its budget) draws an untried
+    config in the repeat's place."""
+    if not listed:
+        monkeypatch.setattr("workbench.tune.search.MAX_ENUMERATED", 1)
     spec = study_spec_file("cover", space=SPACE, trials=4, sampler=sampler)
     t = _tuner(spec, tmp_path)
     t.search()

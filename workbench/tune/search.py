@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import signal
 import statistics
 import threading
@@ -59,6 +60,8 @@ SEARCH_ENDED = "asked ahead (compile-ahead), and the search ended before it ran;
 
 MAX_ENUMERATED = 4096
 """Largest finite space whose configs the tuner lists (to queue an untried one in place of a repeat)."""
+DRAWS = 512
+"""Configs drawn at random, where a finite space is too large to list, to find an untried one in place of a repeat."""
 
 
 def flat_attrs(summary: Mapping[str, Any]) -> dict[str, float]:
@@ -483,17 +486,25 @@ class Search:
             s.study.tell(trial, state=TrialState.FAIL)
 
     # ------------------------------------------------------------------ repeats, requeues, stale trials
+    def grids(self) -> dict[str, list[Any]] | None:
+        """Each active knob's values in sampling order (knob order); None when a range is continuous."""
+        spec = self.session.spec
+        grids: dict[str, list[Any]] = {}
+        for name in (n for n in spec.knob_order() if n in self.session.active):
+            rng = spec.space[name]
+            if rng.choices is None and spec.knob(name).kind != "int" and rng.step is None:
+                return None
+            grids[name] = rng.grid(spec.knob(name).kind)
+        return grids
+
     def configs(self) -> list[dict[str, Any]] | None:
         """Every config of the search space as knob values (conditional knobs only where active), in sampling
         order; None when the space is not finite or has more than MAX_ENUMERATED configs."""
         spec = self.session.spec
-        names = [n for n in spec.knob_order() if n in self.session.active]
-        grids: dict[str, list[Any]] = {}
-        for name in names:
-            rng = spec.space[name]
-            if rng.choices is None and spec.knob(name).kind != "int" and rng.step is None:
-                return None  # a continuous range
-            grids[name] = rng.grid(spec.knob(name).kind)
+        grids = self.grids()
+        if grids is None:
+            return None
+        names = list(grids)
         out: list[dict[str, Any]] = []
 
         def walk(i: int, values: dict[str, Any], params: dict[str, Any]) -> bool:
@@ -510,17 +521,41 @@ class Search:
 
         return out if walk(0, dict(self.base_values), {}) else None
 
+    def drawn_configs(self, grids: Mapping[str, list[Any]], held: Mapping[str, Any],
+                      rng: random.Random) -> list[dict[str, Any]]:
+        """DRAWS configs drawn at random from ``grids`` (conditional knobs only where active), the ``held`` knobs
+        at their values where those are values of the knob; distinct, in the order drawn."""
+        spec, out = self.session.spec, []
+        for _ in range(DRAWS):
+            values, params = dict(self.base_values), {}
+            for name, grid in grids.items():
+                if not spec.knob(name).active(values):
+                    continue
+                v = held[name] if name in held and any(held[name] == g for g in grid) else rng.choice(grid)
+                params[name] = values[name] = v
+            if params not in out:
+                out.append(params)
+        return out
+
     def queue_untried(self, number: int) -> dict[str, Any] | None:
         """Enqueue one config of a finite space that no trial has asked for or queued (a seeded choice, so that
-        a study reruns the same way); None when the space is not finite or every config was asked for."""
+        a study reruns the same way), one that agrees with the knobs the sampler holds now first; where the space
+        is too large to list (MAX_ENUMERATED), the first such config of DRAWS drawn at random. None when the space
+        is not finite or no untried config was found."""
         study, seed = self.session.study, self.session.spec.sampler.seed
-        configs = self.configs()
-        if not configs:
+        grids = self.grids()
+        if not grids:
             return None
         asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.session.trials()]
         held = study.sampler.held(study) if isinstance(study.sampler, ProfileLed) else {}
-        led = [c for c in configs if all(c.get(k, v) == v for k, v in held.items())]  # the startup's, first
-        pick = untried_config(led, asked, seed, number) or untried_config(configs, asked, seed, number)
+        configs = self.configs()
+        if configs:
+            led = [c for c in configs if all(c.get(k, v) == v for k, v in held.items())]  # the startup's, first
+            pick = untried_config(led, asked, seed, number) or untried_config(configs, asked, seed, number)
+        else:
+            rng = random.Random((seed or 0) * 1_000_003 + number)
+            drawn = self.drawn_configs(grids, held, rng) + (self.drawn_configs(grids, {}, rng) if held else [])
+            pick = next((c for c in drawn if c not in asked), None)
         if pick is None:
             return None
         study.enqueue_trial(pick, user_attrs={"queued_for": number})
