@@ -146,14 +146,21 @@ def test_seeded_fp8_trials_pass_or_fail_the_guard(study_spec_file, tmp_path, mon
 def test_guard_runs_a_twin_where_the_data_differs_and_passes_within_tolerance(study_spec_file, tmp_path,
                                                                              monkeypatch):
     """Bucketed records at another micro-batch group into other batches: the baseline is no reference, so the
-    candidate's twin (fp8 at its base value, same data) runs once; FP8 is within a 20% tolerance and passes."""
+    candidate's twin (fp8 at its base value, same data) runs once; FP8 is within a 20% tolerance and passes. A
+    second FP8 trial on the same tokens (another loader setting) is checked against the same twin, run once."""
     tuner = _tuner(study_spec_file, tmp_path, monkeypatch, "twin",
-                   space={"fp8": {"choices": ["none", "tensorwise"]}, "micro_batch_size": {"choices": [2, 4]}},
-                   seeds=[{"fp8": "tensorwise", "micro_batch_size": 2}], trials=1, tolerance=0.2,
+                   space={"fp8": {"choices": ["none", "tensorwise"]}, "micro_batch_size": {"choices": [2, 4]},
+                          "num_workers": {"choices": [0, 1]}},
+                   seeds=[{"fp8": "tensorwise", "micro_batch_size": 2, "num_workers": 0},
+                          {"fp8": "tensorwise", "micro_batch_size": 2, "num_workers": 1}], trials=2, tolerance=0.2,
                    base={**BASE, "data": {**BASE["data"], "packing": "bucket"}})
     study = tuner.open()
     tuner.run()
-    (t,) = study.get_trials()
+    t, again = study.get_trials()
+    assert again.user_attrs["numerics"] == {**t.user_attrs["numerics"], "loss": again.user_attrs["numerics"]["loss"],
+                                            "rel_diff": again.user_attrs["numerics"]["rel_diff"]}
+    assert again.user_attrs["numerics"]["reference"] == "twin" and "twin_wall_s" not in again.user_attrs
+    assert not (tmp_path / "runs" / "twin" / "trials" / "1" / "numerics-twin").exists()
     check = t.user_attrs["numerics"]
     assert t.user_attrs["status"] == "ok" and t.values[0] > 0
     assert check["reference"] == "twin" and check["passed"] is True and 0 < check["rel_diff"] <= 0.2

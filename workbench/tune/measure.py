@@ -185,9 +185,11 @@ class Measurer:
 
     def guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
         """The numerics guard (workbench.tune.numerics): a trial that sets a numerics knob off its base value keeps
-        status ok only if its median step loss (``numerics.run_loss``) is within the tolerance of its twin's (the
-        protocol's, or twice the baseline repeats' spread where larger: ``numerics.check_loss``); else its status
-        becomes ``numerics``. The check is stored as the trial's ``numerics`` user attr."""
+        status ok only if its median step loss (``numerics.run_loss``) is within the tolerance of its reference's
+        (the protocol's, or twice the baseline repeats' spread where larger: ``numerics.check_loss``); else its
+        status becomes ``numerics``. The reference is the baseline where the trial trains on its tokens, else the
+        trial's twin (its config with the numerics knobs at base), run once per data path (``data_key``: the study
+        attr ``numerics_twins``). The check is stored as the trial's ``numerics`` user attr."""
         spec, study = self.session.spec, self.session.study
         base = spec.base_knob_values()
         changed = [k for k in numerics_knobs() if k in params and params[k] != base.get(k)]
@@ -201,8 +203,10 @@ class Measurer:
         if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):
             check = check_loss(run_loss(out.step_losses), base_losses, tol, source="baseline", noise=noise)
         else:
+            # one twin a data path: a twin's numerics knobs are at base and the others do not change the numbers,
+            # so a later trial on the same tokens is checked against the same twin
             twins = dict(study.user_attrs.get("numerics_twins", {}))
-            h = config_hash(twin_cfg)
+            h = data_key(twin_cfg)
             if h not in twins:
                 self.session.log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same "
                                  "data")
