@@ -16,11 +16,12 @@ A warm-started study (``workbench.tune.opening``: its first trial is the best co
 model on the same hardware) that searches knobs the earlier study did not (``warm_start.new``) spends its startup
 around what the earlier study found, instead of on the whole space again. Each startup trial is a neighbour of the
 incumbent: the best feasible trial so far (the warm start's own trial until one finished), one of the new knobs
-set to another of its choices, the first such config in knob order that no trial has asked for; the incumbent
-moves as faster neighbours finish, so the startup walks the new knobs one at a time (coordinate descent). Once every
-neighbour was asked, the startup holds the warm start's values and draws the new knobs at random. A trial asked
-ahead (compile-ahead: during the trial before it) is planned from the trials finished by then. Where the earlier
-study searched every knob of this one, the warm start holds nothing. The profile's holds give way to these values.
+set to another of its choices, the first such config that no trial has asked for, in knob order from the knob after
+the last one tried around the incumbent; the incumbent moves as faster neighbours finish, so the startup walks the
+new knobs one at a time, cyclically (coordinate descent). Once every neighbour was asked, the startup holds the
+warm start's values and draws the new knobs at random. A trial asked ahead (compile-ahead: during the trial before
+it) is planned from the trials finished by then. Where the earlier study searched every knob of this one, the warm
+start holds nothing. The profile's holds give way to these values.
 """
 
 from __future__ import annotations
@@ -143,9 +144,9 @@ def warm_held(study: Study) -> dict[str, Any]:
 
 def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
     """The config trial ``number`` of a partially warm-started study is planned to be (see the module docstring):
-    the incumbent's params with one new knob set to another of its choices, the first in knob order and choice
-    order that no other trial asked for; {} when none is left, the study is not partially warm-started, or it has
-    more than one objective."""
+    the incumbent's params with one new knob set to another of its choices, the first untried in choice order and
+    in knob order from the knob after the last one tried around the incumbent (cyclic coordinate descent); {} when
+    none is left, the study is not partially warm-started, or it has more than one objective."""
     warm = study.user_attrs.get("warm_start") or {}
     new = warm.get("new") or []
     if not new or not warm.get("params") or len(study.directions) != 1:
@@ -158,7 +159,14 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     if incumbent is None or not incumbent.params:
         return {}
     asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number]
-    for name in new:
+    # cyclic: the knobs after the last (in knob order) whose neighbour of the incumbent was asked first, so that a
+    # new incumbent goes on to the next knob instead of trying again the ones its predecessor tried
+    inc, last = incumbent.params, -1
+    for a in asked:
+        differ = [n for n in {*a, *inc} if a.get(n) != inc.get(n)]
+        if len(differ) == 1 and differ[0] in new:
+            last = max(last, new.index(differ[0]))
+    for name in new[last + 1:] + new[:last + 1]:
         dist = incumbent.distributions.get(name)
         if not isinstance(dist, CategoricalDistribution):  # inactive in the incumbent, or a numeric range
             continue
