@@ -10,8 +10,8 @@ The reference is the trial's *twin*: its own config with every numerics knob at 
 base value. When the twin feeds the model the same data as the base config
 (``data_key``: same corpus, seeds, global batch and packing, and for bucketed records
 the same micro-batch and bucket width, which decide how records group into batches),
-the baseline repeats already measured it, with no extra run. Otherwise the twin is run once (and cached by its
-config hash).
+the baseline repeats already measured it, with no extra run. Otherwise the twin is run once per data path (cached
+by its ``data_key``: a later trial on the same tokens is checked against it).
 
 A trial's steps are early training, where the loss is noisy:
 - **Spikes.** One step's loss jumps and falls back, at a step no config predicts. On one H200 (gr00t-n1.6,

@@ -37,6 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from workbench.tune.knobs import Knob
 from workbench.tune.samplers import WrappedSampler, infeasible
+from workbench.tune.validation import is_feasible
 from workbench.vocab import PHASES
 
 __all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record", "warm_held",
@@ -152,8 +153,7 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     if not new or not warm.get("params") or len(study.directions) != 1:
         return {}
     sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
-    ok = [t for t in trials if t.number != number and t.state == TrialState.COMPLETE and t.values
-          and t.user_attrs.get("status") == "ok" and all(v <= 0 for v in t.constraints.values())]
+    ok = [t for t in trials if t.number != number and is_feasible(t)]
     first = next((t for t in trials if "warm_start" in t.user_attrs and t.number != number), None)
     incumbent = max(ok, key=lambda t: sign * t.values[0]) if ok else first
     if incumbent is None or not incumbent.params:

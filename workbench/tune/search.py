@@ -497,11 +497,12 @@ class Search:
             grids[name] = rng.grid(spec.knob(name).kind)
         return grids
 
-    def configs(self) -> list[dict[str, Any]] | None:
+    def configs(self, grids: Mapping[str, list[Any]] | None = None) -> list[dict[str, Any]] | None:
         """Every config of the search space as knob values (conditional knobs only where active), in sampling
-        order; None when the space is not finite or has more than MAX_ENUMERATED configs."""
+        order, from ``grids`` (default ``self.grids()``); None when the space is not finite or has more than
+        MAX_ENUMERATED configs."""
         spec = self.session.spec
-        grids = self.grids()
+        grids = self.grids() if grids is None else grids
         if grids is None:
             return None
         names = list(grids)
@@ -548,7 +549,7 @@ class Search:
             return None
         asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.session.trials()]
         held = study.sampler.held(study) if isinstance(study.sampler, ProfileLed) else {}
-        configs = self.configs()
+        configs = self.configs(grids)
         if configs:
             led = [c for c in configs if all(c.get(k, v) == v for k, v in held.items())]  # the startup's, first
             pick = untried_config(led, asked, seed, number) or untried_config(configs, asked, seed, number)
