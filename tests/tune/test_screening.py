@@ -43,6 +43,13 @@ def _tuner(spec_path: Path, tmp_path: Path, **kw) -> Tuner:
     return t
 
 
+def _timeline(mb: int, windows: int) -> dict[str, float]:
+    """A fake trial's watchdog marks: ``mb`` seconds to its first step, 5 s a window, 2 s after the last."""
+    first = float(mb)
+    return {"report": 0.5, "first_step": first, "first_window": first + 5, "last_window": first + 5 * windows,
+            "end": first + 5 * windows + 2}
+
+
 @pytest.fixture
 def fake_search(monkeypatch):
     """Search trials report their windows through the pruner; mb 4 with a worker crashes before its first
@@ -62,10 +69,11 @@ def fake_search(monkeypatch):
             if on_window(i, v):
                 ran.append((p, len(windows)))
                 return TrialOutcome("pruned", Path(tdir), windows=windows, wall_s=RUN_S * len(windows) / 2,
-                                    failure_reason=f"pruned after window {len(windows)}")
+                                    failure_reason=f"pruned after window {len(windows)}",
+                                    timeline=_timeline(p["micro_batch_size"], len(windows)))
         ran.append((p, len(windows)))
         return TrialOutcome("ok", Path(tdir), windows=windows, value=v, summary={"measured_steps": 6},
-                            wall_s=RUN_S)
+                            wall_s=RUN_S, timeline=_timeline(p["micro_batch_size"], len(windows)))
 
     monkeypatch.setattr(Search, "run_search_trial", run)
     return ran
@@ -116,6 +124,20 @@ def test_screening_promotes_the_fastest_and_never_a_failed_one(study_spec_file, 
     assert gpu["screening"] == pytest.approx(RUN_S / 2 * (7 - completed))
     assert gpu["trials"] == pytest.approx(RUN_S * (completed + 1))  # the crash's minute counts to the trials
     assert len(ran) == 8
+    # where a search trial's seconds went, from the watchdog's marks: medians over the 7 that measured a window
+    # (the crash has none); before the first step is mb seconds, a window 5 s, 2 s after the last
+    ok = [tr for tr in trials if tr.intermediate_values]
+    firsts = sorted(float(tr.params["micro_batch_size"]) for tr in ok)
+    steps = sorted(5.0 * len(tr.intermediate_values) for tr in ok)
+    totals = sorted(tr.params["micro_batch_size"] + 5.0 * len(tr.intermediate_values) + 2 for tr in ok)
+    assert rec["screen_seconds"] == {"trials": 7, "before_first_step": firsts[3], "stepping": steps[3],
+                                     "after_last_window": 2.0, "total": totals[3]}
+    line = gpu_minutes_line({"device": "cuda", "total": 5.0}, rec)
+    assert (f"a search trial's median seconds: {firsts[3]:.0f} before its first step, {steps[3]:.0f} stepping, 2 "
+            f"after its last window ({totals[3]:.0f} in all, 7 trials)") in line
+    # trials measured before the watchdog kept marks: no such figures, and no line
+    assert screening_record(SimpleNamespace(**{**vars(t.session), "trials": lambda: [
+        tr for tr in t.session.trials() if "timeline" not in tr.user_attrs]}))["screen_seconds"] is None
 
 
 def test_a_config_screened_out_is_not_screened_again(study_spec_file, tmp_path, fake_search):

@@ -50,6 +50,13 @@ def test_a_real_trial_reports_its_windows(spec, tmp_path):
     assert load_config(out.config_path).data.micro_batch_size == 8
     assert phases[0] == "launching" and any(p.startswith("measuring window") for p in phases)
     assert out.peak_memory_gib is not None and out.device_total_gib is None  # CPU: RSS, no device share
+    # the watchdog's marks, in order of the run; the stepping from the first step to the last window holds the
+    # measured windows' own seconds (each mark is seen up to a poll late)
+    tl = out.timeline
+    assert list(tl) == ["report", "first_step", "first_window", "last_window", "end"]
+    assert 0 < tl["report"] <= tl["first_step"] <= tl["first_window"] <= tl["last_window"] <= tl["end"]
+    assert tl["end"] == pytest.approx(out.wall_s, abs=0.01)
+    assert tl["last_window"] - tl["first_step"] >= sum(seconds) - 0.5
 
 
 def test_a_trial_binds_no_prometheus_port_unless_its_config_sets_one(spec, tmp_path):
@@ -92,6 +99,9 @@ def test_pruning_kills_the_trial(spec, tmp_path):
     out = run_trial(spec.trial_config({}), tmp_path / "p", timeout_s=180, heartbeat_timeout_s=60,
                     on_window=lambda i, v, s: True)
     assert out.status == "pruned" and len(out.windows) >= 1 and out.value is None
+    # pruned at its first window: killed, so its end follows that window's read by the kill's grace at most
+    assert out.timeline["first_window"] == out.timeline["last_window"] <= out.timeline["end"]
+    assert out.timeline["end"] - out.timeline["last_window"] < 12
 
 
 def test_a_real_failure_is_recorded_with_its_log_tail(spec, tmp_path):

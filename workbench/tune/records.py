@@ -24,8 +24,8 @@ from workbench.tune.storage import mask_url
 from workbench.vocab import COMPILE_S
 
 __all__ = ["Sessions", "compile_ahead_record", "earlier_sessions", "finished", "finished_lines", "finished_result",
-           "record_in_study", "result_text", "screening_record", "sessions_wall_s", "stored_result", "study_result",
-           "write_tune_json"]
+           "record_in_study", "result_text", "screen_seconds", "screening_record", "sessions_wall_s", "stored_result",
+           "study_result", "write_tune_json"]
 
 
 def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
@@ -135,7 +135,29 @@ def screening_record(session: StudySession) -> dict[str, Any]:
             "refused_without_run": refused,
             "repeats": len(trials) - len(own), "configs_evaluated": evaluated,
             "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None,
-            "compile_ahead": compile_ahead_record(own)}
+            "screen_seconds": screen_seconds(own), "compile_ahead": compile_ahead_record(own)}
+
+
+def screen_seconds(trials: list[FrozenTrial]) -> dict[str, Any] | None:
+    """Where a screened trial's seconds went, from the watchdog's ``timeline`` (``workbench.tune.trial.TIMELINE``):
+    the medians, over the search trials that measured a window, of the seconds before their first step (process
+    start, imports, model build, compile and that step), of the stepping from there to their last window read,
+    and of those after it (a summary, a trace, the teardown) to the process's end; with ``trials``, how many they
+    are. None: no trial has a timeline (a study measured before trials kept one)."""
+    spans: dict[str, list[float]] = {"before_first_step": [], "stepping": [], "after_last_window": [], "total": []}
+    for t in trials:
+        tl = t.user_attrs.get("timeline")
+        if not isinstance(tl, dict) or not all(isinstance(tl.get(k), (int, float))
+                                               for k in ("first_step", "last_window", "end")):
+            continue
+        first, last, end = float(tl["first_step"]), float(tl["last_window"]), float(tl["end"])
+        spans["before_first_step"].append(first)
+        spans["stepping"].append(max(0.0, last - first))
+        spans["after_last_window"].append(max(0.0, end - last))  # (a window read at the exit: none after it)
+        spans["total"].append(end)
+    if not spans["total"]:
+        return None
+    return {"trials": len(spans["total"]), **{k: round(statistics.median(v), 1) for k, v in spans.items()}}
 
 
 def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:

@@ -226,6 +226,10 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
                  + (f"; {screening['refused_without_run']} refused without a run"
                     if screening.get("refused_without_run") else "")
                  + (f"; {rate:.2f} configs a {unit.removesuffix('s')}" if rate else ""))
+        if sec := screening.get("screen_seconds"):
+            text += (f"; a search trial's median seconds: {sec['before_first_step']:.0f} before its first step, "
+                     f"{sec['stepping']:.0f} stepping, {sec['after_last_window']:.0f} after its last window "
+                     f"({sec['total']:.0f} in all, {sec['trials']} trials)")
         ahead = screening.get("compile_ahead")
         if ahead and ahead.get("twins"):
             after, without = ahead.get("median_compile_s_after_twin"), ahead.get("median_compile_s_without")

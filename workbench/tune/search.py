@@ -442,7 +442,7 @@ class Search:
             "status": out.status, "failure_reason": out.failure_reason, "log_tail": out.log_tail,
             "config_path": str(out.config_path) if out.config_path else "", "trial_dir": str(out.trial_dir),
             "summary": out.summary or {}, "constraint": list(cons.values()), "windows": out.windows,
-            "wall_s": round(out.wall_s, 3),
+            "wall_s": round(out.wall_s, 3), "timeline": out.timeline,
         }
         if self.ahead is not None and (rec := self.ahead.record(trial.number)) is not None:
             attrs["compile_ahead"] = rec

@@ -64,6 +64,7 @@ from workbench.vocab import (DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RE
 __all__ = [
     "FAILURE_KINDS",
     "STATUSES",
+    "TIMELINE",
     "Launcher",
     "TrialOutcome",
     "Watchdog",
@@ -113,6 +114,8 @@ class TrialOutcome:
     """The last metrics.jsonl record (memory and loss of a pruned or failed trial)."""
     step_losses: list[float] = field(default_factory=list)
     """The training loss of each measured step, in order (``numerics.window_losses`` of each measured window)."""
+    timeline: dict[str, float] = field(default_factory=dict)
+    """Seconds after the launch at which the watchdog first saw each mark of ``TIMELINE`` (to its poll)."""
     killed_from_outside: bool = False
     """Ended by a SIGKILL that neither the watchdog sent nor an OOM explains (no kernel OOM kill recorded, memory
     not near the host's): the config is not to blame; the tuner runs such a trial once more."""
@@ -390,6 +393,15 @@ class Watch:
     """``timeout`` or ``no_report`` when the watchdog killed the trial; "" otherwise."""
     killed_reason: str = ""
     pruned: bool = False
+    timeline: dict[str, float] = field(default_factory=dict)
+    """``TIMELINE``'s marks seen so far: seconds after the launch."""
+
+
+TIMELINE = ("report", "first_step", "first_window", "last_window", "end")
+"""Where a trial's seconds go, as its watchdog sees them: the heartbeat's first write (the process reports), its
+first step done (imports, model build, compile and one step behind it), its first and last measured windows read,
+and the process gone (exited, or killed once pruned). The rest of a screen's device time is the gaps: before the
+first step, the stepping, and after the last window (the summary, a trace, the teardown)."""
 
 
 OnWindow = Callable[[int, float, float | None], bool]
@@ -419,6 +431,7 @@ class Watchdog:
         self.metrics = _MetricsTail(trial_dir / "metrics.jsonl")
         self.heartbeat = trial_dir / "heartbeat"
         self.seen = Watch()
+        self.t0: float | None = None  # the launch (monotonic), once watch() starts
 
     def _new_windows(self) -> Iterator[tuple[float, float | None]]:
         """Each measured window written since the last read (only windows after the warm-up count): its
@@ -428,6 +441,9 @@ class Watchdog:
             if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > self.warm:
                 self.seen.windows.append(float(v))
                 self.seen.last_window = rec
+                if self.t0 is not None:
+                    self._mark("first_window", self.t0)
+                    self._mark("last_window", self.t0)
                 self.seen.step_losses.extend(window_losses(rec))
                 yield float(v), _window_seconds(rec)
 
@@ -444,10 +460,17 @@ class Watchdog:
             return "timeout", f"no step for {hb:g} s (hung after step {beat})"
         return "", ""
 
+    def _mark(self, name: str, t0: float) -> None:
+        """Mark ``name`` of ``TIMELINE`` at the first time it is seen (later sightings keep it; ``last_window``
+        moves with each window)."""
+        if name == "last_window" or name not in self.seen.timeline:
+            self.seen.timeline[name] = round(time.monotonic() - t0, 2)
+
     def watch(self, t0: float) -> Watch:
         """Poll until the process exits, is pruned or passes a limit (then its group is killed)."""
         seen, n = self.seen, self.n_windows
         beat, beat_at = None, t0
+        self.t0 = t0
         while True:
             rc = self.proc.poll()
             for v, window_s in self._new_windows():
@@ -465,6 +488,9 @@ class Watchdog:
             # lost heartbeat: it keeps the last beat seen
             if b is not None and b != beat:
                 beat, beat_at = b, now
+                self._mark("report", t0)
+                if b.isdigit() and int(b) >= 1:
+                    self._mark("first_step", t0)
                 if not seen.windows:
                     in_warmup = b.isdigit() and int(b) <= self.warm
                     self.phase(f"warm-up (step {b}/{self.warm})" if in_warmup else f"measuring window 1/{n}")
@@ -605,6 +631,7 @@ def run_trial(
     wall = time.monotonic() - t0
     if not seen.pruned:
         dog.drain()
+    seen.timeline["end"] = round(wall, 2)
 
     summary = None
     with contextlib.suppress(OSError, json.JSONDecodeError):
@@ -615,7 +642,7 @@ def run_trial(
     tail = read_log_tail(trial_dir)
     windows = seen.windows
     out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, seen.last_window,
-                       seen.step_losses)
+                       seen.step_losses, dict(seen.timeline))
     if seen.killed_reason:
         out.status, out.failure_reason = seen.killed_kind, seen.killed_reason
     elif seen.pruned:
