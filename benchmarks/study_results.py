@@ -64,6 +64,9 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         rows += [{**base, "metric": m, "value": summary[m]} for m in CACHE_METRICS if summary.get(m) is not None]
         if isinstance(attrs.get("wall_s"), (int, float)):  # the trial's device seconds (0: refused without a run)
             rows.append({**base, "metric": "time/trial_wall_s", "value": attrs["wall_s"]})
+        tl = attrs.get("timeline") or {}  # the watchdog's marks: seconds after the launch (workbench.tune.trial)
+        rows += [{**base, "metric": f"timeline/{k}_s", "value": v} for k, v in tl.items()
+                 if isinstance(v, (int, float))]
         ahead = attrs.get("compile_ahead") or {}  # its twin's compile, run while the trial before it ran
         rows += [{**base, "metric": f"compile_ahead/{k}", "value": ahead[k], "note": f"twin {ahead.get('status')}"}
                  for k in ("wall_s", COMPILE_S, "waited_s") if isinstance(ahead.get(k), (int, float))]
@@ -95,6 +98,11 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
             stages = ", ".join(f"{s['trials']} at {s['windows']} window(s)" for s in screening.get("stages") or [])
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screening/{key}",
                          "value": screening[key], "note": f"pruner {screening.get('pruner')}: {stages}"})
+    sec = screening.get("screen_seconds") or {}  # medians over the search trials' timelines
+    for key in ("before_first_step", "stepping", "after_last_window", "total"):
+        if isinstance(sec.get(key), (int, float)):
+            rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screen_seconds/{key}",
+                         "value": sec[key], "note": f"median over {sec.get('trials')} search trials"})
     ahead = screening.get("compile_ahead") or {}
     for key in ("twins", "finished", "waited_s", "median_compile_s_after_twin", "median_compile_s_without"):
         if isinstance(ahead.get(key), (int, float)):

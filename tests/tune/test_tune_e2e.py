@@ -233,6 +233,9 @@ def _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w):
         {t.number: t.user_attrs["wall_s"] for t in counted})
     assert len(walls[walls["phase"] == "baseline"]) == len(val["baseline_runs"])
     assert (walls["value"] > 0).all()
+    ends = df[df["metric"] == "timeline/end_s"].set_index("trial")["value"]  # the watchdog's marks of each trial
+    assert len(ends) > 0 and ends.to_dict() == pytest.approx(
+        {t.number: t.user_attrs["timeline"]["end"] for t in counted if t.user_attrs.get("timeline")})
     if w["trial"] is not None:
         v = df[(df["phase"] == "validation") & (df["trial"] == w["trial"])].set_index("metric")["value"]
         assert v["validation/speedup_median"] == pytest.approx(w["speedup_median"])
