@@ -21,6 +21,7 @@ import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
 from workbench.tune.budget import GpuBudget, gpu_seconds, trial_seconds
+from workbench.tune.profiled import warm_start_line, warm_walk
 from workbench.tune.progress import Progress
 from workbench.tune.records import screening_record
 from workbench.tune.result import gpu_minutes_line
@@ -467,6 +468,9 @@ def test_a_warm_started_startup_walks_the_new_knobs_one_at_a_time(study_spec_fil
             incumbent = max(seen[:i], key=lambda c: (c[1] == 1) * 300 + (c[2] == "none") * 200 + (c[3] == 64) * 100)
             assert [k for k, a, b in zip(keys, seen[i], incumbent) if a != b] == [keys[i]], (seed, seen)
         assert best in seen, (seed, seen)
+        # the record of the walk, read back from the trials, names the same steps
+        walk = warm_walk(t.study.get_trials(), list(keys[1:]))
+        assert [(w["trial"], w["knob"]) for w in walk] == [(i, keys[i]) for i in range(1, 4)], (seed, walk)
 
 
 def test_tune_json_and_the_report_say_what_the_warm_start_did(study_spec_file, tmp_path, fake_search,
@@ -484,12 +488,21 @@ def test_tune_json_and_the_report_say_what_the_warm_start_did(study_spec_file, t
     tune = json.loads((tmp_path / "runs" / "rep" / "tune.json").read_text())
     first = next(tr.number for tr in optuna.load_study(study_name="first", storage=url).trials
                  if tr.params == {"micro_batch_size": 8, "num_workers": 1})
+    # the walk as its trials took it: trial 1 is trial 0 with the new knob's other choice
+    ac = [tr.params["activation_checkpointing"] for tr in t.study.get_trials()[:2]]
+    assert ac[0] != ac[1]
     assert tune["warm_start"] == {"study": "first", "trial": first, "params": {"micro_batch_size": 8, "num_workers": 1},
-                                  "new": ["activation_checkpointing"]}
+                                  "new": ["activation_checkpointing"],
+                                  "walk": [{"trial": 1, "knob": "activation_checkpointing", "from": ac[0], "to": ac[1],
+                                            "of": 0, "value": 8100.0, "status": "ok"}]}
     html = build_report(tmp_path / "runs" / "rep").read_text()
     assert (f'<p id="warm-start">The first trial was trial {first} of the earlier study first (same model and '
-            "hardware), 2 of its values kept; the first 2 trial(s) changed activation_checkpointing, which it did "
-            "not search, one at a time from the best so far.</p>") in html
+            f"hardware), 2 of its values kept; then one new knob at a time from the best so far: trial 1: "
+            f"activation_checkpointing {ac[0]} -&gt; {ac[1]} from trial 0 (8,100).</p>") in html
+    # a record without the walk (a tune.json written before it was kept) says what the startup was to do
+    assert warm_start_line({**tune["warm_start"], "walk": None}, 2).endswith(
+        "the first 2 trial(s) changed activation_checkpointing, which it did not search, one at a time from the best "
+        "so far")
 
 
 def test_the_progress_bar_counts_validation_and_traces():

@@ -41,7 +41,7 @@ from workbench.tune.validation import is_feasible
 from workbench.vocab import PHASES
 
 __all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record", "warm_held",
-           "warm_neighbour", "warm_start_line"]
+           "warm_neighbour", "warm_start_line", "warm_walk"]
 
 HOT_SHARE = 0.05
 """A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
@@ -179,15 +179,54 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     return {}
 
 
+def warm_walk(trials: Sequence[FrozenTrial], new: Sequence[str]) -> list[dict[str, Any]]:
+    """The steps the startup of a partially warm-started study took, read from its trials: each trial after the warm
+    start's own that differs in exactly one of the ``new`` knobs from an earlier trial, as {trial, knob, from, to,
+    of (that earlier trial; the fastest feasible one where several qualify), value (its objective, None where
+    it has none), status}. A trial drawn at random (more than one knob changed) is not a step."""
+    done = sorted((t for t in trials if t.params), key=lambda t: t.number)
+    start = next((t.number for t in done if "warm_start" in t.user_attrs), None)
+    if start is None:
+        return []
+    steps = []
+    for t in done:
+        if t.number <= start:
+            continue
+        near = []
+        for e in done:
+            if e.number >= t.number:
+                break
+            differ = [n for n in {*e.params, *t.params} if e.params.get(n) != t.params.get(n)]
+            if len(differ) == 1 and differ[0] in new:
+                near.append((e, differ[0]))
+        if not near:
+            continue
+        e, knob = max(near, key=lambda p: (is_feasible(p[0]), p[0].values[0] if is_feasible(p[0]) else 0.0))
+        steps.append({"trial": t.number, "knob": knob, "from": e.params.get(knob), "to": t.params.get(knob),
+                      "of": e.number, "value": t.values[0] if t.values else t.intermediate_values.get(
+                          max(t.intermediate_values)) if t.intermediate_values else None,
+                      "status": t.user_attrs.get("status", t.state.name.lower())})
+    return steps
+
+
 def warm_start_line(record: Mapping[str, Any], startup_trials: int | None = None) -> str:
-    """One line: which earlier study's trial ran first, and what the startup trials did around it."""
+    """One line: which earlier study's trial ran first, and what the startup trials did around it (``walk``:
+    :func:`warm_walk`'s steps, where the record holds them)."""
     kept = record.get("params") or {}
     line = (f"the first trial was trial {record.get('trial')} of the earlier study {record.get('study')} (same model "
             f"and hardware), {len(kept)} of its values kept")
     if record.get("new") and kept:
-        first = f"the first {startup_trials} trial(s)" if startup_trials else "the startup trials"
-        line += (f"; {first} changed {', '.join(record['new'])}, which it did not search, one at a time from "
-                 "the best so far")
+        walk = record.get("walk")
+        if walk:
+            told = []
+            for w in walk:
+                speed = f"{w['value']:,.0f}" if isinstance(w.get("value"), (int, float)) else w.get("status", "")
+                told.append(f"trial {w['trial']}: {w['knob']} {w['from']} -> {w['to']} from trial {w['of']} ({speed})")
+            line += (f"; then one new knob at a time from the best so far: {'; '.join(told)}")
+        else:
+            first = f"the first {startup_trials} trial(s)" if startup_trials else "the startup trials"
+            line += (f"; {first} changed {', '.join(record['new'])}, which it did not search, one at a time from "
+                     "the best so far")
     return line
 
 

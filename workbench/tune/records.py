@@ -18,6 +18,7 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.train.fingerprint import source_commit
 from workbench.tune.budget import GpuBudget, gpu_record, gpu_seconds_total
 from workbench.tune.export import write_json
+from workbench.tune.profiled import warm_walk
 from workbench.tune.result import build_result, data_source, result_lines
 from workbench.tune.session import StudySession
 from workbench.tune.storage import mask_url
@@ -25,7 +26,7 @@ from workbench.vocab import COMPILE_S
 
 __all__ = ["Sessions", "compile_ahead_record", "earlier_sessions", "finished", "finished_lines", "finished_result",
            "record_in_study", "result_text", "screen_seconds", "screening_record", "sessions_wall_s", "stored_result",
-           "study_result", "write_tune_json"]
+           "study_result", "warm_start_record", "write_tune_json"]
 
 
 def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
@@ -103,11 +104,23 @@ def write_tune_json(session: StudySession, sessions: Sessions, started: str, fin
         "active_knobs": session.active, "dropped_knobs": session.dropped, "hardware": session.hardware,
         "budget_trials": session.budget, "gpu_minutes": gpu_record(session),
         "screening": screening_record(session),
-        "profile": study.user_attrs.get("profile"), "warm_start": study.user_attrs.get("warm_start"),
+        "profile": study.user_attrs.get("profile"), "warm_start": warm_start_record(session),
         "noise_floor": study.user_attrs.get("noise_floor"),
         "started": runs[0]["started"], "finished": finished,
         "sessions": runs, "wall_s": sessions_wall_s(runs), "result": result,
     })
+
+
+def warm_start_record(session: StudySession) -> dict[str, Any] | None:
+    """tune.json's ``warm_start``: the study attr (the earlier study's trial that ran first, its values kept, the
+    knobs it did not search) with, for a partial warm start, the steps its startup took (``walk``,
+    ``workbench.tune.profiled.warm_walk``). None: not warm-started."""
+    warm = session.study.user_attrs.get("warm_start")
+    if not isinstance(warm, dict):
+        return None
+    if not warm.get("new"):
+        return dict(warm)
+    return {**warm, "walk": warm_walk(session.trials(), warm["new"])}
 
 
 def screening_record(session: StudySession) -> dict[str, Any]:
