@@ -414,7 +414,7 @@ def test_a_warm_start_holds_what_it_knows_while_the_startup_draws_the_new_knobs(
                            sampler={"name": sampler, "seed": 2, "n_startup_trials": 3})
     second = _tuner(spec, tmp_path, storage_url=url)
     assert second.study.user_attrs["warm_start"]["new"] == ["activation_checkpointing"]
-    assert ("the startup trials change activation_checkpointing, which it did not search, one at a time from the "
+    assert ("the first 3 trials change activation_checkpointing, which it did not search, one at a time from the "
             "best so far") in capsys.readouterr().err
     fake_search.clear()
     second.search()
@@ -432,10 +432,13 @@ def test_a_warm_start_holds_what_it_knows_while_the_startup_draws_the_new_knobs(
     assert third.study.user_attrs["warm_start"]["new"] == [] and not third.study.sampler.held(third.study)
 
 
+@pytest.mark.parametrize("startup", [4, 2])
 @pytest.mark.parametrize("sampler", ["tpe", "random"])
-def test_a_warm_started_startup_walks_the_new_knobs_one_at_a_time(study_spec_file, tmp_path, monkeypatch, sampler):
+def test_a_warm_started_startup_walks_the_new_knobs_one_at_a_time(study_spec_file, tmp_path, monkeypatch, sampler,
+                                                                  startup):
     """The earlier study searched the micro-batch alone; this one adds three knobs that each add speed at one of
-    their values. Whatever the first trial draws for them, its startup reaches the fastest config."""
+    their values. Whatever the first trial draws for them, its startup reaches the fastest config. With 2 startup
+    trials the walk still changes each of the 3 new knobs once: the startup lasts one trial more than them."""
     gain = {"num_workers": {1: 300.0}, "activation_checkpointing": {"none": 200.0}, "bucket_width": {64: 100.0}}
     ran: list[dict] = []
 
@@ -451,11 +454,11 @@ def test_a_warm_started_startup_walks_the_new_knobs_one_at_a_time(study_spec_fil
     best = (8, 1, "none", 64)
     for seed in range(4):
         url = f"sqlite:///{tmp_path / f'shared{seed}.db'}"
-        _tuner(study_spec_file(f"first{seed}", space={"micro_batch_size": {"choices": [2, 8]}}, trials=2,
+        _tuner(study_spec_file(f"first{seed}-{startup}", space={"micro_batch_size": {"choices": [2, 8]}}, trials=2,
                                sampler={"name": "grid", "seed": 0}), tmp_path, storage_url=url).search()
         ran.clear()
-        t = _tuner(study_spec_file(f"second{seed}", space=wider, trials=4,
-                                   sampler={"name": sampler, "seed": seed, "n_startup_trials": 4}),
+        t = _tuner(study_spec_file(f"second{seed}-{startup}", space=wider, trials=4,
+                                   sampler={"name": sampler, "seed": seed, "n_startup_trials": startup}),
                    tmp_path, storage_url=url)
         assert t.study.user_attrs["warm_start"]["new"] == ["num_workers", "activation_checkpointing", "bucket_width"]
         t.search()

@@ -23,7 +23,7 @@ from workbench.errors import TuneError
 from workbench.files import remove_tree
 from workbench.tune.knobs import DroppedKnob, detect_capabilities, drop_unsupported, format_dropped
 from workbench.tune.lease import LEASE_ATTR, Lease
-from workbench.tune.profiled import ProfileLed
+from workbench.tune.profiled import ProfileLed, walk_startup
 from workbench.tune.progress import Console
 from workbench.tune.samplers import infeasible, make_sampler
 from workbench.tune.session import SessionRequest, StudySession, hardware_key
@@ -295,8 +295,8 @@ def _warm_start(req: SessionRequest, storage: optuna.storages.RDBStorage, study:
     study.set_user_attr("warm_start", {"study": name, "trial": number, "params": kept, "new": new})
     console.log(f"warm start: trial {number} of study {name} (same model and {mine['device']}; {value:,.0f} "
                 f"tok/s/gpu there) runs first ({params_text(kept) or 'the base config'})"
-                + (f"; the startup trials change {', '.join(new)}, which it did not search, one at a time from the "
-                   "best so far"
+                + (f"; the first {walk_startup(study, spec.sampler.n_startup_trials)} trials change "
+                   f"{', '.join(new)}, which it did not search, one at a time from the best so far"
                    if new and kept else ""))
 
 

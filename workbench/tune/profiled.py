@@ -18,7 +18,8 @@ around what the earlier study found, instead of on the whole space again. Each s
 incumbent: the best feasible trial so far (the warm start's own trial until one finished), one of the new knobs
 set to another of its choices, the first such config that no trial has asked for, in knob order from the knob after
 the last one tried around the incumbent; the incumbent moves as faster neighbours finish, so the startup walks the
-new knobs one at a time, cyclically (coordinate descent). Once every neighbour was asked, the startup holds the
+new knobs one at a time, cyclically (coordinate descent). Such a startup lasts at least one trial more than the new
+knobs (``walk_startup``), so that each is changed once. Once every neighbour was asked, the startup holds the
 warm start's values and draws the new knobs at random. A trial asked ahead (compile-ahead: during the trial before
 it) is planned from the trials finished by then. Where the earlier study searched every knob of this one, the warm
 start holds nothing. The profile's holds give way to these values.
@@ -41,7 +42,7 @@ from workbench.tune.validation import is_feasible
 from workbench.vocab import PHASES
 
 __all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record", "warm_held",
-           "warm_neighbour", "warm_start_line", "warm_walk"]
+           "walk_startup", "warm_neighbour", "warm_start_line", "warm_walk"]
 
 HOT_SHARE = 0.05
 """A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
@@ -114,7 +115,7 @@ class ProfileLed(WrappedSampler):
             return {}
         trials = study.get_trials(deepcopy=False)
         done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t) for t in trials)
-        if done >= self.startup_trials:
+        if done >= walk_startup(study, self.startup_trials):
             return {}
         if trial is not None:
             if trial.number not in self._neighbours:
@@ -134,6 +135,15 @@ class ProfileLed(WrappedSampler):
         if param_name in held and _fits(param_distribution, held[param_name]):
             return held[param_name]
         return self.sampler.sample_independent(study, trial, param_name, param_distribution)
+
+
+def walk_startup(study: Study, startup_trials: int) -> int:
+    """The trials the startup lasts: ``startup_trials``, and for a partially warm-started study at least one more
+    than its new knobs, so that the walk changes each of them once from the incumbent before the sampler's model
+    takes over (hf-llama on one H200: 5 new knobs, 4 startup trials; the walk's third step would have been its
+    last)."""
+    warm = study.user_attrs.get("warm_start") or {}
+    return max(startup_trials, 1 + len(warm.get("new") or [])) if warm.get("params") else startup_trials
 
 
 def warm_held(study: Study) -> dict[str, Any]:
@@ -224,7 +234,8 @@ def warm_start_line(record: Mapping[str, Any], startup_trials: int | None = None
                 told.append(f"trial {w['trial']}: {w['knob']} {w['from']} -> {w['to']} from trial {w['of']} ({speed})")
             line += (f"; then one new knob at a time from the best so far: {'; '.join(told)}")
         else:
-            first = f"the first {startup_trials} trial(s)" if startup_trials else "the startup trials"
+            n = max(startup_trials, 1 + len(record["new"])) if startup_trials else None  # (walk_startup's rule)
+            first = f"the first {n} trial(s)" if n else "the startup trials"
             line += (f"; {first} changed {', '.join(record['new'])}, which it did not search, one at a time from "
                      "the best so far")
     return line
