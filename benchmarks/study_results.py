@@ -65,8 +65,8 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         if isinstance(attrs.get("wall_s"), (int, float)):  # the trial's device seconds (0: refused without a run)
             rows.append({**base, "metric": "time/trial_wall_s", "value": attrs["wall_s"]})
         tl = attrs.get("timeline") or {}  # the watchdog's marks: seconds after the launch (workbench.tune.trial)
-        rows += [{**base, "metric": f"timeline/{k}_s", "value": v} for k, v in tl.items()
-                 if isinstance(v, (int, float))]
+        rows += [{**base, "metric": f"timeline/{k}" + ("" if k.endswith("_s") else "_s"), "value": v}
+                 for k, v in tl.items() if isinstance(v, (int, float))]
         ahead = attrs.get("compile_ahead") or {}  # its twin's compile, run while the trial before it ran
         rows += [{**base, "metric": f"compile_ahead/{k}", "value": ahead[k], "note": f"twin {ahead.get('status')}"}
                  for k in ("wall_s", COMPILE_S, "waited_s") if isinstance(ahead.get(k), (int, float))]
@@ -99,7 +99,7 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screening/{key}",
                          "value": screening[key], "note": f"pruner {screening.get('pruner')}: {stages}"})
     sec = screening.get("screen_seconds") or {}  # medians over the search trials' timelines
-    for key in ("before_first_step", "stepping", "after_last_window", "total"):
+    for key in ("before_first_step", "compile", "stepping", "after_last_window", "total"):
         if isinstance(sec.get(key), (int, float)):
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screen_seconds/{key}",
                          "value": sec[key], "note": f"median over {sec.get('trials')} search trials"})

@@ -23,7 +23,7 @@ from workbench.tune import Tuner
 from workbench.tune.budget import GpuBudget, gpu_seconds, trial_seconds
 from workbench.tune.profiled import warm_start_line, warm_walk
 from workbench.tune.progress import Progress
-from workbench.tune.records import screening_record
+from workbench.tune.records import screen_seconds, screening_record
 from workbench.tune.result import gpu_minutes_line
 from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec, loads_study_spec
@@ -45,10 +45,11 @@ def _tuner(spec_path: Path, tmp_path: Path, **kw) -> Tuner:
 
 
 def _timeline(mb: int, windows: int) -> dict[str, float]:
-    """A fake trial's watchdog marks: ``mb`` seconds to its first step, 5 s a window, 2 s after the last."""
+    """A fake trial's watchdog marks: ``mb`` seconds to its first step, half of them compiling, 5 s a window, 2 s
+    after the last."""
     first = float(mb)
     return {"report": 0.5, "first_step": first, "first_window": first + 5, "last_window": first + 5 * windows,
-            "end": first + 5 * windows + 2}
+            "compile_s": first / 2, "end": first + 5 * windows + 2}
 
 
 @pytest.fixture
@@ -132,10 +133,16 @@ def test_screening_promotes_the_fastest_and_never_a_failed_one(study_spec_file, 
     steps = sorted(5.0 * len(tr.intermediate_values) for tr in ok)
     totals = sorted(tr.params["micro_batch_size"] + 5.0 * len(tr.intermediate_values) + 2 for tr in ok)
     assert rec["screen_seconds"] == {"trials": 7, "before_first_step": firsts[3], "stepping": steps[3],
-                                     "after_last_window": 2.0, "total": totals[3]}
+                                     "after_last_window": 2.0, "total": totals[3], "compile": firsts[3] / 2}
     line = gpu_minutes_line({"device": "cuda", "total": 5.0}, rec)
-    assert (f"a search trial's median seconds: {firsts[3]:.0f} before its first step, {steps[3]:.0f} stepping, 2 "
-            f"after its last window ({totals[3]:.0f} in all, 7 trials)") in line
+    assert (f"a search trial's median seconds: {firsts[3]:.0f} before its first step ({firsts[3] / 2:.0f} of them "
+            f"compiling), {steps[3]:.0f} stepping, 2 after its last window ({totals[3]:.0f} in all, 7 trials)") in line
+    # a loop that reports no compile seconds (a loop of one's own): no such figure, and the line says nothing of it
+    no_compile = [SimpleNamespace(user_attrs={"timeline": {k: v for k, v in tr.user_attrs["timeline"].items()
+                                                           if k != "compile_s"}}) for tr in ok]
+    assert screen_seconds(no_compile)["compile"] is None
+    assert "compiling" not in gpu_minutes_line({"device": "cuda", "total": 5.0},
+                                               {**rec, "screen_seconds": screen_seconds(no_compile)})
     # trials measured before the watchdog kept marks: no such figures, and no line
     assert screening_record(SimpleNamespace(**{**vars(t.session), "trials": lambda: [
         tr for tr in t.session.trials() if "timeline" not in tr.user_attrs]}))["screen_seconds"] is None

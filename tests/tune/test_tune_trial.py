@@ -12,8 +12,8 @@ import pytest
 from workbench.config import load_config, merge_overrides
 from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
-from workbench.tune.trial import classify, launch_command, not_launched_outcome, run_trial
-from workbench.vocab import EXIT_CODES, LOSS_STEPS, REAL_TOKENS_PER_S, STEP_S
+from workbench.tune.trial import TIMELINE, classify, launch_command, not_launched_outcome, run_trial
+from workbench.vocab import COMPILE_S, EXIT_CODES, LOSS_STEPS, REAL_TOKENS_PER_S, STEP_S
 
 
 @pytest.fixture
@@ -53,7 +53,8 @@ def test_a_real_trial_reports_its_windows(spec, tmp_path):
     # the watchdog's marks, in order of the run; the stepping from the first step to the last window holds the
     # measured windows' own seconds (each mark is seen up to a poll late)
     tl = out.timeline
-    assert list(tl) == ["report", "first_step", "first_window", "last_window", "end"]
+    assert [k for k in tl if k in TIMELINE] == list(TIMELINE)
+    assert tl["compile_s"] == pytest.approx(out.summary[COMPILE_S], abs=0.01)  # the first window's, before step 1
     assert 0 < tl["report"] <= tl["first_step"] <= tl["first_window"] <= tl["last_window"] <= tl["end"]
     assert tl["end"] == pytest.approx(out.wall_s, abs=0.01)
     assert tl["last_window"] - tl["first_step"] >= sum(seconds) - 0.5

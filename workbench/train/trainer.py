@@ -464,8 +464,10 @@ class Trainer:
             rec.comm_exposed_s = c["exposed_s"] if c["exposed_s"] is not None else row.get("grad_sync")
 
     def _window_extras(self) -> dict[str, Any]:
+        # the compile seconds so far: a window's record carries them, so a trial pruned before its summary still
+        # tells how much of its start was compiling (the tuner's trial timeline)
         return {**self.pipeline.metrics(), **self.launch.snapshot(),  # (no launch figures without graph replays)
-                "lr": lr_at(self.cfg.training, self.step - 1)}
+                "lr": lr_at(self.cfg.training, self.step - 1), COMPILE_S: self.compile_s}
 
     def _summary(self, elapsed: float, interrupted: bool) -> dict[str, Any]:
         s = self.session.summary()  # throughput, MFU, phases and losses over the measured windows

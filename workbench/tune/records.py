@@ -156,8 +156,10 @@ def screen_seconds(trials: list[FrozenTrial]) -> dict[str, Any] | None:
     the medians, over the search trials that measured a window, of the seconds before their first step (process
     start, imports, model build, compile and that step), of the stepping from there to their last window read,
     and of those after it (a summary, a trace, the teardown) to the process's end; with ``trials``, how many they
-    are. None: no trial has a timeline (a study measured before trials kept one)."""
+    are, and ``compile``, the median compile seconds of those whose loop reports them (None: none does). None: no
+    trial has a timeline (a study measured before trials kept one)."""
     spans: dict[str, list[float]] = {"before_first_step": [], "stepping": [], "after_last_window": [], "total": []}
+    compiles: list[float] = []
     for t in trials:
         tl = t.user_attrs.get("timeline")
         if not isinstance(tl, dict) or not all(isinstance(tl.get(k), (int, float))
@@ -168,9 +170,12 @@ def screen_seconds(trials: list[FrozenTrial]) -> dict[str, Any] | None:
         spans["stepping"].append(max(0.0, last - first))
         spans["after_last_window"].append(max(0.0, end - last))  # (a window read at the exit: none after it)
         spans["total"].append(end)
+        if isinstance(tl.get("compile_s"), (int, float)):
+            compiles.append(float(tl["compile_s"]))
     if not spans["total"]:
         return None
-    return {"trials": len(spans["total"]), **{k: round(statistics.median(v), 1) for k, v in spans.items()}}
+    return {"trials": len(spans["total"]), **{k: round(statistics.median(v), 1) for k, v in spans.items()},
+            "compile": round(statistics.median(compiles), 1) if compiles else None}
 
 
 def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:

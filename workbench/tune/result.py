@@ -227,7 +227,9 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
                     if screening.get("refused_without_run") else "")
                  + (f"; {rate:.2f} configs a {unit.removesuffix('s')}" if rate else ""))
         if sec := screening.get("screen_seconds"):
-            text += (f"; a search trial's median seconds: {sec['before_first_step']:.0f} before its first step, "
+            compiling = f" ({sec['compile']:.0f} of them compiling)" if sec.get("compile") is not None else ""
+            text += (f"; a search trial's median seconds: {sec['before_first_step']:.0f} before its first step"
+                     f"{compiling}, "
                      f"{sec['stepping']:.0f} stepping, {sec['after_last_window']:.0f} after its last window "
                      f"({sec['total']:.0f} in all, {sec['trials']} trials)")
         ahead = screening.get("compile_ahead")

@@ -58,7 +58,7 @@ from typing import Any
 from workbench.config import Config, dump_config
 from workbench.files import remove_tree, write_json, write_text
 from workbench.tune.numerics import window_losses
-from workbench.vocab import (DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
+from workbench.vocab import (COMPILE_S, DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
                              REAL_TOKENS_PER_S, STATUSES, STEP_S)
 
 __all__ = [
@@ -401,7 +401,9 @@ TIMELINE = ("report", "first_step", "first_window", "last_window", "end")
 """Where a trial's seconds go, as its watchdog sees them: the heartbeat's first write (the process reports), its
 first step done (imports, model build, compile and one step behind it), its first and last measured windows read,
 and the process gone (exited, or killed once pruned). The rest of a screen's device time is the gaps: before the
-first step, the stepping, and after the last window (the summary, a trace, the teardown)."""
+first step, the stepping, and after the last window (the summary, a trace, the teardown). Beside the marks, a
+timeline holds ``compile_s``: the compile seconds the first measured window's record reports (the built-in loop
+compiles before its first step), where it reports them."""
 
 
 OnWindow = Callable[[int, float, float | None], bool]
@@ -444,6 +446,8 @@ class Watchdog:
                 if self.t0 is not None:
                     self._mark("first_window", self.t0)
                     self._mark("last_window", self.t0)
+                if isinstance(rec.get(COMPILE_S), (int, float)) and "compile_s" not in self.seen.timeline:
+                    self.seen.timeline["compile_s"] = round(float(rec[COMPILE_S]), 2)
                 self.seen.step_losses.extend(window_losses(rec))
                 yield float(v), _window_seconds(rec)
 
