@@ -115,7 +115,8 @@ class TrialOutcome:
     step_losses: list[float] = field(default_factory=list)
     """The training loss of each measured step, in order (``numerics.window_losses`` of each measured window)."""
     timeline: dict[str, float] = field(default_factory=dict)
-    """Seconds after the launch at which the watchdog first saw each mark of ``TIMELINE`` (to its poll)."""
+    """Seconds after the launch at which the watchdog first saw each mark of ``TIMELINE`` (to its poll), and the
+    first window's ``compile_s`` (``TIMELINE`` says which)."""
     killed_from_outside: bool = False
     """Ended by a SIGKILL that neither the watchdog sent nor an OOM explains (no kernel OOM kill recorded, memory
     not near the host's): the config is not to blame; the tuner runs such a trial once more."""
@@ -443,9 +444,8 @@ class Watchdog:
             if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > self.warm:
                 self.seen.windows.append(float(v))
                 self.seen.last_window = rec
-                if self.t0 is not None:
-                    self._mark("first_window", self.t0)
-                    self._mark("last_window", self.t0)
+                self._mark("first_window")
+                self._mark("last_window")
                 if isinstance(rec.get(COMPILE_S), (int, float)) and "compile_s" not in self.seen.timeline:
                     self.seen.timeline["compile_s"] = round(float(rec[COMPILE_S]), 2)
                 self.seen.step_losses.extend(window_losses(rec))
@@ -464,11 +464,11 @@ class Watchdog:
             return "timeout", f"no step for {hb:g} s (hung after step {beat})"
         return "", ""
 
-    def _mark(self, name: str, t0: float) -> None:
+    def _mark(self, name: str) -> None:
         """Mark ``name`` of ``TIMELINE`` at the first time it is seen (later sightings keep it; ``last_window``
-        moves with each window)."""
-        if name == "last_window" or name not in self.seen.timeline:
-            self.seen.timeline[name] = round(time.monotonic() - t0, 2)
+        moves with each window); nothing before ``watch`` knows the launch."""
+        if self.t0 is not None and (name == "last_window" or name not in self.seen.timeline):
+            self.seen.timeline[name] = round(time.monotonic() - self.t0, 2)
 
     def watch(self, t0: float) -> Watch:
         """Poll until the process exits, is pruned or passes a limit (then its group is killed)."""
@@ -492,9 +492,9 @@ class Watchdog:
             # lost heartbeat: it keeps the last beat seen
             if b is not None and b != beat:
                 beat, beat_at = b, now
-                self._mark("report", t0)
+                self._mark("report")
                 if b.isdigit() and int(b) >= 1:
-                    self._mark("first_step", t0)
+                    self._mark("first_step")
                 if not seen.windows:
                     in_warmup = b.isdigit() and int(b) <= self.warm
                     self.phase(f"warm-up (step {b}/{self.warm})" if in_warmup else f"measuring window 1/{n}")
