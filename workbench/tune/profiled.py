@@ -143,7 +143,12 @@ def walk_startup(study: Study, startup_trials: int) -> int:
     takes over (hf-llama on one H200: 5 new knobs, 4 startup trials; the walk's third step would have been its
     last)."""
     warm = study.user_attrs.get("warm_start") or {}
-    return max(startup_trials, 1 + len(warm.get("new") or [])) if warm.get("params") else startup_trials
+    return _walk_length(startup_trials, warm.get("new") or []) if warm.get("params") else startup_trials
+
+
+def _walk_length(startup_trials: int, new: Sequence[str]) -> int:
+    """The startup of a partial warm start: ``startup_trials``, at least one more than the ``new`` knobs."""
+    return max(startup_trials, 1 + len(new))
 
 
 def warm_held(study: Study) -> dict[str, Any]:
@@ -234,7 +239,7 @@ def warm_start_line(record: Mapping[str, Any], startup_trials: int | None = None
                 told.append(f"trial {w['trial']}: {w['knob']} {w['from']} -> {w['to']} from trial {w['of']} ({speed})")
             line += (f"; then one new knob at a time from the best so far: {'; '.join(told)}")
         else:
-            n = max(startup_trials, 1 + len(record["new"])) if startup_trials else None  # (walk_startup's rule)
+            n = _walk_length(startup_trials, record["new"]) if startup_trials else None
             first = f"the first {n} trial(s)" if n else "the startup trials"
             line += (f"; {first} changed {', '.join(record['new'])}, which it did not search, one at a time from "
                      "the best so far")
