@@ -70,6 +70,9 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         ahead = attrs.get("compile_ahead") or {}  # its twin's compile, run while the trial before it ran
         rows += [{**base, "metric": f"compile_ahead/{k}", "value": ahead[k], "note": f"twin {ahead.get('status')}"}
                  for k in ("wall_s", COMPILE_S, "waited_s") if isinstance(ahead.get(k), (int, float))]
+        held = attrs.get("start_ahead") or {}  # its process, started while the trial before it ran
+        rows += [{**base, "metric": f"start_ahead/{k}", "value": held[k], "note": "from the launch"}
+                 for k in ("held_s", "ready_s") if isinstance(held.get(k), (int, float))]
         check = attrs.get("numerics") or {}  # the numerics guard's check of a trial that changed FP8
         rows += [{**base, "metric": f"numerics/{k}", "value": check[k]} for k in ("loss", "reference_loss",
                                                                                   "rel_diff", "tolerance")
@@ -108,6 +111,11 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         if isinstance(ahead.get(key), (int, float)):
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"compile_ahead/{key}",
                          "value": ahead[key], "note": f"{ahead.get('asked_ahead')} asked ahead"})
+    held = screening.get("start_ahead") or {}
+    for key in ("held", "ready_at_gate", "median_ready_s", "waited_s"):
+        if isinstance(held.get(key), (int, float)):
+            rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"start_ahead/{key}",
+                         "value": held[key], "note": "trials run from a held process"})
     for i, wall in enumerate(study.user_attrs.get("baseline_wall_s") or []):
         rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
                      "metric": "time/trial_wall_s", "value": wall})

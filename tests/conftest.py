@@ -39,6 +39,7 @@ LONGEST_FIRST = [
     "tests/benchmarks/test_loop_bench.py",
     "tests/tune/test_tune_failures.py",
     "tests/tune/test_compile_ahead.py",
+    "tests/tune/test_start_ahead.py",
     "tests/tune/test_traces.py",
     "tests/tune/test_tune_faults.py",
     "tests/kernels/test_kernel_ops.py",

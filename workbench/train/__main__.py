@@ -42,7 +42,7 @@ import signal  # noqa: E402
 import sys  # noqa: E402
 
 from workbench.config.schema import MODEL_PRESETS  # noqa: E402
-from workbench.train.context import RunContext  # noqa: E402  (no torch: the heartbeat comes before it)
+from workbench.train.context import HOLD_ENV, RunContext  # noqa: E402  (no torch: the heartbeat comes before it)
 from workbench.vocab import EXIT_CODES  # noqa: E402
 
 __all__ = ["main", "parse_args"]
@@ -107,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.blocks is not None and (not args.compile_only or args.blocks < 1):
         raise SystemExit("--blocks K needs --compile-only and K >= 1")
-    # the trial contract's files and signals are the run context's; --out gets failure.json
-    context = RunContext(heartbeat=args.heartbeat, summary=args.summary, failure_dir=args.out)
+    # the trial contract's files and signals are the run context's; --out gets failure.json; a training run started
+    # ahead by the tuner (start-ahead) is held at $WORKBENCH_HOLD's gate once its imports and config are done
+    hold = os.environ.get(HOLD_ENV) if not (args.compile_only or args.print_config) else None
+    context = RunContext(heartbeat=args.heartbeat, summary=args.summary, failure_dir=args.out, gate=hold)
     # step 0: the process reports (the tuner's no_report watchdog counts from launch), before the imports of torch
-    # and the loop, which take seconds on a loaded host; compiling may take a while after it
-    context.beat(0)
+    # and the loop, which take seconds on a loaded host; compiling may take a while after it. A held process
+    # reports when its gate opens (run.run), which is its launch to the watchdog.
+    if hold is None:
+        context.beat(0)
     from workbench.train.run import run_command
 
     logging.basicConfig(level=logging.WARNING if args.quiet else logging.INFO, format="%(name)s: %(message)s")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -22,7 +23,13 @@ from loaders.format import ShardFormatError
 from workbench.errors import ConfigError, DiskError
 from workbench.files import write_json
 
-__all__ = ["NanLossError", "RunContext", "StopSignals", "classify_exception", "failure_record", "write_failure"]
+__all__ = ["HOLD_ENV", "NanLossError", "RunContext", "StopSignals", "classify_exception", "failure_record",
+           "write_failure"]
+
+
+HOLD_ENV = "WORKBENCH_HOLD"
+"""The environment variable naming a held process's gate file (the tuner's start-ahead): the run waits there,
+before its first device work, until the file exists (:meth:`RunContext.hold`)."""
 
 
 class NanLossError(RuntimeError):
@@ -37,14 +44,17 @@ class RunContext:
     * ``summary``: the summary JSON at the run's end (:meth:`finish`);
     * ``failure_dir``: ``failure.json`` there for an exception (:meth:`fail`; ``with context:`` records the one
       that leaves the block and lets it propagate; :meth:`tell_failure` is the command line's end);
-    * :meth:`stop_signals`: the span in which SIGINT and SIGTERM ask the loop to stop after its step.
+    * :meth:`stop_signals`: the span in which SIGINT and SIGTERM ask the loop to stop after its step;
+    * ``gate``: a process started ahead of its trial (the tuner's start-ahead, ``$WORKBENCH_HOLD``) is held
+      there (:meth:`hold`).
     """
 
     def __init__(self, *, heartbeat: str | Path | None = None, summary: str | Path | None = None,
-                 failure_dir: str | Path | None = None) -> None:
+                 failure_dir: str | Path | None = None, gate: str | Path | None = None) -> None:
         self.heartbeat = Path(heartbeat) if heartbeat else None
         self.summary = Path(summary) if summary else None
         self.failure_dir = Path(failure_dir) if failure_dir else None
+        self.gate = Path(gate) if gate else None
         self.stop: StopSignals | None = None
         """The signals of the current (or last) span: ``stop.requested`` once a stop was asked for."""
 
@@ -59,6 +69,21 @@ class RunContext:
         """The heartbeat: ``step`` steps are done (0: the process reports)."""
         if self.heartbeat is not None:
             self.heartbeat.write_text(str(step))
+
+    def hold(self, poll_s: float = 0.01) -> None:
+        """Start-ahead: with its imports and config done and no device touched, write ``<gate>.ready`` (the wall
+        clock now, and whether CUDA is initialised yet: it must not be, or the allocator's settings could not act)
+        and wait until the gate file exists; then the heartbeat's 0, which the tuner's watchdog counts from the
+        gate's opening. Without a gate, nothing. SIGTERM while held ends the process (its default action)."""
+        if self.gate is None:
+            return
+        torch = sys.modules.get("torch")
+        cuda = bool(torch is not None and torch.cuda.is_initialized())
+        write_json(self.gate.with_name(self.gate.name + ".ready"), {"ready_at": time.time(),
+                                                                     "cuda_initialized": cuda}, indent=None)
+        while not self.gate.exists():
+            time.sleep(poll_s)
+        self.beat(0)
 
     def stop_signals(self, extra: Mapping[int, Callable[[int, Any], None]] | None = None) -> StopSignals:
         """``with context.stop_signals(...) as stop:`` the span of the loop in which a stop request is heard."""

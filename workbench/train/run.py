@@ -19,7 +19,7 @@ from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, dumps_config, loa
 from workbench.train.hf import save_hf
 from workbench.train.reload import ConfigSource
 from workbench.train.context import RunContext, classify_exception
-from workbench.train.trainer import Trainer, build_model_args
+from workbench.train.trainer import Trainer, build_model_args, preload
 from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
 from workbench.vocab import COMPILE_S, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, REAL_TOKENS_PER_S, STEP_S
 
@@ -147,6 +147,9 @@ def run(args: argparse.Namespace, context: RunContext | None = None) -> dict[str
     # SIGUSR1 re-reads the file with the same --set and --steps on top (workbench/train/reload.py); a preset has none
     source = ConfigSource(args.config, lambda: load_run_config(args)) if args.config else None
     compile_only = getattr(args, "compile_only", False)
+    if context is not None and context.gate is not None:  # started ahead of its trial: held until it starts
+        preload(cfg)
+        context.hold()
     trainer = Trainer(cfg, out_dir=args.out, data_dir=data_dir, context=context, config_source=source,
                       trust_checkpoint=getattr(args, "trust_checkpoint", False),
                       echo=not getattr(args, "quiet", False), blocks=getattr(args, "blocks", None))

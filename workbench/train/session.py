@@ -37,8 +37,8 @@ import torch
 
 from workbench.config import Config, load_config
 from workbench.train.allocator import apply_allocator_settings
-from workbench.train.context import (NanLossError, RunContext, StopSignals, classify_exception, failure_record,
-                                     write_failure)
+from workbench.train.context import (HOLD_ENV, NanLossError, RunContext, StopSignals, classify_exception,
+                                     failure_record, write_failure)
 from workbench.train.flops import device_peak_tflops
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
 from workbench.train.profiling import StepProfiler
@@ -49,7 +49,7 @@ from workbench.vocab import (COMM_OVERLAP_PCT, COMM_TOTAL_S, MAX_RESERVED_GIB, M
 log = logging.getLogger("workbench")
 
 # the run context's names stay importable from here, where the run API lives
-__all__ = ["CONFIG_ENV", "OUT_ENV", "NanLossError", "Run", "RunContext", "RunSession", "StopSignals",
+__all__ = ["CONFIG_ENV", "HOLD_ENV", "OUT_ENV", "NanLossError", "Run", "RunContext", "RunSession", "StopSignals",
            "classify_exception", "failure_record", "progress_line", "resolve_device", "run", "write_failure"]
 
 CONFIG_ENV = "WORKBENCH_CONFIG"
@@ -405,7 +405,9 @@ def run(config: str | os.PathLike | Config | None = None, *, out: str | os.PathL
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     files = out_dir if rank == 0 else None
     context = RunContext(heartbeat=files / "heartbeat" if files else None,
-                         summary=files / "summary.json" if files else None, failure_dir=files)
+                         summary=files / "summary.json" if files else None, failure_dir=files,
+                         gate=os.environ.get(HOLD_ENV))
+    context.hold()  # started ahead by the tuner: the loop's imports are done; wait for the trial's start
     apply_allocator_settings(cfg)  # before CUDA initialises: the allocator knobs act on a loop of one's own too
     device = resolve_device(cfg)
     peak = device_peak_tflops(device, cfg.hardware.peak_tflops)  # MFU for the FLOPs run.step() is given

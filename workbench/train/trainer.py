@@ -8,6 +8,7 @@ describes its options (compile, CUDA graphs, FP8, checkpointing, data parallelis
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import pickle
@@ -44,11 +45,25 @@ from workbench.vocab import COMPILE_S
 
 log = logging.getLogger("workbench")
 
-__all__ = ["Trainer", "NanLossError", "build_model_args", "resolve_device"]
+__all__ = ["Trainer", "NanLossError", "build_model_args", "preload", "resolve_device"]
 
 
 def build_model_args(cfg: Config) -> ModelArgs:
     return model_args(cfg.model.name, cfg.model.config_path)
+
+
+def preload(cfg: Config) -> list[str]:
+    """Import the modules a run of ``cfg`` imports at its first use of them, touching no device: Inductor (with
+    Dynamo) where it compiles, Triton where a Triton kernel runs. A process started ahead of its trial pays them
+    before its gate opens (``RunContext.hold``). Not torchao: its float8 modules may ask the device's capability
+    at import, which initialises CUDA before the allocator's settings are in the environment. Returns the names."""
+    cd = cfg.loongforge.compute_domain
+    names = ["torch._inductor.compile_fx"] if cd.compile != "none" else []
+    if "triton" in cd.effective_ops().values() or cd.triton_casts:
+        names += ["triton", "triton.language"]
+    for name in names:
+        importlib.import_module(name)
+    return names
 
 
 class LossModule(nn.Module):

@@ -26,6 +26,16 @@ Rules the twins follow:
 
 What each twin did is the trial's ``compile_ahead`` attribute: ``started`` (or why not), the twin's compile
 seconds and its exit, and the seconds its trial waited for it.
+
+Start-ahead (``protocol.start_ahead``, ``StartAhead``): the trial asked ahead gets its own process too, started
+beside trial n and held at its gate (``workbench.tune.trial.hold_trial``, ``$WORKBENCH_HOLD``): the interpreter,
+the imports (torch, the loop, Inductor and Triton where the config uses them; a loop of one's own: all it runs
+before ``workbench.run()``) and the config are done while n holds the device, and n+1's device time starts at
+the gate. A held process that had CUDA up at its gate (a loop of one's own that touched the device first) would
+hold device memory beside the measured trial: the search turns start-ahead off after it. The process is n+1's
+own, fresh: the allocator's settings reach it before CUDA starts, and nothing of an earlier trial is in it. It is
+not niced (a niced process cannot take its priority back for its measured run). One whose trial does not run it
+(the config became a repeat, the search ended) is killed.
 """
 
 from __future__ import annotations
@@ -46,10 +56,10 @@ from workbench.train.hf import model_args
 from workbench.train.memory_model import MODEL_ERROR, predict_peak
 from workbench.train.vla import VLA_PRESETS
 from workbench.tune.session import StudySession
-from workbench.tune.trial import kill_group, start_process
+from workbench.tune.trial import Held, hold_trial, kill_group, start_process
 from workbench.vocab import COMPILE_S
 
-__all__ = ["NICE", "CompileAhead", "Twin", "twin_blocks"]
+__all__ = ["NICE", "CompileAhead", "StartAhead", "Twin", "twin_blocks"]
 
 NICE = 10
 """Niceness of a twin: the measured trial's threads come first on a busy core."""
@@ -202,3 +212,48 @@ class CompileAhead:
     def record(self, number: int) -> dict[str, Any] | None:
         """What trial ``number``'s twin did (None: it had none asked for)."""
         return self.records.get(number)
+
+
+class StartAhead:
+    """The held trial processes of one search process (see the module docstring), by trial number."""
+
+    def __init__(self, session: StudySession) -> None:
+        self.session = session
+        self.held: dict[int, Held] = {}
+
+    @staticmethod
+    def enabled(session: StudySession) -> bool:
+        """``protocol.start_ahead``; unset: on where a GPU waits for the process's start (CUDA, the built-in loop,
+        which touches no device before its gate). A loop of one's own holds in ``workbench.run()``, which only it
+        knows comes before its first device work: on when the study says so."""
+        on = session.spec.protocol.start_ahead
+        if on is None:
+            return session.spec.trainer is None and "cuda" in session.hardware.get("capabilities", ())
+        return bool(on)
+
+    def start(self, number: int, cfg: Config, config_hash: str) -> None:
+        """Start trial ``number``'s process (config ``cfg``), held at its gate."""
+        s = self.session
+        self.drop(number)
+        self.held[number] = hold_trial(cfg, s.study_dir / "trials" / str(number), config_hash, launch=s.launch,
+                                       env=s.child_env(), cwd=s.child_cwd())
+
+    def take(self, number: int, config_hash: str) -> Held | None:
+        """Trial ``number``'s held process, for its run; None (and a held one stopped) where it has none of that
+        config."""
+        held = self.held.pop(number, None)
+        if held is not None and held.config_hash != config_hash:
+            held.stop()
+            return None
+        return held
+
+    def drop(self, number: int) -> None:
+        """Stop trial ``number``'s held process: the trial will not run it."""
+        held = self.held.pop(number, None)
+        if held is not None:
+            held.stop()
+
+    def stop(self) -> None:
+        """Stop every held process (the search ends, or the tuner is stopped)."""
+        for number in list(self.held):
+            self.drop(number)

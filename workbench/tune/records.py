@@ -25,8 +25,8 @@ from workbench.tune.storage import mask_url
 from workbench.vocab import COMPILE_S
 
 __all__ = ["Sessions", "compile_ahead_record", "earlier_sessions", "finished", "finished_lines", "finished_result",
-           "record_in_study", "result_text", "screen_seconds", "screening_record", "sessions_wall_s", "stored_result",
-           "study_result", "warm_start_record", "write_tune_json"]
+           "record_in_study", "result_text", "screen_seconds", "screening_record", "sessions_wall_s",
+           "start_ahead_record", "stored_result", "study_result", "warm_start_record", "write_tune_json"]
 
 
 def sessions_wall_s(sessions: Sequence[Mapping[str, Any]]) -> float:
@@ -148,7 +148,8 @@ def screening_record(session: StudySession) -> dict[str, Any]:
             "refused_without_run": refused,
             "repeats": len(trials) - len(own), "configs_evaluated": evaluated,
             "configs_per_gpu_minute": round(evaluated / minutes, 3) if minutes > 0 else None,
-            "screen_seconds": screen_seconds(own), "compile_ahead": compile_ahead_record(own)}
+            "screen_seconds": screen_seconds(own), "compile_ahead": compile_ahead_record(own),
+            "start_ahead": start_ahead_record(own)}
 
 
 def screen_seconds(trials: list[FrozenTrial]) -> dict[str, Any] | None:
@@ -198,6 +199,22 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
             "median_compile_s_after_twin": median_compile([t for t, r in recs if r.get("status") == "done"]),
             "median_compile_s_without": median_compile([t for t in trials if t.user_attrs.get("compile_ahead",
                                                         {}).get("status") != "done"])}
+
+
+def start_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
+    """What start-ahead (workbench/tune/ahead.py) did over ``trials``: the trials run from a held process, how many
+    of those were at their gate when it opened, the median seconds from their launch to the gate (the interpreter,
+    imports and config: off the device's clock where ready), the seconds trials waited for a process not yet ready
+    (on it), and how many had CUDA up at the gate (none should). None: no trial ran from a held process."""
+    recs = [t.user_attrs["start_ahead"] for t in trials if isinstance(t.user_attrs.get("start_ahead"), dict)]
+    if not recs:
+        return None
+    ready = [r for r in recs if isinstance(r.get("ready_s"), (int, float))]
+    on_time = [r for r in ready if r["ready_s"] <= r.get("held_s", 0.0)]
+    return {"held": len(recs), "ready_at_gate": len(on_time),
+            "median_ready_s": round(statistics.median(r["ready_s"] for r in ready), 2) if ready else None,
+            "waited_s": round(sum(max(0.0, r["ready_s"] - r.get("held_s", 0.0)) for r in ready), 1),
+            "cuda_initialized": sum(bool(r.get("cuda_initialized")) for r in recs)}
 
 
 def study_result(session: StudySession, validation: Mapping[str, Any], wall_s: float | None) -> dict[str, Any]:

@@ -239,6 +239,12 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
                      + (f" (median compile {after:.0f} s after a twin" + (f", {without:.0f} s without" if without
                                                                          is not None else "") + ")"
                         if after is not None else "") + f", {ahead.get('waited_s', 0):.0f} s waited")
+        held = screening.get("start_ahead")
+        if held and held.get("held"):
+            ready = held.get("median_ready_s")
+            text += (f"; start-ahead: {held['ready_at_gate']} of {held['held']} trials' processes were ready when "
+                     "they started" + (f" (median {ready:.1f} s of start-up off the device's clock)"
+                                       if ready is not None else ""))
     return text
 
 

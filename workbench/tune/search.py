@@ -25,7 +25,7 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.config import Config, ConfigError, config_hash
 from workbench.files import remove_tree
 from workbench.train.memory_model import predicted_oom
-from workbench.tune.ahead import CompileAhead
+from workbench.tune.ahead import CompileAhead, StartAhead
 from workbench.tune.budget import GpuBudget, gpu_seconds_total
 from workbench.tune.lease import Lease
 from workbench.tune.measure import Measurer
@@ -55,7 +55,7 @@ def counts(t: FrozenTrial) -> bool:
     return t.state in COUNTED_STATES or infeasible(t)
 
 
-SEARCH_ENDED = "asked ahead (compile-ahead), and the search ended before it ran; a resumed study runs it"
+SEARCH_ENDED = "asked ahead (compile-ahead, start-ahead), and the search ended before it ran; a resumed study runs it"
 """Why a trial asked ahead did not run when the budget or the time ran out."""
 
 MAX_ENUMERATED = 4096
@@ -96,8 +96,10 @@ class Search:
         self.lease = lease
         self.gpu_budget = gpu_budget
         self.base_values = session.spec.base_knob_values()
-        # compile-ahead (ahead.py): the next trial, asked while the current one runs, and its twin
+        # compile-ahead and start-ahead (ahead.py): the next trial, asked while the current one runs, its twin and
+        # its own process, held at its gate
         self.ahead = CompileAhead(session) if CompileAhead.enabled(session) else None
+        self.started = StartAhead(session) if StartAhead.enabled(session) else None
         self.pending: optuna.Trial | None = None
         self._pending_beat = contextlib.ExitStack()
         self.t0 = time.monotonic()  # the search's start (search() sets it): each trial line's elapsed time
@@ -156,15 +158,15 @@ class Search:
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             return self.session.study.ask()
 
-    # ------------------------------------------------------------------ compile-ahead
+    # ------------------------------------------------------------------ compile-ahead, start-ahead
     def ask_ahead(self, beside: Config) -> None:
         """As a trial of config ``beside`` starts: ask for the next trial (the sampler sees this one running),
-        sample it, and start its twin (ahead.py). A proposal the memory model refuses by itself is told at once (an
-        ``oom`` without a run, as the search would tell it) and the next one is asked, so that the twin compiles a
-        config that runs. Nothing is asked when the trial budget has no room left, nor once the sampler repeats a
-        measured config of a covered space."""
+        sample it, and start its twin and its held process (ahead.py). A proposal the memory model refuses by
+        itself is told at once (an ``oom`` without a run, as the search would tell it) and the next one is asked,
+        so that the twin compiles, and the process holds, a config that runs. Nothing is asked when the trial
+        budget has no room left, nor once the sampler repeats a measured config of a covered space."""
         s = self.session
-        if self.ahead is None or self.pending is not None:
+        if (self.ahead is None and self.started is None) or self.pending is not None:
             return
         for _ in range(MAX_ENUMERATED):
             counted, _, waiting = self.counts()
@@ -199,14 +201,19 @@ class Search:
         else:
             return
         self.pending = trial
-        self.ahead.start(trial.number, cfg, beside=beside)
+        if self.ahead is not None:
+            self.ahead.start(trial.number, cfg, beside=beside)
+        if self.started is not None:
+            self.started.start(trial.number, cfg, config_hash(cfg))
 
     def drop_pending(self, why: str | None) -> None:
         """The trial asked ahead will not run: the search ended (``SEARCH_ENDED``), or the tuner was stopped (None:
         Ctrl-C or SIGTERM; else its error). Either way it is told FAIL as interrupted (no budget used; its config is
-        queued again when the study resumes), and its twin is stopped."""
+        queued again when the study resumes), and its twin and held process are stopped."""
         if self.ahead is not None:
             self.ahead.stop()
+        if self.started is not None:
+            self.started.stop()
         trial, self.pending = self.pending, None
         if trial is None:
             return
@@ -325,7 +332,7 @@ class Search:
             waited = 0.0
             if self.ahead is not None:  # its twin's compile (asked during the trial before) is the one it needs
                 waited = self.ahead.wait(n, self.session.spec.protocol.trial_timeout_s / 2)
-                self.ask_ahead(cfg)
+            self.ask_ahead(cfg)  # (where compile-ahead or start-ahead is on)
             stop: dict[str, Any] = {}
             out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop))
             out.wall_s += waited  # the GPU waited for the twin: device time of this trial
@@ -336,6 +343,8 @@ class Search:
                 self.measurer.guard_numerics(trial, params, cfg, out)
             return out
         # the sampler asked for a config already measured: its result, no run
+        if self.started is not None:
+            self.started.drop(n)
         trial.set_user_attr("duplicate_of", twin.number)
         if "numerics" in twin.user_attrs:
             trial.set_user_attr("numerics", twin.user_attrs["numerics"])
@@ -410,11 +419,13 @@ class Search:
         s = self.session
         n = trial.number
         for attempt in range(2):
+            # its process, where one was started ahead for this config (a second attempt launches its own)
+            held = self.started.take(n, config_hash(cfg)) if self.started is not None and not attempt else None
             out = run_trial(cfg, tdir, timeout_s=s.spec.protocol.trial_timeout_s,
                             heartbeat_timeout_s=s.spec.protocol.heartbeat_timeout_s, on_window=on_window,
                             on_phase=self.measurer.on_phase(f"trial {n}"), launch=s.launch,
                             on_launch=lambda pgid: _record_group(trial, pgid), env=s.child_env(),
-                            cwd=s.child_cwd())
+                            cwd=s.child_cwd(), held=held)
             if not out.killed_from_outside or attempt:
                 return out
             kept = tdir.with_name(f"{tdir.name}.killed")
@@ -446,6 +457,14 @@ class Search:
         }
         if self.ahead is not None and (rec := self.ahead.record(trial.number)) is not None:
             attrs["compile_ahead"] = rec
+        if out.start_ahead is not None:
+            attrs["start_ahead"] = out.start_ahead
+            if out.start_ahead.get("cuda_initialized") and self.started is not None:
+                self.started.stop()
+                self.started = None
+                s.log(f"trial {trial.number}: its process had CUDA up before its gate opened (a loop that touches the "
+                      "device before workbench.run()): a held process would take device memory beside a measured "
+                      "trial, so start-ahead is off for the rest of this search")
         attrs.update(flat_attrs(out.summary or {}))
         # Optuna's own states, so that its tools read the study right: a failed config is FAIL (the samplers
         # learn it as infeasible through their view, workbench.tune.samplers), an interrupted one FAIL too

@@ -215,6 +215,12 @@ class Protocol:
     compile_ahead: bool | None = None
     """Compile the next search trial's config in a shallow twin while the current trial runs, so that its compiles
     read the cache (workbench/tune/ahead.py); null = on with CUDA and the built-in loop."""
+    start_ahead: bool | None = None
+    """Start the next search trial's process while the current trial runs, held before any device work (its
+    interpreter, imports and config done; a loop of one's own: up to ``workbench.run()``) until its trial starts,
+    so that the device does not wait for them (workbench/tune/ahead.py); null = on with CUDA and the built-in
+    loop. A loop of one's own must touch no device before ``workbench.run()``; one that does is seen at its gate
+    and start-ahead is off for the rest of the search."""
     profile_steps: int = 2
     """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner, profiled
     after the measurement of runs made anyway (the last baseline repeat, each candidate's first A/B pair); 0 = no
@@ -277,9 +283,9 @@ class TrainerSpec:
             raise ConfigError(f"got {self.command!r}; expected a non-empty list of non-empty strings (program, "
                               "arguments)", key="command")
         for k in self.env:
-            if not k or "=" in k or k in ("WORKBENCH_CONFIG", "WORKBENCH_OUT"):
-                raise ConfigError(f"got {k!r}; expected a variable name (WORKBENCH_CONFIG and WORKBENCH_OUT are the "
-                                  "tuner's)", key=f"env.{k}")
+            if not k or "=" in k or k in ("WORKBENCH_CONFIG", "WORKBENCH_OUT", "WORKBENCH_HOLD"):
+                raise ConfigError(f"got {k!r}; expected a variable name (WORKBENCH_CONFIG, WORKBENCH_OUT and "
+                                  "WORKBENCH_HOLD are the tuner's)", key=f"env.{k}")
         for k in self.safe_env:
             if k not in self.env:
                 raise ConfigError(f"got {k!r}; expected one of the names in env ({', '.join(self.env) or 'none'})",

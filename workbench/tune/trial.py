@@ -21,7 +21,8 @@ i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
   ``no_report``.
 
 The child's environment holds ``WORKBENCH_CONFIG`` (the trial's config.yaml) and ``WORKBENCH_OUT`` (the trial
-directory), the trial contract of docs/trial-contract.md.
+directory), the trial contract of docs/trial-contract.md; a process started ahead (``hold_trial``) also
+``WORKBENCH_HOLD``, its gate.
 
 The outcome's status is one of ``STATUSES``: ``ok``, ``pruned``, a failure kind
 of ``workbench.vocab.FAILURE_KINDS`` (from ``failure.json``, else the exit code, else the signal; "CUDA
@@ -57,6 +58,7 @@ from typing import Any
 
 from workbench.config import Config, dump_config
 from workbench.files import remove_tree, write_json, write_text
+from workbench.train.context import HOLD_ENV
 from workbench.tune.numerics import window_losses
 from workbench.vocab import (COMPILE_S, DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
                              REAL_TOKENS_PER_S, STATUSES, STEP_S)
@@ -65,6 +67,7 @@ __all__ = [
     "FAILURE_KINDS",
     "STATUSES",
     "TIMELINE",
+    "Held",
     "Launcher",
     "TrialOutcome",
     "Watchdog",
@@ -75,6 +78,7 @@ __all__ = [
     "kill_group",
     "not_launched_outcome",
     "launch_command",
+    "hold_trial",
     "read_log_tail",
     "run_trial",
     "start_process",
@@ -117,6 +121,8 @@ class TrialOutcome:
     timeline: dict[str, float] = field(default_factory=dict)
     """Seconds after the launch at which the watchdog first saw each mark of ``TIMELINE`` (to its poll), and the
     first window's ``compile_s`` (``TIMELINE`` says which)."""
+    start_ahead: dict[str, Any] | None = None
+    """A trial whose process was started ahead (``Held.record``): the seconds it was held, when it was ready."""
     killed_from_outside: bool = False
     """Ended by a SIGKILL that neither the watchdog sent nor an OOM explains (no kernel OOM kill recorded, memory
     not near the host's): the config is not to blame; the tuner runs such a trial once more."""
@@ -523,6 +529,61 @@ def _launch(cfg: Config, trial_dir: Path, launch: Launcher, env: dict[str, str] 
     return config_path, start_process(cmd, trial_dir / "log.txt", env=env, cwd=cwd)
 
 
+GATE = "gate"
+"""A held trial process's gate file, in its trial directory; it writes ``gate.ready`` on reaching it."""
+
+
+@dataclass
+class Held:
+    """A trial's process started ahead (``hold_trial``) with ``$WORKBENCH_HOLD`` naming ``<trial dir>/gate``: the
+    built-in loop imports what its run needs and loads its config, a loop of one's own runs up to
+    ``workbench.run()``, and each waits there, touching no device, until ``run_trial`` opens the gate. The device
+    time of its trial counts from the gate's opening."""
+
+    config_hash: str
+    config_path: Path
+    proc: subprocess.Popen[bytes] | str
+    """The process, or the reason it could not start (the trial's run says so)."""
+    trial_dir: Path
+    launched: float = field(default_factory=time.monotonic)
+    launched_at: float = field(default_factory=time.time)
+
+    @property
+    def gate(self) -> Path:
+        return self.trial_dir / GATE
+
+    def open(self) -> float:
+        """Let the process run on; returns the monotonic time of the opening."""
+        write_text(self.gate, "")
+        return time.monotonic()
+
+    def stop(self) -> None:
+        """End a process whose trial will not run it (its group killed, its directory removed: no run was made)."""
+        if not isinstance(self.proc, str):
+            kill_group(self.proc, grace_s=1.0)
+        remove_tree(self.trial_dir)
+
+    def record(self, opened: float) -> dict[str, Any]:
+        """``held_s``: from the launch to the gate's opening; ``ready_s``: from the launch to the process reaching
+        the gate (None: it never did; above ``held_s``: the trial waited for it, on its device time);
+        ``cuda_initialized``: whether CUDA was up at the gate (it must not be: the allocator's settings)."""
+        rec: dict[str, Any] = {"held_s": round(opened - self.launched, 2), "ready_s": None}
+        with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
+            ready = json.loads((self.trial_dir / f"{GATE}.ready").read_text())
+            rec.update(ready_s=round(float(ready["ready_at"]) - self.launched_at, 2),
+                       cuda_initialized=bool(ready["cuda_initialized"]))
+        return rec
+
+
+def hold_trial(cfg: Config, trial_dir: Path, config_hash: str, *, launch: Launcher = launch_command,
+               env: dict[str, str] | None = None, cwd: str | Path | None = None) -> Held:
+    """Start trial ``cfg``'s process ahead, held at its gate (``Held``): ``launch``'s command line with the gate in
+    ``$WORKBENCH_HOLD``. ``run_trial(..., held=)`` opens the gate and watches it as a process it launched."""
+    trial_dir = Path(os.path.abspath(trial_dir))
+    config_path, proc = _launch(cfg, trial_dir, launch, {**(env or {}), HOLD_ENV: str(trial_dir / GATE)}, cwd)
+    return Held(config_hash, config_path, proc, trial_dir)
+
+
 def start_process(cmd: list[str], log_path: Path, *, env: Mapping[str, str] | None, cwd: str | Path | None,
                   nice: int = 0) -> subprocess.Popen[bytes] | str:
     """Start ``cmd`` in a new process group (killed with the tuner), output to ``log_path`` after its command line,
@@ -602,6 +663,7 @@ def run_trial(
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
     poll_s: float = 0.2,
+    held: Held | None = None,
 ) -> TrialOutcome:
     """Run one trial of ``cfg`` in a fresh process group under ``trial_dir`` (see the module docstring).
 
@@ -609,14 +671,20 @@ def run_trial(
     or None); returning True prunes the trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
     ``on_launch(pgid)`` is called once the child runs. ``launch`` builds the child's command line.
     ``env``: variables set in the child's environment (the study's shared compile caches); ``cwd``: its working
-    directory (default the tuner's). A KeyboardInterrupt kills the child's group and propagates.
+    directory (default the tuner's). ``held``: the trial's process, started ahead (``hold_trial``) in
+    ``trial_dir``: its gate is opened in place of a launch, and the seconds from there are the trial's. A
+    KeyboardInterrupt kills the child's group and propagates.
     """
     trial_dir = Path(os.path.abspath(trial_dir))  # absolute for the child; not resolved: a symlink is refused
     phase = on_phase or (lambda _text: None)
     phase("launching")
     oom_kills_before = _oom_kills()
-    t0 = time.monotonic()
-    config_path, proc = _launch(cfg, trial_dir, launch, env, cwd)
+    if held is not None:
+        assert held.trial_dir == trial_dir, (held.trial_dir, trial_dir)
+        config_path, proc, t0 = held.config_path, held.proc, held.open()
+    else:
+        t0 = time.monotonic()
+        config_path, proc = _launch(cfg, trial_dir, launch, env, cwd)
     if isinstance(proc, str):
         return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=proc, log_tail=proc)
     dog = Watchdog(proc, trial_dir, cfg, timeout_s=timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
@@ -646,7 +714,7 @@ def run_trial(
     tail = read_log_tail(trial_dir)
     windows = seen.windows
     out = TrialOutcome("ok", trial_dir, config_path, windows, None, summary, "", tail, rc, wall, seen.last_window,
-                       seen.step_losses, dict(seen.timeline))
+                       seen.step_losses, dict(seen.timeline), held.record(t0) if held is not None else None)
     if seen.killed_reason:
         out.status, out.failure_reason = seen.killed_kind, seen.killed_reason
     elif seen.pruned:
