@@ -13,7 +13,7 @@ from workbench.config import load_config, merge_overrides
 from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import TIMELINE, classify, launch_command, not_launched_outcome, run_trial
-from workbench.vocab import COMPILE_S, EXIT_CODES, LOSS_STEPS, REAL_TOKENS_PER_S, STEP_S
+from workbench.vocab import COMPILE_S, EXIT_CODES, LOSS_STEPS, PHASES, REAL_TOKENS_PER_S, STEP_S
 
 
 @pytest.fixture
@@ -96,13 +96,44 @@ def test_a_symlink_in_a_study_folder_is_refused_never_emptied(spec, tmp_path):
     assert sorted(p.name for p in elsewhere.rglob("*")) == ["1", "keep.txt", "keep.txt"]
 
 
-def test_pruning_kills_the_trial(spec, tmp_path):
+def test_pruning_kills_the_trial_at_once(spec, tmp_path):
     out = run_trial(spec.trial_config({}), tmp_path / "p", timeout_s=180, heartbeat_timeout_s=60,
                     on_window=lambda i, v, s: True)
-    assert out.status == "pruned" and len(out.windows) >= 1 and out.value is None
-    # pruned at its first window: killed, so its end follows that window's read by the kill's grace at most
+    assert out.status == "pruned" and len(out.windows) == 1 and out.value is None
+    # SIGKILLed, not asked to stop: no summary of its own; its summary is its one window's figures
+    assert out.returncode == -signal.SIGKILL and not (tmp_path / "p" / "summary.json").exists()
+    rec = json.loads((tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert out.summary["summary_of"] == "last_window"
+    assert out.summary["measured_steps"] == spec.protocol.window_steps == rec["steps"]
+    assert out.summary[REAL_TOKENS_PER_S] == out.windows[0] == rec[REAL_TOKENS_PER_S]
+    assert out.summary[COMPILE_S] == rec[COMPILE_S] and out.summary["memory/max_rss_gib"] == rec["memory/max_rss_gib"]
+    assert out.summary["phase_s_per_step"] == {k: rec[f"time/{k}_s"] for k in PHASES}
+    assert out.peak_memory_gib == rec["memory/max_rss_gib"]
     assert out.timeline["first_window"] == out.timeline["last_window"] <= out.timeline["end"]
-    assert out.timeline["end"] - out.timeline["last_window"] < 12
+
+
+# A loop that ignores SIGTERM and writes a window every 0.2 s (the HF Trainer on the H200 outlived the 3 s grace
+# after every SIGTERM): a pruned trial is not waited for.
+DEAF = """
+import json, os, pathlib, signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+out = pathlib.Path(os.environ['WORKBENCH_OUT'])
+for step in range(1, 10000):
+    (out / 'heartbeat').write_text(str(step))
+    time.sleep(0.05)
+    if step % 4 == 0:
+        with open(out / 'metrics.jsonl', 'a') as f:
+            f.write(json.dumps({'step': step, 'steps': 4, 'time/step_s': 0.05, 'THROUGHPUT': 1000.0}) + '\\n')
+""".replace("THROUGHPUT", REAL_TOKENS_PER_S)
+
+
+def test_a_pruned_trial_that_ignores_sigterm_is_not_waited_for(spec, tmp_path):
+    from workbench.tune.trial import KILL_GRACE_S, command_launcher
+
+    out = run_trial(spec.trial_config({}), tmp_path / "deaf", timeout_s=60, heartbeat_timeout_s=30,
+                    launch=command_launcher(["python", "-c", DEAF]), on_window=lambda i, v, s: True)
+    assert out.status == "pruned" and out.returncode == -signal.SIGKILL
+    assert out.timeline["end"] - out.timeline["last_window"] < KILL_GRACE_S / 2
 
 
 def test_a_real_failure_is_recorded_with_its_log_tail(spec, tmp_path):

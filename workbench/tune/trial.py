@@ -11,7 +11,8 @@ i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
 
 * every new line of ``metrics.jsonl`` is one measured window; its real
   tokens/s/GPU goes to ``on_window(index, value)``, which returns True to prune
-  (the tuner reports it to Optuna and asks ``should_prune``);
+  (the tuner reports it to Optuna and asks ``should_prune``): a pruned trial's
+  group is SIGKILLed at once, and its summary is its last window's figures;
 * the watchdog kills the whole process group (SIGTERM, then SIGKILL after a
   grace) when the trial exceeds its time limit, or when the heartbeat file (the
   step counter, rewritten after every step) has not changed for
@@ -61,7 +62,7 @@ from workbench.files import remove_tree, write_json, write_text
 from workbench.train.context import HOLD_ENV
 from workbench.tune.numerics import window_losses
 from workbench.vocab import (COMPILE_S, DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
-                             REAL_TOKENS_PER_S, STATUSES, STEP_S)
+                             PHASES, REAL_TOKENS_PER_S, STATUSES, STEP_S)
 
 __all__ = [
     "FAILURE_KINDS",
@@ -190,6 +191,17 @@ def _slim_summary(summary: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _pruned_summary(last_window: Mapping[str, Any], measured_steps: int) -> dict[str, Any]:
+    """The summary of a trial killed once pruned (it writes none): its last window record's figures (the peaks so
+    far, its speed, MFU and phase seconds: a screen's one window is its whole measurement) with ``measured_steps``
+    and ``phase_s_per_step``, and ``summary_of: last_window`` saying where they come from."""
+    out = _slim_summary(dict(last_window))
+    phases = {ph: last_window.get(f"time/{ph}_s") for ph in PHASES}
+    out.update(measured_steps=measured_steps, summary_of="last_window",
+               phase_s_per_step={k: v for k, v in phases.items() if isinstance(v, (int, float))})
+    return out
+
+
 def _fresh_dir(path: Path) -> None:
     remove_tree(path)  # a re-run trial must not append to an earlier run's metrics; a symlink is refused
     path.mkdir(parents=True)
@@ -264,9 +276,10 @@ def _pdeathsig() -> Callable[[], None] | None:
 
 
 def kill_group(proc: subprocess.Popen[bytes], grace_s: float = KILL_GRACE_S) -> None:
-    """SIGTERM the child's process group, SIGKILL it after ``grace_s``; reap the child."""
+    """SIGTERM the child's process group, SIGKILL it after ``grace_s`` (0: SIGKILL at once); reap the child."""
     pgid = proc.pid  # start_new_session: the child leads its own group
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)):
+    steps = ((signal.SIGTERM, grace_s), (signal.SIGKILL, 30.0)) if grace_s > 0 else ((signal.SIGKILL, 30.0),)
+    for sig, wait in steps:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, sig)
         try:
@@ -488,7 +501,9 @@ class Watchdog:
                 if self.on_window is not None and self.on_window(len(seen.windows) - 1, v, window_s) and rc is None:
                     seen.pruned = True
             if seen.pruned:
-                kill_group(self.proc)
+                # nothing it would still do is wanted: SIGKILL frees the device now, where SIGTERM waits for its
+                # step, summary and teardown (an HF run took the whole grace, 3 s of a 37 s screen, on the H200)
+                kill_group(self.proc, grace_s=0)
                 return seen
             if rc is not None:
                 return seen
@@ -560,7 +575,7 @@ class Held:
     def stop(self) -> None:
         """End a process whose trial will not run it (its group killed, its directory removed: no run was made)."""
         if not isinstance(self.proc, str):
-            kill_group(self.proc, grace_s=1.0)
+            kill_group(self.proc, grace_s=0)  # (held: it has nothing to finish)
         remove_tree(self.trial_dir)
 
     def record(self, opened: float) -> dict[str, Any]:
@@ -708,6 +723,8 @@ def run_trial(
     summary = None
     with contextlib.suppress(OSError, json.JSONDecodeError):
         summary = _slim_summary(json.loads((trial_dir / "summary.json").read_text()))
+    if summary is None and seen.pruned and seen.last_window is not None:
+        summary = _pruned_summary(seen.last_window, len(seen.step_losses))
     failure: dict[str, Any] = {}
     with contextlib.suppress(OSError, json.JSONDecodeError):
         failure = json.loads((trial_dir / "failure.json").read_text())
