@@ -294,3 +294,13 @@ def test_the_readmes_own_study_example_loads(tmp_path):
         for value in rng.choices:
             cfg = spec.trial_config({knob: value})
             assert cfg.effective_global_batch_size() == 32
+
+
+def test_a_study_stored_before_the_key_existed_resumes_unchanged():
+    from workbench.tune.opening import spec_diff
+
+    old = {"protocol": {"windows": 3, "compile_ahead": None}, "budget": {"trials": 4}}
+    assert spec_diff(old, {"protocol": {"windows": 3, "compile_ahead": None, "start_ahead": None},
+                           "budget": {"trials": 9}}) == []
+    assert spec_diff(old, {"protocol": {"windows": 3, "start_ahead": True}}) == ["protocol"]
+    assert spec_diff(old, {"protocol": {"windows": 2, "start_ahead": None}}) == ["protocol"]

@@ -365,10 +365,23 @@ def _users_own_file(source: str | None) -> bool:
 
 
 def spec_diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-    """Top-level spec keys that differ, ignoring the budget (it may be extended on resume)."""
+    """Top-level spec keys that differ, ignoring the budget (it may be extended on resume). A key set to null
+    is the key left out (null is each optional key's default), so a study stored before a version added one
+    (``protocol.start_ahead``) resumes unchanged."""
     keys = sorted(set(old) | set(new))
-    return [k for k in keys if k not in ("budget",) and json.dumps(old.get(k), sort_keys=True, default=str)
-            != json.dumps(new.get(k), sort_keys=True, default=str)]
+    def text(spec: Mapping[str, Any], k: str) -> str:
+        return json.dumps(_set_keys(spec.get(k)), sort_keys=True, default=str)
+
+    return [k for k in keys if k not in ("budget",) and text(old, k) != text(new, k)]
+
+
+def _set_keys(value: Any) -> Any:
+    """``value`` with every mapping's null-valued keys left out, at any depth."""
+    if isinstance(value, Mapping):
+        return {k: _set_keys(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_set_keys(v) for v in value]
+    return value
 
 
 def params_text(params: Mapping[str, Any]) -> str:
