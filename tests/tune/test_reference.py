@@ -51,7 +51,7 @@ class Stub:
     def check_lease(self):
         pass
 
-    def measure(self, cfg, run_dir, prefix, phase):
+    def measure(self, cfg, run_dir, prefix, phase, then=None):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.measured.append((run_dir.name, cfg.loongforge.compute_domain.compile))
         return TrialOutcome("ok", run_dir, value=130.0 if run_dir.name.startswith("trial") else 100.0)

@@ -24,7 +24,7 @@ from workbench.tune.budget import GpuBudget
 from workbench.tune.records import start_ahead_record
 from workbench.tune.study import load_study_spec
 from workbench.tune.search import Search
-from workbench.tune.trial import TrialOutcome, command_launcher, hold_trial, run_trial
+from workbench.tune.trial import Held, TrialOutcome, command_launcher, hold_trial, run_trial
 from workbench.vocab import REAL_TOKENS_PER_S
 
 IMPORT_S = 1.5
@@ -144,8 +144,8 @@ def _session(tmp_path: Path) -> SimpleNamespace:
 def test_a_held_process_of_another_config_or_a_dropped_trial_is_stopped(spec, tmp_path):
     ahead = StartAhead(_session(tmp_path))
     cfg = spec.trial_config({})
-    ahead.start(3, cfg, "a")
-    ahead.start(4, cfg, "b")
+    ahead.start(3, cfg, "a", tmp_path / "trials" / "3")
+    ahead.start(4, cfg, "b", tmp_path / "trials" / "4")
     p3, p4 = ahead.held[3].proc, ahead.held[4].proc
     assert ahead.take(3, "not a") is None  # its config changed: stopped, its directory gone (nothing ran there)
     assert p3.poll() is not None and not (tmp_path / "trials" / "3").exists()
@@ -154,9 +154,9 @@ def test_a_held_process_of_another_config_or_a_dropped_trial_is_stopped(spec, tm
     assert ahead.take(4, "b") is None
 
 
-def test_start_ahead_is_on_by_default_only_where_a_gpu_waits(tmp_path):
+def test_start_ahead_is_on_by_default_for_the_built_in_loop(tmp_path):
     s = _session(tmp_path)
-    assert not StartAhead.enabled(s)
+    assert StartAhead.enabled(s)  # on a CPU too
     s.hardware = {"capabilities": ["cuda"]}
     assert StartAhead.enabled(s)
     s.spec.trainer = object()  # a loop of one's own: only it knows that it touches no device before run()
@@ -171,9 +171,9 @@ def test_start_ahead_is_on_by_default_only_where_a_gpu_waits(tmp_path):
 SPACE = {"micro_batch_size": {"choices": [2, 4, 8]}}
 
 
-def _tuner(study_spec_file, tmp_path: Path, trials: int) -> Tuner:
+def _tuner(study_spec_file, tmp_path: Path, trials: int, **protocol) -> Tuner:
     path = study_spec_file("started", space=SPACE, trials=trials, sampler={"name": "random", "seed": 0},
-                           protocol={"start_ahead": True})
+                           protocol={"start_ahead": True, **protocol})
     t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False, launch=standin)
     t.open()
     return t
@@ -246,7 +246,7 @@ def test_a_held_process_with_cuda_up_at_its_gate_turns_start_ahead_off(study_spe
                             {"held_s": 2.0, "ready_s": 1.0, "cuda_initialized": trial.number == 1})
 
     monkeypatch.setattr(Search, "run_search_trial", run)
-    monkeypatch.setattr(StartAhead, "start", lambda self, n, cfg, h: seen.append(("start", n)))
+    monkeypatch.setattr(StartAhead, "start", lambda self, n, cfg, h, d: seen.append(("start", n)))
     monkeypatch.setattr(StartAhead, "stop", lambda self: seen.append(("stop",)))
     t = _tuner(study_spec_file, tmp_path, trials=3)
     for mb in (4, 8, 2):
@@ -264,3 +264,33 @@ def test_only_a_training_run_waits_at_a_gate(tmp_path, subprocess_env):
     done = subprocess.run([sys.executable, "-m", "workbench.train", "--preset", "tiny", "--print-config"], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and "micro_batch_size" in done.stdout and not (tmp_path / "never.ready").exists()
+
+
+def test_the_measured_runs_after_the_first_start_beside_the_run_before(study_spec_file, tmp_path, monkeypatch):
+    """Baseline repeats and A/B pairs are known in advance: each run's process is started beside the run before
+    it and held, so a run's device time holds no start-up; a process held for a run that does not come (the A/B
+    stopped) is stopped, and nothing is left running or half-written."""
+    t = _tuner(study_spec_file, tmp_path, trials=2, ab_rounds=3, ab_min_rounds=2)
+    assert t.measurer.started is not None
+    stopped: list[str] = []
+    stop = Held.stop
+    monkeypatch.setattr(Held, "stop", lambda self: stopped.append(self.trial_dir.name) or stop(self))
+    t.study.enqueue_trial({"micro_batch_size": 8})
+    t.study.enqueue_trial({"micro_batch_size": 2})
+    validation = t.run()
+    d = t.session.study_dir
+    walls = t.study.user_attrs["baseline_wall_s"]
+    assert len(walls) == 2 and walls[1] < walls[0] - IMPORT_S / 2  # repeat 2 was held beside repeat 1
+    assert not (d / "baseline" / "0" / "gate.ready").exists() and (d / "baseline" / "1" / "gate.ready").exists()
+    cand = validation["candidates"][0]
+    assert cand["trial"] == 0 and cand["runs"] == [800.0, 800.0] and cand["baseline_runs"] == [400.0, 400.0]
+    # every validation run was started beside the one before it (the first beside the search's end: no)
+    runs = [Path(p) for pair in zip(cand["baseline_dirs"], cand["run_dirs"]) for p in pair]
+    assert [(p / "gate.ready").exists() for p in runs] == [False, True, True, True]
+    for p in runs[1:]:
+        ready = json.loads((p / "gate.ready").read_text())
+        assert ready["cuda_initialized"] is False
+    # the A/B stopped after its second pair (from 2 to 3 pairs): the process held for a third was stopped, its
+    # folder removed
+    assert stopped == [f".baseline-0-2.{t.session.attempt_id}"] and t.measurer.started.held == {}
+    assert not [p for p in (d / "validation").iterdir() if p.name.startswith(".")]

@@ -28,7 +28,7 @@ class Stub:
     def check_lease(self):
         pass
 
-    def measure(self, cfg, run_dir, prefix, phase):
+    def measure(self, cfg, run_dir, prefix, phase, then=None):
         if run_dir.name == self.stop_at:
             raise KeyboardInterrupt  # the call's time ran out here
         self.measured.append(run_dir.name)
@@ -110,7 +110,7 @@ class Profiled(Stub):
         super().__init__(study, values, stop_at)
         self.fail, self.profiled = set(fail), []
 
-    def measure(self, cfg, run_dir, prefix, phase):
+    def measure(self, cfg, run_dir, prefix, phase, then=None):
         out = super().measure(cfg, run_dir, prefix, phase)
         if cfg.metrics.profile_after_measure:
             self.profiled.append(run_dir.name)

@@ -43,7 +43,7 @@ class Stub:
     def check_lease(self):
         pass
 
-    def measure(self, cfg, run_dir, prefix, phase):
+    def measure(self, cfg, run_dir, prefix, phase, then=None):
         kind, _, r = run_dir.name.split("-")  # baseline-<trial>-<round>, trial-<trial>-<round>
         self.measured.append(run_dir.name)
         return TrialOutcome("ok", run_dir, value=(self.runs if kind == "trial" else self.baseline_runs)[int(r)])

@@ -15,6 +15,7 @@ from workbench.config import config_hash, merge_overrides
 from workbench.errors import ConfigError, TuneError, UnsafePathError
 from workbench.files import remove_tree
 from workbench.train.workload import is_vla, workload_for
+from workbench.tune.ahead import StartAhead
 from workbench.tune.budget import COORDINATOR_PHASES, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
@@ -34,6 +35,8 @@ class Measurer:
     def __init__(self, session: StudySession, lease: Lease) -> None:
         self.session = session
         self.lease = lease
+        # start-ahead (ahead.py): the run a caller says comes next, started beside the current one, held
+        self.started = StartAhead(session) if StartAhead.enabled(session) else None
 
     def check_lease(self) -> None:
         self.lease.check()
@@ -44,17 +47,34 @@ class Measurer:
             self.session.show(phase=f"{prefix}: {text}")
         return on_phase
 
-    def measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str) -> TrialOutcome:
+    def attempt_dir(self, run_dir: Path) -> Path:
+        """This process's own folder for the run of ``run_dir``."""
+        return run_dir.with_name(f".{run_dir.name}.{self.session.attempt_id}")
+
+    def measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str,
+                then: tuple[Any, Path] | None = None) -> TrialOutcome:
         """A measurement outside the search trials (baseline, validation, numerics twin): run into this
         process's own attempt folder ``.<name>.<attempt>`` beside ``run_dir``, then, if this coordinator still
         holds the study, move it into place; so no two processes ever write one folder, and a folder in place is a
         finished run. Its device seconds count to ``phase`` (one of ``budget.GPU_PHASES``; a twin's are its
-        trial's)."""
+        trial's). ``then``: the run expected next (its config and ``run_dir``), whose process starts beside this
+        one, held at its gate, where start-ahead is on; this run takes the one held for it, and any other held
+        process is stopped (the expectation was wrong: the run that came is not it)."""
         s = self.session
-        attempt = run_dir.with_name(f".{run_dir.name}.{s.attempt_id}")
+        attempt = self.attempt_dir(run_dir)
+        held = None
+        if self.started is not None:
+            held = self.started.take(attempt, config_hash(cfg))
+            self.started.stop()
+
+        def on_launch(pgid: int) -> None:
+            if then is not None and self.started is not None:
+                nxt = self.attempt_dir(then[1])
+                self.started.start(nxt, then[0], config_hash(then[0]), nxt)
+
         out = run_trial(cfg, attempt, timeout_s=s.spec.protocol.trial_timeout_s,
                         heartbeat_timeout_s=s.spec.protocol.heartbeat_timeout_s, on_phase=self.on_phase(prefix),
-                        launch=s.launch, env=s.child_env(), cwd=s.child_cwd())
+                        on_launch=on_launch, launch=s.launch, env=s.child_env(), cwd=s.child_cwd(), held=held)
         if phase in COORDINATOR_PHASES:
             spend(s, phase, out.wall_s)
         if phase == "validation":
@@ -65,6 +85,11 @@ class Measurer:
         out.trial_dir = run_dir
         out.config_path = run_dir / "config.yaml" if out.config_path is not None else None
         return out
+
+    def stop_held(self) -> None:
+        """Stop the process held for a run that will not come (the measurements are over)."""
+        if self.started is not None:
+            self.started.stop()
 
     def remove_stale_attempts(self) -> None:
         """Attempt folders that a dead coordinator left (it held the lease; this one holds it now); ``traces/``
@@ -97,11 +122,14 @@ class Measurer:
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
         profile = spec.protocol.profile_after_overrides()
+        def repeat(i: int) -> tuple[Any, Path]:  # the last repeat profiles after its measurement
+            return (merge_overrides(cfg, profile) if profile and i == repeats - 1 else cfg,
+                    self.session.study_dir / "baseline" / str(i))
+
         for i in range(len(runs), repeats):
             self.lease.check()
-            run_cfg = merge_overrides(cfg, profile) if profile and i == repeats - 1 else cfg
-            out = self.measure(run_cfg, self.session.study_dir / "baseline" / str(i), f"baseline {i + 1}/{repeats}",
-                               "baseline")
+            out = self.measure(*repeat(i), f"baseline {i + 1}/{repeats}", "baseline",
+                               then=repeat(i + 1) if i + 1 < repeats else None)
             if out.status != "ok" or out.value is None:
                 raise TuneError(f"baseline run {i} failed ({out.status}: {out.failure_reason}); the study's base "
                                 f"config must run. Log: {out.trial_dir / 'log.txt'}\n{out.log_tail}")

@@ -218,8 +218,8 @@ class Protocol:
     start_ahead: bool | None = None
     """Start the next search trial's process while the current trial runs, held before any device work (its
     interpreter, imports and config done; a loop of one's own: up to ``workbench.run()``) until its trial starts,
-    so that the device does not wait for them (workbench/tune/ahead.py); null = on with CUDA and the built-in
-    loop. A loop of one's own must touch no device before ``workbench.run()``; one that does is seen at its gate
+    so that the device does not wait for them (workbench/tune/ahead.py); null = on for the built-in loop. A loop
+    of one's own must touch no device before ``workbench.run()``; one that does is seen at its gate
     and start-ahead is off for the rest of the search."""
     profile_steps: int = 2
     """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner, profiled

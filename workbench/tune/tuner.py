@@ -211,6 +211,7 @@ class Tuner:
             progress.finish()
         finally:
             progress.close()
+            o.measurer.stop_held()
             with interrupts_held():
                 self.lease.release()  # the same command may resume at once
         print(result_text(result, path, self.study_dir / "report.html" if self.report is not None else None),
@@ -267,6 +268,7 @@ class Tuner:
         try:
             return verify(o.session, o.measurer, result, n)
         finally:
+            o.measurer.stop_held()
             self.lease.release()
 
 

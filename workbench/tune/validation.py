@@ -57,7 +57,8 @@ class Runs(Protocol):
     """What validation measures with (``workbench.tune.measure.Measurer``): a run of a config into a folder, and the
     coordinator's lease check before each pair."""
 
-    def measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str) -> TrialOutcome: ...
+    def measure(self, cfg: Any, run_dir: Path, prefix: str, phase: str,
+                then: tuple[Any, Path] | None = None) -> TrialOutcome: ...
 
     def check_lease(self) -> None: ...
 
@@ -133,6 +134,19 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
     plain = {k: configs(base_cfg, cfg) for k, cfg in arms.items()}
     profiled = {k: configs(merge_overrides(base_cfg, profile), merge_overrides(cfg, profile))
                 for k, cfg in arms.items()} if profile else plain
+    order = list(arms)
+
+    def next_baseline(k: int, r: int) -> tuple[Any, Path] | None:
+        """The run expected after arm ``k``'s pair of round ``r`` (its process starts beside that pair's second
+        run): the next open arm's baseline run, this round's or the next's, plain or profiled as it will be. Arm
+        ``k`` itself may settle on this pair; then the guess is wrong and its held process is stopped."""
+        i = order.index(k)
+        for r2, k2 in [(r, a) for a in order[i + 1:]] + [(r + 1, a) for a in order[:i + 1]]:
+            if r2 < max_pairs and (k2 == k or k2 not in settled):
+                cfgs = plain[k2] if (k2 in traced or (k2 == k and profile)) else profiled[k2]
+                return cfgs[0][0], vdir / f"baseline-{k2}-{r2}"
+        return None
+
     for r in range(max_pairs):
         for k in arms:
             res = results[k]
@@ -152,8 +166,8 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
                     traced.add(k)
             else:
                 prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
-                a = measurer.measure(run_cfgs[0], dirs[0], prefix + ", baseline", phase)
-                b = measurer.measure(run_cfgs[1], dirs[1], prefix + ", candidate", phase)
+                a = measurer.measure(run_cfgs[0], dirs[0], prefix + ", baseline", phase, then=(run_cfgs[1], dirs[1]))
+                b = measurer.measure(run_cfgs[1], dirs[1], prefix + ", candidate", phase, then=next_baseline(k, r))
                 if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
                     res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
                                             "reason": a.failure_reason or b.failure_reason})
