@@ -294,3 +294,11 @@ def test_the_measured_runs_after_the_first_start_beside_the_run_before(study_spe
     # folder removed
     assert stopped == [f".baseline-0-2.{t.session.attempt_id}"] and t.measurer.started.held == {}
     assert not [p for p in (d / "validation").iterdir() if p.name.startswith(".")]
+
+
+def test_unset_the_measured_runs_are_held_and_the_search_asks_nothing_ahead_on_a_cpu(study_spec_file, tmp_path):
+    """Asking the next trial ahead costs the sampler the running trial's result: on a CPU (no compile-ahead) the
+    search does not pay it for start-ahead unless the study says so; the measured runs, known in advance, are
+    held."""
+    t = _tuner(study_spec_file, tmp_path, trials=2, start_ahead=None)
+    assert t.measurer.started is not None and t.searcher.started is None and t.searcher.ahead is None

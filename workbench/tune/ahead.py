@@ -228,7 +228,7 @@ class StartAhead:
         a CPU too: the held process's imports overlap the start-up of the run beside it, not its measured windows;
         the default study measured the same speeds and a 3.1% noise floor with it, 6% without, on 2 cores.) A loop
         of one's own holds in ``workbench.run()``, which only it knows comes before its first device work: on when
-        the study says so."""
+        the study says so. The search holds its next trial only where it asks for it ahead anyway (``Search``)."""
         on = session.spec.protocol.start_ahead
         if on is None:
             return session.spec.trainer is None

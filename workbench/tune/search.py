@@ -99,7 +99,10 @@ class Search:
         # compile-ahead and start-ahead (ahead.py): the next trial, asked while the current one runs, its twin and
         # its own process, held at its gate
         self.ahead = CompileAhead(session) if CompileAhead.enabled(session) else None
-        self.started = StartAhead(session) if StartAhead.enabled(session) else None
+        # asking ahead costs the sampler the running trial's result: the search holds its next trial where it asks
+        # ahead anyway (compile-ahead) or where the study says start_ahead: true
+        self.started = StartAhead(session) if StartAhead.enabled(session) and (
+            self.ahead is not None or session.spec.protocol.start_ahead) else None
         self.pending: optuna.Trial | None = None
         self._pending_beat = contextlib.ExitStack()
         self.t0 = time.monotonic()  # the search's start (search() sets it): each trial line's elapsed time

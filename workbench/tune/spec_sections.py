@@ -216,11 +216,12 @@ class Protocol:
     """Compile the next search trial's config in a shallow twin while the current trial runs, so that its compiles
     read the cache (workbench/tune/ahead.py); null = on with CUDA and the built-in loop."""
     start_ahead: bool | None = None
-    """Start the next search trial's process while the current trial runs, held before any device work (its
-    interpreter, imports and config done; a loop of one's own: up to ``workbench.run()``) until its trial starts,
-    so that the device does not wait for them (workbench/tune/ahead.py); null = on for the built-in loop. A loop
-    of one's own must touch no device before ``workbench.run()``; one that does is seen at its gate
-    and start-ahead is off for the rest of the search."""
+    """Start the next run's process (a search trial's, a baseline repeat's, an A/B run's) while the current one
+    runs, held before any device work (its interpreter, imports and config done; a loop of one's own: up to
+    ``workbench.run()``) until its turn, so that the device does not wait for them (workbench/tune/ahead.py);
+    null = on for the built-in loop (its search trials where compile-ahead asks them ahead anyway; true:
+    always). A loop of one's own must touch no device before ``workbench.run()``; one that does is seen at its
+    gate and start-ahead is off for the rest of the search."""
     profile_steps: int = 2
     """Steps of the torch.profiler traces the study keeps, of the baseline and of the validated winner, profiled
     after the measurement of runs made anyway (the last baseline repeat, each candidate's first A/B pair); 0 = no
