@@ -126,18 +126,20 @@ def _profiled_pairs(v, vdir, profile=PROFILE):
 
 def test_each_arms_first_completed_pair_is_profiled_and_resumes_so(tmp_path):
     """``ab_pairs(profile=...)``: both runs of each arm's first pair to complete carry the keys that profile the
-    steps after the measurement (the traces), the later pairs not; a failed pair passes them on to the next."""
+    steps after the measurement (the traces), the later pairs not. A profiled pair that fails is measured plain
+    from then on: on the H200 (2026-12-05) a candidate crashed in both its profiled pairs after running clean in
+    its search trial, and lost its validation."""
     study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
     values = {"baseline": 100.0, "trial": 150.0}
     v = Profiled(study, values, fail={"trial-4-0"}, stop_at="baseline-3-2")
     with pytest.raises(KeyboardInterrupt):
         _profiled_pairs(v, tmp_path / "validation")
-    assert v.profiled == ["baseline-3-0", "trial-3-0", "baseline-4-0", "trial-4-0", "baseline-4-1", "trial-4-1"]
+    assert v.profiled == ["baseline-3-0", "trial-3-0", "baseline-4-0", "trial-4-0"]
     assert v.measured == ["baseline-3-0", "trial-3-0", "baseline-4-0", "trial-4-0", "baseline-3-1", "trial-3-1",
                           "baseline-4-1", "trial-4-1"]
 
     # stopped mid-validation: the stored pairs are taken (the profiled ones as profiled), the failed one measured
-    # again as ever (profiled: its arm had no profiled pair before it), the rest plain
+    # again (profiled: this tuner has not seen it fail, and its arm has no profiled pair), the rest plain
     again = Profiled(study, values)
     res = _profiled_pairs(again, tmp_path / "validation")
     assert again.measured == ["baseline-4-0", "trial-4-0", "baseline-3-2", "trial-3-2", "baseline-4-2", "trial-4-2"]
@@ -156,3 +158,13 @@ def test_each_arms_first_completed_pair_is_profiled_and_resumes_so(tmp_path):
     resumed = Profiled(study, values)
     _profiled_pairs(resumed, old)
     assert resumed.measured == resumed.profiled == ["baseline-3-2", "trial-3-2", "baseline-4-2", "trial-4-2"]
+
+
+def test_a_profiled_pair_that_fails_leaves_the_arm_unprofiled(tmp_path):
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}", study_name="v")
+    v = Profiled(study, {"baseline": 100.0, "trial": 150.0}, fail={"trial-3-0"})
+    res = ab_pairs(v.session, v, BASE, {3: ARM}, tmp_path / "validation", max_pairs=3, min_pairs=3,
+                   confidence=0.95, what="validating", resume=True, profile=PROFILE)[3]
+    assert v.profiled == ["baseline-3-0", "trial-3-0"] and len(v.measured) == 6
+    assert [(f["round"], f["candidate"], f["profiled"]) for f in res["failures"]] == [(0, "crash", True)]
+    assert res["runs"] == [150.0, 150.0]

@@ -118,13 +118,17 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
     With ``profile`` (``Protocol.profile_after_overrides``: steps profiled after the measurement, which leave
     its figures as they are) both runs of each arm's first pair to complete run with those keys, so the pair's
     folders hold a trace of the base config and of the arm (``Measurer.keep_traces`` keeps the winner's). The
-    first pair, not the last: under the sequential A/B the last one is known only once it ran. A stored pair is
+    first pair, not the last: under the sequential A/B the last one is known only once it ran. A profiled pair
+    that fails leaves its arm unprofiled from then on (its failure records ``profiled``). A stored pair is
     taken with or without them (they change no measured figure); one without them (a study stopped by an older
     version) leaves the profile to the arm's next pair."""
     results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                    "stopped": "cap"} for k in arms}
     settled: set[int] = set()
     traced: set[int] = set()  # arms with a completed profiled pair
+    # arms whose profiled pair failed: measured without the profile from then on, so that a trace (the profiler
+    # beside a custom autograd Function, say) never costs a candidate its validation
+    untraced: set[int] = set()
     study = session.study
 
     def configs(base: Any, cfg: Any) -> tuple[tuple[Any, Any], list[str]]:
@@ -143,7 +147,7 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
         i = order.index(k)
         for r2, k2 in [(r, a) for a in order[i + 1:]] + [(r + 1, a) for a in order[:i + 1]]:
             if r2 < max_pairs and (k2 == k or k2 not in settled):
-                cfgs = plain[k2] if (k2 in traced or (k2 == k and profile)) else profiled[k2]
+                cfgs = plain[k2] if (k2 in traced or k2 in untraced or (k2 == k and profile)) else profiled[k2]
                 return cfgs[0][0], vdir / f"baseline-{k2}-{r2}"
         return None
 
@@ -153,7 +157,7 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
             if k in settled:
                 continue
             measurer.check_lease()
-            run_cfgs, hashes = profiled[k] if k not in traced else plain[k]
+            run_cfgs, hashes = profiled[k] if k not in traced and k not in untraced else plain[k]
             key = f"{vdir.name}/{k}-{r}"
             dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
             stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
@@ -170,7 +174,10 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
                 b = measurer.measure(run_cfgs[1], dirs[1], prefix + ", candidate", phase, then=next_baseline(k, r))
                 if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
                     res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
-                                            "reason": a.failure_reason or b.failure_reason})
+                                            "reason": a.failure_reason or b.failure_reason,
+                                            "profiled": run_cfgs is profiled[k][0] and profiled is not plain})
+                    if profile and k not in traced:
+                        untraced.add(k)
                     continue
                 a_value, b_value = a.value, b.value
                 if profile:
