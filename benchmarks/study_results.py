@@ -140,6 +140,10 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
             for i, (x, y) in enumerate(zip(c.get("runs", []), c.get("baseline_runs", []))):
                 rows.append({**base, "metric": f"validation/pair{i}_candidate_tokens_per_s", "value": x})
                 rows.append({**base, "metric": f"validation/pair{i}_baseline_tokens_per_s", "value": y})
+            for f in c.get("failures") or []:  # a pair with a run that failed: its round, and why
+                rows.append({**base, "metric": "validation/failed_pair_round", "value": f.get("round"),
+                             "note": f"baseline {f.get('baseline')}, candidate {f.get('candidate')}"
+                                     + (", profiled" if f.get("profiled") else "") + f": {f.get('reason')}"[:300]})
     return rows
 
 
