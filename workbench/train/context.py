@@ -24,12 +24,17 @@ from workbench.errors import ConfigError, DiskError
 from workbench.files import write_json
 
 __all__ = ["HOLD_ENV", "NanLossError", "RunContext", "StopSignals", "classify_exception", "failure_record",
-           "write_failure"]
+           "ready_file", "write_failure"]
 
 
 HOLD_ENV = "WORKBENCH_HOLD"
 """The environment variable naming a held process's gate file (the tuner's start-ahead): the run waits there,
 before its first device work, until the file exists (:meth:`RunContext.hold`)."""
+
+
+def ready_file(gate: Path) -> Path:
+    """The file a held process writes on reaching ``gate`` (``<gate>.ready``)."""
+    return gate.with_name(gate.name + ".ready")
 
 
 class NanLossError(RuntimeError):
@@ -79,8 +84,7 @@ class RunContext:
             return
         torch = sys.modules.get("torch")
         cuda = bool(torch is not None and torch.cuda.is_initialized())
-        write_json(self.gate.with_name(self.gate.name + ".ready"), {"ready_at": time.time(),
-                                                                     "cuda_initialized": cuda}, indent=None)
+        write_json(ready_file(self.gate), {"ready_at": time.time(), "cuda_initialized": cuda}, indent=None)
         while not self.gate.exists():
             time.sleep(poll_s)
         self.beat(0)

@@ -122,6 +122,7 @@ class Measurer:
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
         profile = spec.protocol.profile_after_overrides()
+
         def repeat(i: int) -> tuple[Any, Path]:  # the last repeat profiles after its measurement
             return (merge_overrides(cfg, profile) if profile and i == repeats - 1 else cfg,
                     self.session.study_dir / "baseline" / str(i))

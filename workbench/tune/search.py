@@ -204,12 +204,13 @@ class Search:
         else:
             return
         self.pending = trial
-        if config_hash(cfg) == config_hash(beside):
+        h = config_hash(cfg)
+        if h == config_hash(beside):
             return  # the running trial's own config: its result answers this one, with nothing to compile or start
         if self.ahead is not None:
             self.ahead.start(trial.number, cfg, beside=beside)
         if self.started is not None:
-            self.started.start(trial.number, cfg, config_hash(cfg), s.study_dir / "trials" / str(trial.number))
+            self.started.start(trial.number, cfg, h, s.study_dir / "trials" / str(trial.number))
 
     def drop_pending(self, why: str | None) -> None:
         """The trial asked ahead will not run: the search ended (``SEARCH_ENDED``), or the tuner was stopped (None:

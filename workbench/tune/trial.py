@@ -59,7 +59,7 @@ from typing import Any
 
 from workbench.config import Config, dump_config
 from workbench.files import remove_tree, write_json, write_text
-from workbench.train.context import HOLD_ENV
+from workbench.train.context import HOLD_ENV, ready_file
 from workbench.tune.numerics import window_losses
 from workbench.vocab import (COMPILE_S, DEVICE_TOTAL_GIB, EXIT_CODES, FAILURE_KINDS, MAX_RESERVED_GIB, MAX_RSS_GIB,
                              PHASES, REAL_TOKENS_PER_S, STATUSES, STEP_S)
@@ -545,7 +545,7 @@ def _launch(cfg: Config, trial_dir: Path, launch: Launcher, env: dict[str, str] 
 
 
 GATE = "gate"
-"""A held trial process's gate file, in its trial directory; it writes ``gate.ready`` on reaching it."""
+"""A held trial process's gate file, in its trial directory; it writes ``ready_file(gate)`` on reaching it."""
 
 
 @dataclass
@@ -584,7 +584,7 @@ class Held:
         ``cuda_initialized``: whether CUDA was up at the gate (it must not be: the allocator's settings)."""
         rec: dict[str, Any] = {"held_s": round(opened - self.launched, 2), "ready_s": None}
         with contextlib.suppress(OSError, ValueError, TypeError, KeyError):
-            ready = json.loads((self.trial_dir / f"{GATE}.ready").read_text())
+            ready = json.loads(ready_file(self.gate).read_text())
             rec.update(ready_s=round(float(ready["ready_at"]) - self.launched_at, 2),
                        cuda_initialized=bool(ready["cuda_initialized"]))
         return rec

@@ -125,10 +125,9 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
     results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                    "stopped": "cap"} for k in arms}
     settled: set[int] = set()
-    traced: set[int] = set()  # arms with a completed profiled pair
-    # arms whose profiled pair failed: measured without the profile from then on, so that a trace (the profiler
-    # beside a custom autograd Function, say) never costs a candidate its validation
-    untraced: set[int] = set()
+    # arms whose later pairs run plain: a profiled pair of theirs completed (its trace is kept), or failed (a trace,
+    # the profiler beside a custom autograd Function say, never costs a candidate its validation)
+    unprofiled: set[int] = set()
     study = session.study
 
     def configs(base: Any, cfg: Any) -> tuple[tuple[Any, Any], list[str]]:
@@ -147,7 +146,7 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
         i = order.index(k)
         for r2, k2 in [(r, a) for a in order[i + 1:]] + [(r + 1, a) for a in order[:i + 1]]:
             if r2 < max_pairs and (k2 == k or k2 not in settled):
-                cfgs = plain[k2] if (k2 in traced or k2 in untraced or (k2 == k and profile)) else profiled[k2]
+                cfgs = plain[k2] if (k2 in unprofiled or k2 == k) else profiled[k2]
                 return cfgs[0][0], vdir / f"baseline-{k2}-{r2}"
         return None
 
@@ -157,7 +156,8 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
             if k in settled:
                 continue
             measurer.check_lease()
-            run_cfgs, hashes = profiled[k] if k not in traced and k not in untraced else plain[k]
+            profiling = bool(profile) and k not in unprofiled
+            run_cfgs, hashes = profiled[k] if profiling else plain[k]
             key = f"{vdir.name}/{k}-{r}"
             dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
             stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
@@ -167,7 +167,7 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
                             f"{stored['finished']})")
                 a_value, b_value = stored["values"]
                 if profile and stored["hashes"] == profiled[k][1]:
-                    traced.add(k)
+                    unprofiled.add(k)
             else:
                 prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
                 a = measurer.measure(run_cfgs[0], dirs[0], prefix + ", baseline", phase, then=(run_cfgs[1], dirs[1]))
@@ -175,13 +175,13 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
                 if not (a.status == "ok" and b.status == "ok" and a.value and b.value):
                     res["failures"].append({"round": r, "baseline": a.status, "candidate": b.status,
                                             "reason": a.failure_reason or b.failure_reason,
-                                            "profiled": run_cfgs is profiled[k][0] and profiled is not plain})
-                    if profile and k not in traced:
-                        untraced.add(k)
+                                            "profiled": profiling})
+                    if profiling:
+                        unprofiled.add(k)
                     continue
                 a_value, b_value = a.value, b.value
                 if profile:
-                    traced.add(k)  # (this pair was profiled unless an earlier one was)
+                    unprofiled.add(k)  # (this pair was profiled unless an earlier one was)
                 pairs = dict(study.user_attrs.get("ab_pairs", {}))
                 pairs[key] = {"hashes": hashes, "values": [a_value, b_value], "finished": now_iso()}
                 study.set_user_attr("ab_pairs", pairs)
