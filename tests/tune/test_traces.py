@@ -101,9 +101,14 @@ def test_a_study_keeps_the_traces_of_its_winners_pair(study_spec_file, tmp_path,
     assert list(s.traces.index) == ["baseline", "winner"] and s.traces_message is None
     assert s.traces.loc["winner", "file"] == f"validation/trial-{k}-0/trace.json"
     assert s.top_ops_of == "winner" and 0 < len(s.top_ops) <= 10
-    # torch's ops, never the trace's step or phase ranges; the autograd engine's node wrappers
-    # (autograd::engine::evaluate_function: PowBackward0) hold self time of their own and may rank
-    assert all(n.split("::")[0] in ("aten", "autograd") for n in s.top_ops["name"])
+    # torch's ops, never the trace's step or phase ranges. Which ops rank is the machine's say: under load the
+    # autograd engine's nodes (MmBackward0, torch::autograd::AccumulateGrad) hold self time of their own too
+    from reports.sections._traces import op_self_times, read_events
+
+    events = op_self_times(read_events(sdir / s.traces.loc["winner", "file"]))
+    ranges = set(events.loc[events["cat"] == "user_annotation", "name"])
+    assert {"step 9", "step 10", "forward", "backward"} <= ranges
+    assert set(s.top_ops["name"]) <= set(events.loc[events["cat"] == "cpu_op", "name"]) - ranges
     assert s.top_ops["name"].str.startswith("aten::").any()
 
     # a coordinator that died after validation.json was written: the study resumes and runs nothing again
