@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -14,7 +15,7 @@ import torch
 
 from workbench.config import Config, merge_overrides, preset_config
 from workbench.errors import ConfigError
-from workbench.train.profiling import StepProfiler, launch_overhead
+from workbench.train.profiling import StepProfiler, launch_overhead, memory_history_conflict
 from workbench.train.timing import PhaseTimer
 
 NAMED_PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer")
@@ -95,6 +96,81 @@ def test_a_profile_after_the_measurement_leaves_the_summary_as_it_was(tmp_path, 
     assert rows["profiled"]["step"].tolist() == list(range(1, 11))
     assert rows["profiled"]["measured"].tolist() == [0, 0] + [1] * 6 + [0, 0]
     assert rows["profiled"]["loss"].iloc[:8].tolist() == rows["plain"]["loss"].tolist()
+
+
+def test_a_profiled_step_that_fails_after_the_measurement_leaves_it_standing(tmp_path, monkeypatch):
+    """One rank: a step profiled after the measurement that raises (torch 2.11's SystemError under the allocator's
+    history, pytorch#179536) ends the run with the measurement's summary, no trace and ``profile/error``; no
+    checkpoint is written of the broken step. A failure before the measurement ended still fails the run."""
+    from workbench.train import synthetic_data_dir
+    from workbench.train.trainer import Trainer
+
+    monkeypatch.setenv("LOONGFORGE_CACHE", str(tmp_path / "cache"))
+    data = synthetic_data_dir(vocab_size=4096, seq_len=256, num_docs=300, seed=0)
+    over = {"hardware.device": "cpu", "data.seq_len": 256, "data.micro_batch_size": 2, "data.num_workers": 0,
+            "training.global_batch_size": 2, "training.dtype": "fp32", "training.max_steps": 6,
+            "training.warmup_measure_steps": 2, "training.log_every": 2, "metrics.profile_steps": 2,
+            "metrics.profile_after_measure": True}
+    step = Trainer.train_step
+    fail_at = {"step": 0}
+
+    def failing(self):
+        if self.step + 1 == fail_at["step"]:
+            raise SystemError("<built-in method apply of FunctionMeta object> returned NULL without setting an "
+                              "exception")
+        return step(self)
+
+    monkeypatch.setattr(Trainer, "train_step", failing)
+    runs = {}
+    for name, at in (("plain", 0), ("broken", 8)):  # step 8: the second of the 2 profiled after the 6 measured
+        fail_at["step"] = at
+        cfg = merge_overrides(preset_config("tiny"), {**over, "training.checkpoint_dir": str(tmp_path / name / "ck")})
+        trainer = Trainer(cfg, data_dir=data, out_dir=tmp_path / name)
+        try:
+            runs[name] = trainer.run()
+        finally:
+            trainer.close()
+    plain, broken, out = runs["plain"], runs["broken"], tmp_path / "broken"
+    assert broken["profile/error"].startswith("SystemError: <built-in method apply") and "profile/error" not in plain
+    assert not (out / "trace.json").exists() and broken["profile/trace_path"] is None
+    assert broken["profile/steps"] == 1 and plain["profile/steps"] == 2  # step 7 was profiled whole; 8 broke
+    for k in ("steps", "measured_steps", "windows", "first_loss", "last_loss", "interrupted"):
+        assert broken[k] == plain[k], k
+    assert (broken["steps"], broken["measured_steps"], broken["windows"]) == (6, 4, 2)
+    assert broken["interrupted"] is False
+    # the run that went to its end wrote its checkpoint at step 8; the broken one none
+    assert torch.load(tmp_path / "plain" / "ck" / "latest.pt", weights_only=True)["step"] == 8
+    assert not (out / "ck" / "latest.pt").exists()
+    # a failure inside the measurement is the run's failure
+    fail_at["step"] = 4
+    trainer = Trainer(merge_overrides(preset_config("tiny"), over), data_dir=data, out_dir=tmp_path / "early")
+    try:
+        with pytest.raises(SystemError):
+            trainer.run()
+    finally:
+        trainer.close()
+
+
+def test_no_allocator_history_where_it_breaks_a_checkpointed_compiled_backward():
+    """pytorch#179536: from torch 2.11, checkpointed blocks that recompute compiled code fail their backward while
+    the allocator's history records; such a profile is written without the memory snapshot, and says why."""
+    base = preset_config("gr00t-n1.6")
+    both = merge_overrides(base, {"training.activation_checkpointing": "selective",
+                                  "loongforge.compute_domain.compile": "default"})
+    assert "pytorch/pytorch#179536" in memory_history_conflict(both, "2.11.0+cu130")
+    assert memory_history_conflict(both, "2.13.0") is not None
+    assert memory_history_conflict(both, "2.10.1+cu128") is None
+    assert memory_history_conflict(merge_overrides(both, {"training.activation_checkpointing": "none"}), "2.11.0") \
+        is None
+    assert memory_history_conflict(merge_overrides(both, {"loongforge.compute_domain.compile": "none"}), "2.11.0") \
+        is None
+    # the profiler takes the reason on CUDA, where it records the history; the summary carries it
+    why = memory_history_conflict(both, "2.11.0")
+    cuda = StepProfiler(1, start_after=0, out_dir=Path("/nonexistent"), device=torch.device("cuda"),
+                        no_memory_history=why)
+    assert cuda.summary()["profile/no_memory_snapshot"] == why
+    cpu = StepProfiler(1, start_after=0, out_dir=Path("/nonexistent"), device=torch.device("cpu"), no_memory_history=why)
+    assert "profile/no_memory_snapshot" not in cpu.summary()  # the CPU records no history anyway
 
 
 def test_profile_after_measure_is_checked_where_it_is_set():

@@ -140,3 +140,23 @@ def test_without_a_winner_the_base_trace_is_the_last_baseline_repeats(study_spec
     # the noise floor is the repeats' windows, the profiled steps in none of them
     base = json.loads((last / "summary.json").read_text())
     assert base["measured_steps"] == 6 and base["profile/steps"] == 2
+
+
+def test_a_run_whose_profiled_steps_failed_says_so_where_its_trace_is_missing(tmp_path):
+    """The trainer keeps the measurement of a run whose steps profiled after it failed (``profile/error`` in its
+    summary, no trace.json); the study's trace record gives that error as the reason it holds no trace."""
+    from types import SimpleNamespace
+
+    lines: list[str] = []
+    session = SimpleNamespace(spec=SimpleNamespace(protocol=SimpleNamespace(start_ahead=False), trainer=None),
+                              log=lines.append)
+    m = measure.Measurer(session, lease=None)
+    broken, plain = tmp_path / "trial-2-0", tmp_path / "trial-3-0"
+    for d, extra in ((broken, {"profile/error": "SystemError: apply returned NULL"}), (plain, {})):
+        d.mkdir()
+        (d / "summary.json").write_text(json.dumps({"tokens_per_s": 100.0, "profile/steps": 1, **extra}))
+    rec = m.trace_record(broken, "winner", 2)
+    assert (rec["status"], rec["path"]) == ("ok", None)
+    assert rec["reason"] == "its profiled steps failed after the measurement: SystemError: apply returned NULL"
+    assert lines[-1] == f"trace of the winner: none kept ({rec['reason']})"
+    assert m.trace_record(plain, "winner", 3)["reason"].startswith("the run holds no trace.json (measured unprofiled")

@@ -5,7 +5,8 @@ and stops after the last, with CPU activity always and CUDA activity on CUDA. Ea
 and each of its phases a range named after the phase (``PhaseTimer`` opens them only while the profiler records,
 so an unprofiled step pays nothing), beside the NVTX ranges Nsight shows. The trace is written with
 ``export_chrome_trace`` to ``<out_dir>/trace.json`` (https://ui.perfetto.dev opens it); on CUDA the allocator's
-history over the same steps is dumped to ``<out_dir>/memory_snapshot.pickle`` (https://pytorch.org/memory_viz).
+history over the same steps is dumped to ``<out_dir>/memory_snapshot.pickle`` (https://pytorch.org/memory_viz),
+except where recording it breaks the step (:func:`memory_history_conflict`).
 
 On CUDA the trace also gives the step's launch overhead (``launch_overhead``, the summary's ``profile/*`` keys): the
 launch calls per step and their host time, and the time per step the device ran no kernel, copy or set. A
@@ -18,7 +19,9 @@ a window boundary, after the window's flush, and restarts the phase timer's cloc
 charged to no step. The profiled steps still carry the profiler's own overhead in their timings; so with
 ``metrics.profile_after_measure`` the profiled steps are the ``N`` steps after the measurement
 (``training.max_steps``), run in addition and counted in no figure (``RunSession``): how the tuner traces its
-measured runs. Only rank 0 profiles.
+measured runs. Only rank 0 profiles. A profiled step that fails after the measurement leaves the measurement
+standing (the trainer's rule): :meth:`StepProfiler.fail` stops the profiler and writes nothing, and the summary's
+``profile/error`` says why.
 """
 
 from __future__ import annotations
@@ -31,11 +34,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.torch_version import TorchVersion
 
 from workbench.errors import ConfigError
 from workbench.train.timing import interval_union
 
-__all__ = ["LAUNCH_CALLS", "StepProfiler", "launch_overhead"]
+__all__ = ["LAUNCH_CALLS", "StepProfiler", "launch_overhead", "memory_history_conflict"]
 
 log = logging.getLogger("workbench")
 
@@ -91,11 +95,25 @@ def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str
             "step_span_ms": span * ms}
 
 
+def memory_history_conflict(cfg: Any, version: str | None = None) -> str | None:
+    """Why the allocator's history must not be recorded over a profile of ``cfg`` under torch ``version`` (default
+    the installed one), or None. From torch 2.11, the backward of a checkpointed block that recomputes compiled code
+    fails while the history records (``SystemError: <built-in method apply of FunctionMeta> returned NULL``,
+    pytorch/pytorch#179536, a regression from 2.10): so with activation checkpointing and compile on, the trace is
+    written without the snapshot."""
+    if cfg.training.activation_checkpointing == "none" or cfg.loongforge.compute_domain.compile == "none":
+        return None
+    if TorchVersion(version or torch.__version__) < (2, 11):
+        return None
+    return ("activation checkpointing recomputes compiled blocks, whose backward torch >= 2.11 fails while the "
+            "allocator's history records (pytorch/pytorch#179536)")
+
+
 class StepProfiler:
     """Profiles steps ``start_after + 1 .. start_after + steps`` (1-based); a no-op when ``steps`` is 0."""
 
     def __init__(self, steps: int, *, start_after: int, out_dir: Path | None, device: torch.device,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True, no_memory_history: str | None = None) -> None:
         if steps > 0 and out_dir is None:
             raise ConfigError("a profile needs an output directory: pass --out DIR or set metrics.out_dir",
                               key="metrics.profile_steps")
@@ -105,6 +123,10 @@ class StepProfiler:
         self.last = start_after + steps
         self.out_dir = out_dir
         self.cuda = device.type == "cuda"
+        self.no_memory_history = no_memory_history if self.cuda else None
+        """Why the allocator's history is not recorded on CUDA (:func:`memory_history_conflict`), or None."""
+        self.error: str | None = None
+        """Why the profiled steps failed (:meth:`fail`), or None."""
         self._prof: torch.profiler.profile | None = None
         self._profiled = 0
         self._memory = False
@@ -132,9 +154,12 @@ class StepProfiler:
         acts = [torch.profiler.ProfilerActivity.CPU]
         if self.cuda:
             acts.append(torch.profiler.ProfilerActivity.CUDA)
+        if self.cuda and self.no_memory_history is None:
             # the allocator's history over the profiled steps, for torch.cuda.memory._dump_snapshot
             torch.cuda.memory._record_memory_history(max_entries=MEMORY_HISTORY_ENTRIES)
             self._memory = True
+        elif self.cuda:
+            log.info("profile: no memory snapshot: %s", self.no_memory_history)
         self._prof = torch.profiler.profile(activities=acts)
         self._prof.start()
 
@@ -170,11 +195,27 @@ class StepProfiler:
         log.info("profiled %d step(s): %s%s", self._profiled, self.trace_path,
                  f", memory snapshot {self.memory_path}" if self.memory_path else "")
 
+    def fail(self, error: str) -> None:
+        """A profiled step failed: stop recording and write nothing, since a trace of a broken step would rank its
+        ops as if it were whole; the summary's ``profile/error`` is ``error``."""
+        prof, self._prof = self._prof, None
+        self.error = error
+        if prof is not None:
+            with contextlib.suppress(Exception):  # the failure may have left the profiler's state broken too
+                prof.stop()
+        if self._memory:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            self._memory = False
+        log.warning("the profiled steps failed (%s); no trace written", error)
+
     def summary(self) -> dict[str, Any]:
-        """The run summary's ``profile/*`` keys (none when profiling is off)."""
+        """The run summary's ``profile/*`` keys (none when profiling is off); ``profile/error`` and
+        ``profile/no_memory_snapshot`` only where they apply."""
         if self.steps <= 0:
             return {}
         return {"profile/steps": self._profiled, "profile/first_step": self.first if self._profiled else None,
                 "profile/trace_path": str(self.trace_path) if self.trace_path else None,
                 "profile/memory_snapshot_path": str(self.memory_path) if self.memory_path else None,
+                **({"profile/error": self.error} if self.error else {}),
+                **({"profile/no_memory_snapshot": self.no_memory_history} if self.no_memory_history else {}),
                 **{f"profile/{k}": v for k, v in self.launch.items()}}

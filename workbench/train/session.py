@@ -41,7 +41,7 @@ from workbench.train.context import (HOLD_ENV, NanLossError, RunContext, StopSig
                                      failure_record, write_failure)
 from workbench.train.flops import device_peak_tflops
 from workbench.train.metrics import MetricsWriter, StepRecord, memory_snapshot, summarize_comm, summarize_window
-from workbench.train.profiling import StepProfiler
+from workbench.train.profiling import StepProfiler, memory_history_conflict
 from workbench.train.timing import PHASES, PhaseTimer
 from workbench.vocab import (COMM_OVERLAP_PCT, COMM_TOTAL_S, MAX_RESERVED_GIB, MAX_RSS_GIB, PADDED_TOKENS_PER_S,
                              REAL_TOKENS_PER_S, STEP_S)
@@ -95,7 +95,8 @@ class RunSession:
         self.after_measure = cfg.metrics.profile_after_measure
         start_after = self.total if self.after_measure else cfg.training.warmup_measure_steps
         self.profiler = StepProfiler(cfg.metrics.profile_steps, start_after=start_after,
-                                     out_dir=Path(out_dir) if out_dir else None, device=device, enabled=rank == 0)
+                                     out_dir=Path(out_dir) if out_dir else None, device=device, enabled=rank == 0,
+                                     no_memory_history=memory_history_conflict(cfg))
         self._measured: dict[str, Any] | None = None  # the summary as the measurement ended (profile after it)
         self._step_range: contextlib.AbstractContextManager[Any] | None = None
         self.writer = MetricsWriter(out_dir if rank == 0 else None)

@@ -421,7 +421,8 @@ class Trainer:
         """Train to ``max_steps`` (default training.max_steps) inside the run context (its stop signals, with
         SIGUSR1's reload; its heartbeat after every step); returns the summary. Under
         ``metrics.profile_after_measure`` the profiled steps follow, and the summary is the one taken as the
-        measurement ended (the data pipeline's counters too), with the profile's keys."""
+        measurement ended (the data pipeline's counters too), with the profile's keys; on one rank a profiled step
+        that raises ends the run there, with no trace and the error as ``profile/error``."""
         session = self.session
         total = max_steps or self.cfg.training.max_steps
         session.set_total(total)
@@ -439,6 +440,7 @@ class Trainer:
             self.precompile()
             session.step = self.step  # a resumed run counts on from its checkpoint
             session.start()
+            failed_profile = False
             try:
                 while self.step < session.last_step:
                     session.begin_step()
@@ -461,10 +463,19 @@ class Trainer:
                         reload["flag"] = False
                         self.reload_config()  # a recompile's time is time/compile_s ...
                         self.timer.start()  # ... charged to no step: the next one starts after it
+            except Exception as e:
+                # a step profiled after the measurement failed: the measurement before it stands. With more ranks
+                # than one the others wait in its collectives, so there the failure ends the run as any other does
+                if measured is None or self.world > 1:
+                    raise
+                failed_profile = True
+                self.profiler.fail(f"{type(e).__name__}: {e}")
             finally:
                 self.timer.record = False
                 self.profiler.stop()  # a run that ended before the profile's last step keeps what it recorded
-        if self.ckpt_dir:
+        if self.ckpt_dir and failed_profile:  # the failed step may have left the optimizer mid-update
+            log.warning("no checkpoint at the end: the profiled step %d failed mid-step", self.step + 1)
+        elif self.ckpt_dir:
             self.save_checkpoint()
         if measured is not None:
             return {**measured, **self.profiler.summary(), "interrupted": interrupted}

@@ -5,6 +5,7 @@ numerics guard of a search trial, and the base config's gradient lifetimes (``wr
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -207,6 +208,8 @@ class Measurer:
         if rec["path"] is None:
             rec["reason"] = "the run holds no trace.json (measured unprofiled, or its loop ran no step after its " \
                 "measurement)" if run_dir is not None else "no completed run"
+            if error := _profile_error(run_dir):
+                rec["reason"] = f"its profiled steps failed after the measurement: {error}"
             self.session.log(f"trace of the {name}: none kept ({rec['reason']})")
         else:
             self.session.log(f"trace of the {name}: {rec['path']}")
@@ -275,3 +278,15 @@ def write_lifetimes(session: StudySession, writer: Callable[[Any, Path], str] | 
         session.log(f"gradient lifetimes: not written ({type(e).__name__}: {e})")
         return
     session.log(f"gradient lifetimes: {line}")
+
+
+def _profile_error(run_dir: str | Path | None) -> str | None:
+    """The ``profile/error`` of a run's summary.json (its profiled steps failed after the measurement), or None."""
+    if run_dir is None:
+        return None
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    error = summary.get("profile/error") if isinstance(summary, dict) else None
+    return error if isinstance(error, str) else None
