@@ -49,14 +49,15 @@ def events(monkeypatch):
         self.records[number] = {"status": "done", "waited_s": 0.5}
         return True
 
-    def wait(self, number, timeout_s):
+    def wait(self, number, timeout_s, keep=(), beside=None):
         seen.append(("wait", number))
         return 0.5
 
     monkeypatch.setattr(Search, "run_search_trial", run)
     monkeypatch.setattr(CompileAhead, "start", start)
     monkeypatch.setattr(CompileAhead, "wait", wait)
-    monkeypatch.setattr(CompileAhead, "stop", lambda self: seen.append(("stop",)))
+    monkeypatch.setattr(CompileAhead, "stop", lambda self, number=None: seen.append(("stop",) if number is None
+                                                                                  else ("stop", number)))
     return seen
 
 
@@ -199,9 +200,10 @@ def _gpu_cfg(**over):
     return merge_overrides(preset_config("gr00t-n1.6"), base)
 
 
-def _gpu_session(tmp_path: Path, share_limit: float = 0.9) -> SimpleNamespace:
+def _gpu_session(tmp_path: Path, share_limit: float = 0.9, depth: int | None = 1) -> SimpleNamespace:
     return SimpleNamespace(hardware={"gpu_memory_gib": 139.8, "capabilities": ["cuda"]}, study_dir=tmp_path,
-                           spec=SimpleNamespace(objective=SimpleNamespace(memory_share_limit=share_limit)),
+                           spec=SimpleNamespace(objective=SimpleNamespace(memory_share_limit=share_limit),
+                                                protocol=SimpleNamespace(compile_ahead_depth=depth)),
                            child_env=lambda: {}, child_cwd=lambda: None)
 
 
@@ -227,7 +229,8 @@ def test_a_shallow_twin_fills_the_cache_of_the_full_depth(tmp_path, subprocess_e
     cache = tmp_path / "compile-cache"
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
     session = SimpleNamespace(study_dir=tmp_path / "study", hardware={}, child_env=lambda: env,
-                              child_cwd=lambda: None)
+                              child_cwd=lambda: None,
+                              spec=SimpleNamespace(protocol=SimpleNamespace(compile_ahead_depth=None)))
     ahead = CompileAhead(session)
     assert ahead.start(1, cfg, beside=cfg)
     assert ahead.wait(1, timeout_s=300) >= 0
@@ -273,3 +276,122 @@ def test_a_vla_twin_is_held_to_what_a_feasible_trial_leaves(tmp_path, monkeypatc
     full = CompileAhead(_gpu_session(tmp_path, share_limit=0.99))
     assert "memory_share_limit 0.99" in full.why_not(vla, vla) and not full.start(5, vla, beside=vla)
     assert full.record(5)["status"] == "skipped" and len(launched) == 1
+
+
+def test_at_depth_2_two_trials_are_compiled_ahead_and_the_next_ones_twin_runs_on(study_spec_file, tmp_path,
+                                                                                   events):
+    """``protocol.compile_ahead_depth: 2``: as trial 0 starts, trials 1 and 2 are asked and both twins start; each
+    later trial asks one more. A screen was often shorter than the next config's compile on the H200, so each
+    twin gets a trial more of head start."""
+    t = _tuner(_spec(study_spec_file, name="deep", compile_ahead_depth=2), tmp_path)
+    assert t.searcher.depth == 2
+    t.search()
+    runs = [e[1] for e in events if e[0] == "run"]
+    assert len(runs) == 4
+    assert events.index(("start", runs[1])) < events.index(("start", runs[2])) < events.index(("run", runs[0]))
+    # trial 3 is asked as trial 1 starts, while trial 2's twin (asked with trial 1) compiles on
+    assert events.index(("wait", runs[1])) < events.index(("start", runs[3])) < events.index(("run", runs[1]))
+    assert not [e for e in events if e[0] == "start" and e[1] not in runs]  # none beyond the budget of 4
+    assert sorted(tuple(sorted(x.params.items())) for x in t.study.get_trials() if x.number in runs) == CONFIGS
+    rec = compile_ahead_record(t.study.get_trials())
+    assert rec["asked_ahead"] == 3 and rec["twins"] == 3
+
+
+def test_two_trials_asked_ahead_when_the_search_ends_are_both_told_and_queued_again(study_spec_file, tmp_path,
+                                                                                     events, monkeypatch):
+    done = {"after": 1}
+    monkeypatch.setattr(GpuBudget, "done", lambda self: sum(e[0] == "run" for e in events) >= done["after"])
+    spec = _spec(study_spec_file, name="deep-end", trials=4, compile_ahead_depth=2)
+    t = _tuner(spec, tmp_path)
+    t.search()
+    assert [e for e in events if e[0] == "run"] == [("run", 0)]
+    dropped = [x for x in t.study.get_trials() if x.state == TrialState.FAIL]
+    assert [x.number for x in dropped] == [1, 2] and all(x.user_attrs["status"] == "interrupted" for x in dropped)
+    assert t.session.finished_count() == 1  # no budget used by the two
+    assert not [x for x in t.study.get_trials() if x.state == TrialState.RUNNING]
+    # the next session measures both configs (each queued again, once) and the rest of the space
+    t.lease.release()
+    done["after"] = 99
+    again = _tuner(spec, tmp_path)
+    again.search()
+    requeued = {x.user_attrs["requeue_of"]: x.params for x in again.study.get_trials() if "requeue_of" in x.user_attrs}
+    assert requeued == {x.number: x.params for x in dropped}
+    assert sorted({tuple(sorted(x.params.items())) for x in again.study.get_trials(states=(TrialState.COMPLETE,))}
+                  ) == CONFIGS
+
+
+def _sleeping_twins(monkeypatch, done: set[int], envs: list) -> None:
+    """Twins as real processes: the trials in ``done`` exit at once, the others sleep (still compiling); each
+    one's environment goes to ``envs``."""
+    from workbench.tune import ahead as ahead_mod
+
+    real = ahead_mod.start_process
+
+    def start(cmd, log_path, **kw):
+        number = int(Path(cmd[cmd.index("--out") + 1]).name)
+        envs.append(kw["env"])
+        return real([sys.executable, "-c", "pass" if number in done else "import time; time.sleep(60)"], log_path,
+                    **kw)
+
+    monkeypatch.setattr(ahead_mod, "start_process", start)
+
+
+def test_twins_run_side_by_side_and_one_that_no_longer_fits_is_stopped(tmp_path, monkeypatch):
+    """Two twins run at once, each with half the compile workers; before trial 1 starts its twin is waited for
+    and trial 2's runs on, unless it no longer fits beside trial 1 (started beside trial 0): then it is
+    stopped, and trial 2 compiles for itself."""
+    envs: list = []
+    done = {1}
+    _sleeping_twins(monkeypatch, done=done, envs=envs)
+    monkeypatch.setattr("workbench.tune.ahead.os.cpu_count", lambda: 16)
+    small, big = _gpu_cfg(), _gpu_cfg(**{"data.micro_batch_size": 32})
+    ahead = CompileAhead(_gpu_session(tmp_path, depth=None))
+    assert ahead.depth == 2
+    assert ahead.start(1, small, beside=small) and ahead.start(2, small, beside=small)
+    assert ahead.record(2)["beside_twins"] == 1 and set(ahead.twins) == {1, 2}
+    assert [e["TORCHINDUCTOR_COMPILE_THREADS"] for e in envs] == ["6", "6"]  # (16 - 2 loader - 2) // 2 twins
+    assert ahead.wait(1, timeout_s=30, keep=(2,), beside=small) >= 0
+    assert ahead.record(1)["status"] == "done" and set(ahead.twins) == {2}
+    assert ahead.record(1)["depth"] == 2 and "beside_twins" not in ahead.record(1)
+    assert ahead.twins[2].proc.poll() is None  # still compiling, beside trial 1
+    # a trial the twin of 2 does not fit beside: it is stopped, and says why
+    ahead.start(3, small, beside=small)
+    assert set(ahead.twins) == {2, 3}
+    ahead.wait(3, timeout_s=0.5, keep=(2,), beside=big)
+    assert ahead.record(3)["status"] == "stopped"  # (its own twin: past its timeout)
+    assert ahead.record(2)["status"] == "stopped" and "GiB together" in ahead.record(2)["stopped_for"]
+    assert ahead.twins == {}
+    # a twin that finished before its turn (reaped as another started) is recorded as waited for 0 s
+    done.update({4, 5})
+    ahead.start(4, small, beside=small)
+    ahead.twins[4].proc.wait(timeout=30)
+    ahead.start(5, small, beside=small)
+    assert 4 not in ahead.twins and ahead.record(4)["status"] == "done"
+    assert ahead.wait(4, timeout_s=30, keep=(5,), beside=small) == 0.0 and ahead.record(4)["waited_s"] == 0.0
+    ahead.stop()
+
+
+def test_a_twin_starts_only_where_the_trial_and_every_twin_fit(tmp_path):
+    ahead = CompileAhead(_gpu_session(tmp_path, depth=2))
+    small, mid = _gpu_cfg(), _gpu_cfg(**{"data.micro_batch_size": 16})
+    assert ahead.why_not(small, mid) == ""
+    crowd = ahead.why_not(small, mid, others=(small,) * 3)
+    assert crowd.startswith("the trial and 4 twins need") and "GiB together" in crowd
+    # the VLA's capped twins split what a feasible trial leaves: (1 - 0.9 - 2 x 0.02) / 2
+    assert ahead.twin_share() == pytest.approx(0.03)
+    assert CompileAhead(_gpu_session(tmp_path, depth=1)).twin_share() == pytest.approx(0.08)
+
+
+def test_compile_ahead_depth_defaults_to_2_on_a_gpu_and_is_checked(tmp_path):
+    from workbench.errors import ConfigError
+    from workbench.tune.spec_sections import Protocol
+
+    assert CompileAhead.depth_of(_gpu_session(tmp_path, depth=None)) == 2
+    assert CompileAhead.depth_of(_gpu_session(tmp_path, depth=3)) == 3
+    cpu = SimpleNamespace(hardware={"capabilities": ["cpu"]},
+                          spec=SimpleNamespace(protocol=SimpleNamespace(compile_ahead_depth=None)))
+    assert CompileAhead.depth_of(cpu) == 1
+    for bad in (0, 5, True, 1.5):
+        with pytest.raises(ConfigError) as e:
+            Protocol(compile_ahead_depth=bad)
+        assert e.value.key == "compile_ahead_depth" and "[1, 4]" in str(e.value)

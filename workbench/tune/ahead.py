@@ -2,11 +2,12 @@
 
 A screened trial's device time is mostly its compile, during which the GPU waits: on the H200 (gr00t-n1.6,
 2026-12-03) 9 to 78 s of the 46 s a screened trial took on average. So while trial n runs, the search asks the
-sampler for trial n+1, as a second worker would (the sampler sees n running), and compiles n+1's config in a
-shallow twin beside it: the same config with at most ``blocks`` blocks in each stack
-(``python -m workbench.train --compile-only --blocks K``), on the study's compile cache. Every block of a stack
-compiles to one graph, so when n+1 starts, its compiles read the cache. A twin only fills a cache: a twin that
-fails, or a cache that misses, costs n+1 nothing but the compile it does anyway.
+sampler for the trials after it, n+1 .. n+depth (``protocol.compile_ahead_depth``), as more workers would (the
+sampler sees them running), and compiles each one's config in a shallow twin beside it: the same config with
+at most ``blocks`` blocks in each stack (``python -m workbench.train --compile-only --blocks K``), on the
+study's compile cache. Every block of a stack compiles to one graph, so when n+1 starts, its compiles read the
+cache. A twin only fills a cache: a twin that fails, or a cache that misses, costs n+1 nothing but the compile
+it does anyway.
 
 Rules the twins follow:
 
@@ -19,8 +20,12 @@ Rules the twins follow:
   less both processes' contexts (``_MARGIN``); a twin that needs more fails, harmlessly;
 * it runs niced (``NICE``), without loader workers, with Inductor's compile workers capped so that the measured
   trial keeps a core for its loop and one for each of its loader workers;
+* twins run side by side, each with its share of the compile workers, and a twin starts only where the trial and
+  every twin running fit the device together (the VLA's capped twins split the free share); on the H200 a screen
+  (9-30 s) was often shorter than the next config's twin (16-77 s), so with one twin the GPU waited 108 of the
+  study's 468 s for it (2026-12-05, ``sa``);
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
-  charged to n+1's device time); a twin of any other trial is stopped.
+  charged to n+1's device time); the twins of the trials still asked ahead run on, any other is stopped.
 * a proposal for n+1 that the memory model refuses by itself gets no twin: the search tells it (an ``oom``
   without a run) and asks again (``Search.ask_ahead``), so the twin compiles a config that runs.
 
@@ -71,6 +76,12 @@ _MARGIN = 0.02
 """The device's share kept free between a feasible trial and a capped twin (both processes' CUDA contexts)."""
 
 
+def _shallow(cfg: Config) -> Any:
+    """The model args of ``cfg``'s twin: at most ``twin_blocks`` blocks."""
+    args = model_args(cfg.model.name, cfg.model.config_path)
+    return replace(args, num_hidden_layers=min(twin_blocks(cfg), args.num_hidden_layers))
+
+
 def twin_blocks(cfg: Config) -> int:
     """Blocks a twin of ``cfg`` keeps in each stack: one, or with every N-th block checkpointed N, so that both
     kinds of block (checkpointed and not) are compiled."""
@@ -100,12 +111,23 @@ class Twin:
 
 
 class CompileAhead:
-    """The twins of one search process: at most one runs at a time (the next trial's)."""
+    """The twins of one search process: at most ``depth`` at a time, those of the trials asked ahead."""
 
     def __init__(self, session: StudySession) -> None:
         self.session = session
-        self.twin: Twin | None = None
+        self.depth = self.depth_of(session)
+        self.twins: dict[int, Twin] = {}
+        self.configs: dict[int, Config] = {}  # each running twin's config (the memory it may take)
         self.records: dict[int, dict[str, Any]] = {}
+
+    @staticmethod
+    def depth_of(session: StudySession) -> int:
+        """``protocol.compile_ahead_depth``; unset: 2 with CUDA (the host's cores are the twins'), else 1 (a CPU
+        trial's compute is the cores)."""
+        depth = session.spec.protocol.compile_ahead_depth
+        if depth is None:
+            return 2 if "cuda" in session.hardware.get("capabilities", ()) else 1
+        return int(depth)
 
     @staticmethod
     def enabled(session: StudySession) -> bool:
@@ -115,8 +137,9 @@ class CompileAhead:
             return session.spec.trainer is None and "cuda" in session.hardware.get("capabilities", ())
         return bool(on) and session.spec.trainer is None
 
-    def why_not(self, cfg: Config, beside: Config | None) -> str:
-        """Why ``cfg`` gets no twin beside a trial of ``beside`` ('' when it may have one)."""
+    def why_not(self, cfg: Config, beside: Config | None, others: tuple[Config, ...] = ()) -> str:
+        """Why ``cfg`` gets no twin beside a trial of ``beside`` and the twins of ``others`` ('' when it may have
+        one)."""
         cd = cfg.loongforge.compute_domain
         if cd.compile == "none" and not cd.captures:
             return "nothing to compile"
@@ -130,25 +153,28 @@ class CompileAhead:
         gib = self.session.hardware.get("gpu_memory_gib")
         if not gib:
             return "the GPU's memory is not known"
-        args = model_args(cfg.model.name, cfg.model.config_path)
-        shallow = replace(args, num_hidden_layers=min(twin_blocks(cfg), args.num_hidden_layers))
-        need = (predict_peak(beside).total + predict_peak(cfg, shallow).total) * (1 + MODEL_ERROR) / 2**30 \
-            + _CONTEXT_GIB
+        twins = (cfg, *others)
+        need = (predict_peak(beside).total + sum(predict_peak(c, _shallow(c)).total for c in twins)) \
+            * (1 + MODEL_ERROR) / 2**30 + _CONTEXT_GIB * len(twins)
         allowed = gib * beside.hardware.memory_fraction_limit
         if need > allowed:
-            return f"the trial and its twin need {need:.1f} GiB together, over the {allowed:.1f} GiB a trial may use"
+            what = "its twin" if not others else f"{len(twins)} twins"
+            return f"the trial and {what} need {need:.1f} GiB together, over the {allowed:.1f} GiB a trial may use"
         return ""
 
     def twin_share(self) -> float:
         """The device's share a capped twin may hold (a workload without a memory model): what a trial within
-        ``objective.memory_share_limit`` leaves, less ``_MARGIN``; 0 when nothing is left."""
-        return round(max(0.0, 1.0 - self.session.spec.objective.memory_share_limit - _MARGIN), 4)
+        ``objective.memory_share_limit`` leaves, less ``_MARGIN``, split among ``depth`` twins; 0 when nothing is
+        left."""
+        free = 1.0 - self.session.spec.objective.memory_share_limit - _MARGIN * self.depth
+        return round(max(0.0, free / self.depth), 4)
 
     def start(self, number: int, cfg: Config, beside: Config | None) -> bool:
-        """Start the twin of trial ``number`` (config ``cfg``) beside the running trial of ``beside``; stops any
-        other twin first. False (and the reason in the record) when it gets none."""
-        self.stop()
-        reason = self.why_not(cfg, beside)
+        """Start the twin of trial ``number`` (config ``cfg``) beside the running trial of ``beside`` and the twins
+        running. False (and the reason in the record) when it gets none."""
+        self.stop(number)
+        self._reap()
+        reason = self.why_not(cfg, beside, tuple(self.configs.values()))
         if reason:
             self.records[number] = {"status": "skipped", "reason": reason}
             return False
@@ -168,23 +194,39 @@ class CompileAhead:
                "-q"] + ([] if cfg.data.loongbin_dir else ["--synthetic"])
         loader = cfg.data.num_workers if beside is None else beside.data.num_workers
         # (not OMP_NUM_THREADS: Inductor's CPU kernels are keyed by the thread count, and would miss the trial's)
-        env = {**s.child_env(), "TORCHINDUCTOR_COMPILE_THREADS": str(max(1, (os.cpu_count() or 2) - loader - 2))}
+        threads = max(1, ((os.cpu_count() or 2) - loader - 2) // self.depth)  # (each twin its share)
+        env = {**s.child_env(), "TORCHINDUCTOR_COMPILE_THREADS": str(threads)}
         proc = start_process(cmd, d / "log.txt", env=env, cwd=s.child_cwd(), nice=NICE)
         if isinstance(proc, str):
             self.records[number] = {"status": "skipped", "reason": proc}
             return False
-        self.twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks})
-        self.records[number] = self.twin.record
+        twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks, "depth": self.depth})
+        if len(self.twins):
+            twin.record["beside_twins"] = len(self.twins)
+        self.twins[number], self.configs[number] = twin, cfg
+        self.records[number] = twin.record
         return True
 
-    def wait(self, number: int, timeout_s: float) -> float:
-        """Before trial ``number`` starts: wait for its twin to finish (at most ``timeout_s``; then it is
-        stopped), stop a twin of any other trial; returns the seconds waited."""
-        twin = self.twin
+    def _reap(self) -> None:
+        """Record the twins whose process is done (their memory is free for the next)."""
+        for number, twin in list(self.twins.items()):
+            if twin.proc is not None and twin.proc.poll() is not None:
+                twin.finish("done" if twin.proc.returncode == 0 else "failed")
+                del self.twins[number]
+                self.configs.pop(number, None)
+
+    def wait(self, number: int, timeout_s: float, keep: tuple[int, ...] = (), beside: Config | None = None) -> float:
+        """Before trial ``number`` (config ``beside``) starts: wait for its twin to finish (at most ``timeout_s``;
+        then it is stopped); the twins of ``keep`` (the trials still asked ahead) run on where they fit beside
+        it, any other is stopped. Returns the seconds waited."""
+        for other in [k for k in self.twins if k != number and k not in keep]:
+            self.stop(other)
+        twin = self.twins.pop(number, None)
+        self.configs.pop(number, None)
         if twin is None or twin.proc is None:
-            return 0.0
-        if twin.number != number:
-            self.stop()
+            if number in self.records:  # (finished before its turn, and reaped)
+                self.records[number].setdefault("waited_s", 0.0)
+            self._refit(beside)
             return 0.0
         t0 = time.monotonic()
         try:
@@ -193,21 +235,38 @@ class CompileAhead:
         except subprocess.TimeoutExpired:
             kill_group(twin.proc, grace_s=2.0)
             twin.finish("stopped")
-        self.twin = None
         waited = round(time.monotonic() - t0, 3)
         twin.record["waited_s"] = waited
+        self._refit(beside)
         return waited
 
-    def stop(self) -> None:
-        """Stop the running twin (its trial will not run next, or the search ends)."""
-        twin, self.twin = self.twin, None
-        if twin is None or twin.proc is None:
+    def _refit(self, beside: Config | None) -> None:
+        """The twins that run on were started beside an earlier trial: stop each that no longer fits beside the
+        trial of ``beside`` and the twins kept before it (its trial compiles for itself)."""
+        self._reap()
+        if beside is None:
             return
-        if twin.proc.poll() is None:
-            kill_group(twin.proc, grace_s=2.0)
-            twin.finish("stopped")
-        else:
-            twin.finish("done" if twin.proc.returncode == 0 else "failed")
+        kept: list[Config] = []
+        for number in list(self.twins):
+            reason = self.why_not(self.configs[number], beside, tuple(kept))
+            if reason:
+                self.twins[number].record["stopped_for"] = reason
+                self.stop(number)
+            else:
+                kept.append(self.configs[number])
+
+    def stop(self, number: int | None = None) -> None:
+        """Stop the twin of trial ``number`` (it will not run), or every twin (None: the search ends)."""
+        for k in list(self.twins) if number is None else [number]:
+            twin = self.twins.pop(k, None)
+            self.configs.pop(k, None)
+            if twin is None or twin.proc is None:
+                continue
+            if twin.proc.poll() is None:
+                kill_group(twin.proc, grace_s=2.0)
+                twin.finish("stopped")
+            else:
+                twin.finish("done" if twin.proc.returncode == 0 else "failed")
 
     def record(self, number: int) -> dict[str, Any] | None:
         """What trial ``number``'s twin did (None: it had none asked for)."""

@@ -181,8 +181,10 @@ def screen_seconds(trials: list[FrozenTrial]) -> dict[str, Any] | None:
 
 def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
     """What compile-ahead (workbench/tune/ahead.py) did over ``trials``: twins started, finished, failed or
-    stopped, the seconds trials waited for them, the median compile seconds of the trials that had a finished
-    twin and of those that had none, and why the others got none. None: no trial was asked ahead."""
+    stopped (of those, stopped as they no longer fit beside the next trial), the trials asked ahead at once
+    (``depth``; None before it was recorded) and the twins started beside another, the seconds trials waited,
+    the median compile seconds of the trials that had a finished twin and of those that had none, and why the
+    others got none. None: no trial was asked ahead."""
     recs = [(t, t.user_attrs["compile_ahead"]) for t in trials if isinstance(t.user_attrs.get("compile_ahead"), dict)]
     if not recs:
         return None
@@ -193,8 +195,12 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
         vals = [t.user_attrs[COMPILE_S] for t in ts if isinstance(t.user_attrs.get(COMPILE_S), (int, float))]
         return round(statistics.median(vals), 2) if vals else None
 
+    depths = [r["depth"] for _, r in recs if isinstance(r.get("depth"), int)]
     return {"asked_ahead": len(recs), "twins": len(recs) - status["skipped"], "finished": status["done"],
             "failed": status["failed"], "stopped": status["stopped"], "skipped": dict(reasons),
+            "depth": max(depths) if depths else None,
+            "beside_another_twin": sum(bool(r.get("beside_twins")) for _, r in recs),
+            "stopped_to_fit": sum("stopped_for" in r for _, r in recs),
             "waited_s": round(sum(float(r.get("waited_s") or 0.0) for _, r in recs), 1),
             "median_compile_s_after_twin": median_compile([t for t, r in recs if r.get("status") == "done"]),
             "median_compile_s_without": median_compile([t for t in trials if t.user_attrs.get("compile_ahead",

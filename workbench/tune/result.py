@@ -235,7 +235,8 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
         ahead = screening.get("compile_ahead")
         if ahead and ahead.get("twins"):
             after, without = ahead.get("median_compile_s_after_twin"), ahead.get("median_compile_s_without")
-            text += (f"; compile-ahead: {ahead['finished']} of {ahead['twins']} twins finished before their trial"
+            deep = f" ({ahead['depth']} trials ahead)" if (ahead.get("depth") or 1) > 1 else ""
+            text += (f"; compile-ahead{deep}: {ahead['finished']} of {ahead['twins']} twins finished before their trial"
                      + (f" (median compile {after:.0f} s after a twin" + (f", {without:.0f} s without" if without
                                                                          is not None else "") + ")"
                         if after is not None else "") + f", {ahead.get('waited_s', 0):.0f} s waited")

@@ -103,8 +103,10 @@ class Search:
         # ahead anyway (compile-ahead) or where the study says start_ahead: true
         self.started = StartAhead(session) if StartAhead.enabled(session) and (
             self.ahead is not None or session.spec.protocol.start_ahead) else None
-        self.pending: optuna.Trial | None = None
-        self._pending_beat = contextlib.ExitStack()
+        self.depth = self.ahead.depth if self.ahead is not None else 1
+        self.pending: list[optuna.Trial] = []  # asked ahead, in the order they run
+        self._pending_beats: dict[int, contextlib.ExitStack] = {}  # their storage heartbeats, by trial number
+        self._pending_hashes: dict[int, str] = {}  # their configs' hashes, by trial number
         self.t0 = time.monotonic()  # the search's start (search() sets it): each trial line's elapsed time
 
     # ------------------------------------------------------------------ the loop
@@ -123,11 +125,11 @@ class Search:
             s.show(done=s.finished_count(), best=self.best_text(), gpu_min=gpu_seconds_total(s) / 60)
             # enqueued (WAITING) trials are asked for like new ones; the exact check after ask() decides
             # (a trial asked ahead is within the budget: it was counted when it was asked)
-            budget_done = s.budget is not None and counted - waiting >= s.budget and self.pending is None
+            budget_done = s.budget is not None and counted - waiting >= s.budget and not self.pending
             time_done = deadline is not None and time.monotonic() >= deadline
             gpu_done = self.gpu_budget.done()  # (asked every time: its one line comes when the budget runs out)
             if budget_done or time_done or gpu_done:
-                running -= self.pending is not None  # (told now: not a trial to wait for)
+                running -= len(self.pending)  # (told now: not trials to wait for)
                 self.drop_pending(SEARCH_ENDED)
                 if s.worker or running == 0:
                     return
@@ -137,11 +139,12 @@ class Search:
                 s.show(phase=f"waiting for {running} running trial(s)")
                 time.sleep(2.0)
                 continue
-            asked_ahead, trial = self.pending is not None, self.pending or self.ask()
-            self.pending = None
+            asked_ahead = bool(self.pending)
+            trial = self.pending.pop(0) if asked_ahead else self.ask()
+            self._pending_hashes.pop(trial.number, None)
             try:
                 with self.storage_heartbeat(trial._trial_id):
-                    self._pending_beat.close()  # (the asked-ahead trial's heartbeat, now this one's)
+                    self._end_beat(trial.number)  # (the asked-ahead trial's heartbeat, now this one's)
                     if not asked_ahead:
                         trial.set_user_attr("worker", s.me)
                         if self._over_budget(trial):
@@ -163,34 +166,47 @@ class Search:
 
     # ------------------------------------------------------------------ compile-ahead, start-ahead
     def ask_ahead(self, beside: Config) -> None:
-        """As a trial of config ``beside`` starts: ask for the next trial (the sampler sees this one running),
-        sample it, and start its twin and its held process (ahead.py). A proposal the memory model refuses by
-        itself is told at once (an ``oom`` without a run, as the search would tell it) and the next one is asked,
-        so that the twin compiles, and the process holds, a config that runs. Nothing is asked when the trial
-        budget has no room left, nor once the sampler repeats a measured config of a covered space."""
-        s = self.session
-        if (self.ahead is None and self.started is None) or self.pending is not None:
+        """As a trial of config ``beside`` starts: ask for the trials after it until ``depth`` are asked ahead (the
+        sampler sees them running), and start each one's twin and held process (ahead.py)."""
+        if self.ahead is None and self.started is None:
             return
+        while len(self.pending) < self.depth and self._ask_one_ahead(beside):
+            pass
+
+    def _end_beat(self, number: int) -> None:
+        """Stop the storage heartbeat kept for trial ``number`` while it was asked ahead."""
+        beat = self._pending_beats.pop(number, None)
+        if beat is not None:
+            beat.close()
+
+    def _ask_one_ahead(self, beside: Config) -> bool:
+        """Ask for one trial more, sample it, and start its twin and its held process; False when nothing more is
+        to be asked. A proposal the memory model refuses by itself is told at once (an ``oom`` without a run, as
+        the search would tell it) and the next one is asked, so that the twin compiles, and the process holds, a
+        config that runs. Nothing is asked when the trial budget has no room left, nor once the sampler repeats a
+        measured config of a covered space."""
+        s = self.session
         for _ in range(MAX_ENUMERATED):
             counted, _, waiting = self.counts()
             if s.budget is not None and counted - waiting >= s.budget:
-                return
+                return False
             trial = self.ask()
-            self._pending_beat.enter_context(self.storage_heartbeat(trial._trial_id))
+            beat = self._pending_beats[trial.number] = contextlib.ExitStack()
+            beat.enter_context(self.storage_heartbeat(trial._trial_id))
             trial.set_user_attr("worker", s.me)
             if self._over_budget(trial):
-                self._pending_beat.close()
-                return
+                self._end_beat(trial.number)
+                return False
             try:
                 cfg = s.spec.trial_config(self.sample(trial))
             except ConfigError:
-                self.pending = trial  # its own run says so
-                return
+                self.pending.append(trial)  # its own run says so
+                return False
             if self.refused(cfg):
                 # told now without a run (no device time; it counts to the trial budget, checked before the next
                 # ask, as a failed config does), so that the twin is started for a config that will run
                 out = self.run_one(trial)
-                self._pending_beat.close()
+                self._end_beat(trial.number)
                 s.log(self.trial_line(trial, out, self.t0))
                 continue
             if self.measured_twin(config_hash(cfg), trial.number) is None:
@@ -198,33 +214,38 @@ class Search:
             # a repeat of a measured config: told now (no run, no budget where an untried config is queued in its
             # place), so that the next trial, the queued one, is the one compiled ahead
             self.run_one(trial)
-            self._pending_beat.close()
+            self._end_beat(trial.number)
             if not trial.user_attrs.get("free_repeat"):
-                return  # nothing untried was left to queue: the loop decides what comes next
+                return False  # nothing untried was left to queue: the loop decides what comes next
         else:
-            return
-        self.pending = trial
+            return False
         h = config_hash(cfg)
-        if h == config_hash(beside):
-            return  # the running trial's own config: its result answers this one, with nothing to compile or start
+        ahead = set(self._pending_hashes.values())
+        self.pending.append(trial)
+        self._pending_hashes[trial.number] = h
+        # the running trial's config, or one asked ahead already: the first's result answers it, with nothing to
+        # compile or start (asking on would propose the same again)
+        if h == config_hash(beside) or h in ahead:
+            return False
         if self.ahead is not None:
             self.ahead.start(trial.number, cfg, beside=beside)
         if self.started is not None:
             self.started.start(trial.number, cfg, h, s.study_dir / "trials" / str(trial.number))
+        return True
 
     def drop_pending(self, why: str | None) -> None:
         """The trial asked ahead will not run: the search ended (``SEARCH_ENDED``), or the tuner was stopped (None:
-        Ctrl-C or SIGTERM; else its error). Either way it is told FAIL as interrupted (no budget used; its config is
-        queued again when the study resumes), and its twin and held process are stopped."""
+        Ctrl-C or SIGTERM; else its error). Either way each is told FAIL as interrupted (no budget used; its config
+        is queued again when the study resumes), and their twins and held processes are stopped."""
         if self.ahead is not None:
             self.ahead.stop()
         if self.started is not None:
             self.started.stop()
-        trial, self.pending = self.pending, None
-        if trial is None:
-            return
-        self.mark_interrupted(trial, why)
-        self._pending_beat.close()
+        trials, self.pending = self.pending, []
+        self._pending_hashes.clear()
+        for trial in trials:
+            self.mark_interrupted(trial, why)
+            self._end_beat(trial.number)
 
     def _over_budget(self, trial: optuna.Trial) -> bool:
         """Whether the trials before ``trial`` took the whole budget (another process asked first); such a trial is
@@ -337,7 +358,8 @@ class Search:
         if twin is None:
             waited = 0.0
             if self.ahead is not None:  # its twin's compile (asked during the trial before) is the one it needs
-                waited = self.ahead.wait(n, self.session.spec.protocol.trial_timeout_s / 2)
+                waited = self.ahead.wait(n, self.session.spec.protocol.trial_timeout_s / 2,
+                                         keep=tuple(p.number for p in self.pending), beside=cfg)
             self.ask_ahead(cfg)  # (where compile-ahead or start-ahead is on)
             stop: dict[str, Any] = {}
             out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop))

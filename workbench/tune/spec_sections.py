@@ -215,6 +215,10 @@ class Protocol:
     compile_ahead: bool | None = None
     """Compile the next search trial's config in a shallow twin while the current trial runs, so that its compiles
     read the cache (workbench/tune/ahead.py); null = on with CUDA and the built-in loop."""
+    compile_ahead_depth: int | None = None
+    """Search trials asked ahead under compile-ahead, their twins compiling side by side (memory permitting): a
+    screen is often shorter than the next config's compile, so a second twin gives each compile a screen more
+    of head start and the host's idle cores; null = 2 on a GPU, 1 on a CPU (whose cores run the trial)."""
     start_ahead: bool | None = None
     """Start the next run's process (a search trial's, a baseline repeat's, an A/B run's) while the current one
     runs, held before any device work (its interpreter, imports and config done; a loop of one's own: up to
@@ -235,6 +239,10 @@ class Protocol:
         for key in ("trial_timeout_s", "heartbeat_timeout_s"):
             if not getattr(self, key) > 0:
                 raise ConfigError(f"got {getattr(self, key)}; expected a number of seconds > 0", key=key)
+        depth = self.compile_ahead_depth
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= 4):
+            raise ConfigError(f"got {self.compile_ahead_depth!r}; expected null or an integer in [1, 4]",
+                              key="compile_ahead_depth")
         if self.ab_min_rounds is not None and not 2 <= self.ab_min_rounds <= self.ab_rounds:
             raise ConfigError(f"got {self.ab_min_rounds}; expected null or an integer in [2, ab_rounds = "
                               f"{self.ab_rounds}]", key="ab_min_rounds")
