@@ -24,6 +24,7 @@ directly comparable with the workbench's real tokens/s.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -59,8 +60,9 @@ def apply_recipe(model: Llama) -> list[str]:
             converted.append(fqn)
         return ok
 
-    convert_to_float8_training(model, module_filter_fn=keep,
-                               config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    on_cuda = next(model.parameters()).device.type == "cuda"
+    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"), emulate=not on_cuda)
+    convert_to_float8_training(model, module_filter_fn=keep, config=config)
     for block in model.layers:
         block.compile(fullgraph=True)
     model.head_loss = torch.compile(model.head_loss)

@@ -1,8 +1,8 @@
 """FP8 Linears with the project's casts (``fp8_cast: triton``, workbench/train/fp8_linear.py) against torchao's
 ``Float8Linear`` (tensorwise), which they must reproduce: the casts are bit-identical (test_fp8_cast.py) and the
-matmuls the same ``torch._scaled_mm`` calls, so outputs and weight gradients are equal exactly; the input's
-gradient is a sum over the Linears sharing it, formed in another order than autograd's (fp32 rounding only).
-On the CPU the kernels run under TRITON_INTERPRET=1 and torch emulates the FP8 matmuls."""
+matmuls the same ``torch._scaled_mm`` calls (off CUDA, torchao's ``emulate`` formula), so outputs and weight
+gradients are equal exactly; the input's gradient is a sum over the Linears sharing it, formed in another order
+than autograd's (fp32 rounding only). On the CPU the kernels run under TRITON_INTERPRET=1."""
 
 from __future__ import annotations
 
@@ -24,6 +24,11 @@ from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noq
 from workbench.train.fp8_linear import Fp8Linear  # noqa: E402
 
 
+def _torchao_tensorwise() -> Float8LinearConfig:
+    """torchao's tensorwise recipe as ``convert_to_fp8`` configures it on DEVICE (emulated off CUDA)."""
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"), emulate=DEVICE.type != "cuda")
+
+
 def _cd(**over):
     base = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_cast": "triton",
             "loongforge.compute_domain.fp8_modules.size_filter": False}
@@ -39,7 +44,7 @@ def test_shared_input_projections_match_torchao(gen):
     for m in ours:
         m.__class__ = Fp8Linear
     ref = torch.nn.Sequential(*copy.deepcopy(linears))
-    convert_to_float8_training(ref, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    convert_to_float8_training(ref, config=_torchao_tensorwise())
     x = randn(gen, 2, 16, 64, scale=3.0)
     up = [randn(gen, 2, 16, m.out_features) for m in linears]
 
@@ -129,7 +134,7 @@ def test_fp8_head_matches_torchao_on_the_unpadded_head(gen):
 
     head = torch.nn.Sequential(torch.nn.Linear(D, V, bias=False)).to(DEVICE)
     head[0].weight.data.copy_(w)
-    convert_to_float8_training(head, config=Float8LinearConfig.from_recipe_name("tensorwise"))
+    convert_to_float8_training(head, config=_torchao_tensorwise())
     h2 = h.clone().requires_grad_(True)
     rows = torch.nn.functional.pad(h2, (0, 0, 0, 32 - N))  # torchao's matmul needs the rows a multiple of 16 too
     logits = head(rows)[:N].float()

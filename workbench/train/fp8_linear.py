@@ -19,6 +19,17 @@ _FP8_ALIGN = 16
 _IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index
 
 
+def _scaled_mm(a: torch.Tensor, b: torch.Tensor, a_scale: torch.Tensor, b_scale: torch.Tensor,
+               out_dtype: torch.dtype, fast_accum: bool = False) -> torch.Tensor:
+    """``a @ b`` of FP8 operands whose values are the originals times ``a_scale`` and ``b_scale``, in ``out_dtype``:
+    ``torch._scaled_mm`` on CUDA; elsewhere torchao's ``emulate`` formula (``workbench.train.fp8``), an fp32
+    matmul of the dequantised operands."""
+    if a.device.type == "cuda":
+        return torch._scaled_mm(a, b, scale_a=a_scale.reciprocal(), scale_b=b_scale.reciprocal(), out_dtype=out_dtype,
+                                use_fast_accum=fast_accum)
+    return torch.mm(a.float() / a_scale, b.float() / b_scale).to(out_dtype)
+
+
 class _Fp8Project(torch.autograd.Function):
     """``y_i = x @ w_i.T`` for every weight, in FP8 tensorwise with torchao's numerics: e4m3 input and weights,
     e5m2 output gradient, scales from each tensor's amax, fast accumulation in the forward's matmul only
@@ -34,9 +45,8 @@ class _Fp8Project(torch.autograd.Function):
         outs, saved = [], [xq_KM, x_scale]
         for w_NK in weights:
             wq_NK, wq_KN, w_scale = fp8_cast_transpose(w_NK, torch.float8_e4m3fn)
-            # _scaled_mm takes A row-major and B column-major (wq_NK.t()), and the dequantising scales
-            y = torch._scaled_mm(xq_MK, wq_NK.t(), scale_a=x_scale.reciprocal(), scale_b=w_scale.reciprocal(),
-                                 out_dtype=x.dtype, use_fast_accum=True)
+            # A row-major, B column-major (wq_NK.t())
+            y = _scaled_mm(xq_MK, wq_NK.t(), x_scale, w_scale, x.dtype, fast_accum=True)
             outs.append(y.view(*lead, -1))
             saved += [wq_KN, w_scale]
         ctx.save_for_backward(*saved)
@@ -54,11 +64,9 @@ class _Fp8Project(torch.autograd.Function):
         for i, g in enumerate(grads):
             wq_KN, w_scale = per_weight[2 * i], per_weight[2 * i + 1]
             gq_MN, gq_NM, g_scale = fp8_cast_transpose(g.reshape(-1, g.shape[-1]), torch.float8_e5m2)
-            gx = torch._scaled_mm(gq_MN, wq_KN.t(), scale_a=g_scale.reciprocal(), scale_b=w_scale.reciprocal(),
-                                  out_dtype=g.dtype)
+            gx = _scaled_mm(gq_MN, wq_KN.t(), g_scale, w_scale, g.dtype)
             grad_x = gx if grad_x is None else grad_x + gx  # the sum autograd forms for a shared input
-            gw = torch._scaled_mm(gq_NM, xq_KM.t(), scale_a=g_scale.reciprocal(), scale_b=x_scale.reciprocal(),
-                                  out_dtype=g.dtype)
+            gw = _scaled_mm(gq_NM, xq_KM.t(), g_scale, x_scale, g.dtype)
             grad_ws.append(gw.to(ctx.w_dtypes[i]))
         return (grad_x.view(ctx.x_shape), *grad_ws)
 
