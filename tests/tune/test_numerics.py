@@ -136,6 +136,11 @@ def test_seeded_fp8_trials_pass_or_fail_the_guard(study_spec_file, tmp_path, mon
     # micro-batch 2 on filled rows trains on the baseline's tokens: the baseline repeat is the reference, no twin
     assert check["reference"] == "baseline" and check["passed"] is False and 1e-6 < check["rel_diff"] < 0.2
     assert check["reference_loss"] == study.user_attrs["baseline_losses"][0]
+    # each measured step's loss is stored, the baseline repeat's and each trial's, so the guard can be replayed
+    steps = study.user_attrs["baseline_step_losses"]
+    assert len(steps) == 1 and statistics.median(steps[0]) == pytest.approx(check["reference_loss"], abs=1e-4)
+    assert len(fp8.user_attrs["step_losses"]) == len(steps[0]) == fp8.user_attrs["measured_steps"]
+    assert statistics.median(fp8.user_attrs["step_losses"]) == pytest.approx(check["loss"], abs=1e-4)
     assert "numerics" not in plain.user_attrs and plain.user_attrs["status"] == "ok"
     assert not (tmp_path / "runs" / "guard" / "trials" / "0" / "numerics-twin").exists()
     cfg = load_config(tmp_path / "runs" / "guard" / "config.yaml")
@@ -168,3 +173,5 @@ def test_guard_runs_a_twin_where_the_data_differs_and_passes_within_tolerance(st
     twin_cfg = load_config(twin_dir / "config.yaml")
     assert twin_cfg.loongforge.compute_domain.fp8 == "none" and twin_cfg.data.micro_batch_size == 2
     assert list(study.user_attrs["numerics_twins"].values()) == [check["reference_loss"]]
+    [twin_steps] = study.user_attrs["numerics_twin_steps"].values()
+    assert statistics.median(twin_steps) == pytest.approx(check["reference_loss"], abs=1e-4)

@@ -20,7 +20,7 @@ from workbench.tune.ahead import StartAhead
 from workbench.tune.budget import COORDINATOR_PHASES, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
-from workbench.tune.numerics import check_loss, data_key, run_loss, spread
+from workbench.tune.numerics import check_loss, data_key, run_loss, spread, stored_losses
 from workbench.tune.profiled import phase_shares, profile_line, profile_record
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor, noise_warning
@@ -119,6 +119,7 @@ class Measurer:
         stored_hash = study.user_attrs.get("baseline_config_hash")
         runs = self.session.baseline_runs() if stored_hash in (None, h) else []
         losses = list(study.user_attrs.get("baseline_losses", [])) if stored_hash in (None, h) else []
+        step_losses = list(study.user_attrs.get("baseline_step_losses", [])) if stored_hash in (None, h) else []
         phases = list(study.user_attrs.get("baseline_phases", [])) if stored_hash in (None, h) else []
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
@@ -141,6 +142,8 @@ class Measurer:
                                                     round(out.wall_s, 3)])
             study.set_user_attr("baseline_runs", runs)
             study.set_user_attr("baseline_losses", losses)  # the numerics guard's reference
+            step_losses = [*step_losses[:i], stored_losses(out.step_losses)]
+            study.set_user_attr("baseline_step_losses", step_losses)  # (a replay of the guard reads these)
             phases = [*phases[:i], (out.summary or {}).get("phase_s_per_step")]
             study.set_user_attr("baseline_phases", phases)  # the profile that leads the first proposals
             study.set_user_attr("baseline_dirs", [str(self.session.study_dir / "baseline" / str(j))
@@ -254,6 +257,8 @@ class Measurer:
                     return
                 twins[h] = run_loss(tw.step_losses)
                 study.set_user_attr("numerics_twins", twins)
+                study.set_user_attr("numerics_twin_steps", {**study.user_attrs.get("numerics_twin_steps", {}),
+                                                            h: stored_losses(tw.step_losses)})
             check = check_loss(run_loss(out.step_losses), [twins[h]], tol, source="twin", noise=noise)
         trial.set_user_attr("numerics", check.to_dict())
         if not check.passed:

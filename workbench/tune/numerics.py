@@ -39,7 +39,8 @@ from typing import Any
 from workbench.config import Config
 from workbench.vocab import LOSS_MEAN, LOSS_STEPS
 
-__all__ = ["NOISE_FACTOR", "NumericsCheck", "check_loss", "data_key", "run_loss", "spread", "window_losses"]
+__all__ = ["NOISE_FACTOR", "NumericsCheck", "check_loss", "data_key", "run_loss", "spread", "stored_losses",
+           "window_losses"]
 
 NOISE_FACTOR = 2.0
 """The tolerance is at least this many times the baseline repeats' spread of the guard's loss."""
@@ -144,3 +145,10 @@ def run_loss(losses: Sequence[float]) -> float | None:
     if any(not math.isfinite(x) for x in losses):
         return math.nan
     return float(statistics.median(losses))
+
+
+def stored_losses(losses: Sequence[float]) -> list[float | str]:
+    """A run's measured step losses as the study stores them (the trial's ``step_losses``, the study's
+    ``baseline_step_losses`` and ``numerics_twin_steps``), so that the guard can be replayed on them: rounded to 5
+    decimals, a non-finite one as its text (JSON has no NaN)."""
+    return [round(float(x), 5) if math.isfinite(x) else str(x) for x in losses]

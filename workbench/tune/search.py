@@ -29,6 +29,7 @@ from workbench.tune.ahead import CompileAhead, StartAhead
 from workbench.tune.budget import GpuBudget, gpu_seconds_total
 from workbench.tune.lease import Lease
 from workbench.tune.measure import Measurer
+from workbench.tune.numerics import stored_losses
 from workbench.tune.opening import params_text
 from workbench.tune.profiled import ProfileLed
 from workbench.tune.samplers import CONSTRAINTS, infeasible, untried_config
@@ -483,6 +484,8 @@ class Search:
             "summary": out.summary or {}, "constraint": list(cons.values()), "windows": out.windows,
             "wall_s": round(out.wall_s, 3), "timeline": out.timeline,
         }
+        if out.step_losses:  # each measured step's loss: what a replay of the numerics guard reads
+            attrs["step_losses"] = stored_losses(out.step_losses)
         if self.ahead is not None and (rec := self.ahead.record(trial.number)) is not None:
             attrs["compile_ahead"] = rec
         if out.start_ahead is not None:
