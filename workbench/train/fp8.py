@@ -21,9 +21,8 @@ copies, not the bf16 input.
 Where FP8 cannot run, the config is refused with a ``ConfigError`` (``invalid_config``):
 torchao missing, or a CUDA device before compute capability 8.9. Off CUDA torchao's
 ``emulate`` runs each FP8 matmul as an fp32 matmul of the FP8-rounded operands: the numbers are
-FP8's, the speed is not; the CPU tests use it. (The CPU's own ``torch._scaled_mm`` is no
-emulation to rely on: on a CPU with AMX, torch 2.13 takes 0.4 s for one e4m3 512x384x128
-product, and a tiny model's FP8 step minutes.)
+FP8's, the speed is not; the CPU tests use it. (The CPU's own ``torch._scaled_mm`` takes a
+path that can be orders of magnitude slower, by CPU and operand dtypes.)
 """
 
 from __future__ import annotations
