@@ -24,7 +24,6 @@ directly comparable with the workbench's real tokens/s.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -39,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from loaders.synth import SynthSpec, generate_documents, write_bin  # noqa: E402
 from workbench.train.flops import flops_per_token, peak_tflops  # noqa: E402
+from workbench.train.fp8 import torchao_config  # noqa: E402
 from workbench.train.model import Llama, get_preset  # noqa: E402
 from workbench.vocab import MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, PADDED_TOKENS_PER_S, REAL_TOKENS_PER_S, STEP_S
 
@@ -50,7 +50,7 @@ def apply_recipe(model: Llama) -> list[str]:
     the head is read by the loss, not called as a Linear), then each decoder block compiled on its own
     (``apply_compile``: ``fullgraph=True``) and the loss after the blocks compiled apart. On the CPU torchao
     emulates the FP8 matmuls (the numbers are FP8's, the speed is not)."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training
 
     converted: list[str] = []
 
@@ -60,9 +60,8 @@ def apply_recipe(model: Llama) -> list[str]:
             converted.append(fqn)
         return ok
 
-    on_cuda = next(model.parameters()).device.type == "cuda"
-    config = dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"), emulate=not on_cuda)
-    convert_to_float8_training(model, module_filter_fn=keep, config=config)
+    device_type = next(model.parameters()).device.type
+    convert_to_float8_training(model, module_filter_fn=keep, config=torchao_config("tensorwise", device_type))
     for block in model.layers:
         block.compile(fullgraph=True)
     model.head_loss = torch.compile(model.head_loss)

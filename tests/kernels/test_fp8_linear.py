@@ -15,18 +15,13 @@ from _kernel_testing import DEVICE, randn
 
 from workbench.config import ConfigError, merge_overrides, preset_config
 from workbench.train import ops
-from workbench.train.fp8 import convert_to_fp8
+from workbench.train.fp8 import convert_to_fp8, torchao_config
 from workbench.train.model import Llama, get_preset, project
 
 pytest.importorskip("torchao")
-from torchao.float8 import Float8LinearConfig, convert_to_float8_training  # noqa: E402
+from torchao.float8 import convert_to_float8_training  # noqa: E402
 
 from workbench.train.fp8_linear import Fp8Linear  # noqa: E402
-
-
-def _torchao_tensorwise() -> Float8LinearConfig:
-    """torchao's tensorwise recipe as ``convert_to_fp8`` configures it on DEVICE (emulated off CUDA)."""
-    return dataclasses.replace(Float8LinearConfig.from_recipe_name("tensorwise"), emulate=DEVICE.type != "cuda")
 
 
 def _cd(**over):
@@ -44,7 +39,7 @@ def test_shared_input_projections_match_torchao(gen):
     for m in ours:
         m.__class__ = Fp8Linear
     ref = torch.nn.Sequential(*copy.deepcopy(linears))
-    convert_to_float8_training(ref, config=_torchao_tensorwise())
+    convert_to_float8_training(ref, config=torchao_config("tensorwise", DEVICE.type))
     x = randn(gen, 2, 16, 64, scale=3.0)
     up = [randn(gen, 2, 16, m.out_features) for m in linears]
 
@@ -134,7 +129,7 @@ def test_fp8_head_matches_torchao_on_the_unpadded_head(gen):
 
     head = torch.nn.Sequential(torch.nn.Linear(D, V, bias=False)).to(DEVICE)
     head[0].weight.data.copy_(w)
-    convert_to_float8_training(head, config=_torchao_tensorwise())
+    convert_to_float8_training(head, config=torchao_config("tensorwise", DEVICE.type))
     h2 = h.clone().requires_grad_(True)
     rows = torch.nn.functional.pad(h2, (0, 0, 0, 32 - N))  # torchao's matmul needs the rows a multiple of 16 too
     logits = head(rows)[:N].float()

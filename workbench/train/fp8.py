@@ -34,7 +34,7 @@ from collections.abc import Callable
 
 from workbench.config import ComputeDomainConfig, ConfigError
 
-__all__ = ["convert_to_fp8", "fp8_module_filter", "fp8_unsupported_reason"]
+__all__ = ["convert_to_fp8", "fp8_module_filter", "fp8_unsupported_reason", "torchao_config"]
 
 MIN_CAPABILITY = (8, 9)
 """FP8 tensor cores: Ada (sm_89) and Hopper (sm_90) onwards."""
@@ -54,6 +54,13 @@ def fp8_unsupported_reason(device_type: str, device_index: int = 0) -> str | Non
             return (f"{torch.cuda.get_device_name(device_index)} has compute capability {cap[0]}.{cap[1]}; FP8 "
                     f"matmuls need {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or newer (Ada, Hopper)")
     return None
+
+
+def torchao_config(recipe: str, device_type: str):
+    """torchao's ``Float8LinearConfig`` for ``recipe`` on ``device_type``: emulated off CUDA (the module doc)."""
+    from torchao.float8 import Float8LinearConfig
+
+    return dataclasses.replace(Float8LinearConfig.from_recipe_name(recipe), emulate=device_type != "cuda")
 
 
 def fp8_module_filter(cd: ComputeDomainConfig) -> Callable[[object, str], bool]:
@@ -88,7 +95,7 @@ def convert_to_fp8(model, cd: ComputeDomainConfig, device_type: str, device_inde
     reason = fp8_unsupported_reason(device_type, device_index)
     if reason is not None:
         raise ConfigError(f"got {cd.fp8!r}, but {reason}; set fp8: 'none'", key=_KEY)
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import convert_to_float8_training
 
     keep = fp8_module_filter(cd)
     head = getattr(model, "lm_head", None)
@@ -114,8 +121,7 @@ def convert_to_fp8(model, cd: ComputeDomainConfig, device_type: str, device_inde
     if cd.fp8_cast == "triton":
         _use_triton_casts(model, chosen)
     else:
-        config = dataclasses.replace(Float8LinearConfig.from_recipe_name(cd.fp8), emulate=device_type != "cuda")
-        convert_to_float8_training(model, module_filter_fn=keep, config=config)
+        convert_to_float8_training(model, module_filter_fn=keep, config=torchao_config(cd.fp8, device_type))
     return chosen
 
 

@@ -117,10 +117,13 @@ class Measurer:
             raise TuneError(f"the study's model is rejected: {e}") from None
         h = config_hash(cfg)
         stored_hash = study.user_attrs.get("baseline_config_hash")
-        runs = self.session.baseline_runs() if stored_hash in (None, h) else []
-        losses = list(study.user_attrs.get("baseline_losses", [])) if stored_hash in (None, h) else []
-        step_losses = list(study.user_attrs.get("baseline_step_losses", [])) if stored_hash in (None, h) else []
-        phases = list(study.user_attrs.get("baseline_phases", [])) if stored_hash in (None, h) else []
+        same = stored_hash in (None, h)  # a changed base keeps none of the stored repeats
+
+        def kept(key: str) -> list:
+            return list(study.user_attrs.get(key, [])) if same else []
+
+        runs = self.session.baseline_runs() if same else []
+        losses, step_losses, phases = kept("baseline_losses"), kept("baseline_step_losses"), kept("baseline_phases")
         study.set_user_attr("baseline_config_hash", h)
         repeats = spec.protocol.baseline_repeats
         profile = spec.protocol.profile_after_overrides()
