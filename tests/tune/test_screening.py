@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
-from workbench.tune.budget import GpuBudget, gpu_seconds, trial_seconds
+from workbench.tune.budget import GpuBudget, gpu_seconds, profile_seconds, reserved_seconds, trial_seconds
 from workbench.tune.profiled import warm_start_line, warm_walk
 from workbench.tune.progress import Progress
 from workbench.tune.records import screen_seconds, screening_record
@@ -229,6 +229,35 @@ def test_the_next_trial_is_estimated_from_every_trial_that_ran_screens_included(
                      "stops"]  # once
 
 
+def test_a_profiled_baseline_runs_past_its_measurement_and_the_reserve_counts_that_once(study_spec_file, tmp_path):
+    """The VLA study on one H100 (2026-12-05): its one baseline run took 73.6 s, about 23.6 of them after its last
+    measured window (2 profiled eager steps and their trace). Of the runs after the search only the winner's first
+    pair profiles, so a run is the other 50.0 s and the reserve 6 runs of 50 s and that pair's 2 x 23.6 s: 5.8
+    GPU-minutes, not the 7.4 of 6 runs at 73.6 s that left 4.5 GPU-minutes no search trial."""
+    spec = study_spec_file("profiled", space=SPACE, trials=20,
+                           protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "baseline_repeats": 1})
+    t = _tuner(spec, tmp_path)
+    s, study = t.session, t.study
+    marks = {"first_window": 44.0, "last_window": 50.0, "end": 73.6}
+    assert profile_seconds(TrialOutcome("ok", tmp_path, wall_s=73.6, timeline=marks)) == pytest.approx(23.6)
+    assert profile_seconds(TrialOutcome("ok", tmp_path, wall_s=73.6)) is None  # no window seen: nothing to take off
+    study.set_user_attr("baseline_wall_s", [73.6])
+    study.set_user_attr("gpu_s", {"baseline": 73.6})
+    assert reserved_seconds(s) == pytest.approx(6 * 73.6)  # a study from before the record: as it was
+    study.set_user_attr("baseline_profile_s", 23.6)
+    assert trial_seconds(s) == pytest.approx(50.0)  # the first trial's estimate: a run without the profile
+    assert reserved_seconds(s) == pytest.approx(6 * 50.0 + 2 * 23.6)
+    s.gpu_minutes = 4.5
+    record = GpuBudget(s).no_room()
+    m = record["minutes"]
+    assert m["ab_pairs"] == pytest.approx(5.0) and m["traces"] == pytest.approx(47.2 / 60, abs=1e-3)
+    assert m["needed"] == pytest.approx(7.9)  # 1.23 spent + 5.0 + 0.79 + a trial's 0.83, rounded up
+    assert "the winner's traces 0.8 (its first pair's profiled steps; protocol.profile_steps 0 drops them)" in \
+        record["line"] and "Raise budget.gpu_minutes to 7.9 " in record["line"]
+    s.gpu_minutes = 7.9
+    assert GpuBudget(s).no_room() is None and study.user_attrs["gpu_no_room"] is None
+
+
 FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and warm-up with its first window; a window
 
 
@@ -366,7 +395,7 @@ def test_a_budget_that_holds_no_search_trial_says_which_keys_make_room(study_spe
     assert (tmp_path / "runs" / "noroom" / "config.yaml").exists()  # the base config, exported as before
     tune = json.loads((tmp_path / "runs" / "noroom" / "tune.json").read_text())
     assert tune["gpu_minutes"]["no_room"] == {"line": line, "minutes": {
-        "budget": 8, "spent": 2.0, "run": 1.0, "ab_pairs": 16.0, "reference": 0.0, "trial": 1.0,
+        "budget": 8, "spent": 2.0, "run": 1.0, "ab_pairs": 16.0, "reference": 0.0, "traces": 0.0, "trial": 1.0,
         "needed": 19.0}}
     assert tune["gpu_minutes"]["total"] == 2.0
     assert gpu_minutes_line(tune["gpu_minutes"]).endswith("; the budget held no search trial (raise it to 19)")

@@ -124,7 +124,8 @@ def test_without_a_winner_the_base_trace_is_the_last_baseline_repeats(study_spec
     spec = load_study_spec(str(study_spec_file("nw", trials=1, protocol={
         "baseline_repeats": 2, "top_k": 0, "profile_steps": 2})))
     ran = _count_runs(monkeypatch)
-    Tuner(spec, out_root=tmp_path / "runs", progress=False, report=None).run()
+    t = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=None)
+    t.run()
     sdir = (tmp_path / "runs" / "nw").resolve()
     tune = json.loads((sdir / "tune.json").read_text())
     assert tune["result"]["verdict"] == "no_candidate" and tune["result"]["exported"]["trial"] is None
@@ -140,6 +141,9 @@ def test_without_a_winner_the_base_trace_is_the_last_baseline_repeats(study_spec
     # the noise floor is the repeats' windows, the profiled steps in none of them
     base = json.loads((last / "summary.json").read_text())
     assert base["measured_steps"] == 6 and base["profile/steps"] == 2
+    # what the profiled steps added to the last repeat's run: not a run's time in the budget's reserve
+    walls, extra = t.study.user_attrs["baseline_wall_s"], t.study.user_attrs["baseline_profile_s"]
+    assert 0 < extra < walls[1]
 
 
 def test_a_run_whose_profiled_steps_failed_says_so_where_its_trace_is_missing(tmp_path):

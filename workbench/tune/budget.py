@@ -15,7 +15,7 @@ from workbench.tune.session import StudySession
 from workbench.tune.validation import plain_loop_config, plain_loop_skipped
 
 __all__ = ["COORDINATOR_PHASES", "GPU_PHASES", "GpuBudget", "gpu_record", "gpu_seconds", "gpu_seconds_total",
-           "reserved_seconds", "runs_after_search", "spend", "trial_seconds"]
+           "profile_seconds", "reserved_seconds", "runs_after_search", "spend", "trial_seconds"]
 
 GPU_PHASES = ("baseline", "screening", "trials", "numerics", "validation", "traces")
 """Where a study's device time goes: the base config's repeats, search trials stopped at screening (the pruner
@@ -72,10 +72,32 @@ def gpu_record(session: StudySession) -> dict[str, Any]:
             "no_room": session.study.user_attrs.get("gpu_no_room")}
 
 
+def profile_seconds(out: Any) -> float | None:
+    """The seconds a run that profiled steps after its measurement spent past its last measured window (``out``: a
+    ``TrialOutcome``; its wall less its timeline's ``last_window`` mark): the profiled steps, the trace's export
+    and the exit. None where the run recorded no such mark."""
+    last = (out.timeline or {}).get("last_window")
+    if not isinstance(last, (int, float)) or not 0 < last <= out.wall_s:
+        return None
+    return round(out.wall_s - float(last), 3)
+
+
+def _profile_s(session: StudySession) -> float:
+    """What the base config's profiled steps added to its run (``baseline_profile_s``; 0 where none was
+    recorded: no profile, or a study from before the record)."""
+    v = session.study.user_attrs.get("baseline_profile_s")
+    return float(v) if isinstance(v, (int, float)) and v > 0 else 0.0
+
+
 def _run_seconds(session: StudySession) -> float | None:
-    """Device seconds one measured run takes here: the median of the baseline's runs (None before any)."""
+    """Device seconds one measured run takes here: the median of the baseline's runs, the profiled repeat's
+    without its profiled steps (a run after the search profiles none but the first pair's; None before any)."""
     walls = [w for w in (session.study.user_attrs.get("baseline_wall_s") or []) if isinstance(w, (int, float))]
-    return statistics.median(walls) * session.spec.gpus if walls else None
+    if not walls:
+        return None
+    if len(walls) >= session.spec.protocol.baseline_repeats:  # the last repeat is the profiled one
+        walls[-1] = max(0.0, walls[-1] - _profile_s(session))
+    return statistics.median(walls) * session.spec.gpus
 
 
 def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
@@ -95,10 +117,17 @@ def runs_after_search(session: StudySession) -> int:
     return sum(_runs_after_search_parts(session).values())
 
 
+def _traces_seconds(session: StudySession) -> float:
+    """Device seconds the traces after the search add: the winner's first A/B pair profiles both of its runs
+    (``Measurer.keep_traces``), each taken to add what the base config's profiled steps did."""
+    return 2 * _profile_s(session) * session.spec.gpus if _runs_after_search_parts(session)["ab_pairs"] else 0.0
+
+
 def reserved_seconds(session: StudySession) -> float:
-    """Device seconds the runs after the search may take at most, each at the baseline's run time (0 before the
-    baseline ran)."""
-    return (_run_seconds(session) or 0.0) * runs_after_search(session)
+    """Device seconds the runs after the search may take at most, each at the baseline's run time, and the
+    traces of the winner's profiled pair (0 before the baseline ran)."""
+    run = _run_seconds(session)
+    return 0.0 if run is None else run * runs_after_search(session) + _traces_seconds(session)
 
 
 def _trial_walls(session: StudySession) -> list[float]:
@@ -177,6 +206,7 @@ class GpuBudget:
             return None
         p, run = s.spec.protocol, _run_seconds(s) or 0.0
         parts = {k: n * run / 60 for k, n in _runs_after_search_parts(s).items()}
+        parts["traces"] = _traces_seconds(s) / 60
         minutes = {"budget": s.gpu_minutes, "spent": gpu_seconds_total(s) / 60, "run": run / 60, **parts,
                    "trial": trial_seconds(s) / 60}
         minutes["needed"] = math.ceil((minutes["spent"] + sum(parts.values()) + minutes["trial"]) * 10) / 10
@@ -185,6 +215,9 @@ class GpuBudget:
         if parts["reference"]:
             kept.append(f"beside the plain compiled loop {parts['reference']:.1f} (2 x protocol.ab_rounds "
                         f"{p.ab_rounds} runs; --no-reference drops them)")
+        if parts["traces"]:
+            kept.append(f"the winner's traces {parts['traces']:.1f} (its first pair's profiled steps; "
+                        "protocol.profile_steps 0 drops them)")
         line = (f"GPU-minute budget: budget.gpu_minutes {s.gpu_minutes:g} holds no search trial: "
                 f"{minutes['spent']:.1f} spent so far, {sum(parts.values()):.1f} kept for validation at "
                 f"{run / 60:.2f} a run ({', '.join(kept)}), a trial about {minutes['trial']:.2f}. Raise "

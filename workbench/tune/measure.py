@@ -17,7 +17,7 @@ from workbench.errors import ConfigError, TuneError, UnsafePathError
 from workbench.files import remove_tree
 from workbench.train.workload import is_vla, workload_for
 from workbench.tune.ahead import StartAhead
-from workbench.tune.budget import COORDINATOR_PHASES, spend
+from workbench.tune.budget import COORDINATOR_PHASES, profile_seconds, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
 from workbench.tune.numerics import check_loss, data_key, run_loss, spread, stored_losses
@@ -125,6 +125,8 @@ class Measurer:
         runs = self.session.baseline_runs() if same else []
         losses, step_losses, phases = kept("baseline_losses"), kept("baseline_step_losses"), kept("baseline_phases")
         study.set_user_attr("baseline_config_hash", h)
+        if not same:
+            study.set_user_attr("baseline_profile_s", None)
         repeats = spec.protocol.baseline_repeats
         profile = spec.protocol.profile_after_overrides()
 
@@ -143,6 +145,8 @@ class Measurer:
             losses.append(run_loss(out.step_losses))
             study.set_user_attr("baseline_wall_s", [*(study.user_attrs.get("baseline_wall_s") or [])[:i],
                                                     round(out.wall_s, 3)])
+            if profile and i == repeats - 1:  # the seconds its profiled steps added (budget.run_seconds)
+                study.set_user_attr("baseline_profile_s", profile_seconds(out))
             study.set_user_attr("baseline_runs", runs)
             study.set_user_attr("baseline_losses", losses)  # the numerics guard's reference
             step_losses = [*step_losses[:i], stored_losses(out.step_losses)]
