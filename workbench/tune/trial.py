@@ -463,8 +463,9 @@ class Watchdog:
             if isinstance(v, (int, float)) and isinstance(rec.get("step"), int) and rec["step"] > self.warm:
                 self.seen.windows.append(float(v))
                 self.seen.last_window = rec
-                self._mark("first_window")
-                self._mark("last_window")
+                seen_at = time.monotonic()  # one reading: the first window's two marks are one moment
+                self._mark("first_window", seen_at)
+                self._mark("last_window", seen_at)
                 if isinstance(rec.get(COMPILE_S), (int, float)) and "compile_s" not in self.seen.timeline:
                     self.seen.timeline["compile_s"] = round(float(rec[COMPILE_S]), 2)
                 self.seen.step_losses.extend(window_losses(rec))
@@ -483,11 +484,11 @@ class Watchdog:
             return "timeout", f"no step for {hb:g} s (hung after step {beat})"
         return "", ""
 
-    def _mark(self, name: str) -> None:
-        """Mark ``name`` of ``TIMELINE`` at the first time it is seen (later sightings keep it; ``last_window``
-        moves with each window); nothing before ``watch`` knows the launch."""
+    def _mark(self, name: str, at: float | None = None) -> None:
+        """Mark ``name`` of ``TIMELINE`` at the first time it is seen (``at``, a monotonic reading, else now; later
+        sightings keep it; ``last_window`` moves with each window); nothing before ``watch`` knows the launch."""
         if self.t0 is not None and (name == "last_window" or name not in self.seen.timeline):
-            self.seen.timeline[name] = round(time.monotonic() - self.t0, 2)
+            self.seen.timeline[name] = round((time.monotonic() if at is None else at) - self.t0, 2)
 
     def watch(self, t0: float) -> Watch:
         """Poll until the process exits, is pruned or passes a limit (then its group is killed)."""
