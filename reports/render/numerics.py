@@ -43,6 +43,10 @@ def render_numerics(s: NumericsSection, figs: Figures) -> str:
                                                              "rel_diff": "difference", "tolerance": "tolerance"},
                               formats={"rel_diff": lambda v: f"{v:.2%}", "tolerance": lambda v: f"{v:.2%}",
                                    "loss": lambda v: fmt(v, 5), "reference_loss": lambda v: fmt(v, 5)}))
+    if s.skipped:
+        out.append(f"<p>Trial(s) {', '.join(map(str, s.skipped))} changed a numerics knob but ran no faster than "
+                   "the baseline median: validation passes over them, so their loss was not checked and no twin "
+                   "ran for them.</p>")
     if s.curves is not None and len(s.curves):
         curves = s.curves
 

@@ -65,6 +65,9 @@ class NumericsSection(NamedTuple):
     curve_tail: pd.DataFrame | None
     """variant, mean_loss over the last CONVERGENCE_TAIL steps, rel_diff from the first variant."""
     message: str | None
+    skipped: list[int] = []
+    """Trials that changed a numerics knob but were not above the baseline median: no check, no twin ran
+    (``numerics_skipped``)."""
 
 
 def numerics_section(data: StudyData) -> NumericsSection:
@@ -93,6 +96,10 @@ def numerics_section(data: StudyData) -> NumericsSection:
             tail = last.groupby("variant", sort=False)["loss"].mean().rename("mean_loss").reset_index()
             tail["rel_diff"] = tail["mean_loss"] / tail["mean_loss"].iloc[0] - 1
     losses = [float(x) for x in (data.study_user_attrs.get("baseline_losses") or []) if isinstance(x, (int, float))]
+    skipped = [t.number for t in data.trials if t.user_attrs.get("numerics_skipped")]
     message = None if (len(checks) or curves is not None) else \
         "No trial changed a numerics knob (FP8), so no loss was checked; no convergence.csv in the study directory."
-    return NumericsSection(checks=checks, baseline_losses=losses, curves=curves, curve_tail=tail, message=message)
+    if skipped and message is not None:
+        message = None  # the skipped trials are the section's content
+    return NumericsSection(checks=checks, baseline_losses=losses, curves=curves, curve_tail=tail, message=message,
+                           skipped=skipped)

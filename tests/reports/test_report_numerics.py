@@ -65,3 +65,24 @@ def test_numerics_section_and_the_convergence_plot(tmp_path):
     assert "(same seed and data): 0.100%" in numerics  # the baseline's run-to-run spread
     compile_html = page.split('<section id="compile">', 1)[1].split("</section>", 1)[0]
     assert "cold (something compiled from scratch): median 20.0 s" in compile_html
+
+
+def test_fp8_trials_not_above_the_baseline_are_named_as_unchecked(tmp_path):
+    """The guard runs no twin for an FP8 trial that validation would pass over; the section says which trials
+    went unchecked, beside the checks or in place of the 'no numerics knob changed' note."""
+    data = _data(tmp_path)
+    slow = _trial(3, compile_s=4.0, fx_hit=6, fx_miss=0)
+    slow.user_attrs["numerics_skipped"] = "its 1,003 tok/s/gpu is not above the baseline median 1,100"
+    data.trials.append(slow)
+    s = numerics_section(data)
+    assert s.skipped == [3] and s.checks["trial"].tolist() == [2] and s.message is None
+    numerics = render_html(compute_report(data)).split('<section id="numerics">', 1)[1].split("</section>", 1)[0]
+    assert "Trial(s) 3 changed a numerics knob but ran no faster than the baseline median" in numerics
+    alone = StudyData(study_dir=tmp_path, storage_url="sqlite:///none", study_name="n", trials=[slow],
+                      directions=["maximize"], metric_names=["throughput/real_tokens_per_s_per_gpu"],
+                      study_user_attrs={})
+    s = numerics_section(alone)
+    assert len(s.checks) == 0 and s.skipped == [3] and s.message is None
+    assert numerics_section(StudyData(study_dir=tmp_path, storage_url="sqlite:///none", study_name="n", trials=[],
+                                      directions=["maximize"], metric_names=[], study_user_attrs={})
+                            ).message.startswith("No trial changed a numerics knob")

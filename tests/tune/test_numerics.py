@@ -9,6 +9,7 @@ import importlib.util
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from optuna.trial import TrialState
@@ -17,6 +18,8 @@ from workbench.config import load_config, merge_overrides, preset_config
 from workbench.tune.numerics import check_loss, data_key, run_loss, spread, window_losses
 from workbench.tune.study import load_study_spec
 from workbench.tune import Tuner
+from workbench.tune.measure import Measurer
+from workbench.tune.trial import TrialOutcome
 
 needs_torchao = pytest.mark.skipif(importlib.util.find_spec("torchao") is None,
                                    reason="torchao (the [fp8] extra) is not installed")
@@ -159,6 +162,8 @@ def test_guard_runs_a_twin_where_the_data_differs_and_passes_within_tolerance(st
                    seeds=[{"fp8": "tensorwise", "micro_batch_size": 2, "num_workers": 0},
                           {"fp8": "tensorwise", "micro_batch_size": 2, "num_workers": 1}], trials=2, tolerance=0.2,
                    base={**BASE, "data": {**BASE["data"], "packing": "bucket"}})
+    # the CPU's emulated FP8 at micro-batch 2 may be slower than the base, which runs no twin (the test below)
+    monkeypatch.setattr(Measurer, "_cannot_be_validated", lambda self, out: "")
     study = tuner.open()
     tuner.run()
     t, again = study.get_trials()
@@ -175,3 +180,44 @@ def test_guard_runs_a_twin_where_the_data_differs_and_passes_within_tolerance(st
     assert list(study.user_attrs["numerics_twins"].values()) == [check["reference_loss"]]
     [twin_steps] = study.user_attrs["numerics_twin_steps"].values()
     assert statistics.median(twin_steps) == pytest.approx(check["reference_loss"], abs=1e-4)
+
+
+def test_a_trial_no_faster_than_the_base_runs_no_numerics_twin(study_spec_file, tmp_path, monkeypatch):
+    """gr00t-n1.6 from seed 1 on one H100 (2026-12-05): an FP8 trial on bucketed records ran at 0.80x the base, and
+    its bf16 twin then took 54 s of a 6-minute search, though validation passes over a trial that is not above the
+    baseline median whatever its loss. Such a trial now runs no twin; the first faster one on its tokens does, and
+    a slower one after it is checked against that twin at no cost."""
+    tuner = _tuner(study_spec_file, tmp_path, monkeypatch, "defer",
+                   space={"fp8": {"choices": ["none", "tensorwise"]}, "micro_batch_size": {"choices": [2, 4]}},
+                   seeds=[{"fp8": "tensorwise", "micro_batch_size": 2}], trials=4, tolerance=0.2,
+                   base={**BASE, "data": {**BASE["data"], "packing": "bucket"}})
+    study = tuner.open()
+    study.set_user_attr("baseline_runs", [1000.0, 1200.0])  # median 1,100
+    study.set_user_attr("baseline_losses", [5.0, 5.0])
+    twins = []
+
+    def measure(cfg, run_dir, prefix, phase, then=None):
+        twins.append((Path(run_dir).parent.name, cfg.loongforge.compute_domain.fp8, phase))
+        return TrialOutcome("ok", Path(run_dir), wall_s=54.0, step_losses=[5.0] * 4)
+
+    monkeypatch.setattr(tuner.measurer, "measure", measure)
+    params = {"fp8": "tensorwise", "micro_batch_size": 2}
+    cfg = tuner.session.spec.trial_config(params)
+
+    def guard(value: float) -> tuple[TrialOutcome, dict]:
+        trial = study.ask()
+        out = TrialOutcome("ok", tmp_path / str(trial.number), value=value, step_losses=[5.1] * 4)
+        tuner.measurer.guard_numerics(trial, params, cfg, out)
+        return out, study.get_trials()[trial.number].user_attrs
+
+    for slow in (880.0, 1100.0):  # below the median, and at it
+        out, attrs = guard(slow)
+        assert out.status == "ok" and "numerics" not in attrs and twins == []
+        assert attrs["numerics_skipped"] == (f"its {slow:,.0f} tok/s/gpu is not above the baseline median 1,100, "
+                                             "so it cannot be validated and its loss decides nothing")
+    assert "numerics_twins" not in study.user_attrs
+    out, attrs = guard(1150.0)  # faster: its twin runs, once for these tokens
+    assert twins == [("2", "none", "numerics")] and attrs["twin_wall_s"] == 54.0
+    assert out.status == "ok" and attrs["numerics"]["passed"] is True and attrs["numerics"]["reference"] == "twin"
+    out, attrs = guard(900.0)  # slower, but its tokens' twin is known: checked without a run
+    assert len(twins) == 1 and attrs["numerics"]["passed"] is True and "numerics_skipped" not in attrs

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -178,6 +179,18 @@ class Measurer:
         if record is not None:
             self.session.log(profile_line(record))
 
+    def _cannot_be_validated(self, out: TrialOutcome) -> str:
+        """Why a measured trial can never be a candidate (its search throughput is not above the baseline
+        repeats' median: ``validation.candidates`` passes it over), or '' where it can."""
+        base = self.session.baseline_runs()
+        if not base or out.value is None:
+            return ""
+        median = statistics.median(base)
+        if out.value > median:
+            return ""
+        return (f"its {out.value:,.0f} tok/s/gpu is not above the baseline median {median:,.0f}, so it cannot be "
+                "validated and its loss decides nothing")
+
     def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """torch.profiler traces of the baseline and of the validated winner (``winner``: its validation record,
         with its pairs' ``run_dirs`` and ``baseline_dirs``; None when there is none, the base config being
@@ -249,6 +262,10 @@ class Measurer:
             # so a later trial on the same tokens is checked against the same twin
             twins = dict(study.user_attrs.get("numerics_twins", {}))
             h = data_key(twin_cfg)
+            if h not in twins and (why := self._cannot_be_validated(out)):
+                trial.set_user_attr("numerics_skipped", why)
+                self.session.log(f"trial {trial.number}: no numerics twin ({why})")
+                return
             if h not in twins:
                 self.session.log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same "
                                  "data")

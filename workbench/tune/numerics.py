@@ -11,7 +11,10 @@ base value. When the twin feeds the model the same data as the base config
 (``data_key``: same corpus, seeds, global batch and packing, and for bucketed records
 the same micro-batch and bucket width, which decide how records group into batches),
 the baseline repeats already measured it, with no extra run. Otherwise the twin is run once per data path (cached
-by its ``data_key``: a later trial on the same tokens is checked against it).
+by its ``data_key``: a later trial on the same tokens is checked against it). A twin is run only for a trial that
+can be validated: one whose search throughput is above the baseline repeats' median (``validation.candidates``
+passes over the others, so their numbers decide nothing); a slower trial keeps its status, its check is the trial
+attr ``numerics_skipped`` (why), and the first faster trial on its tokens runs the twin.
 
 A trial's steps are early training, where the loss is noisy:
 - **Spikes.** One step's loss jumps and falls back, at a step no config predicts. On one H200 (gr00t-n1.6,
