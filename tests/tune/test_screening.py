@@ -230,31 +230,32 @@ def test_the_next_trial_is_estimated_from_every_trial_that_ran_screens_included(
 
 
 def test_a_profiled_baseline_runs_past_its_measurement_and_the_reserve_counts_that_once(study_spec_file, tmp_path):
-    """The VLA study on one H100 (2026-12-05): its one baseline run took 73.6 s, about 23.6 of them after its last
-    measured window (2 profiled eager steps and their trace). Of the runs after the search only the winner's first
-    pair profiles, so a run is the other 50.0 s and the reserve 6 runs of 50 s and that pair's 2 x 23.6 s: 5.8
-    GPU-minutes, not the 7.4 of 6 runs at 73.6 s that left 4.5 GPU-minutes no search trial."""
+    """The VLA study on one H100 (2026-12-05, study.csv run vla-h100): its one baseline run took 73.6 s, its last
+    measured window came 51.6 s after the launch, and the rest was 2 profiled eager steps and their trace. Of the
+    runs after the search only the winner's first pair profiles, so a run is 51.6 s and the reserve 6 such runs and
+    that pair's 2 x 22.0 s: 5.9 GPU-minutes, not the 7.4 of 6 runs at 73.6 s that left 4.5 GPU-minutes no search
+    trial."""
     spec = study_spec_file("profiled", space=SPACE, trials=20,
                            protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "baseline_repeats": 1})
     t = _tuner(spec, tmp_path)
     s, study = t.session, t.study
-    marks = {"first_window": 44.0, "last_window": 50.0, "end": 73.6}
-    assert profile_seconds(TrialOutcome("ok", tmp_path, wall_s=73.6, timeline=marks)) == pytest.approx(23.6)
+    marks = {"first_window": 45.0, "last_window": 51.6, "end": 73.6}
+    assert profile_seconds(TrialOutcome("ok", tmp_path, wall_s=73.6, timeline=marks)) == pytest.approx(22.0)
     assert profile_seconds(TrialOutcome("ok", tmp_path, wall_s=73.6)) is None  # no window seen: nothing to take off
     study.set_user_attr("baseline_wall_s", [73.6])
     study.set_user_attr("gpu_s", {"baseline": 73.6})
     assert reserved_seconds(s) == pytest.approx(6 * 73.6)  # a study from before the record: as it was
-    study.set_user_attr("baseline_profile_s", 23.6)
-    assert trial_seconds(s) == pytest.approx(50.0)  # the first trial's estimate: a run without the profile
-    assert reserved_seconds(s) == pytest.approx(6 * 50.0 + 2 * 23.6)
+    study.set_user_attr("baseline_profile_s", 22.0)
+    assert trial_seconds(s) == pytest.approx(51.6)  # the first trial's estimate: a run without the profile
+    assert reserved_seconds(s) == pytest.approx(6 * 51.6 + 2 * 22.0)
     s.gpu_minutes = 4.5
     record = GpuBudget(s).no_room()
     m = record["minutes"]
-    assert m["ab_pairs"] == pytest.approx(5.0) and m["traces"] == pytest.approx(47.2 / 60, abs=1e-3)
-    assert m["needed"] == pytest.approx(7.9)  # 1.23 spent + 5.0 + 0.79 + a trial's 0.83, rounded up
-    assert "the winner's traces 0.8 (its first pair's profiled steps; protocol.profile_steps 0 drops them)" in \
-        record["line"] and "Raise budget.gpu_minutes to 7.9 " in record["line"]
-    s.gpu_minutes = 7.9
+    assert m["ab_pairs"] == pytest.approx(5.16) and m["traces"] == pytest.approx(44.0 / 60, abs=1e-3)
+    assert m["needed"] == pytest.approx(8.0)  # 1.23 spent + 5.16 + 0.73 + a trial's 0.86, rounded up
+    assert "the winner's traces 0.7 (its first pair's profiled steps; protocol.profile_steps 0 drops them)" in \
+        record["line"] and "Raise budget.gpu_minutes to 8 " in record["line"]
+    s.gpu_minutes = 8.0
     assert GpuBudget(s).no_room() is None and study.user_attrs["gpu_no_room"] is None
 
 
