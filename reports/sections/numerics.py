@@ -97,9 +97,7 @@ def numerics_section(data: StudyData) -> NumericsSection:
             tail["rel_diff"] = tail["mean_loss"] / tail["mean_loss"].iloc[0] - 1
     losses = [float(x) for x in (data.study_user_attrs.get("baseline_losses") or []) if isinstance(x, (int, float))]
     skipped = [t.number for t in data.trials if t.user_attrs.get("numerics_skipped")]
-    message = None if (len(checks) or curves is not None) else \
+    message = None if (len(checks) or curves is not None or skipped) else \
         "No trial changed a numerics knob (FP8), so no loss was checked; no convergence.csv in the study directory."
-    if skipped and message is not None:
-        message = None  # the skipped trials are the section's content
     return NumericsSection(checks=checks, baseline_losses=losses, curves=curves, curve_tail=tail, message=message,
                            skipped=skipped)

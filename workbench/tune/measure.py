@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import statistics
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from workbench.tune.profiled import phase_shares, profile_line, profile_record
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
+from workbench.tune.validation import baseline_median
 
 __all__ = ["Measurer", "write_lifetimes"]
 
@@ -180,13 +180,10 @@ class Measurer:
             self.session.log(profile_line(record))
 
     def _cannot_be_validated(self, out: TrialOutcome) -> str:
-        """Why a measured trial can never be a candidate (its search throughput is not above the baseline
-        repeats' median: ``validation.candidates`` passes it over), or '' where it can."""
-        base = self.session.baseline_runs()
-        if not base or out.value is None:
-            return ""
-        median = statistics.median(base)
-        if out.value > median:
+        """Why a measured trial can never be a candidate (``validation.baseline_median``, the bar
+        ``validation.candidates`` sets), or '' where it can."""
+        median = baseline_median(self.session)
+        if out.value is None or out.value > median:
             return ""
         return (f"its {out.value:,.0f} tok/s/gpu is not above the baseline median {median:,.0f}, so it cannot be "
                 "validated and its loss decides nothing")

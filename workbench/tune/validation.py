@@ -28,7 +28,8 @@ from workbench.tune.storage import mask_url
 from workbench.tune.stats import noise_floor, pair_ratios, sequential_confidence, speedup_interval
 from workbench.tune.trial import TrialOutcome
 
-__all__ = ["Duel", "PLAIN_LOOP", "Runs", "ab_pairs", "against_plain", "candidates", "duel", "interval_fields",
+__all__ = ["Duel", "PLAIN_LOOP", "Runs", "ab_pairs", "against_plain", "baseline_median", "candidates", "duel",
+           "interval_fields",
            "is_feasible", "now_iso", "overlap", "pick_winner", "plain_loop_config", "plain_loop_skipped", "validate"]
 
 PLAIN_LOOP = {"loongforge.compute_domain.compile": "default", "loongforge.compute_domain.graph_capture": "none"}
@@ -65,12 +66,17 @@ class Runs(Protocol):
     def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
 
+def baseline_median(session: StudySession) -> float:
+    """The baseline repeats' median throughput (0 before any): a search trial is a candidate only above it."""
+    base = session.baseline_runs()
+    return statistics.median(base) if base else 0.0
+
+
 def candidates(session: StudySession) -> tuple[list[FrozenTrial], list[dict[str, Any]]]:
     """Top-k distinct feasible trials (by search throughput) to validate, and those skipped with why."""
     spec = session.spec
     base_hash = config_hash(spec.export_config({}))
-    base = session.baseline_runs()
-    base_median = statistics.median(base) if base else 0.0
+    base_median = baseline_median(session)
     pool = session.trials((TrialState.COMPLETE,))
     if spec.objective.multi_objective:
         front = {t.number for t in session.study.best_trials}  # the feasible Pareto front
