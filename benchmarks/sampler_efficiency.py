@@ -46,6 +46,8 @@ import optuna  # noqa: E402
 import pandas as pd  # noqa: E402
 from optuna.trial import TrialState  # noqa: E402
 
+from workbench.errors import ConfigError  # noqa: E402
+from workbench.tune.profiled import ProfileLed, walk_record  # noqa: E402
 from workbench.tune.study import load_study_spec  # noqa: E402
 from workbench.tune.samplers import make_sampler, untried_config  # noqa: E402
 
@@ -132,9 +134,14 @@ to the budget, with an untried config queued in its place (``workbench.tune.samp
 
 
 def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n_startup: int,
-           within: float, n_trials: int | None = None, policy: str = "tuner") -> dict[str, Any]:
+           within: float, n_trials: int | None = None, policy: str = "tuner",
+           base: dict[str, Any] | None = None) -> dict[str, Any]:
     """One seeded run of ``sampler`` against the measured grid; the first trial of the budget (a repeat answered at
-    no cost does not count) whose best so far is within ``within`` of the grid's best."""
+    no cost does not count) whose best so far is within ``within`` of the grid's best. With ``base`` (the grid
+    study's base config, one of the grid's, its knobs in walk order), the startup walks from it as
+    ``workbench.tune`` does by default
+    (``sampler.startup: walk``), knowing its value as a study knows its baseline's, which costs no trial here
+    (every study measures its baseline, whatever its sampler) and does not count as found."""
     names = list(dists)
     table = {tuple(r[n] for n in names): (r["value"], r["constraints"]) for _, r in grid.iterrows()}
     configs = [dict(zip(names, c)) for c in itertools.product(*(dists[n].choices for n in names))]
@@ -142,7 +149,12 @@ def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n
     target = best * (1 - within)
     n_trials = n_trials or len(grid)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(direction="maximize", sampler=make_sampler(sampler, seed, n_startup))
+    chosen = make_sampler(sampler, seed, n_startup)
+    study = optuna.create_study(direction="maximize",
+                                sampler=ProfileLed(chosen, n_startup) if base is not None else chosen)
+    if base is not None:
+        study.set_user_attr("walk", walk_record(list(base), {n: list(dists[n].choices) for n in names}, base, base,
+                                                table[tuple(base[n] for n in names)][0]))
     best_so_far, hit, distinct, spent, free = -math.inf, None, set(), 0, 0
     while spent < n_trials:
         trial = study.ask(dists)
@@ -152,6 +164,7 @@ def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n
         distinct.add(key)
         for k, v in constraints.items():
             trial.set_constraint(k, v)
+        trial.set_user_attr("status", "ok" if value > 0 else "crash")  # (the walk's incumbent is a feasible trial)
         study.tell(trial, value)
         if repeat and policy == "tuner":
             asked = [t.params or t.system_attrs.get("fixed_params") or {}
@@ -165,8 +178,26 @@ def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n
         best_so_far = max(best_so_far, value)
         if hit is None and best_so_far >= target:
             hit = spent
-    return {"sampler": sampler, "policy": policy, "seed": seed, "trials_to_target": hit, "reached": hit is not None,
+    return {"sampler": sampler, "policy": policy, "startup": "walk" if base is not None else "random", "seed": seed,
+            "trials_to_target": hit, "reached": hit is not None,
             "distinct_configs_asked": len(distinct), "free_repeats": free, "best_found": best_so_far}
+
+
+def grid_base(study_name: str, dists: dict[str, Any]) -> dict[str, Any]:
+    """The grid study's base config as the grid's knob values (``studies/<study_name>.yaml``), in the tuner's knob
+    order (a walk's order where the base run has no profile); an error where the base sets a knob to a value
+    outside the grid."""
+    try:
+        spec = load_study_spec(study_name)
+    except (ConfigError, OSError) as e:  # (a grid read from a storage whose study has no spec in studies/)
+        raise SystemExit(f"sampler_efficiency: --startups walk needs the grid study's spec: {e}") from None
+    values = spec.base_knob_values()
+    base = {n: values.get(n) for n in spec.knob_order() if n in dists}
+    for n, v in base.items():
+        if not any(v == c and type(v) is type(c) for c in dists[n].choices):
+            raise SystemExit(f"sampler_efficiency: the grid study's base sets {n}={v!r}, not one of "
+                             f"{list(dists[n].choices)}: the walk starts from a measured config")
+    return base
 
 
 def parse_samplers(arg: str | None, spec_sampler: str, spec_startup: int, spec_name: str) -> dict[str, tuple[str, int]]:
@@ -190,9 +221,10 @@ def parse_samplers(arg: str | None, spec_sampler: str, spec_startup: int, spec_n
 def summarize(res: pd.DataFrame, grid_size: int) -> pd.DataFrame:
     budget = grid_size * 0.25
     out = []
-    for (sampler, policy), g in res.groupby(["sampler", "policy"], sort=False):
+    for (sampler, policy, startup), g in res.groupby(["sampler", "policy", "startup"], sort=False):
         t = g["trials_to_target"].fillna(grid_size + 1)  # not reached within the grid's size: counted as more
-        out.append({"sampler": sampler, "policy": policy, "seeds": len(g), "median_trials": float(t.median()),
+        out.append({"sampler": sampler, "policy": policy, "startup": startup, "seeds": len(g),
+                    "median_trials": float(t.median()),
                     "p80_trials": float(t.quantile(0.8)), "mean_trials": float(t.mean()),
                     "share_within_25pct_of_grid": float((t <= budget).mean()),
                     "median_share_of_grid": float(t.median() / grid_size)})
@@ -213,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the spec's sampler and random)")
     p.add_argument("--policies", default="tuner", help=f"comma-separated, from {', '.join(POLICIES)}: how a repeated "
                    "proposal is answered (tuner: at no cost, an untried config in its place; sampler: a trial spent)")
+    p.add_argument("--startups", default="random", help="comma-separated, from walk, random: how the startup trials "
+                   "are chosen (walk: one knob at a time from the grid study's base config, the tuner's default; "
+                   "random: the sampler's draws)")
     p.add_argument("--seeds", type=int, default=100)
     p.add_argument("--within", type=float, default=0.02, help="target: within this fraction of the grid's best")
     p.add_argument("--out", default="benchmarks/out/sampler_efficiency")
@@ -220,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
     policies = a.policies.split(",")
     if not set(policies) <= set(POLICIES):
         p.error(f"--policies: {a.policies!r}; expected a comma-separated list from {', '.join(POLICIES)}")
+    startups = a.startups.split(",")
+    if not set(startups) <= {"walk", "random"}:
+        p.error(f"--startups: {a.startups!r}; expected a comma-separated list from walk, random")
     if a.grid_csv is not None:
         if not a.study_name:
             p.error("--grid-csv needs --study-name (the grid study, whose spec gives the knobs' choices)")
@@ -235,8 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     grid.drop(columns=["constraints"]).to_csv(out / "grid.csv", index=False)
-    rows = [{**replay(dists, grid, s, seed, n, a.within, policy=policy), "sampler": label, "n_startup_trials": n}
-            for label, (s, n) in samplers.items() for policy in policies for seed in range(a.seeds)]
+    base = grid_base(a.study_name or name, dists) if "walk" in startups else None
+    rows = [{**replay(dists, grid, s, seed, n, a.within, policy=policy,
+                      base=base if startup == "walk" and s != "random" else None),
+             "sampler": label, "n_startup_trials": n}
+            for label, (s, n) in samplers.items() for policy in policies for startup in startups
+            for seed in range(a.seeds) if not (startup == "walk" and s == "random")]
     res = pd.DataFrame(rows)
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     res = res.assign(grid_size=len(grid), grid_best=float(grid["value"].max()), within=a.within,

@@ -37,10 +37,12 @@ def render_search(s: Search, figs: Figures) -> str:
                                               s.direction)))
     if s.gpu_minutes is not None:
         out.append(_gpu_minutes(s))
-    if s.profile_line or s.warm_start_line:
+    if s.profile_line or s.warm_start_line or s.walk_line:
         out.append("<h3>What led the first proposals</h3>")
     if s.warm_start_line:
         out.append(f'<p id="warm-start">{esc(s.warm_start_line[0].upper() + s.warm_start_line[1:])}.</p>')
+    if s.walk_line:
+        out.append(f'<p id="walk">{esc(s.walk_line[0].upper() + s.walk_line[1:])}.</p>')
     if s.profile_line:
         out.append(f'<p id="profile-lead">{esc(s.profile_line[0].upper() + s.profile_line[1:])}. Knobs held there '
                    "are searched after the startup trials.</p>")

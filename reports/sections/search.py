@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 import pandas as pd
 
 from reports._load import StudyData, num
-from workbench.tune.profiled import profile_line, warm_start_line
+from workbench.tune.profiled import profile_line, walk_line, warm_start_line
 from workbench.tune.result import gpu_minutes_line
 from reports.sections._common import (
     TPUT,
@@ -67,6 +67,9 @@ class Search(NamedTuple):
     warm_start_line: str | None = None
     """Which earlier study's best config ran first and what the startup trials held for it (tune.json's
     ``warm_start``); None for a study not warm-started."""
+    walk_line: str | None = None
+    """The steps the startup took from the base config, one knob at a time (tune.json's ``walk``); None for a
+    study that did not walk from its base."""
 
 
 def search_section(data: StudyData) -> Search:
@@ -119,7 +122,9 @@ def search_section(data: StudyData) -> Search:
                   gpu_minutes_line=gpu_minutes_line(gpu, data.tune.get("screening")) if minutes is not None else None,
                   profile_line=profile_line(prof) if isinstance(prof := data.tune.get("profile"), dict) else None,
                   warm_start_line=warm_start_line(warm, (data.tune.get("spec") or {}).get("sampler", {}).get(
-                      "n_startup_trials")) if isinstance(warm := data.tune.get("warm_start"), dict) else None)
+                      "n_startup_trials")) if isinstance(warm := data.tune.get("warm_start"), dict) else None,
+                  walk_line=walk_line(walk, (data.tune.get("spec") or {}).get("sampler", {}).get(
+                      "n_startup_trials")) if isinstance(walk := data.tune.get("walk"), dict) else None)
 
 
 @contextlib.contextmanager

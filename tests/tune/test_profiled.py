@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import optuna
 import pytest
 
 import workbench.tune.measure as measure
 from reports import build_report
 from workbench.tune import Tuner
 from workbench.tune.knobs import Knob, get_knob
-from workbench.tune.profiled import HOT_SHARE, knob_weights, phase_shares, profile_line, profile_record
+from workbench.tune.profiled import (HOT_SHARE, _choice_order, cold_neighbour, knob_weights, phase_shares,
+                                     profile_line, profile_record, walk_record)
 from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import TrialOutcome
@@ -146,3 +148,153 @@ def test_tune_json_and_the_report_say_what_the_profile_held(study_spec_file, tmp
     assert tune["profile"]["phases"]["backward"] == pytest.approx(0.60, abs=1e-3)
     page = (sdir / "report.html").read_text()
     assert "the first 3 trial(s) hold num_workers at the base value" in page
+
+
+WALK_SPACE = {"micro_batch_size": {"choices": [2, 4, 8]}, "num_workers": {"choices": [0, 1]},
+              "activation_checkpointing": {"choices": ["none", "selective"]},
+              "activation_checkpointing_every": {"choices": [2, 4]}}
+
+
+def _walk_speed(p: dict) -> float:
+    """Micro-batch 8 and one worker add speed; selective checkpointing costs 500 at every 4 blocks, 100 at every
+    2."""
+    ac = p.get("activation_checkpointing") == "selective"
+    return 1000.0 * p["micro_batch_size"] + 300.0 * p["num_workers"] - (
+        (100.0 if p.get("activation_checkpointing_every") == 2 else 500.0) if ac else 0.0)
+
+
+@pytest.fixture
+def walked_runs(monkeypatch):
+    """Baseline runs and search trials at ``_walk_speed`` of their config, with no phase timings (no profile: the
+    walk goes in knob order). Returns the params of every search trial in order."""
+    ran: list[dict] = []
+
+    def outcome(p: dict, run_dir) -> TrialOutcome:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        v = _walk_speed(p)
+        return TrialOutcome("ok", Path(run_dir), windows=[v, v], value=v, wall_s=1.0, summary={"measured_steps": 6})
+
+    def run_trial(cfg, run_dir, **kw):
+        return outcome({"micro_batch_size": cfg.data.micro_batch_size, "num_workers": cfg.data.num_workers,
+                        "activation_checkpointing": cfg.training.activation_checkpointing,
+                        "activation_checkpointing_every": cfg.training.activation_checkpointing_every}, run_dir)
+
+    def run(self, trial, cfg, tdir, on_window):
+        ran.append(dict(trial.params))
+        return outcome(dict(trial.params), tdir)
+
+    monkeypatch.setattr(measure, "run_trial", run_trial)
+    monkeypatch.setattr(Search, "run_search_trial", run)
+    return ran
+
+
+@pytest.mark.parametrize("sampler", ["tpe", "gp", "random"])
+def test_a_cold_start_walks_from_the_base_config_whatever_the_seed(study_spec_file, tmp_path, walked_runs, sampler):
+    """From the base config (micro-batch 4, no worker, no checkpointing), each startup trial changes one knob of
+    the fastest config so far, in knob order (the loader's first), cyclically; the knob a step makes active starts
+    at its default (the base config's every 4). The same four steps come from every seed, and the base config,
+    which the baseline measured, is not asked."""
+    base = {"data": {"seq_len": 256, "micro_batch_size": 4, "bucket_width": 64, "num_workers": 0},
+            "training": {"global_batch_size": 8, "max_steps": 16, "log_every": 4, "warmup_measure_steps": 2,
+                         "dtype": "fp32", "activation_checkpointing_every": 4},
+            "hardware": {"device": "cpu"}}
+    for seed in range(3):
+        walked_runs.clear()
+        spec = study_spec_file(f"walk{seed}", space=WALK_SPACE, trials=6, base=base,
+                               sampler={"name": sampler, "seed": seed, "n_startup_trials": 2})
+        t = _search(spec, tmp_path)
+        walk = t.study.user_attrs["walk"]
+        assert walk["knobs"] == ["num_workers", "micro_batch_size", "activation_checkpointing",
+                                 "activation_checkpointing_every"]
+        assert walk["base"] == {"num_workers": 0, "micro_batch_size": 4, "activation_checkpointing": "none"}
+        assert walk["value"] == 4000.0 and walk["defaults"]["activation_checkpointing_every"] == 4
+        assert walked_runs[:5] == [
+            {"num_workers": 1, "micro_batch_size": 4, "activation_checkpointing": "none"},
+            {"num_workers": 1, "micro_batch_size": 8, "activation_checkpointing": "none"},  # 8 before 2: nearer
+            {"num_workers": 1, "micro_batch_size": 8, "activation_checkpointing": "selective",
+             "activation_checkpointing_every": 4},  # slower: the incumbent stays
+            {"num_workers": 0, "micro_batch_size": 8, "activation_checkpointing": "none"},  # the cycle's next
+            # the base config has 5 neighbours (2 + 1 + 1 + 1 other choices): a fifth step (4 was trial 0's)
+            {"num_workers": 1, "micro_batch_size": 2, "activation_checkpointing": "none"},
+        ], (sampler, seed, walked_runs)
+        assert not t.study.sampler.held(t.study)  # after the walk, the sampler draws every knob
+
+
+def test_a_walk_step_stays_only_where_it_beats_the_baseline(study_spec_file, tmp_path, walked_runs):
+    """A step slower than the base config does not become the incumbent: the walk goes on from the base."""
+    base = {"data": {"seq_len": 256, "micro_batch_size": 8, "bucket_width": 64, "num_workers": 1},
+            "training": {"global_batch_size": 8, "max_steps": 16, "log_every": 4, "warmup_measure_steps": 2,
+                         "dtype": "fp32"}, "hardware": {"device": "cpu"}}
+    spec = study_spec_file("down", space={"micro_batch_size": {"choices": [2, 4, 8]},
+                                          "num_workers": {"choices": [0, 1]}}, trials=3, base=base,
+                           sampler={"name": "tpe", "seed": 0, "n_startup_trials": 3})
+    _search(spec, tmp_path)
+    # num_workers 1 -> 0 (slower, not kept), then micro-batch 8 -> 4 from the base, then 2 from the base
+    assert walked_runs == [{"num_workers": 0, "micro_batch_size": 8}, {"num_workers": 1, "micro_batch_size": 4},
+                           {"num_workers": 1, "micro_batch_size": 2}]
+
+
+def test_a_random_startup_or_a_grid_does_not_walk(study_spec_file, tmp_path, walked_runs):
+    spec = study_spec_file("rnd", space=WALK_SPACE, trials=2, sampler={"name": "tpe", "seed": 0, "startup": "random"})
+    t = _search(spec, tmp_path)
+    assert t.study.user_attrs["walk"] is None and not t.study.sampler.held(t.study)
+    grid = study_spec_file("grd", space=WALK_SPACE, trials=2, sampler={"name": "grid", "seed": 0})
+    assert _search(grid, tmp_path).study.user_attrs["walk"] is None
+
+
+def test_choices_are_walked_nearest_first_the_larger_first_on_a_tie():
+    assert _choice_order([8, 16, 32], 8) == [16, 32]
+    assert _choice_order([8, 16, 32], 16) == [32, 8]
+    assert _choice_order([32, 4, 16, 8], 16) == [32, 8, 4]
+    assert _choice_order(["fill", "bucket"], "fill") == ["bucket"]
+    assert _choice_order([False, True], False) == [True]  # booleans keep the space's order
+
+
+def test_tune_json_and_the_report_say_what_the_walk_did(study_spec_file, tmp_path, walked_runs):
+    spec = study_spec_file("walkrep", space={"micro_batch_size": {"choices": [2, 4, 8]},
+                                             "num_workers": {"choices": [0, 1]}}, trials=2,
+                           sampler={"name": "tpe", "seed": 0, "n_startup_trials": 2},
+                           protocol={"baseline_repeats": 1, "top_k": 1, "ab_rounds": 1, "profile_steps": 0})
+    t = Tuner(load_study_spec(str(spec)), out_root=tmp_path / "runs", progress=False, report=build_report)
+    t.run()
+    sdir = tmp_path / "runs" / "walkrep"
+    walk = json.loads((sdir / "tune.json").read_text())["walk"]
+    assert walk["steps"] == [
+        {"trial": 0, "knob": "num_workers", "from": 0, "to": 1, "of": "base", "value": 4300.0, "status": "ok"},
+        {"trial": 1, "knob": "micro_batch_size", "from": 4, "to": 8, "of": 0, "value": 8300.0, "status": "ok"}]
+    page = (sdir / "report.html").read_text()
+    assert ("The startup changed one knob at a time from the best config so far, starting from the base: trial 0: "
+            "num_workers 0 -&gt; 1 from the base (4,300); trial 1: micro_batch_size 4 -&gt; 8 from trial 0 (8,300)"
+            in page)
+
+
+def test_a_step_planned_ahead_goes_on_to_the_next_knob_from_the_new_incumbent():
+    """Compile-ahead plans a trial while the one before runs: trial 1 was planned from the base (trial 0 running),
+    so once trial 0 wins, trial 2 changes the knob after trial 1's, around trial 0, and does not try trial 1's knob
+    again around the new incumbent before the cycle comes back to it."""
+    dists = {k: optuna.distributions.CategoricalDistribution(["x", "y"]) for k in "abcdk"}
+    base = dict.fromkeys("abcd", "x")
+
+    def study_of(*trials):
+        """trials: (params, value or None for a running one), numbered in order; the baseline median is 100."""
+        study = optuna.create_study(direction="maximize")
+        study.set_user_attr("walk", walk_record(list("abcd"), {k: ["x", "y"] for k in "abcd"}, base, base, 100.0))
+        for params, value in trials:
+            done = value is not None
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE if done else optuna.trial.TrialState.RUNNING, params=params,
+                distributions={k: dists[k] for k in params}, value=value,
+                user_attrs={"status": "ok"} if done else {}))
+        return study
+
+    running = study_of(({**base, "a": "y"}, None))
+    assert cold_neighbour(running, running.get_trials(), 1) == {**base, "b": "y"}  # planned from the base
+    won = study_of(({**base, "a": "y"}, 120.0), ({**base, "b": "y"}, None))
+    assert cold_neighbour(won, won.get_trials(), 2) == {**base, "a": "y", "c": "y"}
+    # a knob the incumbent's step made active comes first: the cycle passed it while it was inactive
+    opened = study_of(({**base, "a": "y", "k": "x"}, 120.0))
+    opened.set_user_attr("walk", walk_record([*"abcd", "k"], {k: ["x", "y"] for k in "abcdk"}, base, base, 100.0))
+    assert cold_neighbour(opened, opened.get_trials(), 1) == {**base, "a": "y", "k": "y"}
+    # a trial slower than the baseline median is no incumbent: from the base, the next knob
+    lost = study_of(({**base, "a": "y"}, 90.0))
+    assert cold_neighbour(lost, lost.get_trials(), 1) == {**base, "b": "y"}

@@ -21,7 +21,7 @@ from workbench.tune.budget import COORDINATOR_PHASES, profile_seconds, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
 from workbench.tune.numerics import check_loss, data_key, run_loss, spread, stored_losses
-from workbench.tune.profiled import phase_shares, profile_line, profile_record
+from workbench.tune.profiled import phase_shares, profile_line, profile_record, walk_line, walk_record
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
@@ -164,6 +164,7 @@ class Measurer:
         if (warning := noise_warning(nf)) is not None:
             self.session.log(warning)
         self.record_profile(phases)
+        self.record_walk()
         return runs
 
     def record_profile(self, phases: list[Any]) -> None:
@@ -178,6 +179,38 @@ class Measurer:
         study.set_user_attr("profile", record)
         if record is not None:
             self.session.log(profile_line(record))
+
+    def record_walk(self) -> None:
+        """The study's ``walk`` (workbench.tune.profiled), once: the knobs a cold start walks from the base config,
+        heaviest in the profile first, those the profile holds left out; None where the study does not walk
+        (``sampler.startup: random``, a grid or nsga2, several objectives, a warm start holding values)."""
+        spec, study = self.session.spec, self.session.study
+        if "walk" in study.user_attrs:
+            return
+        warm = study.user_attrs.get("warm_start")
+        if spec.sampler.startup != "walk" or spec.sampler.name in ("grid", "nsga2") \
+                or spec.objective.multi_objective or (isinstance(warm, dict) and warm.get("params")):
+            study.set_user_attr("walk", None)
+            return
+        profile = study.user_attrs.get("profile") or {}
+        held = profile.get("held") or {}
+        order = [w["knob"] for w in profile.get("weights") or []] or spec.knob_order()
+        base = spec.base_knob_values()
+        knobs = [n for n in order if n in self.session.active and n not in held
+                 and len(spec.space[n].choices or []) > 1]
+        defaults, measured = {}, {}
+        for name in self.session.active:
+            rng, kind = spec.space[name], spec.knob(name).kind
+            if base.get(name) is not None and rng.contains(base[name], kind):
+                defaults[name] = measured[name] = base[name]
+            elif rng.choices:
+                defaults[name] = rng.choices[0]
+        start, active = spec.searched_params(defaults, self.session.active), self.session.active
+        record = walk_record(knobs, {n: spec.space[n].choices for n in knobs}, defaults, start,
+                             baseline_median(self.session), start == spec.searched_params(measured, active))
+        study.set_user_attr("walk", record)
+        if knobs:
+            self.session.log(walk_line(record, spec.sampler.n_startup_trials))
 
     def _cannot_be_validated(self, out: TrialOutcome) -> str:
         """Why a measured trial can never be a candidate (``validation.baseline_median``, the bar

@@ -17,12 +17,26 @@ model on the same hardware) that searches knobs the earlier study did not (``war
 around what the earlier study found, instead of on the whole space again. Each startup trial is a neighbour of the
 incumbent: the best feasible trial so far (the warm start's own trial until one finished), one of the new knobs
 set to another of its choices, the first such config that no trial has asked for, in knob order from the knob after
-the last one tried around the incumbent; the incumbent moves as faster neighbours finish, so the startup walks the
-new knobs one at a time, cyclically (coordinate descent). Such a startup lasts at least one trial more than the new
-knobs (``walk_startup``), so that each is changed once. Once every neighbour was asked, the startup holds the
-warm start's values and draws the new knobs at random. A trial asked ahead (compile-ahead: during the trial before
-it) is planned from the trials finished by then. Where the earlier study searched every knob of this one, the warm
-start holds nothing. The profile's holds give way to these values.
+the one the latest step changed (from whichever incumbent); the incumbent moves as faster neighbours finish, so the
+startup walks the new knobs one at a time, cyclically (coordinate descent). Such a startup lasts at least one trial
+more than the new knobs (``walk_startup``), so that each is changed once. Once every neighbour was asked, the
+startup holds the warm start's values and draws the new knobs at random. A trial asked ahead (compile-ahead: during
+the trial before it) is planned from the trials finished by then. Where the earlier study searched every knob of
+this one, the warm start holds nothing. The profile's holds give way to these values.
+
+A study started cold (no warm start's values; ``sampler.startup: walk``, the default) walks the same way from the
+base config (:func:`cold_neighbour`): the study attr ``walk``, written after the baseline (:func:`walk_record`),
+holds the knobs to walk (the searched knobs with a list of choices, heaviest in the profile first, those the
+profile holds left out), their choices, the value each starts from (``defaults``: the base config's, or the first
+choice where the space lacks it), the base config as the search asks it (``base``, with those defaults) and the
+baseline median (``value``). The incumbent is the fastest feasible trial faster than that median, else ``base``,
+which counts as asked where it is the base config itself (``measured``: the baseline measured it). A step sets the
+knobs it makes active (a condition now met) to their ``defaults``, and those the incumbent's step made active are
+walked first. Numeric choices are tried nearest the incumbent's value first, the larger of two as near first. The
+startup lasts at least as many trials as the base config has neighbours (each walked knob's choices but one,
+summed: ``walk_startup``), so that each value can be tried once, before the sampler's model takes over. A random
+startup can pair every good value with one that costs more than it gains; the walk's proposals depend on the
+measurements, not on the sampler's seed.
 """
 
 from __future__ import annotations
@@ -41,8 +55,9 @@ from workbench.tune.samplers import WrappedSampler, infeasible
 from workbench.tune.validation import is_feasible
 from workbench.vocab import PHASES
 
-__all__ = ["HOT_SHARE", "ProfileLed", "knob_weights", "phase_shares", "profile_line", "profile_record", "warm_held",
-           "walk_startup", "warm_neighbour", "warm_start_line", "warm_walk"]
+__all__ = ["HOT_SHARE", "ProfileLed", "cold_neighbour", "knob_weights", "phase_shares", "profile_line",
+           "profile_record", "walk_line", "walk_record", "walk_startup", "warm_held", "warm_neighbour",
+           "warm_start_line", "warm_walk"]
 
 HOT_SHARE = 0.05
 """A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
@@ -111,7 +126,8 @@ class ProfileLed(WrappedSampler):
         neighbour it was planned to be (``warm_neighbour``)."""
         record = study.user_attrs.get("profile") or {}
         held = {**(record.get("held") or {}), **warm_held(study)}
-        if not held:
+        cold = bool(study.user_attrs.get("walk"))
+        if not held and not cold:
             return {}
         trials = study.get_trials(deepcopy=False)
         done = sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t) for t in trials)
@@ -119,7 +135,8 @@ class ProfileLed(WrappedSampler):
             return {}
         if trial is not None:
             if trial.number not in self._neighbours:
-                self._neighbours[trial.number] = warm_neighbour(study, trials, trial.number)
+                plan = cold_neighbour if cold else warm_neighbour
+                self._neighbours[trial.number] = plan(study, trials, trial.number)
             held.update(self._neighbours[trial.number])
         return held
 
@@ -138,12 +155,16 @@ class ProfileLed(WrappedSampler):
 
 
 def walk_startup(study: Study, startup_trials: int) -> int:
-    """The trials the startup lasts: ``startup_trials``, and for a partially warm-started study at least one more
-    than its new knobs, so that the walk changes each of them once from the incumbent before the sampler's model
-    takes over (hf-llama on one H200: 5 new knobs, 4 startup trials; the walk's third step would have been its
-    last)."""
+    """The trials the startup lasts: ``startup_trials``; for a partially warm-started study at least one more
+    than its new knobs, and for a cold walk at least as many as the base config's neighbours (each walked knob's
+    choices but one, summed), so that the walk can try each value once before the sampler's model takes over
+    (hf-llama on one H200: 5 new knobs, 4 startup trials; the walk's third step would have been its last; the
+    measured 18-config grid: 3 knobs, 5 neighbours, its best config the walk's fourth)."""
     warm = study.user_attrs.get("warm_start") or {}
-    return _walk_length(startup_trials, warm.get("new") or []) if warm.get("params") else startup_trials
+    if warm.get("params"):
+        return _walk_length(startup_trials, warm.get("new") or [])
+    walk = study.user_attrs.get("walk") or {}
+    return max(startup_trials, sum(len(c) - 1 for c in (walk.get("choices") or {}).values()))
 
 
 def _walk_length(startup_trials: int, new: Sequence[str]) -> int:
@@ -161,7 +182,7 @@ def warm_held(study: Study) -> dict[str, Any]:
 def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
     """The config trial ``number`` of a partially warm-started study is planned to be (see the module docstring):
     the incumbent's params with one new knob set to another of its choices, the first untried in choice order and
-    in knob order from the knob after the last one tried around the incumbent (cyclic coordinate descent); {} when
+    in knob order from the knob after the one the latest step changed (cyclic coordinate descent); {} when
     none is left, the study is not partially warm-started, or it has more than one objective."""
     warm = study.user_attrs.get("warm_start") or {}
     new = warm.get("new") or []
@@ -174,54 +195,143 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     if incumbent is None or not incumbent.params:
         return {}
     asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number]
-    # cyclic: the knobs after the last (in knob order) whose neighbour of the incumbent was asked first, so that a
-    # new incumbent goes on to the next knob instead of trying again the ones its predecessor tried
-    inc, last = incumbent.params, -1
-    for a in asked:
-        differ = [n for n in {*a, *inc} if a.get(n) != inc.get(n)]
-        if len(differ) == 1 and differ[0] in new:
-            last = max(last, new.index(differ[0]))
-    for name in new[last + 1:] + new[:last + 1]:
-        dist = incumbent.distributions.get(name)
-        if not isinstance(dist, CategoricalDistribution):  # inactive in the incumbent, or a numeric range
+    choices = {n: list(d.choices) for n, d in incumbent.distributions.items()
+               if isinstance(d, CategoricalDistribution)}  # (a numeric range is not walked)
+    return _step(incumbent.params, new, choices, asked,
+                 lambda config: any(all(n in a and a[n] == v for n, v in config.items()) for a in asked))
+
+
+def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
+    """The config trial ``number`` of a study walking from its base config is planned to be (see the module
+    docstring): the incumbent (the fastest feasible trial faster than the baseline median, else the base config)
+    with one walked knob set to another of its choices, the first untried in :func:`_choice_order` and in knob
+    order from the knob after the one the latest step changed, the knobs it makes active at their
+    ``defaults``; {} when none is left, there is no walk, or the study has more than one objective."""
+    walk = study.user_attrs.get("walk") or {}
+    if not walk.get("knobs") or len(study.directions) != 1:
+        return {}
+    sign = 1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else -1.0
+    ok = [t for t in trials if t.number != number and is_feasible(t) and sign * t.values[0] > sign * walk["value"]]
+    incumbent = dict(max(ok, key=lambda t: sign * t.values[0]).params) if ok else dict(walk["base"])
+    # the base config counts as asked where the baseline measured it (not where it is the space's nearest config)
+    asked = [walk["base"] if walk.get("measured", True) else {},
+             *(t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number)]
+    asked = [a for a in asked if a]  # (a trial asked ahead but not yet sampled asks for nothing yet)
+    defaults = walk.get("defaults") or {}
+    # a trial asked for a config when its params are the config's knobs that are active: a subset of it
+    return _step(incumbent, walk["knobs"], walk["choices"], asked,
+                 lambda config: any(all(n in config and config[n] == v for n, v in a.items()) for a in asked),
+                 defaults)
+
+
+def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[str, Sequence[Any]],
+          asked: Sequence[Mapping[str, Any]], covered: Callable[[dict[str, Any]], bool],
+          defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The walk's next config: ``incumbent`` with one of ``knobs`` (one active there, with ``choices``) set to
+    another choice, the first that no trial ``covered``, cyclically from the knob after the one the latest step
+    changed (a config ``asked`` that differs in one walked knob from one asked before it), whatever that step
+    changed it from: a new incumbent goes on to the next knob instead of trying again the ones its predecessor
+    tried, and so do the steps planned ahead (compile-ahead) while a trial before them runs. The knobs the
+    incumbent's own step made active (FP8's cast kernels once FP8 won) come first: the cycle had passed them
+    while they were inactive. The other knobs at ``defaults``, then the incumbent's values. {} when none is
+    left."""
+    last, opened = -1, []
+    for i, a in enumerate(asked):
+        for e in asked[:i]:
+            differ = [n for n in a if n in e and a[n] != e[n]]
+            if len(differ) == 1 and differ[0] in knobs:
+                last = knobs.index(differ[0])
+                if a == incumbent:
+                    opened = [n for n in knobs if n in a and n not in e]
+                break
+    for name in [*opened, *knobs[last + 1:], *knobs[:last + 1]]:
+        if name not in incumbent or name not in choices:  # inactive in the incumbent, or not a list of choices
             continue
-        for choice in dist.choices:
-            if choice == incumbent.params[name] and type(choice) is type(incumbent.params[name]):
-                continue
-            config = {**incumbent.params, name: choice}
-            if not any(all(n in a and a[n] == v for n, v in config.items()) for a in asked):
+        for choice in _choice_order(choices[name], incumbent[name]):
+            config = {**(defaults or {}), **incumbent, name: choice}
+            if not covered(config):
                 return config
     return {}
 
 
-def warm_walk(trials: Sequence[FrozenTrial], new: Sequence[str]) -> list[dict[str, Any]]:
+def _choice_order(choices: Sequence[Any], current: Any) -> list[Any]:
+    """``choices`` other than ``current``: numbers (not booleans) nearest ``current`` first, the larger of two as
+    near first (a micro-batch 8 tries 16 before 4); other values in the space's order."""
+    others = [c for c in choices if not (c == current and type(c) is type(current))]
+    numeric = all(isinstance(c, (int, float)) and not isinstance(c, bool) for c in [*choices, current])
+    if not numeric:
+        return others
+    ranked = sorted({*choices, current})
+    at = ranked.index(current)
+    return sorted(others, key=lambda c: (abs(ranked.index(c) - at), -c))
+
+
+def warm_walk(trials: Sequence[FrozenTrial], new: Sequence[str],
+              origin: Mapping[str, Any] | None = None, origin_value: float | None = None) -> list[dict[str, Any]]:
     """The steps the startup of a partially warm-started study took, read from its trials: each trial after the warm
     start's own that differs in exactly one of the ``new`` knobs from an earlier trial, as {trial, knob, from, to,
     of (that earlier trial; the fastest feasible one where several qualify), value (its objective, None where
-    it has none), status}. A trial drawn at random (more than one knob changed) is not a step."""
+    it has none), status}. A trial drawn at random (more than one knob changed) is not a step. With ``origin``
+    (a cold walk's base config, measured at ``origin_value``), every trial may step from it (``of``: "base") or
+    from an earlier trial, and knobs active on one side only (the ones a step makes active) are not compared."""
     done = sorted((t for t in trials if t.params), key=lambda t: t.number)
-    start = next((t.number for t in done if "warm_start" in t.user_attrs), None)
+    start = -1 if origin is not None else next((t.number for t in done if "warm_start" in t.user_attrs), None)
     if start is None:
         return []
+
+    def differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+        if origin is not None:
+            return [n for n in a if n in b and a[n] != b[n]]
+        return [n for n in {*a, *b} if a.get(n) != b.get(n)]
+
     steps = []
     for t in done:
         if t.number <= start:
             continue
-        near = []
+        near: list[tuple[Any, str, bool, float]] = []  # (of, knob, feasible, value)
+        if origin is not None and len(d := differ(origin, t.params)) == 1 and d[0] in new:
+            near.append(("base", d[0], True, origin_value or 0.0))
         for e in done:
             if e.number >= t.number:
                 break
-            differ = [n for n in {*e.params, *t.params} if e.params.get(n) != t.params.get(n)]
-            if len(differ) == 1 and differ[0] in new:
-                near.append((e, differ[0]))
+            d = differ(e.params, t.params)
+            if len(d) == 1 and d[0] in new:
+                near.append((e.number, d[0], is_feasible(e), e.values[0] if is_feasible(e) else 0.0))
         if not near:
             continue
-        e, knob = max(near, key=lambda p: (is_feasible(p[0]), p[0].values[0] if is_feasible(p[0]) else 0.0))
-        steps.append({"trial": t.number, "knob": knob, "from": e.params.get(knob), "to": t.params.get(knob),
-                      "of": e.number, "value": t.values[0] if t.values else t.intermediate_values.get(
+        of, knob, _, _ = max(near, key=lambda p: (p[2], p[3]))
+        was = origin if of == "base" else next(e for e in done if e.number == of).params
+        steps.append({"trial": t.number, "knob": knob, "from": was.get(knob), "to": t.params.get(knob),
+                      "of": of, "value": t.values[0] if t.values else t.intermediate_values.get(
                           max(t.intermediate_values)) if t.intermediate_values else None,
                       "status": t.user_attrs.get("status", t.state.name.lower())})
     return steps
+
+
+def walk_record(knobs: Sequence[str], choices: Mapping[str, Sequence[Any]], defaults: Mapping[str, Any],
+                base: Mapping[str, Any], value: float, measured: bool = True) -> dict[str, Any]:
+    """The study attr ``walk`` of a cold walk (see the module docstring); ``measured``: ``base`` is the base
+    config itself (every value of it is in the space), which the baseline measured."""
+    return {"knobs": list(knobs), "choices": {k: list(choices[k]) for k in knobs}, "defaults": dict(defaults),
+            "base": dict(base), "value": value, "measured": measured}
+
+
+def walk_line(record: Mapping[str, Any], startup_trials: int | None = None) -> str:
+    """One line: what the cold walk tried, step by step (``steps``: :func:`warm_walk`'s, where the record holds
+    them), or what it was to do."""
+    knobs = record.get("knobs") or []
+    steps = record.get("steps")
+    if not steps:
+        n = max(startup_trials or 0, sum(len(c) - 1 for c in (record.get("choices") or {}).values()))
+        return (f"the first {n} trial(s) were to change one knob at a time from the best config so far, starting "
+                f"from the base config: {', '.join(knobs)}")
+    told = []
+    for w in steps:
+        speed = f"{w['value']:,.0f}" if isinstance(w.get("value"), (int, float)) else w.get("status", "")
+        of = "the base" if w["of"] == "base" else f"trial {w['of']}"
+        told.append(f"trial {w['trial']}: {w['knob']} {w['from']} -> {w['to']} from {of} ({speed})")
+    return f"the startup changed one knob at a time from the best config so far, starting from the base: " \
+           f"{'; '.join(told)}"
 
 
 def warm_start_line(record: Mapping[str, Any], startup_trials: int | None = None) -> str:

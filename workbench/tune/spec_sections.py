@@ -148,6 +148,11 @@ class SamplerSpec:
     """Sampler seed; null = random."""
     n_startup_trials: int = 5
     """Random trials before TPE or the GP models the space (population size for nsga2)."""
+    startup: Literal["walk", "random"] = "walk"
+    """walk: the startup trials change one knob at a time from the best config so far, starting from the base
+    config, for at least as many trials as the base config has neighbours (coordinate descent over the knobs
+    with a list of choices; a warm-started study walks from its first trial instead; workbench.tune.profiled);
+    random: the sampler's own random draws. Neither for grid or nsga2."""
 
     def __post_init__(self) -> None:
         if self.n_startup_trials < 0 or (self.name == "nsga2" and self.n_startup_trials < 2):

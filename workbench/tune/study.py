@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +140,16 @@ class StudySpec:
         else:
             kind = "categorical"
         return user_knob(name, kind)
+
+    def searched_params(self, values: Mapping[str, Any], names: Collection[str]) -> dict[str, Any]:
+        """The params a trial asks for to run ``values`` (knob -> value): each of ``names`` that ``values`` holds,
+        in knob order, where it is active given the values before it (the base config's for a knob not set), as
+        the search samples them."""
+        current, out = self.base_knob_values(), {}
+        for name in self.knob_order():
+            if name in names and name in values and self.knob(name).active(current):
+                out[name] = current[name] = values[name]
+        return out
 
     def knob_order(self) -> list[str]:
         """The space's knobs in the order they are sampled: the registry's order (conditions read the knobs before
