@@ -15,7 +15,8 @@ import pytest
 from optuna.trial import TrialState
 
 from workbench.config import load_config, merge_overrides, preset_config
-from workbench.tune.numerics import check_loss, data_key, run_loss, spread, window_losses
+from workbench.tune.numerics import check_loss, data_key, run_loss, spread, step_distance, window_losses
+from workbench.tune.spec_sections import Protocol
 from workbench.tune.study import load_study_spec
 from workbench.tune import Tuner
 from workbench.tune.measure import Measurer
@@ -92,6 +93,40 @@ def test_the_median_step_loss_passes_over_spikes_and_fails_a_run_that_does_not_t
     assert "tolerance 2.00%" in check_loss(10.5, base, 0.02, source="twin").reason()  # one run: no spread
 
 
+# Steps 3-8 of trial 5 of run w1h-h200 (benchmarks/results/study.csv; FP8 tensorwise at micro-batch 8, filled rows:
+# the baseline's tokens) and of the study's two baseline repeats, as the study stored them.
+W1H_FP8 = [10.17855, 9.95545, 9.5074, 9.82538, 9.11848, 8.76351]
+W1H_BASE = [[9.9784, 9.77029, 9.38735, 9.02147, 8.89161, 8.65589],
+            [9.97824, 9.77062, 9.38737, 9.03304, 8.93501, 8.71196]]
+
+
+def test_step_by_step_the_guard_passes_good_fp8_and_fails_runs_that_do_not_train():
+    """The default tolerance sits between what good FP8 runs did early in training and what broken runs did."""
+    tol = Protocol().numerics_tolerance
+    base = [run_loss(v) for v in W1H_BASE]
+    # the median of the run's steps put a one-step spike (step 6) at the median's rank: 4.95% off, refused
+    unpaired = check_loss(run_loss(W1H_FP8), base, 0.02, source="baseline", noise=spread(base))
+    assert unpaired.rel_diff == pytest.approx(0.0495, abs=5e-4) and not unpaired.passed
+    paired = check_loss(run_loss(W1H_FP8), base, tol, source="baseline", noise=spread(base),
+                        distance=step_distance(W1H_FP8, W1H_BASE))
+    assert paired.rel_diff == pytest.approx(0.0195, abs=5e-4) and paired.passed and paired.tolerance == tol
+    assert "step by step 1.95% off the nearest of its runs (the median over the steps), tolerance 4.00%" \
+        in paired.reason()
+    bf16 = list(H200_BF16.values())
+    for name, losses in H200_FP8.items():  # 1.8-2.8%, without the widening a noisy baseline gives
+        d = step_distance(losses, bf16)
+        assert 0.017 < d < 0.029 and check_loss(run_loss(losses), [run_loss(v) for v in bf16], tol,
+                                                source="baseline", distance=d).passed, (name, d)
+    for bad, far in (([10.9, 10.8, 10.8, 10.7, 10.8, 10.7], 0.128), ([9.9, 9.9, 10.1, 10.3, 10.4, 10.6], 0.072)):
+        d = step_distance(bad, bf16)
+        assert d == pytest.approx(far, abs=1e-3) and not check_loss(
+            run_loss(bad), [run_loss(v) for v in bf16], tol, source="baseline", distance=d).passed
+    assert step_distance([9.9, 9.8, 9.5, math.nan, math.nan, math.nan], bf16) == math.inf
+    # stored losses (a non-finite one as text) pair; a reference with fewer steps, or none finite at a step, not
+    assert step_distance([10.0, 9.0], [[10.0, "nan"], [10.5, 9.0]]) == 0.0
+    assert step_distance([10.0, 9.0], [[10.0]]) is None and step_distance([10.0], [["nan"]]) is None
+
+
 def test_step_losses_of_a_window_and_a_run():
     assert window_losses({"loss/steps": [9.5, 9.25], "loss/mean": 9.375}) == [9.5, 9.25]
     # a loop of one's own that writes only the window's mean: one loss for the window
@@ -139,6 +174,9 @@ def test_seeded_fp8_trials_pass_or_fail_the_guard(study_spec_file, tmp_path, mon
     # micro-batch 2 on filled rows trains on the baseline's tokens: the baseline repeat is the reference, no twin
     assert check["reference"] == "baseline" and check["passed"] is False and 1e-6 < check["rel_diff"] < 0.2
     assert check["reference_loss"] == study.user_attrs["baseline_losses"][0]
+    # the distance is step by step, against the baseline repeat's stored steps (rounded to 5 decimals there)
+    assert check["paired"] is True and check["rel_diff"] == pytest.approx(
+        step_distance(fp8.user_attrs["step_losses"], study.user_attrs["baseline_step_losses"]), rel=0.05)
     # each measured step's loss is stored, the baseline repeat's and each trial's, so the guard can be replayed
     steps = study.user_attrs["baseline_step_losses"]
     assert len(steps) == 1 and statistics.median(steps[0]) == pytest.approx(check["reference_loss"], abs=1e-4)

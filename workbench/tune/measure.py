@@ -20,7 +20,7 @@ from workbench.tune.ahead import StartAhead
 from workbench.tune.budget import COORDINATOR_PHASES, profile_seconds, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
-from workbench.tune.numerics import check_loss, data_key, run_loss, spread, stored_losses
+from workbench.tune.numerics import check_loss, data_key, run_loss, spread, step_distance, stored_losses
 from workbench.tune.profiled import phase_shares, profile_line, profile_record, walk_line, walk_record
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor, noise_warning
@@ -270,8 +270,9 @@ class Measurer:
 
     def guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
         """The numerics guard (workbench.tune.numerics): a trial that sets a numerics knob off its base value keeps
-        status ok only if its median step loss (``numerics.run_loss``) is within the tolerance of its reference's
-        (the protocol's, or twice the baseline repeats' spread where larger: ``numerics.check_loss``); else its
+        status ok only if its step losses lie within the tolerance of its reference's, step by step
+        (``numerics.step_distance``; the median step losses where the reference's steps are not stored), the
+        protocol's tolerance or twice the baseline repeats' spread where larger (``numerics.check_loss``); else its
         status becomes ``numerics``. The reference is the baseline where the trial trains on its tokens, else the
         trial's twin (its config with the numerics knobs at base), run once per data path (``data_key``: the study
         attr ``numerics_twins``). The check is stored as the trial's ``numerics`` user attr."""
@@ -286,7 +287,9 @@ class Measurer:
         base_losses = [x for x in study.user_attrs.get("baseline_losses", []) if x is not None]
         noise = spread(base_losses)
         if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):
-            check = check_loss(run_loss(out.step_losses), base_losses, tol, source="baseline", noise=noise)
+            steps = study.user_attrs.get("baseline_step_losses") or []
+            check = check_loss(run_loss(out.step_losses), base_losses, tol, source="baseline", noise=noise,
+                               distance=step_distance(out.step_losses, steps) if steps else None)
         else:
             # one twin a data path: a twin's numerics knobs are at base and the others do not change the numbers,
             # so a later trial on the same tokens is checked against the same twin
@@ -313,7 +316,9 @@ class Measurer:
                 study.set_user_attr("numerics_twins", twins)
                 study.set_user_attr("numerics_twin_steps", {**study.user_attrs.get("numerics_twin_steps", {}),
                                                             h: stored_losses(tw.step_losses)})
-            check = check_loss(run_loss(out.step_losses), [twins[h]], tol, source="twin", noise=noise)
+            twin_steps = (study.user_attrs.get("numerics_twin_steps") or {}).get(h)
+            check = check_loss(run_loss(out.step_losses), [twins[h]], tol, source="twin", noise=noise,
+                               distance=step_distance(out.step_losses, [twin_steps]) if twin_steps else None)
         trial.set_user_attr("numerics", check.to_dict())
         if not check.passed:
             out.status, out.failure_reason = "numerics", f"{', '.join(f'{k}={params[k]}' for k in changed)}: " \

@@ -2,9 +2,11 @@
 
 A trial that sets a numerics knob (``Knob.numerics``) off its base value is compared
 with a reference run on the same model init, the same data and the same optimizer
-steps. The guard's loss of a run is the median of its measured steps' losses (``run_loss``);
-the candidate's must lie within the tolerance (below) of the reference's, else the trial
-fails with kind ``numerics``.
+steps, step by step (``step_distance``): at each measured step, the candidate's loss's
+distance to the nearest reference run's loss at that step, relative to theirs; the guard's
+distance is the median over the steps, and it must lie within the tolerance (below), else
+the trial fails with kind ``numerics``. Where the reference's per-step losses are not stored
+(a study from before they were), the runs' median step losses (``run_loss``) are compared.
 
 The reference is the trial's *twin*: its own config with every numerics knob at its
 base value. When the twin feeds the model the same data as the base config
@@ -19,8 +21,14 @@ attr ``numerics_skipped`` (why), and the first faster trial on its tokens runs t
 A trial's steps are early training, where the loss is noisy:
 - **Spikes.** One step's loss jumps and falls back, at a step no config predicts. On one H200 (gr00t-n1.6,
   learning rate warming up, ``benchmarks/results/convergence.csv`` run ``numerics``), bf16 went 8.54 -> 11.29 ->
-  8.22 at steps 7-9, and FP8 runs of the same data spiked at other steps. A window's mean carries a spike whole;
-  the median over the measured steps does not.
+  8.22 at steps 7-9, and FP8 runs of the same data spiked at other steps. A window's mean carries a spike whole,
+  and so can the median of a run's steps: the loss falls about 0.3 a step there, so a spike that moves the
+  median's rank moves it by a step's fall (FP8 tensorwise on one H200, run ``w1h-h200``: 4.95% off that way,
+  its last step 0.6% from the nearest base run). Paired step by step, a spike is one step of six.
+- **FP8 trains a little behind early.** Step by step, six FP8 runs of that H200 data lay 1.8-2.8% from the
+  nearest bf16 run (median over steps 3-8), and three studies' FP8 trials 1.2-1.95%; a run that does not learn
+  past its first steps, one whose loss rises and one that diverges lay 12.8%, 7.2% and infinitely far. The
+  default tolerance, 4%, lies between; the 0.41% after 500 steps (benchmarks/README.md) is a later step's.
 - **Runs of one config need not agree:** bf16 kernels with atomics (attention's backward) are not bit-reproducible,
   and early in training a tiny difference grows (two baseline runs of gr00t-n1.6 ended their 8th step at 8.68 and
   10.46). A candidate is measured against what the reference config itself does: its distance is to the nearest of
@@ -42,8 +50,8 @@ from typing import Any
 from workbench.config import Config
 from workbench.vocab import LOSS_MEAN, LOSS_STEPS
 
-__all__ = ["NOISE_FACTOR", "NumericsCheck", "check_loss", "data_key", "run_loss", "spread", "stored_losses",
-           "window_losses"]
+__all__ = ["NOISE_FACTOR", "NumericsCheck", "check_loss", "data_key", "run_loss", "spread", "step_distance",
+           "stored_losses", "window_losses"]
 
 NOISE_FACTOR = 2.0
 """The tolerance is at least this many times the baseline repeats' spread of the guard's loss."""
@@ -73,7 +81,8 @@ class NumericsCheck:
     reference_loss: float
     """The reference's (median over its runs)."""
     rel_diff: float
-    """The distance from ``loss`` to the nearest reference run's loss, over |reference_loss|."""
+    """The guard's distance: step by step (``paired``), the median over the steps of each step's distance to the
+    nearest reference run's loss there; else from ``loss`` to the nearest reference run's, over |reference_loss|."""
     tolerance: float
     """The tolerance applied: ``protocol_tolerance`` or ``NOISE_FACTOR`` x ``noise``, whichever is larger."""
     reference: str
@@ -83,33 +92,74 @@ class NumericsCheck:
     """``protocol.numerics_tolerance``."""
     noise: float = 0.0
     """The baseline repeats' spread of the guard's loss (``spread``); 0 with one repeat."""
+    paired: bool = False
+    """Whether ``rel_diff`` was measured step by step (``step_distance``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def reason(self) -> str:
-        runs = f" (median of {self.reference_runs} runs; distance to the nearest)" if self.reference_runs > 1 else ""
         widened = (f" ({NOISE_FACTOR:g}x the base's run-to-run spread of {self.noise:.2%}; the protocol's is "
                    f"{self.protocol_tolerance:.2%})" if self.tolerance > self.protocol_tolerance else "")
+        if self.paired:
+            nearest = " the nearest of its runs" if self.reference_runs > 1 else ""
+            return (f"median step loss {self.loss:.5f} vs {self.reference_loss:.5f} of the {self.reference} on the "
+                    f"same data; step by step {self.rel_diff:.2%} off{nearest} (the median over the steps), "
+                    f"tolerance {self.tolerance:.2%}{widened}")
+        runs = f" (median of {self.reference_runs} runs; distance to the nearest)" if self.reference_runs > 1 else ""
         return (f"median step loss {self.loss:.5f} vs {self.reference_loss:.5f} of the {self.reference}{runs} on the "
                 f"same data: {self.rel_diff:.2%} off, tolerance {self.tolerance:.2%}{widened}")
 
 
 def check_loss(loss: float | None, reference: Sequence[float], tolerance: float, *, source: str,
-               noise: float = 0.0) -> NumericsCheck:
-    """Compare a candidate's guard loss with the reference runs' (their median); the tolerance is ``tolerance`` or
-    ``NOISE_FACTOR`` x ``noise`` (the baseline repeats' spread), whichever is larger."""
+               noise: float = 0.0, distance: float | None = None) -> NumericsCheck:
+    """Compare a candidate's guard loss (its median step loss) with the reference runs' (their median): by
+    ``distance`` where given (``step_distance``, step by step), else by the distance from ``loss`` to the nearest
+    reference run's; the tolerance is ``tolerance`` or ``NOISE_FACTOR`` x ``noise`` (the baseline repeats'
+    spread), whichever is larger."""
     refs = [float(x) for x in reference if x is not None and math.isfinite(x)]
     if not refs:
         raise ValueError(f"numerics guard: no finite reference loss from the {source}")
     ref = statistics.median(refs)
     noise = noise if math.isfinite(noise) and noise > 0 else 0.0
     tol = max(tolerance, NOISE_FACTOR * noise)
+    paired = distance is not None
     if loss is None or not math.isfinite(loss):
         return NumericsCheck(False, float("nan") if loss is None else float(loss), ref, math.inf, tol,
-                             source, len(refs), tolerance, noise)
-    rel = min(abs(loss - r) for r in refs) / abs(ref) if ref else math.inf
-    return NumericsCheck(rel <= tol, float(loss), ref, rel, tol, source, len(refs), tolerance, noise)
+                             source, len(refs), tolerance, noise, paired)
+    if paired:
+        rel = float(distance)
+    else:
+        rel = min(abs(loss - r) for r in refs) / abs(ref) if ref else math.inf
+    return NumericsCheck(rel <= tol, float(loss), ref, rel, tol, source, len(refs), tolerance, noise, paired)
+
+
+def step_distance(candidate: Sequence[float], references: Sequence[Sequence[float | str]]) -> float | None:
+    """The guard's distance step by step: at each of the ``candidate``'s measured steps, its loss's distance to the
+    nearest reference run's loss at that step, over the reference runs' median there; the median over the steps.
+    inf where a candidate step is not finite. None where a reference run holds fewer steps, or a step has no
+    finite reference loss: the runs' median step losses are compared instead. ``references``: each run's measured
+    step losses as the study stores them (``stored_losses``)."""
+    if not candidate or not references or any(len(r) < len(candidate) for r in references):
+        return None
+    per_step = []
+    for i, x in enumerate(candidate):
+        at = [v for v in (_loss(r[i]) for r in references) if math.isfinite(v)]
+        if not at:
+            return None
+        if not math.isfinite(x):
+            return math.inf
+        med = statistics.median(at)
+        per_step.append(min(abs(x - v) for v in at) / abs(med) if med else math.inf)
+    return float(statistics.median(per_step))
+
+
+def _loss(value: float | str) -> float:
+    """A stored step loss as a number (JSON holds a non-finite one as its text)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
 
 
 def spread(losses: Sequence[float | None]) -> float:
