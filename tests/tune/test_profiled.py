@@ -298,3 +298,18 @@ def test_a_step_planned_ahead_goes_on_to_the_next_knob_from_the_new_incumbent():
     # a trial slower than the baseline median is no incumbent: from the base, the next knob
     lost = study_of(({**base, "a": "y"}, 90.0))
     assert cold_neighbour(lost, lost.get_trials(), 1) == {**base, "b": "y"}
+
+
+def test_a_base_outside_the_space_is_walked_from_its_nearest_config_measured_first(study_spec_file, tmp_path,
+                                                                                  walked_runs):
+    """The base config's micro-batch 4 is not a choice: the walk's first trial is the base with the space's first
+    choice (2), which the baseline did not measure, then that config with its first knob changed, whatever the
+    seed."""
+    for seed in range(2):
+        walked_runs.clear()
+        spec = study_spec_file(f"off{seed}", space={"micro_batch_size": {"choices": [2, 8]},
+                                                    "num_workers": {"choices": [0, 1]}}, trials=2,
+                               sampler={"name": "random", "seed": seed, "n_startup_trials": 2})
+        t = _search(spec, tmp_path)
+        assert t.study.user_attrs["walk"]["measured"] is False
+        assert walked_runs == [{"num_workers": 0, "micro_batch_size": 2}, {"num_workers": 1, "micro_batch_size": 2}]

@@ -30,11 +30,12 @@ holds the knobs to walk (the searched knobs with a list of choices, heaviest in 
 profile holds left out), their choices, the value each starts from (``defaults``: the base config's, or the first
 choice where the space lacks it), the base config as the search asks it (``base``, with those defaults) and the
 baseline median (``value``). The incumbent is the fastest feasible trial faster than that median, else ``base``,
-which counts as asked where it is the base config itself (``measured``: the baseline measured it). A step sets the
-knobs it makes active (a condition now met) to their ``defaults``, and those the incumbent's step made active are
-walked first. Numeric choices are tried nearest the incumbent's value first, the larger of two as near first. The
-startup lasts at least as many trials as the base config has neighbours (each walked knob's choices but one,
-summed: ``walk_startup``), so that each value can be tried once, before the sampler's model takes over. A random
+which counts as asked where it is the base config itself (``measured``: the baseline measured it) and else is the
+walk's first trial. A step sets the knobs it makes active (a condition now met) to their ``defaults``, and those the
+incumbent's step made active are walked first. Numeric choices are tried nearest the incumbent's value first, the
+larger of two as near first. The startup lasts at least as many trials as the base config has neighbours (each
+walked knob's choices but one, summed: ``walk_startup``), so that each value can be tried once, before the
+sampler's model takes over. A random
 startup can pair every good value with one that costs more than it gains; the walk's proposals depend on the
 measurements, not on the sampler's seed.
 """
@@ -206,7 +207,8 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     docstring): the incumbent (the fastest feasible trial faster than the baseline median, else the base config)
     with one walked knob set to another of its choices, the first untried in :func:`_choice_order` and in knob
     order from the knob after the one the latest step changed, the knobs it makes active at their
-    ``defaults``; {} when none is left, there is no walk, or the study has more than one objective."""
+    ``defaults``; first, where the base config has a value outside the space (``measured`` false), ``base`` itself,
+    its nearest config there. {} when none is left, there is no walk, or the study has more than one objective."""
     walk = study.user_attrs.get("walk") or {}
     if not walk.get("knobs") or len(study.directions) != 1:
         return {}
@@ -218,10 +220,14 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
              *(t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number)]
     asked = [a for a in asked if a]  # (a trial asked ahead but not yet sampled asks for nothing yet)
     defaults = walk.get("defaults") or {}
-    # a trial asked for a config when its params are the config's knobs that are active: a subset of it
-    return _step(incumbent, walk["knobs"], walk["choices"], asked,
-                 lambda config: any(all(n in config and config[n] == v for n, v in a.items()) for a in asked),
-                 defaults)
+
+    def covered(config: dict[str, Any]) -> bool:  # a trial asked for it: its params are the config's active knobs
+        return any(all(n in config and config[n] == v for n, v in a.items()) for a in asked)
+
+    start = {**defaults, **walk["base"]}
+    if not walk.get("measured", True) and not covered(start):
+        return start  # the base config has a value outside the space: its nearest config of the space first
+    return _step(incumbent, walk["knobs"], walk["choices"], asked, covered, defaults)
 
 
 def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[str, Sequence[Any]],
