@@ -35,9 +35,8 @@ walk's first trial. A step sets the knobs it makes active (a condition now met) 
 incumbent's step made active are walked first. Numeric choices are tried nearest the incumbent's value first, the
 larger of two as near first. The startup lasts at least as many trials as the base config has neighbours (each
 walked knob's choices but one, summed: ``walk_startup``), so that each value can be tried once, before the
-sampler's model takes over. A random
-startup can pair every good value with one that costs more than it gains; the walk's proposals depend on the
-measurements, not on the sampler's seed.
+sampler's model takes over. A random startup can pair every good value with one that costs more than it gains;
+the walk's proposals depend on the measurements, not on the sampler's seed.
 """
 
 from __future__ import annotations
