@@ -49,7 +49,7 @@ from optuna.trial import TrialState  # noqa: E402
 from workbench.errors import ConfigError  # noqa: E402
 from workbench.tune.profiled import ProfileLed, walk_record  # noqa: E402
 from workbench.tune.study import load_study_spec  # noqa: E402
-from workbench.tune.samplers import make_sampler, untried_config  # noqa: E402
+from workbench.tune.samplers import asked_config, make_sampler, untried_config  # noqa: E402
 
 SAMPLERS = ("tpe", "gp", "random")  # the replayable ones (single-objective)
 
@@ -167,8 +167,7 @@ def replay(dists: dict[str, Any], grid: pd.DataFrame, sampler: str, seed: int, n
         trial.set_user_attr("status", "ok" if value > 0 else "crash")  # (the walk's incumbent is a feasible trial)
         study.tell(trial, value)
         if repeat and policy == "tuner":
-            asked = [t.params or t.system_attrs.get("fixed_params") or {}
-                     for t in study.get_trials(deepcopy=False)]
+            asked = [asked_config(t) for t in study.get_trials(deepcopy=False)]
             pick = untried_config(configs, asked, seed, trial.number)
             if pick is not None:
                 study.enqueue_trial(pick)

@@ -289,7 +289,7 @@ class Measurer:
         if base_losses and data_key(twin_cfg) == data_key(spec.measured_base_config()):
             steps = study.user_attrs.get("baseline_step_losses") or []
             check = check_loss(run_loss(out.step_losses), base_losses, tol, source="baseline", noise=noise,
-                               distance=step_distance(out.step_losses, steps) if steps else None)
+                               distance=step_distance(out.step_losses, steps))
         else:
             # one twin a data path: a twin's numerics knobs are at base and the others do not change the numbers,
             # so a later trial on the same tokens is checked against the same twin

@@ -51,7 +51,7 @@ from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.tune.knobs import Knob
-from workbench.tune.samplers import WrappedSampler, infeasible
+from workbench.tune.samplers import WrappedSampler, asked_config, infeasible
 from workbench.tune.validation import is_feasible
 from workbench.vocab import PHASES
 
@@ -194,7 +194,7 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     incumbent = max(ok, key=lambda t: sign * t.values[0]) if ok else first
     if incumbent is None or not incumbent.params:
         return {}
-    asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number]
+    asked = [asked_config(t) for t in trials if t.number != number]
     choices = {n: list(d.choices) for n, d in incumbent.distributions.items()
                if isinstance(d, CategoricalDistribution)}  # (a numeric range is not walked)
     return _step(incumbent.params, new, choices, asked,
@@ -216,7 +216,7 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     incumbent = dict(max(ok, key=lambda t: sign * t.values[0]).params) if ok else dict(walk["base"])
     # the base config counts as asked where the baseline measured it (not where it is the space's nearest config)
     asked = [walk["base"] if walk.get("measured", True) else {},
-             *(t.params or t.system_attrs.get("fixed_params") or {} for t in trials if t.number != number)]
+             *(asked_config(t) for t in trials if t.number != number)]
     asked = [a for a in asked if a]  # (a trial asked ahead but not yet sampled asks for nothing yet)
     defaults = walk.get("defaults") or {}
 

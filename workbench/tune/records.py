@@ -105,7 +105,7 @@ def write_tune_json(session: StudySession, sessions: Sessions, started: str, fin
         "budget_trials": session.budget, "gpu_minutes": gpu_record(session),
         "screening": screening_record(session),
         "profile": study.user_attrs.get("profile"), "warm_start": warm_start_record(session),
-        "walk": walk_record(session),
+        "walk": cold_walk_record(session),
         "noise_floor": study.user_attrs.get("noise_floor"),
         "started": runs[0]["started"], "finished": finished,
         "sessions": runs, "wall_s": sessions_wall_s(runs), "result": result,
@@ -124,7 +124,7 @@ def warm_start_record(session: StudySession) -> dict[str, Any] | None:
     return {**warm, "walk": warm_walk(session.trials(), warm["new"])}
 
 
-def walk_record(session: StudySession) -> dict[str, Any] | None:
+def cold_walk_record(session: StudySession) -> dict[str, Any] | None:
     """tune.json's ``walk``: the study attr of a cold walk from the base config (the knobs walked, their choices,
     the base config and the baseline median) with the steps its trials took (``steps``,
     ``workbench.tune.profiled.warm_walk`` from the base). None: the study did not walk from its base."""

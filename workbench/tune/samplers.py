@@ -37,7 +37,7 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.errors import ConfigError
 from workbench.vocab import FAILURE_KINDS
 
-__all__ = ["LearnsFromFailures", "OrdinalGPSampler", "SAMPLERS", "WrappedSampler", "gp_sampler", "infeasible",
+__all__ = ["LearnsFromFailures", "asked_config", "OrdinalGPSampler", "SAMPLERS", "WrappedSampler", "gp_sampler", "infeasible",
            "learning_view", "make_sampler", "ordinal_choices", "tpe_sampler", "untried_config"]
 
 CONSTRAINTS = ("failed", "memory", "finite_loss")
@@ -234,6 +234,12 @@ def gp_sampler(seed: int | None, n_startup_trials: int,
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         return OrdinalGPSampler(seed=seed, n_startup_trials=n_startup_trials, warn_independent_sampling=False,
                                 independent_sampler=independent or optuna.samplers.RandomSampler(seed=seed))
+
+
+def asked_config(t: FrozenTrial) -> dict[str, Any]:
+    """The config trial ``t`` asked for: its params, or the ones it was enqueued with (``fixed_params``) before it
+    sampled them; {} for a trial asked ahead and not yet sampled."""
+    return t.params or t.system_attrs.get("fixed_params") or {}
 
 
 def untried_config(configs: list[dict[str, Any]], asked: list[dict[str, Any]], seed: int | None,

@@ -32,7 +32,7 @@ from workbench.tune.measure import Measurer
 from workbench.tune.numerics import stored_losses
 from workbench.tune.opening import params_text
 from workbench.tune.profiled import ProfileLed
-from workbench.tune.samplers import CONSTRAINTS, infeasible, untried_config
+from workbench.tune.samplers import CONSTRAINTS, asked_config, infeasible, untried_config
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor
 from workbench.tune.storage import HEARTBEAT_INTERVAL_S, alive, proc_identity
@@ -597,7 +597,7 @@ class Search:
         grids = self.grids()
         if not grids:
             return None
-        asked = [t.params or t.system_attrs.get("fixed_params") or {} for t in self.session.trials()]
+        asked = [asked_config(t) for t in self.session.trials()]
         held = study.sampler.held(study) if isinstance(study.sampler, ProfileLed) else {}
         configs = self.configs(grids)
         if configs:
