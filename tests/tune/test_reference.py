@@ -10,7 +10,7 @@ import optuna
 import pytest
 
 from workbench.config import Config, config_hash, merge_overrides
-from workbench.tune.budget import runs_after_search
+from workbench.tune.budget import GpuBudget, reserved_seconds, runs_after_search
 from workbench.tune.result import reference_line
 from workbench.tune.trial import TrialOutcome
 from workbench.tune.validation import PLAIN_LOOP, against_plain, plain_loop_config
@@ -20,7 +20,8 @@ COMPILED = merge_overrides(EAGER, {"loongforge.compute_domain.compile": "default
 
 
 class Spec:
-    protocol = SimpleNamespace(top_k=1, ab_rounds=3, profile_steps=2)
+    protocol = SimpleNamespace(top_k=1, ab_rounds=3, profile_steps=2, baseline_repeats=1)
+    gpus = 1
 
     def __init__(self, base, trainer=None):
         self.base, self.trainer = base, trainer
@@ -37,8 +38,9 @@ class Stub:
     measurer (a lease check, and a measurement that records what it ran: value by folder, the plain loop 100, the
     winner 130)."""
 
-    def __init__(self, tmp_path, base, *, cuda=True, reference=True, trainer=None):
+    def __init__(self, tmp_path, base, *, cuda=True, reference=True, trainer=None, winner=(130.0,)):
         self.measured: list[tuple[str, str]] = []
+        self.winner = list(winner)  # the winner's values, pair by pair, the last repeated
         self.lines: list[str] = []
         self.session = SimpleNamespace(
             spec=Spec(base, trainer), study_dir=tmp_path, reference=reference, log=self.lines.append,
@@ -54,7 +56,9 @@ class Stub:
     def measure(self, cfg, run_dir, prefix, phase, then=None):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.measured.append((run_dir.name, cfg.loongforge.compute_domain.compile))
-        return TrialOutcome("ok", run_dir, value=130.0 if run_dir.name.startswith("trial") else 100.0)
+        if not run_dir.name.startswith("trial"):
+            return TrialOutcome("ok", run_dir, value=100.0)
+        return TrialOutcome("ok", run_dir, value=self.winner.pop(0) if len(self.winner) > 1 else self.winner[0])
 
 
 BEST = {"trial": 4, "params": {"data.micro_batch_size": 8}, "ratios": [1.2, 1.25], "speedup_median": 1.224,
@@ -124,3 +128,38 @@ def test_the_budget_reserves_the_reference_pairs_only_where_they_will_run(tmp_pa
     assert runs_after_search(Stub(tmp_path, EAGER, cuda=False).session) == 6
     assert runs_after_search(Stub(tmp_path, EAGER, reference=False).session) == 6
     assert runs_after_search(Stub(tmp_path, COMPILED).session) == 6  # the validation's pairs answer it
+
+
+def test_the_budget_reserves_no_reference_pairs_they_run_on_what_it_has_left(tmp_path):
+    """The VLA study (eager base) on one H200, 2026-12-05 (study.csv run vla-noroom-h200): a baseline run of 41.4 s
+    and a reserve of 6 A/B runs plus 6 runs beside the plain compiled loop kept 8.3 of the 10 GPU-minutes after the
+    baseline's 1.0, and no search trial ran. The reference's pairs change nothing the study exports: the reserve
+    now holds the A/B pairs only, and the reference runs on what is left, as many pairs as that holds."""
+    v = Stub(tmp_path, EAGER, winner=(130.0, 80.0))  # ratios 1.3, 0.8, ...: the interval never excludes 1.0
+    s = v.session
+    s.study.set_user_attr("baseline_wall_s", [41.4])
+    s.study.set_user_attr("gpu_s", {"baseline": 60.0})
+    s.gpu_minutes = 10.0
+    assert runs_after_search(s) == 12  # the progress bar still counts them
+    assert reserved_seconds(s) == pytest.approx(6 * 41.4)
+    budget = GpuBudget(s)
+    assert budget.pairs_left() == 6  # (600 - 60) // (2 x 41.4)
+    s.study.set_user_attr("gpu_s", {"baseline": 60.0, "validation": 456.2})  # 83.8 s left
+    assert budget.pairs_left() == 1  # a pair takes 82.8 s
+    r = v.against_plain(BEST, max_pairs=3, min_pairs=2, confidence=0.95, pairs_left=budget.pairs_left)
+    assert r["ran"] is False and v.measured == []
+    assert r["reason"] == ("the GPU-minute budget has room for 1 more A/B pair(s), 2 are needed "
+                           "(protocol.ab_min_rounds; budget.gpu_minutes makes room)")
+    # room for 2 of the 3 pairs: the reference stops at 2, its interval open
+    r = v.against_plain(BEST, max_pairs=3, min_pairs=2, confidence=0.95, pairs_left=lambda: 2)
+    assert r["ran"] and r["pairs"] == 2 and r["stopped"] == "cap" and len(v.measured) == 4
+    assert "the winner #4 beside the plain compiled loop (torch.compile, default mode, no CUDA graphs): 2 to 2 A/B " \
+        "pairs" in v.lines
+    # resumed with no room: the stored pairs stand and nothing runs again
+    again = Stub(tmp_path, EAGER)
+    r = again.against_plain(BEST, max_pairs=3, min_pairs=2, confidence=0.95, pairs_left=lambda: 0)
+    assert r["ran"] and r["pairs"] == 2 and again.measured == []
+    # without a GPU-minute budget every pair may run
+    w = Stub(tmp_path, EAGER, winner=(130.0, 80.0, 130.0))
+    assert w.against_plain({**BEST, "trial": 5}, max_pairs=3, min_pairs=2, confidence=0.95,
+                           pairs_left=lambda: None)["pairs"] == 3

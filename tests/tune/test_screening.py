@@ -396,7 +396,7 @@ def test_a_budget_that_holds_no_search_trial_says_which_keys_make_room(study_spe
     assert (tmp_path / "runs" / "noroom" / "config.yaml").exists()  # the base config, exported as before
     tune = json.loads((tmp_path / "runs" / "noroom" / "tune.json").read_text())
     assert tune["gpu_minutes"]["no_room"] == {"line": line, "minutes": {
-        "budget": 8, "spent": 2.0, "run": 1.0, "ab_pairs": 16.0, "reference": 0.0, "traces": 0.0, "trial": 1.0,
+        "budget": 8, "spent": 2.0, "run": 1.0, "ab_pairs": 16.0, "traces": 0.0, "trial": 1.0,
         "needed": 19.0}}
     assert tune["gpu_minutes"]["total"] == 2.0
     assert gpu_minutes_line(tune["gpu_minutes"]).endswith("; the budget held no search trial (raise it to 19)")

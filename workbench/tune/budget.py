@@ -109,11 +109,12 @@ def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
 
 
 def runs_after_search(session: StudySession) -> int:
-    """Measured runs after the search at most: every candidate's A/B pairs at the cap and the winner's pairs beside
-    the plain compiled loop where they will run (``validation.against_plain``). The traces add no run: their
-    ``protocol.profile_steps`` steps follow the measurement of runs made anyway (``Measurer.keep_traces``), and
-    their device time counts to those runs' phase, ``validation`` for an A/B pair's (``baseline`` for the last
-    baseline repeat's); ``traces`` stays 0, in GPU_PHASES for the trace runs of older studies."""
+    """Measured runs after the search at most (the progress bar's count): every candidate's A/B pairs at the cap
+    and the winner's pairs beside the plain compiled loop where they will run (``validation.against_plain``). The
+    traces add no run: their ``protocol.profile_steps`` steps follow the measurement of runs made anyway
+    (``Measurer.keep_traces``), and their device time counts to those runs' phase, ``validation`` for an A/B
+    pair's (``baseline`` for the last baseline repeat's); ``traces`` stays 0, in GPU_PHASES for the trace runs of
+    older studies."""
     return sum(_runs_after_search_parts(session).values())
 
 
@@ -124,10 +125,13 @@ def _traces_seconds(session: StudySession) -> float:
 
 
 def reserved_seconds(session: StudySession) -> float:
-    """Device seconds the runs after the search may take at most, each at the baseline's run time, and the
-    traces of the winner's profiled pair (0 before the baseline ran)."""
+    """Device seconds the search leaves for the validation: every candidate's A/B pairs at the cap, each run at
+    the baseline's run time, and the traces of the winner's profiled pair (0 before the baseline ran). The pairs
+    beside the plain compiled loop are not reserved: they say how the winner compares with a loop the user might
+    run instead, and change nothing the study exports, so they run on what the budget has left
+    (``GpuBudget.pairs_left``)."""
     run = _run_seconds(session)
-    return 0.0 if run is None else run * runs_after_search(session) + _traces_seconds(session)
+    return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_pairs"] + _traces_seconds(session)
 
 
 def _trial_walls(session: StudySession) -> list[float]:
@@ -177,6 +181,14 @@ class GpuBudget:
         room = self.room()
         return None if room is None else room - trial_seconds(self.session)
 
+    def pairs_left(self) -> int | None:
+        """A/B pairs the budget still holds, two runs each at the baseline's run time; None without a GPU-minute
+        budget or before the baseline ran."""
+        minutes, run = self.session.gpu_minutes, _run_seconds(self.session)
+        if minutes is None or not run:
+            return None
+        return max(0, math.floor((minutes * 60 - gpu_seconds_total(self.session)) / (2 * run)))
+
     def done(self) -> bool:
         left = self.left()
         if left is None or left >= 0:
@@ -205,16 +217,12 @@ class GpuBudget:
                 s.study.set_user_attr("gpu_no_room", None)
             return None
         p, run = s.spec.protocol, _run_seconds(s) or 0.0
-        parts = {k: n * run / 60 for k, n in _runs_after_search_parts(s).items()}
-        parts["traces"] = _traces_seconds(s) / 60
+        parts = {"ab_pairs": _runs_after_search_parts(s)["ab_pairs"] * run / 60, "traces": _traces_seconds(s) / 60}
         minutes = {"budget": s.gpu_minutes, "spent": gpu_seconds_total(s) / 60, "run": run / 60, **parts,
                    "trial": trial_seconds(s) / 60}
         minutes["needed"] = math.ceil((minutes["spent"] + sum(parts.values()) + minutes["trial"]) * 10) / 10
         kept = [f"A/B pairs {parts['ab_pairs']:.1f} (2 x protocol.top_k {p.top_k} x protocol.ab_rounds "
                 f"{p.ab_rounds} runs)"]
-        if parts["reference"]:
-            kept.append(f"beside the plain compiled loop {parts['reference']:.1f} (2 x protocol.ab_rounds "
-                        f"{p.ab_rounds} runs; --no-reference drops them)")
         if parts["traces"]:
             kept.append(f"the winner's traces {parts['traces']:.1f} (its first pair's profiled steps; "
                         "protocol.profile_steps 0 drops them)")

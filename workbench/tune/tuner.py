@@ -201,7 +201,7 @@ class Tuner:
                 progress.finish()
                 return None
             progress.set(phase="validating", best="")
-            validation = validate(s, o.measurer)
+            validation = validate(s, o.measurer, o.gpu_budget.pairs_left)
             progress.set(phase="exporting")
             result, path = self._export(s, sessions, started, validation)
             if self.report is not None:

@@ -222,8 +222,11 @@ def duel(session: StudySession, measurer: Runs, a: Mapping[str, Any], b: Mapping
             "failures": res["failures"], "stopped": res["stopped"]}
 
 
-def validate(session: StudySession, measurer: Runs) -> dict[str, Any]:
+def validate(session: StudySession, measurer: Runs,
+             pairs_left: Callable[[], int | None] | None = None) -> dict[str, Any]:
     """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
+    ``pairs_left``: the A/B pairs the GPU-minute budget still holds (``GpuBudget.pairs_left``), which bounds
+    the pairs beside the plain compiled loop (``against_plain``).
 
     validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
     overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
@@ -269,7 +272,8 @@ def validate(session: StudySession, measurer: Runs) -> dict[str, Any]:
     if winner["duels"]:
         session.log(f"winner #{winner['trial']}: {winner['decided_by']}")
     best = next((c for c in validated if c["trial"] == winner["trial"]), None)
-    reference = against_plain(session, measurer, best, max_pairs=rounds, min_pairs=min_rounds, confidence=confidence)
+    reference = against_plain(session, measurer, best, max_pairs=rounds, min_pairs=min_rounds, confidence=confidence,
+                              pairs_left=pairs_left)
     traces = measurer.keep_traces(best)
     base = session.baseline_runs()
     data = {
@@ -295,12 +299,15 @@ def plain_loop_skipped(session: StudySession) -> str | None:
 
 
 def against_plain(session: StudySession, measurer: Runs, best: Mapping[str, Any] | None, *, max_pairs: int,
-                  min_pairs: int, confidence: float) -> dict[str, Any]:
+                  min_pairs: int, confidence: float,
+                  pairs_left: Callable[[], int | None] | None = None) -> dict[str, Any]:
     """validation.json's ``reference``: the winner beside the plain compiled loop (``plain_loop_config`` of
     the measured base), interleaved A/B pairs as the validation's (``validation/reference/``, resumable). Where
     the base already is the plain loop, the validation's own ratio is the answer and nothing runs again.
-    Always a record: ``ran`` False with the ``reason`` where it does not apply (no winner, a CPU study, a loop
-    of one's own, ``--no-reference``)."""
+    The budget reserves no device time for these pairs (``budget.reserved_seconds``): they run on what it has
+    left, ``pairs_left()`` more pairs than those stored (None: no GPU-minute budget), and not at all where that
+    is fewer than ``min_pairs``. Always a record: ``ran`` False with the ``reason`` where it does not apply (no
+    winner, a CPU study, a loop of one's own, ``--no-reference``, a budget spent)."""
     spec = session.spec
     what = "the plain compiled loop (torch.compile, default mode, no CUDA graphs)"
     if best is None:
@@ -314,6 +321,16 @@ def against_plain(session: StudySession, measurer: Runs, best: Mapping[str, Any]
         fields = {k: best[k] for k in ("ratios", "speedup_median", "ci_low", "ci_high", "significant")}
         return {"reference": what, "ran": True, "same_as_base": True, "trial": best["trial"], **fields,
                 "pairs": len(best["ratios"]), "runs": best["runs"], "baseline_runs": best["baseline_runs"]}
+    fit = pairs_left() if pairs_left is not None else None
+    if fit is not None:
+        stored = sum(1 for key in session.study.user_attrs.get("ab_pairs", {})
+                     if key.startswith(f"reference/{best['trial']}-"))
+        if stored + fit < min_pairs:
+            reason = (f"the GPU-minute budget has room for {fit} more A/B pair(s), {min_pairs} are needed "
+                      "(protocol.ab_min_rounds; budget.gpu_minutes makes room)")
+            session.log(f"the winner #{best['trial']} is not measured beside {what}: {reason}")
+            return {"reference": what, "ran": False, "reason": reason}
+        max_pairs = min(max_pairs, stored + fit)
     session.log(f"the winner #{best['trial']} beside {what}: {min_pairs} to {max_pairs} A/B pairs")
     res = ab_pairs(session, measurer, plain, {best["trial"]: spec.trial_config(best["params"])},
                    session.study_dir / "validation" / "reference", max_pairs=max_pairs, min_pairs=min_pairs,
