@@ -159,7 +159,7 @@ def _walk_speed(p: dict) -> float:
     """Micro-batch 8 and one worker add speed; selective checkpointing costs 500 at every 4 blocks, 100 at every
     2."""
     ac = p.get("activation_checkpointing") == "selective"
-    return 1000.0 * p["micro_batch_size"] + 300.0 * p["num_workers"] - (
+    return 1000.0 * p["micro_batch_size"] + 300.0 * p.get("num_workers", 0) - (
         (100.0 if p.get("activation_checkpointing_every") == 2 else 500.0) if ac else 0.0)
 
 
@@ -313,3 +313,25 @@ def test_a_base_outside_the_space_is_walked_from_its_nearest_config_measured_fir
         t = _search(spec, tmp_path)
         assert t.study.user_attrs["walk"]["measured"] is False
         assert walked_runs == [{"num_workers": 0, "micro_batch_size": 2}, {"num_workers": 1, "micro_batch_size": 2}]
+
+
+@pytest.mark.parametrize(("environ", "unset"), [("", False), ("expandable_segments:True", True)])
+def test_a_key_the_base_leaves_unset_is_walked_from_what_it_runs_with(study_spec_file, tmp_path, walked_runs,
+                                                                     monkeypatch, environ, unset):
+    """The VLA study's base leaves the allocator unset (null), and its space has expandable_segments [False, True].
+    On one H200 (2026-12-05, study.csv run vlaw-h200) the walk took null for a value outside the space and spent
+    its first trial on the base with False, which is what the baseline had run (0.86x its one run). The value an
+    unset key runs with, the environment's setting or else torch's default (off), is the walk's start, measured."""
+    monkeypatch.setattr("workbench.tune.opening.detect_capabilities", lambda gpus: frozenset({"cuda"}))
+    monkeypatch.setattr("workbench.tune.opening._hardware", lambda caps, gpus: {"capabilities": ["cuda"], "gpus": 1})
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", environ)
+    monkeypatch.delenv("PYTORCH_ALLOC_CONF", raising=False)
+    spec = study_spec_file(f"unset{int(unset)}", space={"micro_batch_size": {"choices": [4, 8]},
+                                                        "expandable_segments": {"choices": [False, True]}},
+                           trials=2, sampler={"name": "random", "seed": 0, "n_startup_trials": 2},
+                           protocol={"compile_ahead": False, "start_ahead": False})
+    t = _search(spec, tmp_path)
+    walk = t.study.user_attrs["walk"]
+    assert walk["measured"] is True and walk["defaults"]["expandable_segments"] is unset
+    assert walked_runs == [{"micro_batch_size": 8, "expandable_segments": unset},
+                           {"micro_batch_size": 8, "expandable_segments": not unset}]

@@ -18,12 +18,29 @@ from typing import Any
 from workbench.config import AllocatorConfig, Config
 from workbench.errors import ConfigError
 
-__all__ = ["apply_allocator_env", "apply_allocator_settings", "check_allocator_settings", "set_options"]
+__all__ = ["apply_allocator_env", "apply_allocator_settings", "check_allocator_settings", "env_option", "set_options"]
 
 _KEY = "loongforge.memory_domain.allocator"
 
 
 _ALLOC_ENV_VARS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")  # CUDA-specific name, newer generic name
+
+
+def _env_options(environ: Mapping[str, str]) -> dict[str, str]:
+    """The allocator options ``environ`` sets, option -> value: PYTORCH_CUDA_ALLOC_CONF's first, then those only
+    PYTORCH_ALLOC_CONF sets."""
+    merged: dict[str, str] = {}
+    for var in _ALLOC_ENV_VARS:
+        for item in filter(None, environ.get(var, "").split(",")):
+            option, _, value = item.partition(":")
+            merged.setdefault(option.strip(), value.strip())
+    return merged
+
+
+def env_option(option: str, environ: Mapping[str, str]) -> str | None:
+    """The value ``environ`` gives the allocator ``option``, which a config that leaves the option unset (null)
+    runs with; None where the environment does not set it (torch's default then)."""
+    return _env_options(environ).get(option)
 
 
 def apply_allocator_env(cfg: Config, environ: MutableMapping[str, str] | None = None) -> str:
@@ -37,11 +54,7 @@ def apply_allocator_env(cfg: Config, environ: MutableMapping[str, str] | None = 
     ours = cfg.loongforge.memory_domain.allocator.to_env()
     if not ours:
         return ""
-    merged: dict[str, str] = {}
-    for var in _ALLOC_ENV_VARS:
-        for item in filter(None, environ.get(var, "").split(",")):
-            option, _, value = item.partition(":")
-            merged.setdefault(option.strip(), value.strip())
+    merged = _env_options(environ)
     for item in ours.split(","):
         option, _, value = item.partition(":")
         merged[option] = value

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from kernels.registry import LAUNCH_SPACES
 from workbench.config import GRAPH_CAPTURING_COMPILE_MODES, graph_capture_on
 from workbench.train import fp8
+from workbench.train.allocator import env_option
 from workbench.vocab import PHASES
 
 __all__ = [
@@ -85,6 +86,10 @@ class Knob:
     numerics: bool = False
     """Changes the loop's numbers (not only its speed): a trial that sets it off its base value passes the
     numerics guard (workbench.tune.numerics) before it can win."""
+    unset: Callable[[Mapping[str, str]], Any] | None = None
+    """What a config that leaves the key unset (null) runs with, given the trial's environment; None where that is
+    no single value of the knob. The cold walk starts such a base config from this value, which the baseline
+    measured (workbench.tune.profiled)."""
     phases: frozenset[str] = frozenset(PHASES)
     """The step phases (workbench.vocab.PHASES) whose time the knob changes: the base run's profile weighs the
     knob by their share (workbench.tune.profiled). Every phase when unknown (a loop of one's own)."""
@@ -133,6 +138,11 @@ _SHAPES = frozenset({"data_wait", "forward", "backward"})  # what a batch's shap
 _STEP = frozenset({"forward", "backward", "optimizer", "other"})  # the whole step on the device, launches included
 _LAUNCH = frozenset({"forward", "backward", "other"})  # the model's kernels and the launches between them
 _SYNC = frozenset({"grad_sync"})
+
+
+def _allocator_flag(option: str, environ: Mapping[str, str]) -> bool:
+    """An allocator flag left unset: the environment's setting, else torch's default (off)."""
+    return (env_option(option, environ) or "false").lower() == "true"
 
 
 def _op_backend_free(values: Mapping[str, Any]) -> bool:
@@ -276,7 +286,8 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="pinned_block_kb", key="loongforge.memory_domain.pinned_block_kb", kind="int", requires=_CUDA,
          doc="pinned host staging block (KiB)", phases=frozenset({"h2d"})),
     Knob(name="expandable_segments", key="loongforge.memory_domain.allocator.expandable_segments", kind="bool",
-         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP),
+         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP,
+         unset=functools.partial(_allocator_flag, "expandable_segments")),
     Knob(name="roundup_power2_divisions", key="loongforge.memory_domain.allocator.roundup_power2_divisions",
          kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range", phases=_STEP),
     Knob(name="max_split_size_mb", key="loongforge.memory_domain.allocator.max_split_size_mb", kind="int",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -199,10 +200,14 @@ class Measurer:
         knobs = [n for n in order if n in self.session.active and n not in held
                  and len(spec.space[n].choices or []) > 1]
         defaults, measured = {}, {}
+        environ = {**os.environ, **self.session.child_env()}  # a trial's: what an unset key runs with
         for name in self.session.active:
-            rng, kind = spec.space[name], spec.knob(name).kind
-            if base.get(name) is not None and rng.contains(base[name], kind):
-                defaults[name] = measured[name] = base[name]
+            knob = spec.knob(name)
+            rng, value = spec.space[name], base.get(name)
+            if value is None and knob.unset is not None:
+                value = knob.unset(environ)
+            if value is not None and rng.contains(value, knob.kind):
+                defaults[name] = measured[name] = value
             elif rng.choices:
                 defaults[name] = rng.choices[0]
         start, active = spec.searched_params(defaults, self.session.active), self.session.active
