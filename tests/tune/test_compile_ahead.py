@@ -253,7 +253,8 @@ def test_a_vla_twin_is_held_to_what_a_feasible_trial_leaves(tmp_path, monkeypatc
     """No memory model covers the VLA: its twin's allocator is capped at 1 - memory_share_limit less the margin
     (hardware.memory_fraction_limit of its config, which --blocks enforces), and with no share left it gets none."""
     vla = merge_overrides(preset_config("gr00t-n1.6-vla"), {"hardware.device": "cuda",
-                                                            "loongforge.compute_domain.compile": "default"})
+                                                            "loongforge.compute_domain.compile": "default",
+                                                            "loongforge.compute_domain.graph_capture": "fwd_bwd"})
     launched = []
 
     class Proc:
@@ -270,7 +271,14 @@ def test_a_vla_twin_is_held_to_what_a_feasible_trial_leaves(tmp_path, monkeypatc
     assert ahead.why_not(vla, vla) == "" and ahead.start(4, vla, beside=vla)
     cmd = launched[0]
     assert cmd[cmd.index("--blocks") + 1] == "1" and "--compile-only" in cmd
-    assert load_config(tmp_path / "ahead/4/config.yaml").hardware.memory_fraction_limit == pytest.approx(0.08)
+    twin = load_config(tmp_path / "ahead/4/config.yaml")
+    assert twin.hardware.memory_fraction_limit == pytest.approx(0.08)
+    # it compiles what the trial compiles, and captures nothing: a captured graph fills no cache
+    assert twin.loongforge.compute_domain.compile == "default"
+    assert twin.loongforge.compute_domain.graph_capture == "none"
+    # capture alone compiles nothing: no twin (7 of 8 capturing VLA twins failed on the H200, vlaw-h200)
+    eager = merge_overrides(vla, {"loongforge.compute_domain.compile": "none"})
+    assert ahead.why_not(eager, vla) == "nothing to compile"
     ahead.stop()
     assert ahead.record(4)["status"] == "done"
     full = CompileAhead(_gpu_session(tmp_path, share_limit=0.99))

@@ -11,7 +11,10 @@ it does anyway.
 
 Rules the twins follow:
 
-* only the built-in loop (a loop of one's own has no ``--compile-only``) and a config that compiles or captures;
+* only the built-in loop (a loop of one's own has no ``--compile-only``) and a config that compiles;
+* a twin never captures CUDA graphs (``graph_capture: none``): a captured graph lives in the process that
+  captured it and fills no cache, and the graphs compiled under capture are those compiled without it (a
+  capture would also take memory a capped twin does not have);
 * a twin runs beside a measured trial, so it must not push that trial out of memory. For the language model it
   starts only when the memory model's peaks of both, with its error on each and a context's worth for the twin,
   fit the share of the device a trial may use (``hardware.memory_fraction_limit``). For a workload the memory
@@ -140,8 +143,7 @@ class CompileAhead:
     def why_not(self, cfg: Config, beside: Config | None, others: tuple[Config, ...] = ()) -> str:
         """Why ``cfg`` gets no twin beside a trial of ``beside`` and the twins of ``others`` ('' when it may have
         one)."""
-        cd = cfg.loongforge.compute_domain
-        if cd.compile == "none" and not cd.captures:
+        if cfg.loongforge.compute_domain.compile == "none":
             return "nothing to compile"
         on_gpu = "cuda" in self.session.hardware.get("capabilities", ())
         if not on_gpu or beside is None or "cpu" in (cfg.hardware.device, beside.hardware.device):
@@ -183,8 +185,8 @@ class CompileAhead:
         remove_tree(d)
         d.mkdir(parents=True)
         blocks = twin_blocks(cfg)
-        # no loader processes: the twin reads no batch (the graphs do not depend on them)
-        over: dict[str, Any] = {"data.num_workers": 0}
+        # no loader processes: the twin reads no batch (the graphs do not depend on them); no capture (see above)
+        over: dict[str, Any] = {"data.num_workers": 0, "loongforge.compute_domain.graph_capture": "none"}
         if cfg.model.name in VLA_PRESETS and "cuda" in s.hardware.get("capabilities", ()):
             over["hardware.memory_fraction_limit"] = self.twin_share()
         cfg = merge_overrides(cfg, over)
