@@ -13,14 +13,14 @@ from workbench.config import Config, config_hash, merge_overrides
 from workbench.tune.budget import GpuBudget, reserved_seconds, runs_after_search
 from workbench.tune.result import reference_line
 from workbench.tune.trial import TrialOutcome
-from workbench.tune.validation import PLAIN_LOOP, against_plain, plain_loop_config
+from workbench.tune.validation import PLAIN_LOOP, ab_pairs, against_plain, plain_loop_config
 
 EAGER = Config()  # compile: none, as the VLA study's base
 COMPILED = merge_overrides(EAGER, {"loongforge.compute_domain.compile": "default"})
 
 
 class Spec:
-    protocol = SimpleNamespace(top_k=1, ab_rounds=3, profile_steps=2, baseline_repeats=1)
+    protocol = SimpleNamespace(top_k=1, ab_rounds=3, ab_min_rounds=None, profile_steps=2, baseline_repeats=1)
     gpus = 1
 
     def __init__(self, base, trainer=None):
@@ -163,3 +163,26 @@ def test_the_budget_reserves_no_reference_pairs_they_run_on_what_it_has_left(tmp
     w = Stub(tmp_path, EAGER, winner=(130.0, 80.0, 130.0))
     assert w.against_plain({**BEST, "trial": 5}, max_pairs=3, min_pairs=2, confidence=0.95,
                            pairs_left=lambda: None)["pairs"] == 3
+
+
+def test_the_budget_reserves_the_fewest_pairs_a_validation_takes_and_a_later_pair_runs_where_it_fits(tmp_path):
+    """The VLA study validates with 2 to 3 A/B pairs (protocol.ab_min_rounds 2, ab_rounds 3): the reserve was the
+    3, 1.4 of its 10 GPU-minutes more than the sequential A/B takes where the interval excludes 1.0 after 2 (as its
+    winner's did, vlaw-h200). The reserve now holds the 2, and a third pair runs only where the budget holds it."""
+    v = Stub(tmp_path, EAGER, winner=(130.0, 80.0, 130.0))  # after 2 pairs the interval still includes 1.0
+    s = v.session
+    s.spec.protocol = SimpleNamespace(top_k=1, ab_rounds=3, ab_min_rounds=2, profile_steps=2, baseline_repeats=1)
+    s.study.set_user_attr("baseline_wall_s", [41.4])
+    assert reserved_seconds(s) == pytest.approx(4 * 41.4)  # the reference's pairs are not reserved either
+    assert runs_after_search(s) == 6 + 6
+
+    def pairs(name, more):
+        return ab_pairs(s, v, EAGER, {4: COMPILED}, tmp_path / name, max_pairs=3, min_pairs=2, confidence=0.95,
+                        what="validating", more=more)[4]
+
+    r = pairs("short", lambda: False)
+    assert len(r["runs"]) == 2 and r["stopped"] == "budget" and len(v.measured) == 4
+    assert "validating #4: the GPU-minute budget holds no pair past 2; its A/B stops" in v.lines
+    v.winner, v.measured = [130.0, 80.0, 130.0], []
+    r = pairs("room", lambda: True)
+    assert len(r["runs"]) == 3 and r["stopped"] == "cap" and len(v.measured) == 6

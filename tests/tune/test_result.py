@@ -174,3 +174,15 @@ def test_noise_and_pairs_needed_are_said_in_the_result():
     assert "about 4 pairs would tell" in result_headline(r)
     quiet = _result([lost], repeats=[100, 104, 98])
     assert quiet["noise_warning"] is None and not any("noisy" in line for line in result_lines(quiet))
+
+
+def test_a_candidate_the_budget_stopped_says_so():
+    """A validation pair past protocol.ab_min_rounds runs only where the GPU-minute budget holds it: a candidate
+    stopped there says which key makes room, not that more pairs under ab_rounds would tell."""
+    lost = _cand(4, {"micro_batch_size": 8}, [130, 80], [100, 100], stopped="budget")
+    validation = {"candidates": [lost], "winner": {"trial": None}, "ab_rounds": 3, "ab_min_rounds": 2}
+    r = build_result(validation, study="s", base_values=BASE, baseline_repeats=[100, 101], searched=list(BASE),
+                     budget={"trials": 4, "trials_run": 4}, data={"source": "synthetic"}, commit="abc")
+    assert r["best"]["stopped"] == "budget" and r["best"]["pairs_needed"] is None
+    assert r["best"]["why_lost"].endswith("includes 1.0 after 2 pairs; the GPU-minute budget held no more pairs "
+                                          "(raise budget.gpu_minutes)")

@@ -554,3 +554,33 @@ def test_the_progress_bar_counts_validation_and_traces():
     assert bar.n == 8 and bar.total == 15
     bar.finish()  # validation stopped early: the bar ends full at what ran
     assert bar.n == bar.total == 8
+
+
+@pytest.mark.parametrize(("minutes", "pairs", "stopped"), [(10, 2, "budget"), (40, 3, "cap")])
+def test_a_validation_pair_past_the_fewest_runs_only_where_the_budget_holds_it(study_spec_file, tmp_path, fake_search,
+                                                                               monkeypatch, minutes, pairs, stopped):
+    """2 to 3 A/B pairs (ab_min_rounds 2, ab_rounds 3), a minute a run, the candidate's runs alternately 1.3x and
+    0.8x the base (its interval includes 1.0 after 2 pairs). The search spends all but the reserve of 2 pairs, so on
+    10 GPU-minutes the third pair does not fit and the candidate stops for the budget; on 40 the search covers the
+    space first and the third pair runs."""
+    runs = {"trial": 0}
+
+    def run_trial(cfg, run_dir, **kw):
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        v = _speed(cfg.data.micro_batch_size, cfg.data.num_workers)
+        if Path(run_dir).name.startswith(".trial-"):  # (its attempt folder)
+            runs["trial"] += 1
+            v *= 1.3 if runs["trial"] % 2 else 0.8
+        return TrialOutcome("ok", Path(run_dir), windows=[v, v], value=v, summary={"measured_steps": 6}, wall_s=RUN_S)
+
+    monkeypatch.setattr(measure, "run_trial", run_trial)
+    path = _budget_study(study_spec_file, f"abmin{minutes}", minutes, top_k=1, ab_rounds=3)
+    spec = yaml.safe_load(path.read_text())
+    spec["protocol"]["ab_min_rounds"] = 2
+    path.write_text(yaml.safe_dump(spec))
+    validation = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False).run()
+    cand = validation["candidates"][0]
+    assert len(cand["ratios"]) == pairs and cand["stopped"] == stopped
+    tune = json.loads((tmp_path / "runs" / f"abmin{minutes}" / "tune.json").read_text())
+    assert tune["gpu_minutes"]["by_phase"]["validation"] == pytest.approx(2 * pairs)
+    assert tune["gpu_minutes"]["total"] <= minutes

@@ -101,11 +101,13 @@ def _run_seconds(session: StudySession) -> float | None:
 
 
 def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
-    """``runs_after_search`` by part: ``ab_pairs`` and ``reference``."""
+    """``runs_after_search`` by part: ``ab_pairs`` and ``reference`` at the cap (``protocol.ab_rounds`` pairs),
+    and ``ab_min``: the candidates' pairs at ``protocol.ab_min_rounds``, which the budget reserves."""
     p = session.spec.protocol
     base = session.spec.measured_base_config()
     plain = plain_loop_skipped(session) is None and config_hash(plain_loop_config(base)) != config_hash(base)
-    return {"ab_pairs": 2 * p.top_k * p.ab_rounds, "reference": 2 * p.ab_rounds if plain else 0}
+    return {"ab_pairs": 2 * p.top_k * p.ab_rounds, "reference": 2 * p.ab_rounds if plain else 0,
+            "ab_min": 2 * p.top_k * (p.ab_min_rounds or p.ab_rounds)}
 
 
 def runs_after_search(session: StudySession) -> int:
@@ -115,7 +117,8 @@ def runs_after_search(session: StudySession) -> int:
     (``Measurer.keep_traces``), and their device time counts to those runs' phase, ``validation`` for an A/B
     pair's (``baseline`` for the last baseline repeat's); ``traces`` stays 0, in GPU_PHASES for the trace runs of
     older studies."""
-    return sum(_runs_after_search_parts(session).values())
+    parts = _runs_after_search_parts(session)
+    return parts["ab_pairs"] + parts["reference"]
 
 
 def _traces_seconds(session: StudySession) -> float:
@@ -125,13 +128,15 @@ def _traces_seconds(session: StudySession) -> float:
 
 
 def reserved_seconds(session: StudySession) -> float:
-    """Device seconds the search leaves for the validation: every candidate's A/B pairs at the cap, each run at
-    the baseline's run time, and the traces of the winner's profiled pair (0 before the baseline ran). The pairs
-    beside the plain compiled loop are not reserved: they say how the winner compares with a loop the user might
-    run instead, and change nothing the study exports, so they run on what the budget has left
-    (``GpuBudget.pairs_left``)."""
+    """Device seconds the search leaves for the validation: every candidate's A/B pairs at
+    ``protocol.ab_min_rounds`` (the fewest the sequential A/B takes), each run at the baseline's run time, and the
+    traces of the winner's profiled pair (0 before the baseline ran). A pair past them runs only where the budget
+    holds it (``GpuBudget.pairs_left``): the sequential A/B stops most candidates there, and the search is what
+    the budget is for. The pairs beside the plain compiled loop are not reserved either: they say how the winner
+    compares with a loop the user might run instead and change nothing the study exports, so they run on what
+    the budget has left."""
     run = _run_seconds(session)
-    return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_pairs"] + _traces_seconds(session)
+    return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_min"] + _traces_seconds(session)
 
 
 def _trial_walls(session: StudySession) -> list[float]:
@@ -217,19 +222,19 @@ class GpuBudget:
                 s.study.set_user_attr("gpu_no_room", None)
             return None
         p, run = s.spec.protocol, _run_seconds(s) or 0.0
-        parts = {"ab_pairs": _runs_after_search_parts(s)["ab_pairs"] * run / 60, "traces": _traces_seconds(s) / 60}
+        parts = {"ab_pairs": _runs_after_search_parts(s)["ab_min"] * run / 60, "traces": _traces_seconds(s) / 60}
         minutes = {"budget": s.gpu_minutes, "spent": gpu_seconds_total(s) / 60, "run": run / 60, **parts,
                    "trial": trial_seconds(s) / 60}
         minutes["needed"] = math.ceil((minutes["spent"] + sum(parts.values()) + minutes["trial"]) * 10) / 10
-        kept = [f"A/B pairs {parts['ab_pairs']:.1f} (2 x protocol.top_k {p.top_k} x protocol.ab_rounds "
-                f"{p.ab_rounds} runs)"]
+        rounds, key = (p.ab_min_rounds, "ab_min_rounds") if p.ab_min_rounds else (p.ab_rounds, "ab_rounds")
+        kept = [f"A/B pairs {parts['ab_pairs']:.1f} (2 x protocol.top_k {p.top_k} x protocol.{key} {rounds} runs)"]
         if parts["traces"]:
             kept.append(f"the winner's traces {parts['traces']:.1f} (its first pair's profiled steps; "
                         "protocol.profile_steps 0 drops them)")
         line = (f"GPU-minute budget: budget.gpu_minutes {s.gpu_minutes:g} holds no search trial: "
                 f"{minutes['spent']:.1f} spent so far, {sum(parts.values()):.1f} kept for validation at "
                 f"{run / 60:.2f} a run ({', '.join(kept)}), a trial about {minutes['trial']:.2f}. Raise "
-                f"budget.gpu_minutes to {minutes['needed']:g} or lower protocol.top_k or protocol.ab_rounds; now no "
+                f"budget.gpu_minutes to {minutes['needed']:g} or lower protocol.top_k or protocol.{key}; now no "
                 "search trial runs and the base config is exported")
         record = {"line": line, "minutes": {k: round(v, 3) for k, v in minutes.items()}}
         s.study.set_user_attr("gpu_no_room", record)

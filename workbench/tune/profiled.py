@@ -28,8 +28,8 @@ A study started cold (no warm start's values; ``sampler.startup: walk``, the def
 base config (:func:`cold_neighbour`): the study attr ``walk``, written after the baseline (:func:`walk_record`),
 holds the knobs to walk (the searched knobs with a list of choices, heaviest in the profile first, those the
 profile holds left out), their choices, the value each starts from (``defaults``: the base config's, for a key it
-leaves unset what that runs with, ``Knob.unset``; or the first choice where the space lacks it), the base config as the search asks it (``base``, with those defaults) and the
-baseline median (``value``). The incumbent is the fastest feasible trial faster than that median, else ``base``,
+leaves unset what that runs with, ``Knob.unset``; or the first choice where the space lacks it), the base config
+as the search asks it (``base``, with those defaults) and the baseline median (``value``). The incumbent is the fastest feasible trial faster than that median, else ``base``,
 which counts as asked where it is the base config itself (``measured``: the baseline measured it) and else is the
 walk's first trial. A step sets the knobs it makes active (a condition now met) to their ``defaults``, and those the
 incumbent's step made active are walked first. Numeric choices are tried nearest the incumbent's value first, the

@@ -70,6 +70,8 @@ def _candidate(c: Mapping[str, Any], base_values: Mapping[str, Any], validation:
             need = pairs_needed(c.get("ratios") or [], validation.get("ab_min_rounds") or pairs) if stopped == "cap" \
                 else None
             out["pairs_needed"] = need
+            if stopped == "budget":
+                out["why_lost"] += "; the GPU-minute budget held no more pairs (raise budget.gpu_minutes)"
             if need is not None:
                 out["why_lost"] += (f"; at its spread about {need} pairs would tell (raise protocol.ab_rounds), or "
                                     "quieten the machine")

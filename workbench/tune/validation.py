@@ -108,12 +108,14 @@ def candidates(session: StudySession) -> tuple[list[FrozenTrial], list[dict[str,
 
 def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *,
              max_pairs: int, min_pairs: int, confidence: float, what: str, resume: bool = False,
-             phase: str = "validation", profile: Mapping[str, Any] | None = None) -> dict[int, dict[str, Any]]:
+             phase: str = "validation", profile: Mapping[str, Any] | None = None,
+             more: Callable[[], bool] | None = None) -> dict[int, dict[str, Any]]:
     """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
     baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
     ``min_pairs`` pairs on, an arm stops at the first pair after which its ``confidence`` interval excludes
-    1.0; the rest stop at ``max_pairs``. Returns per arm: runs, baseline_runs, run_dirs, baseline_dirs,
-    failures and ``stopped`` ("interval excludes 1.0" or "cap").
+    1.0; the rest stop at ``max_pairs``, or where ``more()`` says no pair past ``min_pairs`` fits (the GPU-minute
+    budget). Returns per arm: runs, baseline_runs, run_dirs, baseline_dirs, failures and ``stopped`` ("interval
+    excludes 1.0", "cap" or "budget").
 
     Each finished pair is stored in the study (user attr ``ab_pairs``, keyed by folder and round, with both
     configs' hashes). With ``resume`` a stored pair of the same configs whose folders are still in place is
@@ -168,7 +170,13 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
             dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
             stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
             # a pair of the same configs, with or without the keys that profile after the measurement
-            if stored and stored["hashes"] in (plain[k][1], profiled[k][1]) and all(d.is_dir() for d in dirs):
+            fresh = not (stored and stored["hashes"] in (plain[k][1], profiled[k][1]) and all(d.is_dir() for d in dirs))
+            if fresh and more is not None and len(res["runs"]) >= min_pairs and not more():
+                settled.add(k)
+                res["stopped"] = "budget"
+                session.log(f"{what} #{k}: the GPU-minute budget holds no pair past {len(res['runs'])}; its A/B stops")
+                continue
+            if not fresh:
                 session.log(f"{what} #{k}: pair {len(res['runs']) + 1} taken from the study (measured "
                             f"{stored['finished']})")
                 a_value, b_value = stored["values"]
@@ -225,8 +233,10 @@ def duel(session: StudySession, measurer: Runs, a: Mapping[str, Any], b: Mapping
 def validate(session: StudySession, measurer: Runs,
              pairs_left: Callable[[], int | None] | None = None) -> dict[str, Any]:
     """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
-    ``pairs_left``: the A/B pairs the GPU-minute budget still holds (``GpuBudget.pairs_left``), which bounds
-    the pairs beside the plain compiled loop (``against_plain``).
+    ``pairs_left``: the A/B pairs the GPU-minute budget still holds (``GpuBudget.pairs_left``; None without
+    one). The budget reserves each candidate's ``ab_min_rounds`` pairs (``budget.reserved_seconds``); a pair past
+    them runs only where it holds one more, and the pairs beside the plain compiled loop (``against_plain``) are
+    bounded by what it holds after.
 
     validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
     overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
@@ -255,7 +265,8 @@ def validate(session: StudySession, measurer: Runs,
     pairs = ab_pairs(session, measurer, spec.measured_base_config(),
                      {t.number: spec.trial_config(t.params) for t in cands}, session.study_dir / "validation",
                      max_pairs=rounds, min_pairs=min_rounds, confidence=confidence, what="validating", resume=True,
-                     profile=spec.protocol.profile_after_overrides())
+                     profile=spec.protocol.profile_after_overrides(),
+                     more=None if pairs_left is None else lambda: _holds_a_pair(pairs_left))
     validated = []
     for t in cands:
         res = {"trial": t.number, "params": dict(t.params), "search_value": t.values[0], **pairs[t.number],
@@ -285,6 +296,11 @@ def validate(session: StudySession, measurer: Runs,
     }
     write_json(path, data)
     return data
+
+
+def _holds_a_pair(pairs_left: Callable[[], int | None]) -> bool:
+    left = pairs_left()
+    return left is None or left >= 1
 
 
 def plain_loop_skipped(session: StudySession) -> str | None:
