@@ -26,17 +26,17 @@ this one, the warm start holds nothing. The profile's holds give way to these va
 
 A study started cold (no warm start's values; ``sampler.startup: walk``, the default) walks the same way from the
 base config (:func:`cold_neighbour`): the study attr ``walk``, written after the baseline (:func:`walk_record`),
-holds the knobs to walk (the searched knobs with a list of choices, heaviest in the profile first, those the
-profile holds left out), their choices, the value each starts from (``defaults``: the base config's, for a key it
-leaves unset what that runs with, ``Knob.unset``; or the first choice where the space lacks it), the base config
-as the search asks it (``base``, with those defaults) and the baseline median (``value``). The incumbent is the fastest feasible trial faster than that median, else ``base``,
-which counts as asked where it is the base config itself (``measured``: the baseline measured it) and else is the
-walk's first trial. A step sets the knobs it makes active (a condition now met) to their ``defaults``, and those the
-incumbent's step made active are walked first. Numeric choices are tried nearest the incumbent's value first, the
-larger of two as near first. The startup lasts at least as many trials as the base config has neighbours (each
-walked knob's choices but one, summed: ``walk_startup``), so that each value can be tried once, before the
-sampler's model takes over. A random startup can pair every good value with one that costs more than it gains;
-the walk's proposals depend on the measurements, not on the sampler's seed.
+holds the knobs to walk (the searched knobs with a list of choices, heaviest in the profile first, those the profile
+holds left out), their choices, the value each starts from (``defaults``: the base config's, for a key it leaves
+unset what that runs with, ``Knob.unset``; or the first choice where the space lacks it), the base config as the
+search asks it (``base``, with those defaults) and the baseline median (``value``). The incumbent is the fastest
+feasible trial faster than that median, else ``base``, which counts as asked where it is the base config itself
+(``measured``: the baseline measured it) and else is the walk's first trial. A step sets the knobs it makes active
+(a condition now met) to their ``defaults``, and those the incumbent's step made active are walked first. Numeric
+choices are tried nearest the incumbent's value first, the larger of two as near first. The startup lasts at least
+as many trials as the base config has neighbours (each walked knob's choices but one, summed: ``walk_startup``), so
+that each value can be tried once, before the sampler's model takes over. A random startup can pair every good value
+with one that costs more than it gains; the walk's proposals depend on the measurements, not on the sampler's seed.
 """
 
 from __future__ import annotations
