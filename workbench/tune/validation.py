@@ -106,6 +106,11 @@ def candidates(session: StudySession) -> tuple[list[FrozenTrial], list[dict[str,
         out.append(t)
     return out, skipped
 
+def _pair_key(vdir: Path, arm: int, r: int) -> str:
+    """The study attr ``ab_pairs``' key of arm ``arm``'s pair of round ``r`` under ``vdir``."""
+    return f"{vdir.name}/{arm}-{r}"
+
+
 def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *,
              max_pairs: int, min_pairs: int, confidence: float, what: str, resume: bool = False,
              phase: str = "validation", profile: Mapping[str, Any] | None = None,
@@ -166,7 +171,7 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
             measurer.check_lease()
             profiling = bool(profile) and k not in unprofiled
             run_cfgs, hashes = profiled[k] if profiling else plain[k]
-            key = f"{vdir.name}/{k}-{r}"
+            key = _pair_key(vdir, k, r)
             dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
             stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
             # a pair of the same configs, with or without the keys that profile after the measurement
@@ -337,10 +342,11 @@ def against_plain(session: StudySession, measurer: Runs, best: Mapping[str, Any]
         fields = {k: best[k] for k in ("ratios", "speedup_median", "ci_low", "ci_high", "significant")}
         return {"reference": what, "ran": True, "same_as_base": True, "trial": best["trial"], **fields,
                 "pairs": len(best["ratios"]), "runs": best["runs"], "baseline_runs": best["baseline_runs"]}
+    vdir = session.study_dir / "validation" / "reference"
     fit = pairs_left() if pairs_left is not None else None
     if fit is not None:
-        stored = sum(1 for key in session.study.user_attrs.get("ab_pairs", {})
-                     if key.startswith(f"reference/{best['trial']}-"))
+        done = session.study.user_attrs.get("ab_pairs", {})
+        stored = sum(_pair_key(vdir, best["trial"], r) in done for r in range(max_pairs))
         if stored + fit < min_pairs:
             reason = (f"the GPU-minute budget has room for {fit} more A/B pair(s), {min_pairs} are needed "
                       "(protocol.ab_min_rounds; budget.gpu_minutes makes room)")
@@ -349,7 +355,7 @@ def against_plain(session: StudySession, measurer: Runs, best: Mapping[str, Any]
         max_pairs = min(max_pairs, stored + fit)
     session.log(f"the winner #{best['trial']} beside {what}: {min_pairs} to {max_pairs} A/B pairs")
     res = ab_pairs(session, measurer, plain, {best["trial"]: spec.trial_config(best["params"])},
-                   session.study_dir / "validation" / "reference", max_pairs=max_pairs, min_pairs=min_pairs,
+                   vdir, max_pairs=max_pairs, min_pairs=min_pairs,
                    confidence=confidence, what="against the plain loop", resume=True)[best["trial"]]
     fields = interval_fields(res["runs"], res["baseline_runs"], confidence)
     if fields["speedup_median"] is not None:
