@@ -120,10 +120,12 @@ def bucket_bytes(bucket_size_mb: float) -> int:
 
 @dataclass(kw_only=True)
 class Fp8ModulesConfig:
-    """Which Linears FP8 training converts (module names as in HF checkpoints: ``layers.0.mlp.up_proj``)."""
+    """Which Linears FP8 training converts (module names as in HF checkpoints: ``layers.0.mlp.up_proj``; a VLA's
+    ``vision.layers.0.mlp.fc1``, ``backbone.layers.0.mlp.up_proj``, ``action_head.layers.0.ada``)."""
 
-    include: list[str] = field(default_factory=lambda: ["layers.*"])
-    """Glob patterns (fnmatch) of the Linears to convert; the default is every decoder-block Linear."""
+    include: list[str] = field(default_factory=lambda: ["*layers.*"])
+    """Glob patterns (fnmatch) of the Linears to convert; the default is every Linear of a block stack: the decoder's
+    blocks, and a VLA's vision, backbone and action-head blocks."""
     exclude: list[str] = field(default_factory=list)
     """Glob patterns of Linears kept in high precision even where include matches."""
     size_filter: bool = True
