@@ -80,7 +80,7 @@ def test_module_filter_follows_torchao_thresholds_per_recipe():
 
 
 @needs_torchao
-def test_default_include_reaches_every_block_stack_of_the_vla():
+def test_default_include_reaches_the_vla_vision_and_backbone_blocks():
     from workbench.train.fp8 import fp8_module_filter
     from workbench.train.vla import VLA, get_vla_preset
 
@@ -89,12 +89,12 @@ def test_default_include_reaches_every_block_stack_of_the_vla():
     keep = fp8_module_filter(_cd(**{FP8: "tensorwise"}))
     chosen = {n for n, m in model.named_modules() if keep(m, n)}
     stacks = {n.split(".layers.")[0] for n in chosen}
-    assert stacks == {"vision", "backbone", "action_head"}
+    assert stacks == {"vision", "backbone"}  # the action head's 16 tokens a sample stay in bf16
     # tensorwise leaves out K <= 4096 with N <= 1024: a 1024-wide block's output projections stay in bf16
     assert {n.removeprefix("vision.layers.0.") for n in chosen if n.startswith("vision.layers.0.")} == {
         "attn.qkv", "mlp.fc1"}
     assert len([n for n in chosen if n.startswith("backbone.")]) == 12 * 7
-    assert not any(n.startswith(("projector", "vision.patch_embed", "action_head.action_in")) for n in chosen)
+    assert not any(n.startswith(("projector", "vision.patch_embed")) for n in chosen)
 
 
 @needs_torchao

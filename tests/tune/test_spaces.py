@@ -33,7 +33,7 @@ def test_space_auto_loads_for_every_builtin_workload(model, gpus, base, expect):
     per_gpu = spec.base_config().training.global_batch_size // gpus
     assert spec.space["micro_batch_size"].choices == [m for m in (1, 2, 4, 8, 16, 32, 64) if per_gpu % m == 0]
     if model.endswith("vla"):
-        assert set(spec.space) == {"micro_batch_size", "compile", "graph_capture", "expandable_segments"}
+        assert set(spec.space) == {"micro_batch_size", "compile", "graph_capture", "expandable_segments", "fp8"}
     else:
         assert ("bucket_size_mb" in spec.space) == (gpus > 1)
     # every choice of every knob makes a valid trial config on its own

@@ -123,9 +123,10 @@ class Fp8ModulesConfig:
     """Which Linears FP8 training converts (module names as in HF checkpoints: ``layers.0.mlp.up_proj``; a VLA's
     ``vision.layers.0.mlp.fc1``, ``backbone.layers.0.mlp.up_proj``, ``action_head.layers.0.ada``)."""
 
-    include: list[str] = field(default_factory=lambda: ["*layers.*"])
-    """Glob patterns (fnmatch) of the Linears to convert; the default is every Linear of a block stack: the decoder's
-    blocks, and a VLA's vision, backbone and action-head blocks."""
+    include: list[str] = field(default_factory=lambda: ["layers.*", "vision.layers.*", "backbone.layers.*"])
+    """Glob patterns (fnmatch) of the Linears to convert; the default is every decoder-block Linear, and a VLA's
+    vision and backbone blocks (its action head's blocks run on a few tokens a sample, too few rows for FP8
+    matmuls to pay for their casts)."""
     exclude: list[str] = field(default_factory=list)
     """Glob patterns of Linears kept in high precision even where include matches."""
     size_filter: bool = True

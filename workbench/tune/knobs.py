@@ -229,7 +229,7 @@ KNOBS: tuple[Knob, ...] = (
          doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket",
          phases=_LAUNCH),
     Knob(name="fp8", key="loongforge.compute_domain.fp8", kind="categorical", requires=frozenset({"fp8"}),
-         numerics=True, doc="FP8 training of the decoder Linears through torchao.float8 (recipe), or none",
+         numerics=True, doc="FP8 training of the block Linears (fp8_modules) through torchao.float8 (recipe), or none",
          phases=_COMPUTE),
     Knob(name="fp8_cast", key="loongforge.compute_domain.fp8_cast", kind="categorical", requires=_FP8_CUDA,
          condition=lambda v: v.get("fp8") == "tensorwise", inactive="torchao", numerics=True,

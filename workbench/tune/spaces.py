@@ -60,6 +60,7 @@ _VLA_SPACE: dict[str, list[Any]] = {
     "compile": ["none", "default"],
     "graph_capture": ["none", "fwd_bwd", "fwd_bwd+optimizer"],
     "expandable_segments": [False, True],
+    "fp8": ["none", "tensorwise"],  # the recipe measured on the VLA's blocks (fp8_modules' default)
 }
 """The VLA's default space, less the micro-batch: its loop reads these knobs (studies/gr00t-n1.6-vla.yaml)."""
 
