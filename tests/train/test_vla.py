@@ -178,6 +178,26 @@ def test_loss_deterministic_under_seed_and_differs_across_seeds():
     assert not torch.equal(loss_at(1), loss_at(2))
 
 
+def test_the_draws_depend_on_the_micro_batch_and_on_compile():
+    """The same samples, weights and generator state give another loss split into two micro-batches, or with the
+    loss compiled: why the numerics guard's twin of a VLA trial shares its micro-batch and compile (numerics.py)."""
+    model = _tiny()
+    batch = _batch(model.args, B=8)
+
+    def summed(fn, parts: int) -> float:
+        torch.manual_seed(0)
+        with torch.no_grad():
+            return sum(fn(*(x[i::parts] for x in batch))[0].item() for i in range(parts))
+
+    whole = summed(model.loss, 1)
+    assert summed(model.loss, 1) == whole
+    halves = summed(model.loss, 2)
+    assert abs(halves - whole) > 1e-3 * whole  # each half draws its own times and noise
+    model.head_loss = torch.compile(model.head_loss)  # as compile_scope: layer compiles it (workload.py)
+    compiled = summed(model.loss, 1)
+    assert abs(compiled - whole) > 1e-3 * whole
+
+
 def test_flow_inputs_interpolate_and_follow_the_time_density():
     model = _tiny()
     a = model.args

@@ -35,6 +35,11 @@ A trial's steps are early training, where the loss is noisy:
   the reference runs' losses, relative to their median, and the tolerance is the protocol's or
   ``NOISE_FACTOR`` times the baseline repeats' own spread (``spread``), whichever is larger. What the base config
   does from run to run, the guard cannot tell from a change of numerics.
+- **Draws.** The VLA's flow-matching loss draws its time and noise inside the step, a micro-batch at a time, and
+  eager and compiled code draw different numbers from one generator state (tests/train/test_vla.py): the same data
+  and weights give another loss at another micro-batch or compile setting. So a VLA trial's twin shares its
+  micro-batch, compile and capture (``data_key``): the baseline repeats serve only a trial that runs as the base
+  does. FP8 on the VLA's blocks leaves the draws alone.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from workbench.config import Config
+from workbench.train.workload import is_vla
 from workbench.vocab import LOSS_MEAN, LOSS_STEPS
 
 __all__ = ["NOISE_FACTOR", "NumericsCheck", "check_loss", "data_key", "run_loss", "spread", "step_distance",
@@ -58,7 +64,9 @@ NOISE_FACTOR = 2.0
 
 
 def data_key(cfg: Config) -> str:
-    """A hash of what decides the tokens each optimizer step trains on, and the model's initial weights."""
+    """A hash of what decides the tokens each optimizer step trains on, and the model's initial weights; for the
+    VLA, also what decides its flow loss's noise (the module doc's "Draws"): the micro-batch and how the step is
+    compiled and captured."""
     d, t = cfg.data, cfg.training
     key: dict[str, Any] = {
         "corpus": d.loongbin_dir, "seq_len": d.seq_len, "min_len": d.min_len, "data_seed": d.seed,
@@ -68,6 +76,10 @@ def data_key(cfg: Config) -> str:
     }
     if d.packing == "bucket":  # records group into batches by bucket, micro-batch by micro-batch
         key.update(micro_batch=d.micro_batch_size, bucket_width=d.bucket_width)
+    if is_vla(cfg):  # the flow loss's noise: drawn per micro-batch, by eager or compiled (or captured) code
+        c = cfg.loongforge.compute_domain
+        key.update(micro_batch=d.micro_batch_size, compile=c.compile, compile_scope=c.compile_scope,
+                   compile_shapes=c.compile_shapes, graph_capture=str(c.graph_capture))
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
