@@ -4,12 +4,24 @@ metric keys. A leaf module: no import of the project's packages, no torch."""
 from __future__ import annotations
 
 __all__ = ["ALLOCATOR_REUSE_RATIO", "COMM_EXPOSED_S", "COMM_OVERLAP_PCT", "COMM_TOTAL_S", "COMPILE_S",
-           "DEVICE_TOTAL_GIB", "EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "LOSS_MEAN", "LOSS_STEPS",
-           "MAX_ALLOCATED_GIB", "MAX_RESERVED_GIB", "MAX_RSS_GIB", "PADDED_TOKENS_PER_S", "PADDING_RATIO", "PHASES",
-           "PREDICTED_PEAK_GIB", "REAL_TOKENS_PER_S", "STATUSES", "STEP_S", "TUNE_EXIT", "VOCAB_ALIGN", "padded_vocab"]
+           "DEVICE_TOTAL_GIB", "EXIT_CODES", "FAILED_STATUSES", "FAILURE_KINDS", "KERNEL_KINDS", "KERNEL_SHARE",
+           "LOSS_MEAN", "LOSS_STEPS", "MAX_ALLOCATED_GIB", "MAX_RESERVED_GIB", "MAX_RSS_GIB", "PADDED_TOKENS_PER_S",
+           "PADDING_RATIO", "PHASES", "PREDICTED_PEAK_GIB", "REAL_TOKENS_PER_S", "STATUSES", "STEP_S", "TUNE_EXIT",
+           "VOCAB_ALIGN", "padded_vocab"]
 
 PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "other")
 """The phases of a training step, in order; they add up to the step time."""
+
+KERNEL_KINDS = ("matmul", "attention", "communication", "optimizer", "loss", "cast", "norm", "activation", "rope",
+                "copy", "elementwise", "other", "idle", "padding")
+"""What a profiled step's device time is spent on (``workbench.train.profiling.kernel_kind`` sorts each kernel by its
+name): the GEMMs, attention, the collectives, the optimizer, the loss (softmax, cross-entropy), the FP8 casts, the
+norms, the activations, the rotary embedding, copies and sets, other element-wise and reduction kernels, the rest,
+and the time the device ran nothing; and the share of the busy time spent on padding tokens (``PADDING_RATIO``).
+Each knob names the kinds it can act on (``workbench.tune.knobs.Knob.kernels``)."""
+
+KERNEL_SHARE = "profile/kernel_share/"
+"""Prefix of a run summary's share of the profiled steps' span per kernel kind (``KERNEL_KINDS`` but padding)."""
 
 STATUSES = ("ok", "pruned", "oom", "timeout", "crash", "nan_loss", "numerics", "compile_error", "invalid_config",
             "no_report", "interrupted", "disk")

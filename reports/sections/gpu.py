@@ -10,9 +10,9 @@ ranges; their work is every kernel, copy and set launched within them (matched t
 to the later of the last range's end and the end of that work. Busy is the union of the work's intervals
 (overlapping streams count once), idle the rest of the span. Without step ranges the span is the work's own.
 
-The kind of a kernel comes from its name, first rule first (``KIND_RULES``), except that everything launched inside
-a step's ``optimizer`` phase range is ``optimizer`` (clipping, the update, zero_grad) and NCCL's kernels are always
-``communication``. On a CPU trace there is no device work: the same figures are computed over the aten ops
+The kind of a kernel comes from its name (``workbench.train.profiling.kernel_kind``, the tuner's too, grouped by
+``KIND_GROUPS``), except that everything launched inside a step's ``optimizer`` phase range is ``optimizer``
+(clipping, the update, zero_grad) and NCCL's kernels are always ``communication``. On a CPU trace there is no device work: the same figures are computed over the aten ops
 (``cpu_op``) of the training thread(s), by self time (``reports.sections._traces``); busy is the time inside an
 op, idle the rest of the steps (Python, waiting for data, the profiler itself).
 
@@ -27,7 +27,6 @@ after one the device idles until the host has launched again.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -35,9 +34,10 @@ import pandas as pd
 from reports._load import RunData, StudyData, num
 from reports.sections._common import median_of, baseline_runs, best_runs
 from reports.sections._traces import op_self_times, read_events, trace_table
+from workbench.train.profiling import kernel_kind
 from workbench.vocab import STEP_S
 
-__all__ = ["KINDS", "KIND_RULES", "DeviceTime", "GpuTime", "device_time", "device_waits", "gpu_section", "work_kind"]
+__all__ = ["KINDS", "KIND_GROUPS", "DeviceTime", "GpuTime", "device_time", "device_waits", "gpu_section", "work_kind"]
 
 KINDS = ("matmul", "attention", "elementwise/norm", "copy/cast/memset", "optimizer", "communication", "other")
 """The kinds of device work, in the order the report lists them."""
@@ -54,41 +54,26 @@ SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchr
 """Runtime calls that can hold the host until the device is done (a copy to the host, or one from pageable memory,
 waits for the stream)."""
 
-_ATEN_MATH = ("add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|tanh|sigmoid|where|mean|sum|max|min|clamp|abs|sign|sin|"
-              "cos|lerp|addcmul|addcdiv|gt|lt|ge|le|eq|ne|masked_fill|argmax")
-KIND_RULES: tuple[tuple[str, str], ...] = (
-    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter"),
-    ("optimizer", r"multi_tensor_apply|foreach|adam|optimizer"),
-    ("attention", r"attention|attn|flash|fmha|sdpa"),
-    ("elementwise/norm", r"^triton_(poi|per|red)_"),  # Inductor's fused pointwise, persistent, reduction kernels
-    ("matmul", r"gemm|nvjet|cutlass|xmma|wgmma|cublas|matmul|triton_tem_|splitk|^aten::(mm|addmm|bmm|baddbmm|linear)$"),
-    ("copy/cast/memset", r"memcpy|memset|copy|fill|(?<!broad)cast|_amax|^aten::(zero_|clone|cat|stack|contiguous|to)$"),
-    ("elementwise/norm", r"elementwise|vectorized|unrolled|reduce|norm|softmax|silu|gelu|swiglu|rope|rotary|dropout|"
-                         rf"embedding|cross_entropy|nll|_ce_|^aten::({_ATEN_MATH})_?$"),
-)
-"""(kind, regular expression searched in the lower-cased name), first match wins; no match is ``other``. The order
-settles the names that match two: cuDNN's flash attention is built of wgmma (attention before matmul), Inductor's
-fused kernels name the ops they fuse, copies among them (their own rule before matmul and copies), a direct copy
-runs in an elementwise kernel (copies before elementwise)."""
-_RULES = tuple((kind, re.compile(rx)) for kind, rx in KIND_RULES)
+KIND_GROUPS = {"matmul": "matmul", "attention": "attention", "communication": "communication",
+               "optimizer": "optimizer", "loss": "elementwise/norm", "norm": "elementwise/norm",
+               "activation": "elementwise/norm", "rope": "elementwise/norm", "elementwise": "elementwise/norm",
+               "cast": "copy/cast/memset", "copy": "copy/cast/memset", "other": "other"}
+"""The kind the report lists for each of ``kernel_kind``'s (``workbench.train.profiling.KERNEL_RULES``)."""
 _DEVICE_WORK = ("kernel", "gpu_memcpy", "gpu_memset")
 _LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 
 
 def work_kind(name: str, cat: str | None = None, *, in_optimizer: bool = False) -> str:
-    """The kind of one kernel, copy, set or CPU op (``KIND_RULES``): ``in_optimizer`` when it was launched (or, a
-    CPU op, ran) inside the ``optimizer`` phase range."""
-    low = name.lower()
-    if _RULES[0][1].search(low):
-        return "communication"
+    """The kind of one kernel, copy, set or CPU op (``kernel_kind``'s, grouped by ``KIND_GROUPS``):
+    ``in_optimizer`` when it was launched (or, a CPU op, ran) inside the ``optimizer`` phase range."""
+    kind = kernel_kind(name)
+    if kind == "communication":
+        return kind
     if in_optimizer:
         return "optimizer"
     if cat in ("gpu_memcpy", "gpu_memset"):
         return "copy/cast/memset"
-    for kind, rx in _RULES[1:]:
-        if rx.search(low):
-            return kind
-    return "other"
+    return KIND_GROUPS[kind]
 
 
 class DeviceTime(NamedTuple):

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from reports import build_report, compute_sections
-from reports.sections.gpu import KIND_RULES, device_time, device_waits, work_kind
+from reports.sections.gpu import KIND_GROUPS, KINDS, device_time, device_waits, work_kind
 from test_report_traces import CPU_EVENTS
+from workbench.vocab import KERNEL_KINDS
 
 GEMM = "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x256x64_warpgroupsize2x1x1_execute_segment_k_off_kernel"
 GEMM2 = "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"
@@ -99,8 +100,8 @@ def test_kernel_kinds_by_name():
                                    "aten::_scaled_dot_product_flash_attention_for_cpu", "MmBackward0",
                                    "aten::empty")] == [
         "matmul", "matmul", "optimizer", "copy/cast/memset", "elementwise/norm", "attention", "other", "other"]
-    assert {k for k, _ in KIND_RULES} | {"other"} == {"matmul", "attention", "elementwise/norm", "copy/cast/memset",
-                                                     "optimizer", "communication", "other"}
+    assert set(KIND_GROUPS.values()) == set(KINDS)
+    assert set(KIND_GROUPS) == set(KERNEL_KINDS) - {"idle", "padding"}  # every kind a kernel can be
 
 
 def test_device_time_of_a_cuda_trace():

@@ -15,7 +15,8 @@ import torch
 
 from workbench.config import Config, merge_overrides, preset_config
 from workbench.errors import ConfigError
-from workbench.train.profiling import StepProfiler, launch_overhead, memory_history_conflict
+from workbench.train.profiling import (StepProfiler, kernel_kind, kernel_shares, launch_overhead,
+                                       memory_history_conflict)
 from workbench.train.timing import PhaseTimer
 
 NAMED_PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer")
@@ -265,3 +266,62 @@ def test_launch_overhead_counts_launches_and_device_idle_per_step():
     assert p["step_span_ms"] == pytest.approx(200 / 2 / 1e3)
     with pytest.raises(ValueError, match="step <n>"):
         launch_overhead([_x("kernel", "k", 0, 1)], 1)
+
+
+# kernels of gr00t-n1.6's step on one H200 as torch.profiler named them (benchmarks/results/profile.csv, runs Q,
+# R and fp8head), one of each kind a knob acts on
+H200_KERNELS = {
+    "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN": "matmul",
+    "nvjet_sm90_qqtst_256x128_128x4_1x2_h_bz_coopA_TNT": "matmul",  # FP8
+    "void cutlass::Kernel2<cutlass_80_tensorop_s16816gemm_bf16_128x64_64x6_nt_align8>(cutlass_80": "matmul",
+    "triton_mm_102": "matmul",  # inductor's max-autotune GEMM
+    "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_26_64x64x64_1x4x1_cga1x1x1_kernel0_0":
+        "attention",
+    "void cudnn::fusion::compute_dot_do_o_specialized<true, 64>(void const*, void const*": "attention",
+    "triton_poi_fused__scaled_mm__to_copy_clamp_mul_reciprocal_t_view_4": "cast",  # the cast feeding _scaled_mm
+    "triton_red_fused_abs_max_view_5": "cast",
+    "_amax_kernel": "cast",
+    "triton_red_fused__to_copy__unsafe_view_add_mean_mul_pow_rsqrt_7": "norm",
+    "triton_per_fused__to_copy_add_div_expand_mul_pow_sum_view_10": "norm",  # RMSNorm's backward
+    "_rmsnorm_bwd_kernel": "norm",
+    "triton_poi_fused__unsafe_view_mul_silu_silu_backward_view_6": "activation",
+    "_swiglu_fwd_kernel": "activation",
+    "triton_poi_fused__to_copy_add_cat_clone_index_mul_neg_slice_transpose_unsqueeze_9": "rope",
+    "_rope_bwd_kernel": "rope",
+    "triton_red_fused__log_softmax__to_copy_prepare_softmax_online_slice_11": "loss",
+    "_ce_fwd_kernel": "loss",
+    "void at::native::(anonymous namespace)::multi_tensor_apply_kernel<at::native::(anonymous namespace)::FusedOpti":
+        "optimizer",
+    "void at::native::reduce_kernel<128, 4, at::native::ReduceOp<float, at::native::func_wrapper_t<float, {lambda":
+        "elementwise",
+    "triton_poi_fused__to_copy_view_4": "elementwise",  # inductor's dtype copy, fused: not a copy kernel
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)":
+        "copy",
+    "Memset (Device)": "copy",
+    "ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevKernelArgsStorage<4096ul>)": "communication",
+    "MmBackward0": "other",
+}
+
+
+def test_kernel_kind_sorts_the_kernels_of_a_measured_step():
+    assert {n: kernel_kind(n) for n in H200_KERNELS} == H200_KERNELS
+
+
+def test_kernel_shares_split_the_busy_time_by_kind_and_add_the_idle():
+    events = [
+        _x("user_annotation", "step 1", 0, 100),
+        _x("cuda_runtime", "cudaLaunchKernel", 1, 2, corr=1), _x("cuda_runtime", "cudaLaunchKernel", 3, 2, corr=2),
+        _x("cuda_runtime", "cudaLaunchKernel", 5, 2, corr=3),
+        # a GEMM [10, 50], attention [50, 70] and a norm on another stream [60, 80]: busy 70 of 100
+        _x("kernel", "nvjet_sm90_tst_128x256_64x4_2x1_v_bz_coopA_NTN", 10, 40, corr=1),
+        _x("kernel", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop", 50, 20, corr=2),
+        _x("kernel", "_rmsnorm_fwd_kernel", 60, 20, corr=3),
+        _x("gpu_user_annotation", "Optimizer.step#AdamW.step", 10, 70),  # a range on the device track, not work
+    ]
+    shares = kernel_shares(events)
+    # 80 of kernel time over 70 busy: each kind's time is scaled by 70 / 80
+    assert shares["matmul"] == pytest.approx(40 / 80 * 0.7) and shares["attention"] == pytest.approx(20 / 80 * 0.7)
+    assert shares["norm"] == pytest.approx(20 / 80 * 0.7) and shares["idle"] == pytest.approx(0.3)
+    assert sum(shares.values()) == pytest.approx(1.0) and shares["optimizer"] == 0.0
+    with pytest.raises(ValueError, match="step <n>"):
+        kernel_shares([_x("kernel", "k", 0, 1)])

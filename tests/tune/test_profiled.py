@@ -16,12 +16,12 @@ import workbench.tune.measure as measure
 from reports import build_report
 from workbench.tune import Tuner
 from workbench.tune.knobs import Knob, get_knob
-from workbench.tune.profiled import (HOT_SHARE, _choice_order, cold_neighbour, knob_weights, phase_shares,
-                                     profile_line, profile_record, walk_record)
+from workbench.tune.profiled import (HOT_SHARE, _choice_order, cold_neighbour, kernel_profile, knob_weights,
+                                     phase_shares, profile_line, profile_record, walk_order, walk_record)
 from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import TrialOutcome
-from workbench.vocab import PHASES
+from workbench.vocab import KERNEL_SHARE, PADDING_RATIO, PHASES
 
 SPACE = {"micro_batch_size": {"choices": [1, 2, 4, 8]}, "num_workers": {"choices": [0, 1, 2, 3]},
          "activation_checkpointing": {"choices": ["none", "full"]}}
@@ -58,6 +58,55 @@ def test_knob_weights_sum_the_phases_each_knob_acts_on():
         Knob(name="x", key="user.x", kind="int", phases=frozenset({"warmup"}))
 
 
+GEMM_BOUND = {"matmul": 0.60, "attention": 0.13, "optimizer": 0.045, "norm": 0.04, "activation": 0.028,
+              "other": 0.027, "loss": 0.015, "rope": 0.013, "cast": 0.0, "idle": 0.102, "padding": 0.0}
+"""gr00t-n1.6's compiled bf16 step on one H200 as profile.csv's kernels sort (run Q, torch_ops_compile), with
+10% of its span idle: the GEMMs take most of it."""
+LAUNCH_BOUND = {"matmul": 0.30, "attention": 0.05, "optimizer": 0.03, "norm": 0.05, "activation": 0.04,
+                "other": 0.13, "loss": 0.02, "rope": 0.03, "cast": 0.0, "idle": 0.35, "padding": 0.0}
+"""An eager step of small kernels: the device waits on their launches a third of the time."""
+
+
+def test_kernel_profile_reads_the_shares_and_the_padding_of_the_busy_time():
+    summary = {f"{KERNEL_SHARE}matmul": 0.5, f"{KERNEL_SHARE}other": 0.25, f"{KERNEL_SHARE}idle": 0.25,
+               PADDING_RATIO: 0.2, "profile/steps": 2}
+    assert kernel_profile(summary) == pytest.approx({"matmul": 0.5, "other": 0.25, "idle": 0.25, "padding": 0.15})
+    assert kernel_profile({"profile/steps": 2}) is None  # a CPU run: no device kernels
+    assert kernel_profile(None) is None
+    assert kernel_profile({f"{KERNEL_SHARE}idle": 0.0}) is None
+
+
+def test_the_walk_tries_first_the_knob_that_can_take_away_most_of_the_step():
+    """On a GEMM-bound step FP8 (at most half the matmuls' time) leads, the Triton ops follow by their kernels'
+    share, and what can only add time (checkpointing) or acts on no time of this step (padding under packing:
+    fill) comes last; on a launch-bound step compile and the knobs that act on idle time lead and FP8 follows.
+    Without a kernel profile the phases' weights order them, as before."""
+    names = ("micro_batch_size", "packing", "activation_checkpointing", "compile_shapes", "fp8", "rmsnorm_backend",
+             "swiglu_backend", "rope_backend", "loss_backend", "expandable_segments")
+    knobs = [get_knob(n) for n in names]
+
+    def order(kernels):
+        return walk_order(profile_record(knobs, COMPUTE_BOUND, {}, lambda n, v: True, 3, kernels))
+
+    gemm = order(GEMM_BOUND)
+    assert gemm[0] == "fp8" and set(gemm[-2:]) == {"packing", "activation_checkpointing"}
+    assert gemm.index("rmsnorm_backend") < gemm.index("swiglu_backend") < gemm.index("loss_backend") \
+        < gemm.index("rope_backend")
+    rec = profile_record(knobs, COMPUTE_BOUND, {}, lambda n, v: True, 3, GEMM_BOUND)
+    reach = {w["knob"]: w["reach"] for w in rec["weights"]}
+    assert reach["fp8"] == pytest.approx(0.30) and reach["micro_batch_size"] == pytest.approx(0.102)
+    assert "device time: matmul 60%, attention 13%, idle 10%" in profile_line(rec)
+
+    vla = [get_knob(n) for n in ("micro_batch_size", "compile", "graph_capture", "expandable_segments", "fp8")]
+    assert walk_order(profile_record(vla, COMPUTE_BOUND, {}, lambda n, v: True, 3, LAUNCH_BOUND)) == [
+        "compile", "micro_batch_size", "graph_capture", "expandable_segments", "fp8"]
+    assert order(None) == [n for n, _ in knob_weights(knobs, COMPUTE_BOUND)]
+    with pytest.raises(ValueError, match="kernels"):
+        Knob(name="x", key="user.x", kind="int", kernels=frozenset({"warp"}))
+    with pytest.raises(ValueError, match="kernel_bound"):
+        Knob(name="x", key="user.x", kind="int", kernels=frozenset({"matmul"}), kernel_bound=0.0)
+
+
 def test_only_a_knob_whose_base_value_is_in_its_space_is_held():
     knobs = [get_knob("num_workers"), get_knob("io_uring_entries"), get_knob("micro_batch_size")]
     rec = profile_record(knobs, COMPUTE_BOUND, {"num_workers": 2, "io_uring_entries": 48, "micro_batch_size": 4},
@@ -73,14 +122,15 @@ def test_only_a_knob_whose_base_value_is_in_its_space_is_held():
 def profiled_runs(monkeypatch):
     """Baseline runs report ``profile[0]`` as their step's phases; search trials run at a speed that grows with the
     micro-batch. Returns (profile holder, the params of every search trial in order)."""
-    profile = [COMPUTE_BOUND]
+    profile = [COMPUTE_BOUND]  # (a second item: more keys of every run's summary)
     ran: list[dict] = []
 
     def run_trial(cfg, run_dir, **kw):
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         v = 1000.0 * cfg.data.micro_batch_size
         return TrialOutcome("ok", Path(run_dir), windows=[v, v], value=v, wall_s=1.0,
-                            summary={"measured_steps": 6, "phase_s_per_step": _phases(profile[0], 0.3)})
+                            summary={"measured_steps": 6, "phase_s_per_step": _phases(profile[0], 0.3),
+                                     **(profile[1] if len(profile) > 1 else {})})
 
     def run(self, trial, cfg, tdir, on_window):
         ran.append(dict(trial.params))
@@ -125,6 +175,28 @@ def test_a_data_bound_step_leads_with_the_loader(study_spec_file, tmp_path, prof
     assert held == {"micro_batch_size": 4, "activation_checkpointing": "none"}  # the base config's values
     assert all((p["micro_batch_size"], p["activation_checkpointing"]) == (4, "none") for p in ran)
     assert len({p["num_workers"] for p in ran}) == 4  # every draw a new loader setting (no repeats)
+
+
+def test_the_base_runs_kernel_profile_orders_the_cold_walk(study_spec_file, tmp_path, profiled_runs, capsys):
+    """The last baseline repeat, profiled after its measurement, gives the device time by kernel kind: a third
+    of it idle, so the micro-batch (idle time) leads, the loader (10% of the step waits on it) comes next and
+    checkpointing (recompute only) last, where the phases alone put checkpointing second."""
+    profile, ran = profiled_runs
+    profile[0] = {"data_wait": 0.10, "h2d": 0.0, "forward": 0.30, "backward": 0.50, "grad_sync": 0.0,
+                  "optimizer": 0.08, "other": 0.02}
+    profile.append({f"{KERNEL_SHARE}{k}": v for k, v in LAUNCH_BOUND.items() if k != "padding"})
+    spec = study_spec_file("kern", space=SPACE, trials=3, protocol={"profile_steps": 1},
+                           sampler={"name": "tpe", "seed": 0, "n_startup_trials": 3})
+    t = _search(spec, tmp_path)
+    rec = t.study.user_attrs["profile"]
+    assert rec["kernels"]["idle"] == pytest.approx(0.35) and rec["kernels"]["padding"] == 0.0
+    assert [w["knob"] for w in rec["weights"]] == ["micro_batch_size", "activation_checkpointing", "num_workers"]
+    assert t.study.user_attrs["walk"]["knobs"] == ["micro_batch_size", "num_workers", "activation_checkpointing"]
+    changed = [{k for k in b if a.get(k) != b[k]} for a, b in zip([{"micro_batch_size": 4, "num_workers": 0,
+                                                                      "activation_checkpointing": "none"}, ran[0],
+                                                                     ran[0]], ran)]
+    assert changed == [{"micro_batch_size"}, {"num_workers"}, {"activation_checkpointing"}], ran
+    assert "device time: idle 35%, matmul 30%" in capsys.readouterr().err
 
 
 def test_a_grid_or_a_run_without_phase_timings_is_not_led(study_spec_file, tmp_path, profiled_runs):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -38,8 +39,10 @@ from torch.torch_version import TorchVersion
 
 from workbench.errors import ConfigError
 from workbench.train.timing import interval_union
+from workbench.vocab import KERNEL_KINDS, KERNEL_SHARE
 
-__all__ = ["LAUNCH_CALLS", "StepProfiler", "launch_overhead", "memory_history_conflict"]
+__all__ = ["KERNEL_RULES", "LAUNCH_CALLS", "StepProfiler", "kernel_kind", "kernel_shares", "launch_overhead",
+           "memory_history_conflict"]
 
 log = logging.getLogger("workbench")
 
@@ -54,18 +57,12 @@ _DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 """Trace categories of device activity."""
 
 
-def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str, float]:
-    """Launch calls, their host time, and device busy and idle time per step, from a trace's ``traceEvents``.
-
-    The steps are the ``step <n>`` ranges; their work is every kernel, copy and set whose launch call (matched by
-    the trace's ``correlation`` id) was made within them, or, for device activity without one, that started within
-    them. The span runs from the first range's start to the later of the last range's end and the end of that
-    work: a captured graph's kernels run on after the host has left the step, and their time is the step's.
-    Busy time is the union of the work's intervals (overlapping streams count once); idle is the rest of the
-    span. All figures are per step. Raises ValueError when the trace has no step ranges.
-    """
+def _step_work(events: Iterable[Mapping[str, Any]]) -> tuple[list[float], list[tuple[float, float, str]], float,
+                                                                float]:
+    """The profiled steps' launch calls (their durations), their device work ((start, end, kernel name) each) and
+    the span's start and end, as :func:`launch_overhead` defines them. Raises ValueError without step ranges."""
     launches: list[tuple[float, float, Any]] = []
-    work: list[tuple[float, float, Any]] = []
+    work: list[tuple[float, float, Any, str]] = []
     step_ranges: list[tuple[float, float]] = []
     for e in events:
         if e.get("ph") != "X":
@@ -76,23 +73,91 @@ def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str
         if cat in ("cuda_runtime", "cuda_driver") and name in LAUNCH_CALLS:
             launches.append((ts, dur, corr))
         elif cat in _DEVICE_WORK:
-            work.append((ts, ts + dur, corr))
+            work.append((ts, ts + dur, corr, name if cat == "kernel" else ""))
         elif cat == "user_annotation" and name.startswith("step "):
             step_ranges.append((ts, ts + dur))
-    if not step_ranges or steps <= 0:
+    if not step_ranges:
         raise ValueError("the trace has no 'step <n>' ranges to measure the launch overhead over")
     begin = min(s for s, _ in step_ranges)
     host_end = max(e for _, e in step_ranges)
     mine = [(ts, dur, c) for ts, dur, c in launches if begin <= ts <= host_end]
     ids = {c for _, _, c in mine if c is not None}
-    inside = [(s, e) for s, e, c in work if (c in ids if c is not None else begin <= s <= host_end)]
-    end = max([host_end, *(e for _, e in inside)])
-    busy = interval_union(inside)
+    inside = [(s, e, n) for s, e, c, n in work if (c in ids if c is not None else begin <= s <= host_end)]
+    end = max([host_end, *(e for _, e, _ in inside)])
+    return [d for _, d, _ in mine], inside, begin, end
+
+
+def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str, float]:
+    """Launch calls, their host time, and device busy and idle time per step, from a trace's ``traceEvents``.
+
+    The steps are the ``step <n>`` ranges; their work is every kernel, copy and set whose launch call (matched by
+    the trace's ``correlation`` id) was made within them, or, for device activity without one, that started within
+    them. The span runs from the first range's start to the later of the last range's end and the end of that
+    work: a captured graph's kernels run on after the host has left the step, and their time is the step's.
+    Busy time is the union of the work's intervals (overlapping streams count once); idle is the rest of the
+    span. All figures are per step. Raises ValueError when the trace has no step ranges.
+    """
+    if steps <= 0:
+        raise ValueError("the trace has no 'step <n>' ranges to measure the launch overhead over")
+    calls, inside, begin, end = _step_work(events)
+    busy = interval_union([(s, e) for s, e, _ in inside])
     span = end - begin
     ms = 1e-3 / steps
-    return {"launch_calls_per_step": len(mine) / steps, "launch_call_ms_per_step": sum(d for _, d, _ in mine) * ms,
+    return {"launch_calls_per_step": len(calls) / steps, "launch_call_ms_per_step": sum(calls) * ms,
             "device_busy_ms_per_step": busy * ms, "device_idle_ms_per_step": (span - busy) * ms,
             "step_span_ms": span * ms}
+
+
+_ATEN_MATH = ("add|sub|mul|div|neg|exp|log|pow|sqrt|rsqrt|tanh|sigmoid|where|mean|sum|max|min|clamp|abs|sign|sin|"
+              "cos|lerp|addcmul|addcdiv|gt|lt|ge|le|eq|ne|masked_fill|argmax")
+_NOT_FUSED = r"^(?!triton_(poi|red|per)_)"  # inductor's point-wise, reduction and persistent kernels
+KERNEL_RULES: tuple[tuple[str, str], ...] = (
+    ("communication", r"nccl|all_?reduce|all_?gather|reduce_?scatter"),
+    ("optimizer", r"multi_tensor_apply|foreach|adam|optimizer"),
+    ("attention", r"sdpa|flash|fmha|attention|attn|cudnn::fusion"),
+    ("matmul", _NOT_FUSED + r".*(gemm|nvjet|cutlass|xmma|wgmma|cublas|scaled_mm|matmul|triton_tem_|triton_mm|splitk)"
+               r"|^aten::(mm|addmm|bmm|baddbmm|linear)$"),
+    ("loss", r"cross_entropy|log_softmax|softmax|nll_loss|logsumexp|(^|_)ce_"),
+    ("cast", r"fp8|float8|e4m3|e5m2|amax|abs_max|reciprocal|(?<!broad)cast"),
+    ("norm", r"rms|rsqrt|pow_sum|norm(?!al)"),
+    ("activation", r"silu|swiglu|gelu|sigmoid|relu|tanh"),
+    ("rope", r"rope|rotary|mul_neg|neg_slice|neg_split|neg_kernel"),
+    ("copy", _NOT_FUSED + r".*(memcpy|memset|copy|fill)|^aten::(zero_|clone|cat|stack|contiguous|to)$"),
+    ("elementwise", rf"^triton_(poi|per|red)_|elementwise|vectorized|unrolled|reduce|dropout|embedding|"
+                    rf"^aten::({_ATEN_MATH})_?$"),
+)
+"""(kind, regular expression searched in the lowercased name), first match wins; no match is ``other``. The order
+settles the names that match two: cuDNN's flash attention is built of wgmma (attention before matmul); inductor's
+fused kernels name every op they fuse, the matmul they feed (``triton_poi_fused__scaled_mm_..``, an FP8 cast) and
+their dtype copies too, so none of them is a matmul or a copy and the costliest op they hold names them (a norm
+before its activation); a direct copy runs in an element-wise kernel (copies before element-wise)."""
+_KERNEL_RULES = tuple((kind, re.compile(rx)) for kind, rx in KERNEL_RULES)
+
+
+def kernel_kind(name: str) -> str:
+    """What a device kernel or CPU op of that name spends its time on (``workbench.vocab.KERNEL_KINDS``, never
+    idle or padding; ``KERNEL_RULES``). The names are those torch.profiler records: cuBLAS's ``nvjet_*`` and
+    CUTLASS GEMMs, cuDNN's ``*sdpa*`` attention, inductor's ``triton_{poi,red,per}_fused_<ops>``, the project's
+    Triton kernels (``_rmsnorm_fwd_kernel``), ATen's (``silu_kernel``) and on a CPU its ops (``aten::mm``)."""
+    lowered = name.lower()
+    return next((kind for kind, rx in _KERNEL_RULES if rx.search(lowered)), "other")
+
+
+def kernel_shares(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Each kernel kind's share of the profiled steps' span (:func:`launch_overhead`'s), ``idle`` the span the
+    device ran no work: each kind's kernel time over all the work's, scaled to the busy share (streams that overlap
+    share their busy time in proportion). The shares sum to 1. Raises ValueError without step ranges."""
+    _, inside, begin, end = _step_work(events)
+    span = end - begin
+    shares = dict.fromkeys([k for k in KERNEL_KINDS if k != "padding"], 0.0)
+    if span <= 0:
+        return shares
+    busy = interval_union([(s, e) for s, e, _ in inside])
+    total = sum(e - s for s, e, _ in inside)
+    for s, e, name in inside:  # (a copy or set has no kernel name)
+        shares[kernel_kind(name) if name else "copy"] += (e - s) / total * busy / span if total else 0.0
+    shares["idle"] = (span - busy) / span
+    return shares
 
 
 def memory_history_conflict(cfg: Any, version: str | None = None) -> str | None:
@@ -133,6 +198,7 @@ class StepProfiler:
         self.trace_path: Path | None = None
         self.memory_path: Path | None = None
         self.launch: dict[str, float] = {}
+        self.kernels: dict[str, float] = {}
 
     @property
     def active(self) -> bool:
@@ -185,7 +251,9 @@ class StepProfiler:
             prof.export_chrome_trace(str(self.trace_path))
             if self.cuda and self._profiled:
                 with open(self.trace_path) as f:
-                    self.launch = launch_overhead(json.load(f)["traceEvents"], self._profiled)
+                    events = json.load(f)["traceEvents"]
+                self.launch = launch_overhead(events, self._profiled)
+                self.kernels = kernel_shares(events)
             if self._memory:
                 self.memory_path = self.out_dir / "memory_snapshot.pickle"
                 torch.cuda.memory._dump_snapshot(str(self.memory_path))
@@ -218,4 +286,5 @@ class StepProfiler:
                 "profile/memory_snapshot_path": str(self.memory_path) if self.memory_path else None,
                 **({"profile/error": self.error} if self.error else {}),
                 **({"profile/no_memory_snapshot": self.no_memory_history} if self.no_memory_history else {}),
-                **{f"profile/{k}": v for k, v in self.launch.items()}}
+                **{f"profile/{k}": v for k, v in self.launch.items()},
+                **{f"{KERNEL_SHARE}{k}": v for k, v in self.kernels.items()}}

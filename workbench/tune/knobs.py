@@ -41,7 +41,7 @@ from kernels.registry import LAUNCH_SPACES
 from workbench.config import GRAPH_CAPTURING_COMPILE_MODES, graph_capture_on
 from workbench.train import fp8
 from workbench.train.allocator import env_option
-from workbench.vocab import PHASES
+from workbench.vocab import KERNEL_KINDS, PHASES
 
 __all__ = [
     "CAPABILITIES",
@@ -93,6 +93,12 @@ class Knob:
     phases: frozenset[str] = frozenset(PHASES)
     """The step phases (workbench.vocab.PHASES) whose time the knob changes: the base run's profile weighs the
     knob by their share (workbench.tune.profiled). Every phase when unknown (a loop of one's own)."""
+    kernels: frozenset[str] | None = None
+    """The kinds of device time (workbench.vocab.KERNEL_KINDS) the knob can take away: its reach is their share of
+    the base step in its kernel profile, which orders the cold walk (workbench.tune.profiled); empty where it can
+    only add time (recompute); None where its phases are its reach (the data pipeline, the gradient sync)."""
+    kernel_bound: float = 1.0
+    """The largest part of its kinds' time the knob can take away: FP8's matmuls run at most twice bf16's peak."""
 
     def __post_init__(self) -> None:
         unknown = set(self.requires) - CAPABILITIES
@@ -104,6 +110,11 @@ class Knob:
         if not self.phases or not self.phases <= set(PHASES):
             raise ValueError(f"knob {self.name!r}: phases {sorted(self.phases)} must be a non-empty subset of "
                              f"{', '.join(PHASES)}")
+        if self.kernels is not None and not self.kernels <= set(KERNEL_KINDS):
+            raise ValueError(f"knob {self.name!r}: kernels {sorted(self.kernels)} must be a subset of "
+                             f"{', '.join(KERNEL_KINDS)}")
+        if not 0 < self.kernel_bound <= 1:
+            raise ValueError(f"knob {self.name!r}: kernel_bound {self.kernel_bound} must be in (0, 1]")
 
     def accepts(self, value: Any) -> bool:
         """Whether ``value`` has this knob's type (a bool is not an int; an int is a float)."""
@@ -139,6 +150,12 @@ _STEP = frozenset({"forward", "backward", "optimizer", "other"})  # the whole st
 _LAUNCH = frozenset({"forward", "backward", "other"})  # the model's kernels and the launches between them
 _SYNC = frozenset({"grad_sync"})
 
+# the kinds of device time a knob can take away (Knob.kernels)
+_IDLE = frozenset({"idle"})  # launches, host work and allocator stalls the device waits on
+_FUSED_OPS = frozenset({"norm", "activation", "rope", "loss"})  # the ops the project's Triton kernels replace
+_OP_KERNELS = {"rmsnorm": frozenset({"norm"}), "swiglu": frozenset({"activation"}), "rope": frozenset({"rope"}),
+               "loss": frozenset({"loss"}), "fp8_linear": frozenset({"cast"})}  # (kernels/registry.py's ops)
+
 
 def _allocator_flag(option: str, environ: Mapping[str, str]) -> bool:
     """An allocator flag left unset: the environment's setting, else torch's default (off)."""
@@ -171,7 +188,7 @@ def _kernel_knob(kernel: str, op: str, param: str, doc: str) -> Knob:
     searched only on CUDA and only while the op it serves runs on Triton."""
     return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
                 requires=_CUDA, phases=_COMPUTE, condition=functools.partial(_op_uses_triton, op),
-                doc=f"{kernel} kernel: {doc}")
+                doc=f"{kernel} kernel: {doc}", kernels=_OP_KERNELS.get(op, frozenset({"elementwise"})))
 
 
 _FP8_CUDA = frozenset({"fp8", "cuda"})
@@ -185,7 +202,8 @@ def _triton_casts(values: Mapping[str, Any]) -> bool:
 def _fp8_kernel_knob(kernel: str, param: str, doc: str) -> Knob:
     """A launch parameter of an FP8 cast kernel: searched only while the Triton casts run."""
     return Knob(name=f"{kernel}_{param}", key=f"loongforge.compute_domain.kernels.{kernel}.{param}", kind="int",
-                requires=_FP8_CUDA, phases=_COMPUTE, condition=_triton_casts, doc=f"{kernel} kernel: {doc}")
+                requires=_FP8_CUDA, phases=_COMPUTE, condition=_triton_casts, doc=f"{kernel} kernel: {doc}",
+                kernels=_OP_KERNELS["fp8_linear"])
 
 
 def _launch_knobs() -> tuple[Knob, ...]:
@@ -201,79 +219,89 @@ def _launch_knobs() -> tuple[Knob, ...]:
 KNOBS: tuple[Knob, ...] = (
     # IO domain and batching
     Knob(name="bucket_width", key="data.bucket_width", kind="int",
-         doc="sequence bucket width: padding waste vs number of distinct shapes", phases=_SHAPES),
+         doc="sequence bucket width: padding waste vs number of distinct shapes", phases=_SHAPES,
+         kernels=frozenset({"padding"})),
     Knob(name="io_uring_entries", key="loongforge.io_domain.io_uring_entries", kind="int",
          requires=frozenset({"io_uring"}), doc="io_uring ring depth: shard reads in flight", phases=_DATA),
     Knob(name="num_workers", key="data.num_workers", kind="int", doc="decode workers: CPU decode parallelism",
          phases=_DATA),
     Knob(name="micro_batch_size", key="data.micro_batch_size", kind="int",
-         doc="samples per forward/backward (the global batch stays fixed: accumulation absorbs it)", phases=_STEP),
+         doc="samples per forward/backward (the global batch stays fixed: accumulation absorbs it)", phases=_STEP,
+         kernels=_IDLE),
     Knob(name="packing", key="data.packing", kind="categorical",
          doc="records padded to their bucket (bucket) or laid end to end into full rows (fill, no padding)",
-         phases=_SHAPES),
+         phases=_SHAPES, kernels=frozenset({"padding"})),
     Knob(name="activation_checkpointing", key="training.activation_checkpointing", kind="categorical",
          doc="decoder blocks recomputed in backward (none, selective, full): memory for bigger micro-batches",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=frozenset()),
     Knob(name="activation_checkpointing_every", key="training.activation_checkpointing_every", kind="int",
          condition=lambda v: v.get("activation_checkpointing") == "selective",
-         doc="selective checkpointing: every N-th block is recomputed", phases=_COMPUTE),
+         doc="selective checkpointing: every N-th block is recomputed", phases=_COMPUTE, kernels=frozenset()),
     # compute domain
     Knob(name="compile", key="loongforge.compute_domain.compile", kind="categorical",
-         doc="torch.compile mode of the model", phases=_LAUNCH),
+         doc="torch.compile mode of the model", phases=_LAUNCH,
+         kernels=_IDLE | _FUSED_OPS | {"cast", "copy", "elementwise"}),
     Knob(name="compile_scope", key="loongforge.compute_domain.compile_scope", kind="categorical",
          condition=lambda v: v.get("compile", "none") != "none", inactive="layer",
          doc="what one compiled graph covers: the whole loss, or each decoder block (compile time, overlap)",
-         phases=_LAUNCH),
+         phases=_LAUNCH, kernels=_IDLE),
     Knob(name="compile_shapes", key="loongforge.compute_domain.compile_shapes", kind="categorical",
          condition=lambda v: v.get("compile", "none") != "none", inactive="dynamic",
          doc="one compiled graph with a symbolic length for every bucket, or one specialised graph per bucket",
-         phases=_LAUNCH),
+         phases=_LAUNCH, kernels=_IDLE),
     Knob(name="fp8", key="loongforge.compute_domain.fp8", kind="categorical", requires=frozenset({"fp8"}),
          numerics=True, doc="FP8 training of the block Linears (fp8_modules) through torchao.float8 (recipe), or none",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=frozenset({"matmul"}), kernel_bound=0.5),
     Knob(name="fp8_cast", key="loongforge.compute_domain.fp8_cast", kind="categorical", requires=_FP8_CUDA,
          condition=lambda v: v.get("fp8") == "tensorwise", inactive="torchao", numerics=True,
          doc="who casts to FP8 under the tensorwise recipe: torchao, or the project's Triton kernels (one read "
-             "for the amax, one pass writing both layouts, a shared input cast once)", phases=_COMPUTE),
+             "for the amax, one pass writing both layouts, a shared input cast once)", phases=_COMPUTE,
+         kernels=frozenset({"cast"})),
     Knob(name="fp8_head", key="loongforge.compute_domain.fp8_head", kind="bool", requires=_FP8_CUDA,
          condition=lambda v: v.get("fp8") == "tensorwise", inactive=False, numerics=True,
          doc="the LM head's matmuls in FP8 too, on the project's casts (vocabulary padded to a multiple of 64, the "
-             "loss in fp32): FP8 matmul speed against materialised logits", phases=_COMPUTE),
+             "loss in fp32): FP8 matmul speed against materialised logits", phases=_COMPUTE,
+         kernels=frozenset({"loss"})),
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="categorical", requires=_CUDA,
          condition=_graph_capture_allowed, inactive="none",
          doc="CUDA graphs of the step by segment: none, fwd_bwd, fwd_bwd+optimizer (none when the compile mode "
-             "captures graphs itself)", phases=_STEP),
+             "captures graphs itself)", phases=_STEP, kernels=_IDLE),
     # Triton kernels: which ops use them, then each kernel's launch parameters
     Knob(name="triton_fusion", key="loongforge.compute_domain.triton_fusion", kind="bool", requires=_CUDA,
-         doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel", phases=_COMPUTE),
+         doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel", phases=_COMPUTE,
+         kernels=_FUSED_OPS),
     Knob(name="rmsnorm_backend", key="loongforge.compute_domain.ops.rmsnorm", kind="categorical", requires=_CUDA,
          condition=_op_backend_free, doc="RMSNorm backend (torch or triton) when triton_fusion is off",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=_OP_KERNELS["rmsnorm"]),
     Knob(name="swiglu_backend", key="loongforge.compute_domain.ops.swiglu", kind="categorical", requires=_CUDA,
-         condition=_op_backend_free, doc="SwiGLU backend (torch or triton) when triton_fusion is off", phases=_COMPUTE),
+         condition=_op_backend_free, doc="SwiGLU backend (torch or triton) when triton_fusion is off", phases=_COMPUTE,
+         kernels=_OP_KERNELS["swiglu"]),
     Knob(name="rope_backend", key="loongforge.compute_domain.ops.rope", kind="categorical", requires=_CUDA,
-         condition=_op_backend_free, doc="RoPE backend (torch or triton) when triton_fusion is off", phases=_COMPUTE),
+         condition=_op_backend_free, doc="RoPE backend (torch or triton) when triton_fusion is off", phases=_COMPUTE,
+         kernels=_OP_KERNELS["rope"]),
     Knob(name="loss_backend", key="loongforge.compute_domain.ops.loss", kind="categorical", requires=_CUDA,
          condition=lambda v: _op_backend_free(v) and not v.get("fp8_head"),
-         doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off", phases=_COMPUTE),
+         doc="LM head + cross-entropy backend (torch or triton) when triton_fusion is off", phases=_COMPUTE,
+         kernels=_OP_KERNELS["loss"]),
     Knob(name="fused_residual_norm", key="loongforge.compute_domain.fused_residual_norm", kind="bool",
          requires=_CUDA, condition=functools.partial(_op_uses_triton, "rmsnorm"), inactive=False,
          doc="every residual add inside the RMSNorm after it (one kernel; searched where RMSNorm runs on Triton)",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=frozenset({"norm", "elementwise"})),
     # a Hugging Face model's own switches (run.prepare: workbench/train/hf_prepare.py)
     Knob(name="hf_attention", key="hf.attention", kind="categorical",
-         doc="attention implementation of a Hugging Face model (sdpa, eager, flash_attention_2)", phases=_COMPUTE),
+         doc="attention implementation of a Hugging Face model (sdpa, eager, flash_attention_2)", phases=_COMPUTE,
+         kernels=frozenset({"attention"})),
     Knob(name="liger", key="hf.liger", kind="bool", requires=frozenset({"cuda", "liger"}),
          condition=_liger_can_act, inactive=False,
          doc="Liger-Kernel's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy in a Hugging Face model (under "
              "compile its fused loss alone)",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=_FUSED_OPS),
     Knob(name="hf_pad_vocab", key="hf.pad_vocab_multiple", kind="categorical",
          doc="pad a Hugging Face model's vocabulary to a multiple of this (0: as it is), for aligned LM-head GEMMs",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=frozenset({"matmul", "loss"})),
     Knob(name="hf_packed_check", key="hf.packed_check", kind="bool",
          doc="a Hugging Face model's packed-sequence check of its own position ids (a host sync every forward)",
-         phases=_COMPUTE),
+         phases=_COMPUTE, kernels=_IDLE),
     *_launch_knobs(),
     # communication overlap
     Knob(name="bucket_size_mb", key="loongforge.overlap.bucket_size_mb", kind="float",
@@ -286,13 +314,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="pinned_block_kb", key="loongforge.memory_domain.pinned_block_kb", kind="int", requires=_CUDA,
          doc="pinned host staging block (KiB)", phases=frozenset({"h2d"})),
     Knob(name="expandable_segments", key="loongforge.memory_domain.allocator.expandable_segments", kind="bool",
-         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP,
+         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP, kernels=_IDLE,
          unset=functools.partial(_allocator_flag, "expandable_segments")),
     Knob(name="roundup_power2_divisions", key="loongforge.memory_domain.allocator.roundup_power2_divisions",
-         kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range", phases=_STEP),
+         kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range", phases=_STEP,
+         kernels=_IDLE),
     Knob(name="max_split_size_mb", key="loongforge.memory_domain.allocator.max_split_size_mb", kind="int",
-         requires=_CUDA, doc="allocator: blocks larger than this are never split", phases=_STEP),
-    Knob(name="garbage_collection_threshold", phases=_STEP,
+         requires=_CUDA, doc="allocator: blocks larger than this are never split", phases=_STEP, kernels=_IDLE),
+    Knob(name="garbage_collection_threshold", phases=_STEP, kernels=_IDLE,
          key="loongforge.memory_domain.allocator.garbage_collection_threshold", kind="float", requires=_CUDA,
          doc="allocator: reclaim cached blocks above this share of allowed memory"),
 )

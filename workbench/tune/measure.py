@@ -22,7 +22,8 @@ from workbench.tune.budget import COORDINATOR_PHASES, profile_seconds, spend
 from workbench.tune.knobs import numerics_knobs
 from workbench.tune.lease import Lease
 from workbench.tune.numerics import check_loss, data_key, run_loss, spread, step_distance, stored_losses
-from workbench.tune.profiled import phase_shares, profile_line, profile_record, walk_line, walk_record
+from workbench.tune.profiled import (kernel_profile, phase_shares, profile_line, profile_record, walk_line,
+                                     walk_order, walk_record)
 from workbench.tune.session import StudySession
 from workbench.tune.stats import noise_floor, noise_warning
 from workbench.tune.trial import TrialOutcome, run_trial
@@ -129,6 +130,7 @@ class Measurer:
         study.set_user_attr("baseline_config_hash", h)
         if not same:
             study.set_user_attr("baseline_profile_s", None)
+            study.set_user_attr("baseline_kernels", None)
         repeats = spec.protocol.baseline_repeats
         profile = spec.protocol.profile_after_overrides()
 
@@ -155,6 +157,8 @@ class Measurer:
             study.set_user_attr("baseline_step_losses", step_losses)  # (a replay of the guard reads these)
             phases = [*phases[:i], (out.summary or {}).get("phase_s_per_step")]
             study.set_user_attr("baseline_phases", phases)  # the profile that leads the first proposals
+            if profile and i == repeats - 1:  # its device time by kernel kind orders the cold walk's knobs
+                study.set_user_attr("baseline_kernels", kernel_profile(out.summary))
             study.set_user_attr("baseline_dirs", [str(self.session.study_dir / "baseline" / str(j))
                                                   for j in range(len(runs))])
             self.session.log(f"baseline {i + 1}/{repeats}: {out.value:,.0f} tok/s/gpu")
@@ -176,14 +180,15 @@ class Measurer:
             return
         record = profile_record([spec.knob(n) for n in self.session.active], phase_shares(phases),
                                 spec.base_knob_values(), lambda n, v: spec.space[n].contains(v, spec.knob(n).kind),
-                                spec.sampler.n_startup_trials)
+                                spec.sampler.n_startup_trials, study.user_attrs.get("baseline_kernels"))
         study.set_user_attr("profile", record)
         if record is not None:
             self.session.log(profile_line(record))
 
     def record_walk(self) -> None:
         """The study's ``walk`` (workbench.tune.profiled), once: the knobs a cold start walks from the base config,
-        heaviest in the profile first, those the profile holds left out; None where the study does not walk
+        in the profile's ``walk_order`` (the largest reach in the base step's kernel profile first, else the
+        heaviest), those the profile holds left out; None where the study does not walk
         (``sampler.startup: random``, a grid or nsga2, several objectives, a warm start holding values)."""
         spec, study = self.session.spec, self.session.study
         if "walk" in study.user_attrs:
@@ -195,7 +200,7 @@ class Measurer:
             return
         profile = study.user_attrs.get("profile") or {}
         held = profile.get("held") or {}
-        order = [w["knob"] for w in profile.get("weights") or []] or spec.knob_order()
+        order = walk_order(profile) or spec.knob_order()
         base = spec.base_knob_values()
         knobs = [n for n in order if n in self.session.active and n not in held
                  and len(spec.space[n].choices or []) > 1]

@@ -8,9 +8,16 @@ the sampler's startup trials (its ``n_startup_trials``, random draws before a mo
 the base config's value, so the startup spends its draws on the knobs that can act. Afterwards the sampler draws
 every knob: a held knob is still searched, later.
 
-The profile, each knob's weight and the knobs held are the study attribute ``profile`` (tune.json's ``profile``, the
-report's Search section). A grid sampler and a study whose baseline recorded no phase timings (phase timing off, a
-loop of one's own without them) are not led by a profile: every knob is drawn from the start.
+The last baseline repeat profiles a few steps after its measurement; its summary sorts their device time by kernel
+kind (``workbench.vocab.KERNEL_KINDS``: :func:`kernel_profile`). A knob's reach is the share of that time it can
+take away (``Knob.kernels`` times ``Knob.kernel_bound``; its phases' weight where it names no kinds): a cold walk
+tries the knobs with the largest reach first, so that a GEMM-bound step tries FP8 before the micro-batch, whose
+effects depend on it, and nothing tries checkpointing (recompute, no time taken away) before the knobs that can act.
+
+The profile, each knob's weight and reach and the knobs held are the study attribute ``profile`` (tune.json's
+``profile``, the report's Search section). A grid sampler and a study whose baseline recorded no phase timings
+(phase timing off, a loop of one's own without them) are not led by a profile: every knob is drawn from the start;
+a study whose base run recorded no device kernels (a CPU run, ``profile_steps: 0``) is ordered by the weights.
 
 A warm-started study (``workbench.tune.opening``: its first trial is the best config of an earlier study of the same
 model on the same hardware) that searches knobs the earlier study did not (``warm_start.new``) spends its startup
@@ -26,8 +33,8 @@ this one, the warm start holds nothing. The profile's holds give way to these va
 
 A study started cold (no warm start's values; ``sampler.startup: walk``, the default) walks the same way from the
 base config (:func:`cold_neighbour`): the study attr ``walk``, written after the baseline (:func:`walk_record`),
-holds the knobs to walk (the searched knobs with a list of choices, heaviest in the profile first, those the profile
-holds left out), their choices, the value each starts from (``defaults``: the base config's, for a key it leaves
+holds the knobs to walk (the searched knobs with a list of choices in :func:`walk_order`, those the profile holds
+left out), their choices, the value each starts from (``defaults``: the base config's, for a key it leaves
 unset what that runs with, ``Knob.unset``; or the first choice where the space lacks it), the base config as the
 search asks it (``base``, with those defaults) and the baseline median (``value``). The incumbent is the fastest
 feasible trial faster than that median, else ``base``, which counts as asked where it is the base config itself
@@ -53,11 +60,11 @@ from optuna.trial import FrozenTrial, TrialState
 from workbench.tune.knobs import Knob
 from workbench.tune.samplers import WrappedSampler, asked_config, infeasible
 from workbench.tune.validation import is_feasible
-from workbench.vocab import PHASES
+from workbench.vocab import KERNEL_SHARE, PADDING_RATIO, PHASES
 
-__all__ = ["HOT_SHARE", "ProfileLed", "cold_neighbour", "knob_weights", "phase_shares", "profile_line",
-           "profile_record", "walk_line", "walk_record", "walk_startup", "warm_held", "warm_neighbour",
-           "warm_start_line", "warm_walk"]
+__all__ = ["HOT_SHARE", "ProfileLed", "cold_neighbour", "kernel_profile", "knob_reach", "knob_weights",
+           "phase_shares", "profile_line", "profile_record", "walk_line", "walk_order", "walk_record",
+           "walk_startup", "warm_held", "warm_neighbour", "warm_start_line", "warm_walk"]
 
 HOT_SHARE = 0.05
 """A knob whose phases hold less than this share of the base step is held at its base value in startup trials."""
@@ -84,25 +91,67 @@ def knob_weights(knobs: Sequence[Knob], shares: Mapping[str, float]) -> list[tup
     return sorted(weights, key=lambda kw: -kw[1])
 
 
+def kernel_profile(summary: Mapping[str, Any] | None) -> dict[str, float] | None:
+    """The base step's kernel profile from the summary of its profiled run: each kind's share of the span
+    (``workbench.vocab.KERNEL_SHARE`` keys) and ``padding``, the padding tokens' part of the busy device time
+    (``PADDING_RATIO`` of the rest). None where the run recorded no device kernels (a CPU run, no profile)."""
+    summary = summary or {}
+    shares = {k[len(KERNEL_SHARE):]: float(v) for k, v in summary.items()
+              if k.startswith(KERNEL_SHARE) and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not shares or sum(shares.values()) <= 0:
+        return None
+    padding = summary.get(PADDING_RATIO)
+    padding = float(padding) if isinstance(padding, (int, float)) and not isinstance(padding, bool) else 0.0
+    return {**shares, "padding": padding * (1.0 - shares.get("idle", 0.0))}
+
+
+def knob_reach(knob: Knob, phase_weight: float, kernels: Mapping[str, float]) -> float:
+    """The largest share of the base step ``knob`` can take away: its kernel kinds' share in the ``kernels``
+    profile times its ``kernel_bound``; its ``phase_weight`` where it names no kinds (``Knob.kernels`` None)."""
+    if knob.kernels is None:
+        return phase_weight
+    return knob.kernel_bound * sum(kernels.get(k, 0.0) for k in knob.kernels)
+
+
 def profile_record(knobs: Sequence[Knob], shares: Mapping[str, float] | None, base: Mapping[str, Any],
-                   contains: Callable[[str, Any], bool], startup_trials: int) -> dict[str, Any] | None:
+                   contains: Callable[[str, Any], bool], startup_trials: int,
+                   kernels: Mapping[str, float] | None = None) -> dict[str, Any] | None:
     """The study's ``profile``: the base step's ``phases`` (shares), each knob's ``weight``, and the knobs
     ``held`` at their base value (name -> value) during the first ``startup_trials`` trials; only a knob whose
-    base value its space ``contains`` can be held. None without phase timings."""
+    base value its space ``contains`` can be held. With the base step's ``kernels`` profile (``kernel_profile``)
+    too, each knob's ``reach`` (``knob_reach``), by which the cold walk orders them (``walk_order``). None
+    without phase timings."""
     if shares is None:
         return None
     weights = knob_weights(knobs, shares)
     held = {name: base[name] for name, w in weights
             if w < HOT_SHARE and name in base and base[name] is not None and contains(name, base[name])}
-    return {"phases": {p: round(s, 4) for p, s in shares.items()},
-            "weights": [{"knob": n, "weight": round(w, 4)} for n, w in weights],
-            "held": held, "startup_trials": startup_trials, "hot_share": HOT_SHARE}
+    by_name = {k.name: k for k in knobs}
+    record: dict[str, Any] = {
+        "phases": {p: round(s, 4) for p, s in shares.items()},
+        "weights": [{"knob": n, "weight": round(w, 4),
+                     **({"reach": round(knob_reach(by_name[n], w, kernels), 4)} if kernels else {})}
+                    for n, w in weights],
+        "held": held, "startup_trials": startup_trials, "hot_share": HOT_SHARE}
+    if kernels:
+        record["kernels"] = {k: round(v, 4) for k, v in kernels.items()}
+    return record
+
+
+def walk_order(record: Mapping[str, Any]) -> list[str]:
+    """The knobs of a ``profile`` record in the order a cold walk tries them: the largest ``reach`` first where
+    the record has a kernel profile, else the heaviest ``weight`` first; ties keep the weights' order."""
+    weights = record.get("weights") or []
+    return [w["knob"] for w in sorted(weights, key=lambda w: -w.get("reach", w["weight"]))]
 
 
 def profile_line(record: Mapping[str, Any]) -> str:
     """One line: where the base step's time goes, and what the startup trials hold."""
     phases = sorted(record["phases"].items(), key=lambda ps: -ps[1])
     where = ", ".join(f"{p} {s:.0%}" for p, s in phases if s >= 0.005) or "no phase over 0.5%"
+    kernels = sorted((record.get("kernels") or {}).items(), key=lambda ks: -ks[1])
+    if kernels:
+        where += "; device time: " + ", ".join(f"{k} {s:.0%}" for k, s in kernels if s >= 0.005)
     held = record.get("held") or {}
     if not held:
         return f"profile of the base step: {where}; every knob acts on at least {HOT_SHARE:.0%} of it"
