@@ -263,9 +263,10 @@ def walked_runs(monkeypatch):
 @pytest.mark.parametrize("sampler", ["tpe", "gp", "random"])
 def test_a_cold_start_walks_from_the_base_config_whatever_the_seed(study_spec_file, tmp_path, walked_runs, sampler):
     """From the base config (micro-batch 4, no worker, no checkpointing), each startup trial changes one knob of
-    the fastest config so far, in knob order (the loader's first), cyclically; the knob a step makes active starts
-    at its default (the base config's every 4). The same four steps come from every seed, and the base config,
-    which the baseline measured, is not asked."""
+    the fastest config so far, in knob order (the loader's first; with no kernel profile every knob's reach is the
+    same): each knob once from that incumbent, one never changed before one tried around another config, then
+    their other choices; the knob a step makes active starts at its default (the base config's every 4). The same
+    steps come from every seed, and the base config, which the baseline measured, is not asked."""
     base = {"data": {"seq_len": 256, "micro_batch_size": 4, "bucket_width": 64, "num_workers": 0},
             "training": {"global_batch_size": 8, "max_steps": 16, "log_every": 4, "warmup_measure_steps": 2,
                          "dtype": "fp32", "activation_checkpointing_every": 4},
@@ -285,7 +286,8 @@ def test_a_cold_start_walks_from_the_base_config_whatever_the_seed(study_spec_fi
             {"num_workers": 1, "micro_batch_size": 8, "activation_checkpointing": "none"},  # 8 before 2: nearer
             {"num_workers": 1, "micro_batch_size": 8, "activation_checkpointing": "selective",
              "activation_checkpointing_every": 4},  # slower: the incumbent stays
-            {"num_workers": 0, "micro_batch_size": 8, "activation_checkpointing": "none"},  # the cycle's next
+            # every knob was stepped: the loader again, around the new incumbent
+            {"num_workers": 0, "micro_batch_size": 8, "activation_checkpointing": "none"},
             # the base config has 5 neighbours (2 + 1 + 1 + 1 other choices): a fifth step (4 was trial 0's)
             {"num_workers": 1, "micro_batch_size": 2, "activation_checkpointing": "none"},
         ], (sampler, seed, walked_runs)
@@ -340,10 +342,12 @@ def test_tune_json_and_the_report_say_what_the_walk_did(study_spec_file, tmp_pat
             in page)
 
 
-def test_a_step_planned_ahead_goes_on_to_the_next_knob_from_the_new_incumbent():
-    """Compile-ahead plans a trial while the one before runs: trial 1 was planned from the base (trial 0 running),
-    so once trial 0 wins, trial 2 changes the knob after trial 1's, around trial 0, and does not try trial 1's knob
-    again around the new incumbent before the cycle comes back to it."""
+def test_a_new_incumbent_tries_untried_knobs_first_unless_a_tried_one_reaches_more():
+    """Compile-ahead plans a trial while the one before runs: trial 1 was planned from the base (trial 0 running).
+    Once trial 0 wins, trial 2 changes a knob no trial changed yet, around trial 0; a knob tried around another
+    config comes before it only where it can reach more of the step (the profile's reach): what lost beside the
+    base may win beside the new incumbent (gr00t-n1.6 on one H200: micro-batch 16 at 0.95x in bf16, never tried
+    again under FP8). A knob is stepped once from each incumbent before any knob takes its other choices."""
     dists = {k: optuna.distributions.CategoricalDistribution(["x", "y"]) for k in "abcdk"}
     base = dict.fromkeys("abcd", "x")
 
@@ -363,6 +367,25 @@ def test_a_step_planned_ahead_goes_on_to_the_next_knob_from_the_new_incumbent():
     assert cold_neighbour(running, running.get_trials(), 1) == {**base, "b": "y"}  # planned from the base
     won = study_of(({**base, "a": "y"}, 120.0), ({**base, "b": "y"}, None))
     assert cold_neighbour(won, won.get_trials(), 2) == {**base, "a": "y", "c": "y"}
+    lost = study_of(({**base, "b": "y"}, 95.0), ({**base, "a": "y"}, 120.0), ({**base, "a": "y", "c": "y"}, 110.0))
+    assert cold_neighbour(lost, lost.get_trials(), 3) == {**base, "a": "y", "d": "y"}  # untried d before b
+    reach = {"a": 0.30, "b": 0.05, "c": 0.03, "d": 0.03}
+    lost.set_user_attr("walk", walk_record(list("abcd"), {k: ["x", "y"] for k in "abcd"}, base, base, 100.0,
+                                           reach=reach))
+    assert cold_neighbour(lost, lost.get_trials(), 3) == {**base, "a": "y", "b": "y"}  # b lost beside the base
+    lost.set_user_attr("walk", walk_record(list("abcd"), {k: ["x", "y"] for k in "abcd"}, base, base, 100.0,
+                                           reach={**reach, "b": 0.03}))
+    assert cold_neighbour(lost, lost.get_trials(), 3) == {**base, "a": "y", "d": "y"}  # a tie: the untried first
+    # each knob once from the incumbent, then the other choices, in the knobs' order
+    three = study_of(({**base, "a": "y"}, 120.0), ({**base, "a": "y", "b": "y"}, 110.0),
+                     ({**base, "a": "y", "c": "y"}, 110.0))
+    three.set_user_attr("walk", walk_record(list("abcd"), {"a": ["x", "y"], "b": ["x", "y", "z"], "c": ["x", "y"],
+                                                           "d": ["x", "y"]}, base, base, 100.0))
+    assert cold_neighbour(three, three.get_trials(), 3) == {**base, "a": "y", "d": "y"}
+    three.add_trial(optuna.trial.create_trial(params={**base, "a": "y", "d": "y"}, value=105.0,
+                                              distributions={k: dists[k] for k in "abcd"},
+                                              user_attrs={"status": "ok"}))
+    assert cold_neighbour(three, three.get_trials(), 4) == {**base, "a": "y", "b": "z"}
     # a knob the incumbent's step made active comes first: the cycle passed it while it was inactive
     opened = study_of(({**base, "a": "y", "k": "x"}, 120.0))
     opened.set_user_attr("walk", walk_record([*"abcd", "k"], {k: ["x", "y"] for k in "abcdk"}, base, base, 100.0))

@@ -216,8 +216,9 @@ class Measurer:
             elif rng.choices:
                 defaults[name] = rng.choices[0]
         start, active = spec.searched_params(defaults, self.session.active), self.session.active
+        reach = {w["knob"]: w["reach"] for w in profile.get("weights") or [] if "reach" in w}
         record = walk_record(knobs, {n: spec.space[n].choices for n in knobs}, defaults, start,
-                             baseline_median(self.session), start == spec.searched_params(measured, active))
+                             baseline_median(self.session), start == spec.searched_params(measured, active), reach)
         study.set_user_attr("walk", record)
         if knobs:
             self.session.log(walk_line(record, spec.sampler.n_startup_trials))

@@ -23,9 +23,10 @@ A warm-started study (``workbench.tune.opening``: its first trial is the best co
 model on the same hardware) that searches knobs the earlier study did not (``warm_start.new``) spends its startup
 around what the earlier study found, instead of on the whole space again. Each startup trial is a neighbour of the
 incumbent: the best feasible trial so far (the warm start's own trial until one finished), one of the new knobs
-set to another of its choices, the first such config that no trial has asked for, in knob order from the knob after
-the one the latest step changed (from whichever incumbent); the incumbent moves as faster neighbours finish, so the
-startup walks the new knobs one at a time, cyclically (coordinate descent). Such a startup lasts at least one trial
+set to another of its choices, the first such config that no trial has asked for: each knob once from the
+incumbent, one no trial changed yet before one tried around another config, in knob order (``_step``); the
+incumbent moves as faster neighbours finish, so the startup walks the new knobs one at a time (coordinate
+descent). Such a startup lasts at least one trial
 more than the new knobs (``walk_startup``), so that each is changed once. Once every neighbour was asked, the
 startup holds the warm start's values and draws the new knobs at random. A trial asked ahead (compile-ahead: during
 the trial before it) is planned from the trials finished by then. Where the earlier study searched every knob of
@@ -230,9 +231,9 @@ def warm_held(study: Study) -> dict[str, Any]:
 
 def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
     """The config trial ``number`` of a partially warm-started study is planned to be (see the module docstring):
-    the incumbent's params with one new knob set to another of its choices, the first untried in choice order and
-    in knob order from the knob after the one the latest step changed (cyclic coordinate descent); {} when
-    none is left, the study is not partially warm-started, or it has more than one objective."""
+    the incumbent's params with one new knob set to another of its choices, the first untried in choice order, in
+    ``_step``'s order (coordinate descent); {} when none is left, the study is not partially warm-started, or it
+    has more than one objective."""
     warm = study.user_attrs.get("warm_start") or {}
     new = warm.get("new") or []
     if not new or not warm.get("params") or len(study.directions) != 1:
@@ -247,14 +248,15 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     choices = {n: list(d.choices) for n, d in incumbent.distributions.items()
                if isinstance(d, CategoricalDistribution)}  # (a numeric range is not walked)
     return _step(incumbent.params, new, choices, asked,
-                 lambda config: any(all(n in a and a[n] == v for n, v in config.items()) for a in asked))
+                 lambda config: any(all(n in a and a[n] == v for n, v in config.items()) for a in asked),
+                 origin=first.params if first is not None else None)
 
 
 def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
     """The config trial ``number`` of a study walking from its base config is planned to be (see the module
     docstring): the incumbent (the fastest feasible trial faster than the baseline median, else the base config)
-    with one walked knob set to another of its choices, the first untried in :func:`_choice_order` and in knob
-    order from the knob after the one the latest step changed, the knobs it makes active at their
+    with one walked knob set to another of its choices, the first untried in :func:`_choice_order`, in
+    ``_step``'s order (the largest reach first, an untried knob first on a tie), the knobs it makes active at their
     ``defaults``; first, where the base config has a value outside the space (``measured`` false), ``base`` itself,
     its nearest config there. {} when none is left, there is no walk, or the study has more than one objective."""
     walk = study.user_attrs.get("walk") or {}
@@ -275,37 +277,48 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     start = {**defaults, **walk["base"]}
     if not walk.get("measured", True) and not covered(start):
         return start  # the base config has a value outside the space: its nearest config of the space first
-    return _step(incumbent, walk["knobs"], walk["choices"], asked, covered, defaults)
+    return _step(incumbent, walk["knobs"], walk["choices"], asked, covered, defaults, walk.get("reach"), start)
 
 
 def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[str, Sequence[Any]],
           asked: Sequence[Mapping[str, Any]], covered: Callable[[dict[str, Any]], bool],
-          defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          defaults: Mapping[str, Any] | None = None, reach: Mapping[str, float] | None = None,
+          origin: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The walk's next config: ``incumbent`` with one of ``knobs`` (one active there, with ``choices``) set to
-    another choice, the first that no trial ``covered``, cyclically from the knob after the one the latest step
-    changed (a config ``asked`` that differs in one walked knob from one asked before it), whatever that step
-    changed it from: a new incumbent goes on to the next knob instead of trying again the ones its predecessor
-    tried, and so do the steps planned ahead (compile-ahead) while a trial before them runs. The knobs the
-    incumbent's own step made active (FP8's cast kernels once FP8 won) come first: the cycle had passed them
-    while they were inactive. The other knobs at ``defaults``, then the incumbent's values. {} when none is
-    left."""
-    last, opened = -1, []
+    another choice, the other knobs at ``defaults``, then the incumbent's values; {} when none is left.
+
+    First each knob not yet stepped from this incumbent (no config its steps from it would ask for is
+    ``covered``) takes its first choice in :func:`_choice_order`: the knobs the incumbent's own step made active
+    first (a config ``asked`` that differs from one asked before it in one walked knob and holds knobs that one
+    did not: FP8's cast kernels once FP8 won; the walk could not step them before), then the largest ``reach``
+    first (the profile's: the share of the base step a knob can take away; without one, every knob's is the
+    same), on a tie a knob no config asked has changed from ``origin`` (the walk's start) before one that was,
+    then in ``knobs``' order. So a new incumbent tries untried knobs before it tries again, around itself, what
+    was tried around another config, unless that knob can reach more of the step: what lost beside the base may
+    win beside the new incumbent (a micro-batch that lost in bf16, under FP8). The steps planned ahead
+    (compile-ahead) while a trial before them runs are asked too, so they go on to the next knob. Then the
+    knobs' other choices, in ``knobs``' order."""
+    opened: list[str] = []
     for i, a in enumerate(asked):
+        if a != incumbent:
+            continue
         for e in asked[:i]:
             differ = [n for n in a if n in e and a[n] != e[n]]
             if len(differ) == 1 and differ[0] in knobs:
-                last = knobs.index(differ[0])
-                if a == incumbent:
-                    opened = [n for n in knobs if n in a and n not in e]
+                opened = [n for n in knobs if n in a and n not in e]
                 break
-    for name in [*opened, *knobs[last + 1:], *knobs[:last + 1]]:
-        if name not in incumbent or name not in choices:  # inactive in the incumbent, or not a list of choices
-            continue
-        for choice in _choice_order(choices[name], incumbent[name]):
-            config = {**(defaults or {}), **incumbent, name: choice}
-            if not covered(config):
-                return config
-    return {}
+    start = origin or {}
+    tried = {n for a in asked for n in knobs if n in a and n in start and a[n] != start[n]}
+    ranked = sorted(knobs, key=lambda n: (n not in opened, -(reach or {}).get(n, 0.0), n in tried, knobs.index(n)))
+    steps = [[{**(defaults or {}), **incumbent, name: choice} for choice in _choice_order(choices[name],
+                                                                                           incumbent[name])]
+             for name in ranked if name in incumbent and name in choices]  # (not inactive, a list of choices)
+    for configs in steps:  # one step of each knob from this incumbent first
+        if configs and not any(covered(c) for c in configs):
+            return configs[0]
+    return next((c for name in knobs if name in incumbent and name in choices
+                 for c in ({**(defaults or {}), **incumbent, name: choice}
+                           for choice in _choice_order(choices[name], incumbent[name])) if not covered(c)), {})
 
 
 def _choice_order(choices: Sequence[Any], current: Any) -> list[Any]:
@@ -363,11 +376,14 @@ def warm_walk(trials: Sequence[FrozenTrial], new: Sequence[str],
 
 
 def walk_record(knobs: Sequence[str], choices: Mapping[str, Sequence[Any]], defaults: Mapping[str, Any],
-                base: Mapping[str, Any], value: float, measured: bool = True) -> dict[str, Any]:
+                base: Mapping[str, Any], value: float, measured: bool = True,
+                reach: Mapping[str, float] | None = None) -> dict[str, Any]:
     """The study attr ``walk`` of a cold walk (see the module docstring); ``measured``: ``base`` is the base
-    config itself (every value of it is in the space), which the baseline measured."""
+    config itself (every value of it is in the space), which the baseline measured; ``reach``: each knob's, where
+    the profile has a kernel profile (``profile_record``), else None."""
     return {"knobs": list(knobs), "choices": {k: list(choices[k]) for k in knobs}, "defaults": dict(defaults),
-            "base": dict(base), "value": value, "measured": measured}
+            "base": dict(base), "value": value, "measured": measured,
+            "reach": {k: reach[k] for k in knobs if k in reach} if reach else None}
 
 
 def walk_line(record: Mapping[str, Any], startup_trials: int | None = None) -> str:
