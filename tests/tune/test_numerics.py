@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from optuna.trial import TrialState
 
-from workbench.config import load_config, merge_overrides, preset_config
+from workbench.config import config_hash, load_config, merge_overrides, preset_config
 from workbench.tune.numerics import check_loss, data_key, run_loss, spread, step_distance, window_losses
 from workbench.tune.spec_sections import Protocol
 from workbench.tune.study import load_study_spec
@@ -266,3 +266,55 @@ def test_a_trial_no_faster_than_the_base_runs_no_numerics_twin(study_spec_file, 
     assert out.status == "ok" and attrs["numerics"]["passed"] is True and attrs["numerics"]["reference"] == "twin"
     out, attrs = guard(900.0)  # slower, but its tokens' twin is known: checked without a run
     assert len(twins) == 1 and attrs["numerics"]["passed"] is True and "numerics_skipped" not in attrs
+
+
+def test_a_search_trial_of_the_twins_config_is_the_twin(study_spec_file, tmp_path, monkeypatch):
+    """gr00t-n1.6-vla on one H200 (2026-12-06): FP8 at micro-batch 32 compiled (trial 7) ran a bf16 twin for 0.5
+    GPU-minutes, though trial 3 had measured that very config. A finished search trial of the twin's config that
+    measured at least the candidate's steps is now its twin: no run. One that measured fewer steps (a screen, where
+    the candidate ran in full) is not, and the twin runs."""
+    tuner = _tuner(study_spec_file, tmp_path, monkeypatch, "reuse",
+                   space={"fp8": {"choices": ["none", "tensorwise"]}, "micro_batch_size": {"choices": [2, 4]}},
+                   seeds=[{"fp8": "tensorwise", "micro_batch_size": 2}], trials=4, tolerance=0.2,
+                   base={**BASE, "data": {**BASE["data"], "packing": "bucket"}})
+    study = tuner.open()
+    study.set_user_attr("baseline_runs", [1000.0])
+    study.set_user_attr("baseline_losses", [5.0])
+    runs = []
+
+    def measure(cfg, run_dir, prefix, phase, then=None):
+        runs.append(phase)
+        return TrialOutcome("ok", Path(run_dir), wall_s=30.0, step_losses=[5.0] * 4)
+
+    monkeypatch.setattr(tuner.measurer, "measure", measure)
+    spec = tuner.session.spec
+    params = {"fp8": "tensorwise", "micro_batch_size": 2}
+    cfg = spec.trial_config(params)
+    twin_cfg = merge_overrides(cfg, {spec.knob("fp8").key: spec.base_knob_values().get("fp8")})
+
+    def searched(steps: list[float]) -> int:
+        trial = study.ask()
+        for k, v in {"config_hash": config_hash(twin_cfg), "status": "ok", "step_losses": steps}.items():
+            trial.set_user_attr(k, v)
+        study.tell(trial, 1500.0)
+        return trial.number
+
+    def guard(steps: int) -> tuple[TrialOutcome, dict]:
+        trial = study.ask()
+        out = TrialOutcome("ok", tmp_path / str(trial.number), value=1200.0, step_losses=[5.1] * steps)
+        tuner.measurer.guard_numerics(trial, params, cfg, out)
+        return out, study.get_trials()[trial.number].user_attrs
+
+    searched([5.0, 5.0])  # a screen: two steps
+    out, attrs = guard(4)
+    assert runs == ["numerics"] and attrs["twin_wall_s"] == 30.0  # too few steps to stand for the twin
+    study.set_user_attr("numerics_twins", {})
+    study.set_user_attr("numerics_twin_steps", {})
+    number = searched([4.9, 5.0, 5.05, 5.0])
+    out, attrs = guard(4)
+    assert runs == ["numerics"] and "twin_wall_s" not in attrs  # no second run
+    check = attrs["numerics"]
+    assert out.status == "ok" and check["reference"] == "twin" and check["passed"] is True
+    assert check["reference_loss"] == pytest.approx(5.0) and check["rel_diff"] == pytest.approx(0.1 / 5.0, rel=0.01)
+    assert list(study.user_attrs["numerics_twin_steps"].values()) == [[4.9, 5.0, 5.05, 5.0]]
+    assert number == 2

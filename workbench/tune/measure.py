@@ -279,6 +279,13 @@ class Measurer:
             self.session.log(f"trace of the {name}: {rec['path']}")
         return rec
 
+    def searched_twin(self, twin_cfg: Any, steps: int) -> tuple[int, list] | None:
+        """A search trial that ran ``twin_cfg`` itself (its config hash) and measured at least ``steps`` steps, all
+        finite: (its number, its stored step losses), which stand for a twin run (the same config on the same
+        data draws the same numbers); None where none did."""
+        done = self.session.trials((optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED))
+        return _searched_twin_steps(done, config_hash(twin_cfg), steps)
+
     def guard_numerics(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, out: TrialOutcome) -> None:
         """The numerics guard (workbench.tune.numerics): a trial that sets a numerics knob off its base value keeps
         status ok only if its step losses lie within the tolerance of its reference's, step by step
@@ -310,6 +317,14 @@ class Measurer:
                 trial.set_user_attr("numerics_skipped", why)
                 self.session.log(f"trial {trial.number}: no numerics twin ({why})")
                 return
+            if h not in twins and (known := self.searched_twin(twin_cfg, len(out.step_losses))) is not None:
+                number, steps = known  # the twin's config ran as a search trial: its steps are the reference
+                self.session.log(f"trial {trial.number}: its numerics twin ({', '.join(changed)} at base) is "
+                                 f"trial {number}, measured on the same data")
+                twins[h] = run_loss([float(x) for x in steps])
+                study.set_user_attr("numerics_twins", twins)
+                study.set_user_attr("numerics_twin_steps", {**study.user_attrs.get("numerics_twin_steps", {}),
+                                                            h: steps})
             if h not in twins:
                 self.session.log(f"trial {trial.number}: numerics twin ({', '.join(changed)} at base) on the same "
                                  "data")
@@ -334,6 +349,17 @@ class Measurer:
         if not check.passed:
             out.status, out.failure_reason = "numerics", f"{', '.join(f'{k}={params[k]}' for k in changed)}: " \
                 + check.reason()
+
+
+def _searched_twin_steps(trials: list[optuna.trial.FrozenTrial], h: str, steps: int) -> tuple[int, list] | None:
+    """(number, stored step losses) of the earliest finished search trial of config hash ``h`` that measured at
+    least ``steps`` steps, all of them finite; None where none did."""
+    for t in trials:
+        losses = t.user_attrs.get("step_losses") or []
+        if t.user_attrs.get("config_hash") == h and t.user_attrs.get("status") in ("ok", "pruned") \
+                and len(losses) >= max(steps, 1) and all(isinstance(x, (int, float)) for x in losses):
+            return t.number, list(losses)
+    return None
 
 
 def write_lifetimes(session: StudySession, writer: Callable[[Any, Path], str] | None) -> None:

@@ -13,7 +13,9 @@ base value. When the twin feeds the model the same data as the base config
 (``data_key``: same corpus, seeds, global batch and packing, and for bucketed records
 the same micro-batch and bucket width, which decide how records group into batches),
 the baseline repeats already measured it, with no extra run. Otherwise the twin is run once per data path (cached
-by its ``data_key``: a later trial on the same tokens is checked against it). A twin is run only for a trial that
+by its ``data_key``: a later trial on the same tokens is checked against it), unless a finished search trial ran the
+twin's very config (its config hash) and measured at least the candidate's steps: its stored step losses are the
+twin's (``Measurer.searched_twin``). A twin is run only for a trial that
 can be validated: one whose search throughput is above the baseline repeats' median (``validation.candidates``
 passes over the others, so their numbers decide nothing); a slower trial keeps its status, its check is the trial
 attr ``numerics_skipped`` (why), and the first faster trial on its tokens runs the twin.
