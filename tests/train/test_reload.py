@@ -232,6 +232,16 @@ def _records(path: Path) -> list[dict]:
     return [json.loads(x) for x in lines if x.endswith("}")]
 
 
+def _beat(path: Path) -> int:
+    """The step a heartbeat file holds, read once (the run rewrites it in place: a second read may find it
+    empty); -1 while it holds none."""
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return -1
+    return int(text) if text.isdigit() else -1
+
+
 def _wait(pred, proc, what: str, timeout: float = 90.0):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -262,7 +272,7 @@ def test_a_live_run_applies_one_reload_and_rejects_the_next(synth, tmp_path, sub
     jsonl = out / "metrics.jsonl"
     try:
         # running, with a measured window at the first peak
-        _wait(lambda: hb.exists() and hb.read_text().strip().isdigit() and int(hb.read_text()) >= 6, p, "step 6")
+        _wait(lambda: _beat(hb) >= 6, p, "step 6")
         spec["training"]["learning_rate"], spec["data"]["micro_batch_size"] = 3e-3, 2
         cfg.write_text(yaml.safe_dump(spec))
         p.send_signal(signal.SIGUSR1)
