@@ -57,8 +57,11 @@ _DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 """Trace categories of device activity."""
 
 
-def _step_work(events: Iterable[Mapping[str, Any]]) -> tuple[list[float], list[tuple[float, float, str]], float,
-                                                                float]:
+_StepWork = tuple[list[float], list[tuple[float, float, str]], float, float]
+"""What :func:`_step_work` returns."""
+
+
+def _step_work(events: Iterable[Mapping[str, Any]]) -> _StepWork:
     """The profiled steps' launch calls (their durations), their device work ((start, end, kernel name) each) and
     the span's start and end, as :func:`launch_overhead` defines them. Raises ValueError without step ranges."""
     launches: list[tuple[float, float, Any]] = []
@@ -97,9 +100,14 @@ def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str
     Busy time is the union of the work's intervals (overlapping streams count once); idle is the rest of the
     span. All figures are per step. Raises ValueError when the trace has no step ranges.
     """
+    return _launch_figures(_step_work(events), steps)
+
+
+def _launch_figures(work: _StepWork, steps: int) -> dict[str, float]:
+    """:func:`launch_overhead` of the steps' work (:func:`_step_work`'s)."""
     if steps <= 0:
         raise ValueError("the trace has no 'step <n>' ranges to measure the launch overhead over")
-    calls, inside, begin, end = _step_work(events)
+    calls, inside, begin, end = work
     busy = interval_union([(s, e) for s, e, _ in inside])
     span = end - begin
     ms = 1e-3 / steps
@@ -147,7 +155,12 @@ def kernel_shares(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     """Each kernel kind's share of the profiled steps' span (:func:`launch_overhead`'s), ``idle`` the span the
     device ran no work: each kind's kernel time over all the work's, scaled to the busy share (streams that overlap
     share their busy time in proportion). The shares sum to 1. Raises ValueError without step ranges."""
-    _, inside, begin, end = _step_work(events)
+    return _kernel_figures(_step_work(events))
+
+
+def _kernel_figures(work: _StepWork) -> dict[str, float]:
+    """:func:`kernel_shares` of the steps' work (:func:`_step_work`'s)."""
+    _, inside, begin, end = work
     span = end - begin
     shares = dict.fromkeys([k for k in KERNEL_KINDS if k != "padding"], 0.0)
     if span <= 0:
@@ -252,8 +265,9 @@ class StepProfiler:
             if self.cuda and self._profiled:
                 with open(self.trace_path) as f:
                     events = json.load(f)["traceEvents"]
-                self.launch = launch_overhead(events, self._profiled)
-                self.kernels = kernel_shares(events)
+                work = _step_work(events)  # one pass over the trace for both
+                self.launch = _launch_figures(work, self._profiled)
+                self.kernels = _kernel_figures(work)
             if self._memory:
                 self.memory_path = self.out_dir / "memory_snapshot.pickle"
                 torch.cuda.memory._dump_snapshot(str(self.memory_path))
