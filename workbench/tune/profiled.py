@@ -310,15 +310,13 @@ def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[s
     start = origin or {}
     tried = {n for a in asked for n in knobs if n in a and n in start and a[n] != start[n]}
     ranked = sorted(knobs, key=lambda n: (n not in opened, -(reach or {}).get(n, 0.0), n in tried, knobs.index(n)))
-    steps = [[{**(defaults or {}), **incumbent, name: choice} for choice in _choice_order(choices[name],
-                                                                                           incumbent[name])]
-             for name in ranked if name in incumbent and name in choices]  # (not inactive, a list of choices)
-    for configs in steps:  # one step of each knob from this incumbent first
+    steps = {name: [{**(defaults or {}), **incumbent, name: choice}
+                    for choice in _choice_order(choices[name], incumbent[name])]
+             for name in ranked if name in incumbent and name in choices}  # (not inactive, a list of choices)
+    for configs in steps.values():  # one step of each knob from this incumbent first
         if configs and not any(covered(c) for c in configs):
             return configs[0]
-    return next((c for name in knobs if name in incumbent and name in choices
-                 for c in ({**(defaults or {}), **incumbent, name: choice}
-                           for choice in _choice_order(choices[name], incumbent[name])) if not covered(c)), {})
+    return next((c for name in knobs if name in steps for c in steps[name] if not covered(c)), {})
 
 
 def _choice_order(choices: Sequence[Any], current: Any) -> list[Any]:
