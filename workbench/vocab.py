@@ -13,12 +13,13 @@ PHASES = ("data_wait", "h2d", "forward", "backward", "grad_sync", "optimizer", "
 """The phases of a training step, in order; they add up to the step time."""
 
 KERNEL_KINDS = ("matmul", "attention", "communication", "optimizer", "loss", "cast", "norm", "activation", "rope",
-                "copy", "elementwise", "other", "idle", "padding")
+                "copy", "elementwise", "other", "alloc", "idle", "padding")
 """What a profiled step's device time is spent on (``workbench.train.profiling.kernel_kind`` sorts each kernel by its
 name): the GEMMs, attention, the collectives, the optimizer, the loss (softmax, cross-entropy), the FP8 casts, the
 norms, the activations, the rotary embedding, copies and sets, other element-wise and reduction kernels, the rest,
-and the time the device ran nothing; and the share of the busy time spent on padding tokens (``PADDING_RATIO``).
-Each knob names the kinds it can act on (``workbench.tune.knobs.Knob.kernels``)."""
+the time the device ran nothing while the host was in the allocator's calls (``alloc``: ``cudaMalloc``, ``cudaFree``
+and the driver's memory mapping), the rest of the time it ran nothing (``idle``); and the share of the busy time
+spent on padding tokens (``PADDING_RATIO``). Each knob names the kinds it can act on (``workbench.tune.knobs.Knob.kernels``)."""
 
 KERNEL_SHARE = "profile/kernel_share/"
 """Prefix of a run summary's share of the profiled steps' span per kernel kind (``KERNEL_KINDS`` but padding)."""

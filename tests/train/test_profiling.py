@@ -323,5 +323,10 @@ def test_kernel_shares_split_the_busy_time_by_kind_and_add_the_idle():
     assert shares["matmul"] == pytest.approx(40 / 80 * 0.7) and shares["attention"] == pytest.approx(20 / 80 * 0.7)
     assert shares["norm"] == pytest.approx(20 / 80 * 0.7) and shares["idle"] == pytest.approx(0.3)
     assert sum(shares.values()) == pytest.approx(1.0) and shares["optimizer"] == 0.0
+    # a cudaFree at [75, 90] (the device runs the norm until 80) and a cudaMalloc before the step: the device
+    # waited 10 on the allocator, and the idle is what is left
+    shares = kernel_shares([*events, _x("cuda_runtime", "cudaFree", 75, 15), _x("cuda_runtime", "cudaMalloc", -9, 5)])
+    assert shares["alloc"] == pytest.approx(0.1) and shares["idle"] == pytest.approx(0.2)
+    assert shares["matmul"] == pytest.approx(40 / 80 * 0.7) and sum(shares.values()) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="step <n>"):
         kernel_shares([_x("kernel", "k", 0, 1)])

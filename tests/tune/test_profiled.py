@@ -99,7 +99,11 @@ def test_the_walk_tries_first_the_knob_that_can_take_away_most_of_the_step():
 
     vla = [get_knob(n) for n in ("micro_batch_size", "compile", "graph_capture", "expandable_segments", "fp8")]
     assert walk_order(profile_record(vla, COMPUTE_BOUND, {}, lambda n, v: True, 3, LAUNCH_BOUND)) == [
-        "compile", "micro_batch_size", "graph_capture", "expandable_segments", "fp8"]
+        "compile", "micro_batch_size", "graph_capture", "fp8", "expandable_segments"]  # no allocator call to save
+    # where the device waits on cudaFree for a fifth of the step, the allocator's knob and capture's pool rise
+    stalled = {**LAUNCH_BOUND, "alloc": 0.20, "idle": 0.15}
+    assert walk_order(profile_record(vla, COMPUTE_BOUND, {}, lambda n, v: True, 3, stalled))[:3] == [
+        "graph_capture", "compile", "expandable_segments"]
     assert order(None) == [n for n, _ in knob_weights(knobs, COMPUTE_BOUND)]
     with pytest.raises(ValueError, match="kernels"):
         Knob(name="x", key="user.x", kind="int", kernels=frozenset({"warp"}))

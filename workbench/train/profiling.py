@@ -41,8 +41,8 @@ from workbench.errors import ConfigError
 from workbench.train.timing import interval_union
 from workbench.vocab import KERNEL_KINDS, KERNEL_SHARE
 
-__all__ = ["KERNEL_RULES", "LAUNCH_CALLS", "StepProfiler", "kernel_kind", "kernel_shares", "launch_overhead",
-           "memory_history_conflict"]
+__all__ = ["ALLOC_CALLS", "KERNEL_RULES", "LAUNCH_CALLS", "StepProfiler", "kernel_kind", "kernel_shares",
+           "launch_overhead", "memory_history_conflict"]
 
 log = logging.getLogger("workbench")
 
@@ -53,18 +53,25 @@ MEMORY_HISTORY_ENTRIES = 100_000
 LAUNCH_CALLS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                           "cudaGraphLaunch", "cudaMemcpyAsync", "cudaMemsetAsync"})
 """CUDA runtime and driver calls that put work on a stream: what a captured graph replaces with one launch."""
+ALLOC_CALLS = frozenset({"cudaMalloc", "cudaFree", "cudaMallocAsync", "cudaFreeAsync", "cuMemAlloc_v2", "cuMemFree_v2",
+                         "cuMemCreate", "cuMemMap", "cuMemUnmap", "cuMemRelease", "cuMemSetAccess",
+                         "cuMemAddressReserve", "cuMemAddressFree"})
+"""CUDA runtime and driver calls of the device allocator (the caching allocator's growth and release, expandable
+segments' mapping): ``cudaFree`` synchronizes the device, so the device idles for as long as they run."""
 _DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 """Trace categories of device activity."""
 
 
-_StepWork = tuple[list[float], list[tuple[float, float, str]], float, float]
+_StepWork = tuple[list[float], list[tuple[float, float, str]], float, float, list[tuple[float, float]]]
 """What :func:`_step_work` returns."""
 
 
 def _step_work(events: Iterable[Mapping[str, Any]]) -> _StepWork:
-    """The profiled steps' launch calls (their durations), their device work ((start, end, kernel name) each) and
-    the span's start and end, as :func:`launch_overhead` defines them. Raises ValueError without step ranges."""
+    """The profiled steps' launch calls (their durations), their device work ((start, end, kernel name) each), the
+    span's start and end, as :func:`launch_overhead` defines them, and the allocator calls made within the steps
+    ((start, end) each, ``ALLOC_CALLS``). Raises ValueError without step ranges."""
     launches: list[tuple[float, float, Any]] = []
+    allocs: list[tuple[float, float]] = []
     work: list[tuple[float, float, Any, str]] = []
     step_ranges: list[tuple[float, float]] = []
     for e in events:
@@ -75,6 +82,8 @@ def _step_work(events: Iterable[Mapping[str, Any]]) -> _StepWork:
         corr = (e.get("args") or {}).get("correlation")
         if cat in ("cuda_runtime", "cuda_driver") and name in LAUNCH_CALLS:
             launches.append((ts, dur, corr))
+        elif cat in ("cuda_runtime", "cuda_driver") and name in ALLOC_CALLS:
+            allocs.append((ts, ts + dur))
         elif cat in _DEVICE_WORK:
             work.append((ts, ts + dur, corr, name if cat == "kernel" else ""))
         elif cat == "user_annotation" and name.startswith("step "):
@@ -87,7 +96,7 @@ def _step_work(events: Iterable[Mapping[str, Any]]) -> _StepWork:
     ids = {c for _, _, c in mine if c is not None}
     inside = [(s, e, n) for s, e, c, n in work if (c in ids if c is not None else begin <= s <= host_end)]
     end = max([host_end, *(e for _, e, _ in inside)])
-    return [d for _, d, _ in mine], inside, begin, end
+    return [d for _, d, _ in mine], inside, begin, end, [(s, e) for s, e in allocs if begin <= s <= host_end]
 
 
 def launch_overhead(events: Iterable[Mapping[str, Any]], steps: int) -> dict[str, float]:
@@ -107,7 +116,7 @@ def _launch_figures(work: _StepWork, steps: int) -> dict[str, float]:
     """:func:`launch_overhead` of the steps' work (:func:`_step_work`'s)."""
     if steps <= 0:
         raise ValueError("the trace has no 'step <n>' ranges to measure the launch overhead over")
-    calls, inside, begin, end = work
+    calls, inside, begin, end, _ = work
     busy = interval_union([(s, e) for s, e, _ in inside])
     span = end - begin
     ms = 1e-3 / steps
@@ -152,24 +161,29 @@ def kernel_kind(name: str) -> str:
 
 
 def kernel_shares(events: Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Each kernel kind's share of the profiled steps' span (:func:`launch_overhead`'s), ``idle`` the span the
-    device ran no work: each kind's kernel time over all the work's, scaled to the busy share (streams that overlap
-    share their busy time in proportion). The shares sum to 1. Raises ValueError without step ranges."""
+    """Each kernel kind's share of the profiled steps' span (:func:`launch_overhead`'s): each kind's kernel time over
+    all the work's, scaled to the busy share (streams that overlap share their busy time in proportion); ``alloc``
+    the span the device ran no work while the host was in an allocator call (``ALLOC_CALLS``); ``idle`` the rest of
+    the span the device ran no work. The shares sum to 1. Raises ValueError without step ranges."""
     return _kernel_figures(_step_work(events))
 
 
 def _kernel_figures(work: _StepWork) -> dict[str, float]:
     """:func:`kernel_shares` of the steps' work (:func:`_step_work`'s)."""
-    _, inside, begin, end = work
+    _, inside, begin, end, allocs = work
     span = end - begin
     shares = dict.fromkeys([k for k in KERNEL_KINDS if k != "padding"], 0.0)
     if span <= 0:
         return shares
-    busy = interval_union([(s, e) for s, e, _ in inside])
+    intervals = [(s, e) for s, e, _ in inside]
+    busy = interval_union(intervals)
+    # the allocator calls' time outside the busy intervals: |calls | busy| - |busy|
+    alloc = interval_union(intervals + [(s, min(e, end)) for s, e in allocs]) - busy
     total = sum(e - s for s, e, _ in inside)
     for s, e, name in inside:  # (a copy or set has no kernel name)
         shares[kernel_kind(name) if name else "copy"] += (e - s) / total * busy / span if total else 0.0
-    shares["idle"] = (span - busy) / span
+    shares["alloc"] = alloc / span
+    shares["idle"] = (span - busy - alloc) / span
     return shares
 
 

@@ -151,7 +151,8 @@ _LAUNCH = frozenset({"forward", "backward", "other"})  # the model's kernels and
 _SYNC = frozenset({"grad_sync"})
 
 # the kinds of device time a knob can take away (Knob.kernels)
-_IDLE = frozenset({"idle"})  # launches, host work and allocator stalls the device waits on
+_IDLE = frozenset({"idle"})  # launches and host work the device waits on
+_ALLOC = frozenset({"alloc"})  # the device allocator's calls the device waits on
 _FUSED_OPS = frozenset({"norm", "activation", "rope", "loss"})  # the ops the project's Triton kernels replace
 _OP_KERNELS = {"rmsnorm": frozenset({"norm"}), "swiglu": frozenset({"activation"}), "rope": frozenset({"rope"}),
                "loss": frozenset({"loss"}), "fp8_linear": frozenset({"cast"})}  # (kernels/registry.py's ops)
@@ -265,7 +266,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="graph_capture", key="loongforge.compute_domain.graph_capture", kind="categorical", requires=_CUDA,
          condition=_graph_capture_allowed, inactive="none",
          doc="CUDA graphs of the step by segment: none, fwd_bwd, fwd_bwd+optimizer (none when the compile mode "
-             "captures graphs itself)", phases=_STEP, kernels=_IDLE),
+             "captures graphs itself)", phases=_STEP, kernels=_IDLE | _ALLOC),  # (a graph's pool: no allocator calls)
     # Triton kernels: which ops use them, then each kernel's launch parameters
     Knob(name="triton_fusion", key="loongforge.compute_domain.triton_fusion", kind="bool", requires=_CUDA,
          doc="every fused op (RMSNorm, SwiGLU, RoPE, loss) through its Triton kernel", phases=_COMPUTE,
@@ -314,14 +315,14 @@ KNOBS: tuple[Knob, ...] = (
     Knob(name="pinned_block_kb", key="loongforge.memory_domain.pinned_block_kb", kind="int", requires=_CUDA,
          doc="pinned host staging block (KiB)", phases=frozenset({"h2d"})),
     Knob(name="expandable_segments", key="loongforge.memory_domain.allocator.expandable_segments", kind="bool",
-         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP, kernels=_IDLE,
+         requires=_CUDA, doc="allocator: grow segments in place", phases=_STEP, kernels=_ALLOC,
          unset=functools.partial(_allocator_flag, "expandable_segments")),
     Knob(name="roundup_power2_divisions", key="loongforge.memory_domain.allocator.roundup_power2_divisions",
          kind="int", requires=_CUDA, doc="allocator: rounding steps per power-of-two size range", phases=_STEP,
-         kernels=_IDLE),
+         kernels=_ALLOC),
     Knob(name="max_split_size_mb", key="loongforge.memory_domain.allocator.max_split_size_mb", kind="int",
-         requires=_CUDA, doc="allocator: blocks larger than this are never split", phases=_STEP, kernels=_IDLE),
-    Knob(name="garbage_collection_threshold", phases=_STEP, kernels=_IDLE,
+         requires=_CUDA, doc="allocator: blocks larger than this are never split", phases=_STEP, kernels=_ALLOC),
+    Knob(name="garbage_collection_threshold", phases=_STEP, kernels=_ALLOC,
          key="loongforge.memory_domain.allocator.garbage_collection_threshold", kind="float", requires=_CUDA,
          doc="allocator: reclaim cached blocks above this share of allowed memory"),
 )
