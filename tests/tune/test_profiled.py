@@ -399,6 +399,46 @@ def test_a_new_incumbent_tries_untried_knobs_first_unless_a_tried_one_reaches_mo
     assert cold_neighbour(lost, lost.get_trials(), 1) == {**base, "b": "y"}
 
 
+def test_the_knobs_fp8_opens_are_stepped_beside_each_other_and_a_measured_gain_ranks_a_knob():
+    """gr00t-n1.6's walk as compile-ahead plans it. FP8 won and opened its casts and head; the head lost beside
+    torchao's casts, the project's casts won: the head is tried again beside them before the micro-batch (the two
+    act together). Once the head and then micro-batch 16 won, neither is stepped again first: the micro-batch's
+    step was taken from the FP8 config, not from the bf16 micro-batch 16 one knob away from it. A knob that sped
+    up a config ranks by that gain where the profile's bound is smaller (the casts, whose kernels a bf16 step
+    lacks)."""
+    choices = {"fp8": ["none", "tw"], "mb": [8, 16], "norm": ["torch", "triton"], "cast": ["torchao", "triton"],
+               "head": [False, True]}
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
+    base = {"fp8": "none", "mb": 8, "norm": "torch"}
+    defaults = {**base, "cast": "torchao", "head": False}
+    fp8 = {**base, "fp8": "tw", "cast": "torchao", "head": False}
+
+    def study_of(*trials, norm=0.06):
+        study = optuna.create_study(direction="maximize")
+        study.set_user_attr("walk", walk_record(list(choices), choices, defaults, base, 100.0, reach={
+            "fp8": 0.30, "mb": 0.10, "norm": norm, "cast": 0.0, "head": 0.015}))
+        for params, value in trials:
+            study.add_trial(optuna.trial.create_trial(
+                state=optuna.trial.TrialState.COMPLETE, params=params, value=value,
+                distributions={k: dists[k] for k in params}, user_attrs={"status": "ok"}))
+        return study
+
+    def next_of(study):
+        return cold_neighbour(study, study.get_trials(), len(study.get_trials()))
+
+    tried = [(fp8, 120.0), ({**base, "mb": 16}, 95.0), ({**fp8, "head": True}, 114.0), ({**fp8, "cast": "triton"},
+                                                                                         125.0)]
+    assert next_of(study_of(*tried)) == {**fp8, "cast": "triton", "head": True}  # not micro-batch 16 first
+    head = {**fp8, "cast": "triton", "head": True}
+    won = study_of(*tried, (head, 128.0), ({**head, "mb": 16}, 137.0))
+    assert next_of(won) == {**head, "mb": 16, "norm": "triton"}  # not the casts again
+    # micro-batch 16 won under torchao's casts: the project's casts (+4% beside FP8) rank above a norm of 2%
+    mb16 = [(fp8, 120.0), ({**base, "mb": 16}, 95.0), ({**fp8, "head": True}, 114.0),
+            ({**fp8, "cast": "triton"}, 125.0), ({**fp8, "mb": 16}, 126.0)]
+    assert next_of(study_of(*mb16, norm=0.02)) == {**fp8, "mb": 16, "cast": "triton"}
+    assert next_of(study_of(*mb16, norm=0.06)) == {**fp8, "mb": 16, "norm": "triton"}
+
+
 def test_a_base_outside_the_space_is_walked_from_its_nearest_config_measured_first(study_spec_file, tmp_path,
                                                                                   walked_runs):
     """The base config's micro-batch 4 is not a choice: the walk's first trial is the base with the space's first

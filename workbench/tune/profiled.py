@@ -40,7 +40,7 @@ unset what that runs with, ``Knob.unset``; or the first choice where the space l
 search asks it (``base``, with those defaults) and the baseline median (``value``). The incumbent is the fastest
 feasible trial faster than that median, else ``base``, which counts as asked where it is the base config itself
 (``measured``: the baseline measured it) and else is the walk's first trial. A step sets the knobs it makes active
-(a condition now met) to their ``defaults``, and those the incumbent's step made active are walked first. Numeric
+(a condition now met) to their ``defaults``, and those the incumbent's lineage made active are walked first. Numeric
 choices are tried nearest the incumbent's value first, the larger of two as near first. The startup lasts at least
 as many trials as the base config has neighbours (each walked knob's choices but one, summed: ``walk_startup``), so
 that each value can be tried once, before the sampler's model takes over. A random startup can pair every good value
@@ -244,12 +244,14 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     incumbent = max(ok, key=lambda t: sign * t.values[0]) if ok else first
     if incumbent is None or not incumbent.params:
         return {}
-    asked = [asked_config(t) for t in trials if t.number != number]
+    others = [t for t in trials if t.number != number]
+    asked = [asked_config(t) for t in others]
     choices = {n: list(d.choices) for n, d in incumbent.distributions.items()
                if isinstance(d, CategoricalDistribution)}  # (a numeric range is not walked)
     return _step(incumbent.params, new, choices, asked,
                  lambda config: any(all(n in a and a[n] == v for n, v in config.items()) for a in asked),
-                 origin=first.params if first is not None else None)
+                 origin=first.params if first is not None else None,
+                 speeds=[sign * t.values[0] if is_feasible(t) else None for t in others])
 
 
 def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
@@ -266,9 +268,11 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     ok = [t for t in trials if t.number != number and is_feasible(t) and sign * t.values[0] > sign * walk["value"]]
     incumbent = dict(max(ok, key=lambda t: sign * t.values[0]).params) if ok else dict(walk["base"])
     # the base config counts as asked where the baseline measured it (not where it is the space's nearest config)
-    asked = [walk["base"] if walk.get("measured", True) else {},
-             *(asked_config(t) for t in trials if t.number != number)]
-    asked = [a for a in asked if a]  # (a trial asked ahead but not yet sampled asks for nothing yet)
+    pairs = [(walk["base"] if walk.get("measured", True) else {}, sign * walk["value"]),
+             *((asked_config(t), sign * t.values[0] if is_feasible(t) else None)
+               for t in trials if t.number != number)]
+    pairs = [(a, v) for a, v in pairs if a]  # (a trial asked ahead but not yet sampled asks for nothing yet)
+    asked = [a for a, _ in pairs]
     defaults = walk.get("defaults") or {}
 
     def covered(config: dict[str, Any]) -> bool:  # a trial asked for it: its params are the config's active knobs
@@ -277,39 +281,37 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     start = {**defaults, **walk["base"]}
     if not walk.get("measured", True) and not covered(start):
         return start  # the base config has a value outside the space: its nearest config of the space first
-    return _step(incumbent, walk["knobs"], walk["choices"], asked, covered, defaults, walk.get("reach"), start)
+    return _step(incumbent, walk["knobs"], walk["choices"], asked, covered, defaults, walk.get("reach"), start,
+                 [v for _, v in pairs])
 
 
 def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[str, Sequence[Any]],
           asked: Sequence[Mapping[str, Any]], covered: Callable[[dict[str, Any]], bool],
           defaults: Mapping[str, Any] | None = None, reach: Mapping[str, float] | None = None,
-          origin: Mapping[str, Any] | None = None) -> dict[str, Any]:
+          origin: Mapping[str, Any] | None = None, speeds: Sequence[float | None] | None = None) -> dict[str, Any]:
     """The walk's next config: ``incumbent`` with one of ``knobs`` (one active there, with ``choices``) set to
     another choice, the other knobs at ``defaults``, then the incumbent's values; {} when none is left.
 
     First each knob not yet stepped from this incumbent (no config its steps from it would ask for is
-    ``covered``) takes its first choice in :func:`_choice_order`: the knobs the incumbent's own step made active
-    first (a config ``asked`` that differs from one asked before it in one walked knob and holds knobs that one
-    did not: FP8's cast kernels once FP8 won; the walk could not step them before), then the largest ``reach``
-    first (the profile's: the share of the base step a knob can take away; without one, every knob's is the
-    same), on a tie a knob no config asked has changed from ``origin`` (the walk's start) before one that was,
+    ``covered``) takes its first choice in :func:`_choice_order`: the knobs the incumbent's lineage made active
+    and never compared beside each other first (:func:`_opened`: FP8's casts and head once FP8 won; the walk could
+    not step them before), then the largest ``reach`` first (the profile's: the share of the base step a knob can
+    take away, or the larger share a step of it toward another value took away, :func:`_gains`; ``speeds`` holds
+    each asked config's objective, sign-adjusted, None where it has none feasible; without a profile every
+    knob's reach is the same), on a tie a knob no config asked has changed from ``origin`` (the walk's start) before one that was,
     then in ``knobs``' order. So a new incumbent tries untried knobs before it tries again, around itself, what
     was tried around another config, unless that knob can reach more of the step: what lost beside the base may
     win beside the new incumbent (a micro-batch that lost in bf16, under FP8). The steps planned ahead
     (compile-ahead) while a trial before them runs are asked too, so they go on to the next knob. Then the
     knobs' other choices, in ``knobs``' order."""
-    opened: list[str] = []
-    for i, a in enumerate(asked):
-        if a != incumbent:
-            continue
-        for e in asked[:i]:
-            differ = [n for n in a if n in e and a[n] != e[n]]
-            if len(differ) == 1 and differ[0] in knobs:
-                opened = [n for n in knobs if n in a and n not in e]
-                break
+    opened = _opened(incumbent, knobs, asked, speeds)
     start = origin or {}
     tried = {n for a in asked for n in knobs if n in a and n in start and a[n] != start[n]}
-    ranked = sorted(knobs, key=lambda n: (n not in opened, -(reach or {}).get(n, 0.0), n in tried, knobs.index(n)))
+    gains = _gains(knobs, asked, speeds) if reach else {}  # (without a profile every reach is the same)
+    gained = {n: max([g for v, g in by_value if not (n in incumbent and v == incumbent[n])], default=0.0)
+              for n, by_value in gains.items()}
+    ranked = sorted(knobs, key=lambda n: (n not in opened, -max((reach or {}).get(n, 0.0), gained.get(n, 0.0)),
+                                          n in tried, knobs.index(n)))
     steps = {name: [{**(defaults or {}), **incumbent, name: choice}
                     for choice in _choice_order(choices[name], incumbent[name])]
              for name in ranked if name in incumbent and name in choices}  # (not inactive, a list of choices)
@@ -317,6 +319,64 @@ def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[s
         if configs and not any(covered(c) for c in configs):
             return configs[0]
     return next((c for name in knobs if name in steps for c in steps[name] if not covered(c)), {})
+
+
+def _differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """The knobs both configs set, to different values."""
+    return [n for n in a if n in b and a[n] != b[n]]
+
+
+def _gains(knobs: Sequence[str], asked: Sequence[Mapping[str, Any]],
+           speeds: Sequence[float | None] | None) -> dict[str, list[tuple[Any, float]]]:
+    """Each knob's measured gains, as (the value that gained, the share of the step it took away): over the pairs
+    of configs ``asked`` that differ in that knob alone, both with a feasible objective (``speeds``,
+    sign-adjusted), the faster one's value and the relative gain r as r / (1 + r) (1 - slow / fast for a
+    throughput). Where the profile gives a reach, a knob's in ``_step`` is the larger of the profile's bound and
+    its gains toward a value the incumbent does not hold: a knob that sped up one config (the project's casts
+    under FP8, whose kernels a bf16 step lacks) is tried early around the next that lacks that value."""
+    if speeds is None:
+        return {}
+    gains: dict[str, list[tuple[Any, float]]] = {}
+    for i, x in enumerate(asked):
+        for j in range(i):
+            d = _differ(x, asked[j])
+            if len(d) != 1 or d[0] not in knobs or speeds[i] is None or speeds[j] is None or speeds[i] == speeds[j]:
+                continue
+            fast, slow = (i, j) if speeds[i] > speeds[j] else (j, i)
+            if speeds[slow] != 0:
+                r = (speeds[fast] - speeds[slow]) / abs(speeds[slow])
+                gains.setdefault(d[0], []).append((asked[fast][d[0]], r / (1.0 + r)))
+    return gains
+
+
+def _opened(incumbent: Mapping[str, Any], knobs: Sequence[str], asked: Sequence[Mapping[str, Any]],
+            speeds: Sequence[float | None] | None) -> list[str]:
+    """The knobs the incumbent's lineage made active and never stepped beside each other (``_step``'s first).
+
+    The lineage runs from the incumbent's config ``asked`` through each config's parent: the config asked before
+    it that differs from it in one walked knob, the fastest of those (``speeds``: each asked config's objective,
+    sign-adjusted, None where it has no feasible one; a step is taken from the incumbent of its time). The knobs a
+    link made active (the child holds them, the parent did not: FP8's casts and head once FP8 won) act together:
+    one stays open until two configs asked differ in it alone while the others of that link hold the incumbent's
+    values. So the head, tried beside torchao's casts, is open again once the project's casts won; the casts,
+    compared beside the head once, are not when the head won."""
+    measured = list(speeds) if speeds is not None else [None] * len(asked)
+    index = next((i for i, a in enumerate(asked) if a == incumbent), None)
+    lineage: list[int] = []
+    while index is not None:
+        lineage.append(index)
+        near = [j for j in range(index) if len(d := _differ(asked[index], asked[j])) == 1 and d[0] in knobs]
+        index = max(near, key=lambda j: (measured[j] is not None, measured[j] or 0.0, -j)) if near else None
+    opened: list[str] = []
+    for child, parent in zip(lineage[-2::-1], lineage[::-1]):  # the oldest link first
+        group = [n for n in knobs if n in asked[child] and n not in asked[parent]]
+        for name in group:
+            others = [n for n in group if n != name]
+            compared = any(_differ(x, y) == [name] and all(x.get(o) == y.get(o) == incumbent.get(o) for o in others)
+                           for i, x in enumerate(asked) for y in asked[:i])
+            if name not in opened and not compared:
+                opened.append(name)
+    return opened
 
 
 def _choice_order(choices: Sequence[Any], current: Any) -> list[Any]:
