@@ -439,6 +439,36 @@ def test_the_knobs_fp8_opens_are_stepped_beside_each_other_and_a_measured_gain_r
     assert next_of(study_of(*mb16, norm=0.06)) == {**fp8, "mb": 16, "norm": "triton"}
 
 
+def test_a_knob_goes_on_the_way_it_won_and_the_profile_bounds_only_a_step_off_the_base_value():
+    """gr00t-n1.6-vla's walk: compile won, then micro-batch 32 beside it. A micro-batch that won at 32 from 16
+    goes on to 64, not back past 16; a knob whose only step left returns it to the base value (compile back to
+    eager) has no reach from the profile, which measured that value: capture's next mode comes first."""
+    choices = {"compile": ["none", "default"], "mb": [8, 16, 32, 64], "capture": ["none", "fwd_bwd", "fwd_bwd+opt"]}
+    dists = {k: optuna.distributions.CategoricalDistribution(v) for k, v in choices.items()}
+    base = {"compile": "none", "mb": 16, "capture": "none"}
+
+    def next_of(*trials):
+        study = optuna.create_study(direction="maximize")
+        study.set_user_attr("walk", walk_record(list(choices), choices, base, base, 38.0, reach={
+            "compile": 0.49, "mb": 0.35, "capture": 0.35}))
+        for params, value in trials:
+            study.add_trial(optuna.trial.create_trial(params=params, value=value, user_attrs={"status": "ok"},
+                                                      distributions={k: dists[k] for k in params}))
+        return cold_neighbour(study, study.get_trials(), len(trials))
+
+    tried = [({**base, "compile": "default"}, 66.0), ({**base, "compile": "default", "mb": 32}, 75.0)]
+    assert next_of(*tried) == {"compile": "default", "mb": 32, "capture": "fwd_bwd"}  # untried before mb 64
+    tried.append(({"compile": "default", "mb": 32, "capture": "fwd_bwd"}, 83.0))
+    assert next_of(*tried) == {"compile": "default", "mb": 64, "capture": "fwd_bwd"}
+    tried.append(({"compile": "default", "mb": 64, "capture": "fwd_bwd"}, 87.0))
+    assert next_of(*tried) == {"compile": "default", "mb": 64, "capture": "fwd_bwd+opt"}  # not eager again
+    # micro-batch 8 lost from 16 and 32 won: from 32 the micro-batch tries 64, never 8
+    lost = [({**base, "compile": "default"}, 66.0), ({**base, "compile": "default", "mb": 8}, 52.0),
+            ({**base, "compile": "default", "mb": 32}, 75.0),
+            ({"compile": "default", "mb": 32, "capture": "fwd_bwd"}, 70.0)]
+    assert next_of(*lost) == {"compile": "default", "mb": 64, "capture": "none"}
+
+
 def test_a_base_outside_the_space_is_walked_from_its_nearest_config_measured_first(study_spec_file, tmp_path,
                                                                                   walked_runs):
     """The base config's micro-batch 4 is not a choice: the walk's first trial is the base with the space's first

@@ -293,10 +293,12 @@ def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[s
     another choice, the other knobs at ``defaults``, then the incumbent's values; {} when none is left.
 
     First each knob not yet stepped from this incumbent (no config its steps from it would ask for is
-    ``covered``) takes its first choice in :func:`_choice_order`: the knobs the incumbent's lineage made active
+    ``covered``; the knob the incumbent's own step changed steps only onward, :func:`_onward`) takes its first
+    choice in :func:`_choice_order`, a value other than its ``origin`` one before that one: the knobs the incumbent's lineage made active
     and never compared beside each other first (:func:`_opened`: FP8's casts and head once FP8 won; the walk could
     not step them before), then the largest ``reach`` first (the profile's: the share of the base step a knob can
-    take away, or the larger share a step of it toward another value took away, :func:`_gains`; ``speeds`` holds
+    take away, where its next step leaves the ``origin`` value the profile measured (compile back to eager has
+    none); or the larger share a step of it toward another value took away, :func:`_gains`; ``speeds`` holds
     each asked config's objective, sign-adjusted, None where it has none feasible; without a profile every
     knob's reach is the same), on a tie a knob no config asked has changed from ``origin`` (the walk's start) before one that was,
     then in ``knobs``' order. So a new incumbent tries untried knobs before it tries again, around itself, what
@@ -304,21 +306,42 @@ def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[s
     win beside the new incumbent (a micro-batch that lost in bf16, under FP8). The steps planned ahead
     (compile-ahead) while a trial before them runs are asked too, so they go on to the next knob. Then the
     knobs' other choices, in ``knobs``' order."""
-    opened = _opened(incumbent, knobs, asked, speeds)
+    lineage = _lineage(incumbent, knobs, asked, speeds)
+    opened = _opened(lineage, incumbent, knobs, asked)
+    parent = asked[lineage[-2]] if len(lineage) > 1 else {}
+    back = {n: parent[n] for n in _differ(incumbent, parent)}  # (the knob the incumbent's own step changed)
     start = origin or {}
     tried = {n for a in asked for n in knobs if n in a and n in start and a[n] != start[n]}
+    steps = {name: [{**(defaults or {}), **incumbent, name: choice}
+                    for choice in _choice_order(choices[name], incumbent[name])]
+             for name in knobs if name in incumbent and name in choices}  # (not inactive, a list of choices)
+    ahead = {name: sorted((c for c in configs if name not in back or _onward(back[name], incumbent[name], c[name])),
+                          key=lambda c, n=name: n in start and c[n] == start[n])  # (off the start value first)
+             for name, configs in steps.items()}
     gains = _gains(knobs, asked, speeds) if reach else {}  # (without a profile every reach is the same)
     gained = {n: max([g for v, g in by_value if not (n in incumbent and v == incumbent[n])], default=0.0)
               for n, by_value in gains.items()}
-    ranked = sorted(knobs, key=lambda n: (n not in opened, -max((reach or {}).get(n, 0.0), gained.get(n, 0.0)),
-                                          n in tried, knobs.index(n)))
-    steps = {name: [{**(defaults or {}), **incumbent, name: choice}
-                    for choice in _choice_order(choices[name], incumbent[name])]
-             for name in ranked if name in incumbent and name in choices}  # (not inactive, a list of choices)
-    for configs in steps.values():  # one step of each knob from this incumbent first
+
+    def reach_of(name: str) -> float:  # the profile's bound holds for a step away from the walk's start value
+        bound = (reach or {}).get(name, 0.0)
+        nxt = next((c[name] for c in ahead.get(name, []) if not covered(c)), None)
+        return max(bound if nxt is not None and not (name in start and nxt == start[name]) else 0.0,
+                   gained.get(name, 0.0))
+
+    ranked = sorted(knobs, key=lambda n: (n not in opened, -reach_of(n), n in tried, knobs.index(n)))
+    for name in ranked:  # one step of each knob from this incumbent first
+        configs = ahead.get(name, [])
         if configs and not any(covered(c) for c in configs):
             return configs[0]
     return next((c for name in knobs if name in steps for c in steps[name] if not covered(c)), {})
+
+
+def _onward(was: Any, now: Any, to: Any) -> bool:
+    """Whether a step of a knob from ``now`` to ``to`` goes on from the step that brought it from ``was``: a number
+    further the same way (a micro-batch that won at 32 from 16 tries 64, not 8), another value anything but
+    ``was``. Going back, or past the start the other way, is no step of the incumbent's own."""
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (was, now, to))
+    return (to - now) * (now - was) > 0 if numeric else to != was
 
 
 def _differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
@@ -349,17 +372,12 @@ def _gains(knobs: Sequence[str], asked: Sequence[Mapping[str, Any]],
     return gains
 
 
-def _opened(incumbent: Mapping[str, Any], knobs: Sequence[str], asked: Sequence[Mapping[str, Any]],
-            speeds: Sequence[float | None] | None) -> list[str]:
-    """The knobs the incumbent's lineage made active and never stepped beside each other (``_step``'s first).
-
-    The lineage runs from the incumbent's config ``asked`` through each config's parent: the config asked before
-    it that differs from it in one walked knob, the fastest of those (``speeds``: each asked config's objective,
-    sign-adjusted, None where it has no feasible one; a step is taken from the incumbent of its time). The knobs a
-    link made active (the child holds them, the parent did not: FP8's casts and head once FP8 won) act together:
-    one stays open until two configs asked differ in it alone while the others of that link hold the incumbent's
-    values. So the head, tried beside torchao's casts, is open again once the project's casts won; the casts,
-    compared beside the head once, are not when the head won."""
+def _lineage(incumbent: Mapping[str, Any], knobs: Sequence[str], asked: Sequence[Mapping[str, Any]],
+             speeds: Sequence[float | None] | None) -> list[int]:
+    """The indexes in ``asked`` of the incumbent's lineage, the oldest first, the incumbent's config last: each
+    config's parent is the config asked before it that differs from it in one walked knob, the fastest of those
+    (``speeds``: each asked config's objective, sign-adjusted, None where it has no feasible one; a step is taken
+    from the incumbent of its time). [] where no config asked is the incumbent's."""
     measured = list(speeds) if speeds is not None else [None] * len(asked)
     index = next((i for i, a in enumerate(asked) if a == incumbent), None)
     lineage: list[int] = []
@@ -367,8 +385,18 @@ def _opened(incumbent: Mapping[str, Any], knobs: Sequence[str], asked: Sequence[
         lineage.append(index)
         near = [j for j in range(index) if len(d := _differ(asked[index], asked[j])) == 1 and d[0] in knobs]
         index = max(near, key=lambda j: (measured[j] is not None, measured[j] or 0.0, -j)) if near else None
+    return lineage[::-1]
+
+
+def _opened(lineage: Sequence[int], incumbent: Mapping[str, Any], knobs: Sequence[str],
+            asked: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The knobs the incumbent's ``lineage`` (:func:`_lineage`) made active and never stepped beside each other
+    (``_step``'s first). The knobs a link made active (the child holds them, the parent did not: FP8's casts and head once FP8 won) act together:
+    one stays open until two configs asked differ in it alone while the others of that link hold the incumbent's
+    values. So the head, tried beside torchao's casts, is open again once the project's casts won; the casts,
+    compared beside the head once, are not when the head won."""
     opened: list[str] = []
-    for child, parent in zip(lineage[-2::-1], lineage[::-1]):  # the oldest link first
+    for parent, child in zip(lineage, lineage[1:]):  # the oldest link first
         group = [n for n in knobs if n in asked[child] and n not in asked[parent]]
         for name in group:
             others = [n for n in group if n != name]
