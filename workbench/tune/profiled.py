@@ -294,18 +294,18 @@ def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[s
 
     First each knob not yet stepped from this incumbent (no config its steps from it would ask for is
     ``covered``; the knob the incumbent's own step changed steps only onward, :func:`_onward`) takes its first
-    choice in :func:`_choice_order`, a value other than its ``origin`` one before that one: the knobs the incumbent's lineage made active
-    and never compared beside each other first (:func:`_opened`: FP8's casts and head once FP8 won; the walk could
-    not step them before), then the largest ``reach`` first (the profile's: the share of the base step a knob can
-    take away, where its next step leaves the ``origin`` value the profile measured (compile back to eager has
-    none); or the larger share a step of it toward another value took away, :func:`_gains`; ``speeds`` holds
-    each asked config's objective, sign-adjusted, None where it has none feasible; without a profile every
-    knob's reach is the same), on a tie a knob no config asked has changed from ``origin`` (the walk's start) before one that was,
-    then in ``knobs``' order. So a new incumbent tries untried knobs before it tries again, around itself, what
-    was tried around another config, unless that knob can reach more of the step: what lost beside the base may
-    win beside the new incumbent (a micro-batch that lost in bf16, under FP8). The steps planned ahead
-    (compile-ahead) while a trial before them runs are asked too, so they go on to the next knob. Then the
-    knobs' other choices, in ``knobs``' order."""
+    choice in :func:`_choice_order`, a value other than its ``origin`` one before that one: the knobs the
+    incumbent's lineage made active and never compared beside each other first (:func:`_opened`: FP8's casts and
+    head once FP8 won; the walk could not step them before), then the largest ``reach`` first (the profile's: the
+    share of the base step a knob can take away, where its next step leaves the ``origin`` value the profile
+    measured (compile back to eager has none); or the larger share a step of it toward another value took away,
+    :func:`_gains`; ``speeds`` holds each asked config's objective, sign-adjusted, None where it has none
+    feasible; without a profile every knob's reach is the same), on a tie a knob no config asked has changed from
+    ``origin`` (the walk's start) before one that was, then in ``knobs``' order. So a new incumbent tries untried
+    knobs before it tries again, around itself, what was tried around another config, unless that knob can reach
+    more of the step: what lost beside the base may win beside the new incumbent (a micro-batch that lost in
+    bf16, under FP8). The steps planned ahead (compile-ahead) while a trial before them runs are asked too, so
+    they go on to the next knob. Then the knobs' other choices, in ``knobs``' order."""
     lineage = _lineage(incumbent, knobs, asked, speeds)
     opened = _opened(lineage, incumbent, knobs, asked)
     parent = asked[lineage[-2]] if len(lineage) > 1 else {}
@@ -391,10 +391,10 @@ def _lineage(incumbent: Mapping[str, Any], knobs: Sequence[str], asked: Sequence
 def _opened(lineage: Sequence[int], incumbent: Mapping[str, Any], knobs: Sequence[str],
             asked: Sequence[Mapping[str, Any]]) -> list[str]:
     """The knobs the incumbent's ``lineage`` (:func:`_lineage`) made active and never stepped beside each other
-    (``_step``'s first). The knobs a link made active (the child holds them, the parent did not: FP8's casts and head once FP8 won) act together:
-    one stays open until two configs asked differ in it alone while the others of that link hold the incumbent's
-    values. So the head, tried beside torchao's casts, is open again once the project's casts won; the casts,
-    compared beside the head once, are not when the head won."""
+    (``_step``'s first). The knobs a link made active (the child holds them, the parent did not: FP8's casts and
+    head once FP8 won) act together: one stays open until two configs asked differ in it alone while the others
+    of that link hold the incumbent's values. So the head, tried beside torchao's casts, is open again once the
+    project's casts won; the casts, compared beside the head once, are not when the head won."""
     opened: list[str] = []
     for parent, child in zip(lineage, lineage[1:]):  # the oldest link first
         group = [n for n in knobs if n in asked[child] and n not in asked[parent]]
