@@ -8,6 +8,7 @@ tuner's choices and its accounting, which the real runner's tests reach only slo
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -257,6 +258,31 @@ def test_a_profiled_baseline_runs_past_its_measurement_and_the_reserve_counts_th
         record["line"] and "Raise budget.gpu_minutes to 8 " in record["line"]
     s.gpu_minutes = 8.0
     assert GpuBudget(s).no_room() is None and study.user_attrs["gpu_no_room"] is None
+
+
+def test_the_reserve_takes_a_pairs_run_at_the_search_trials_measured_to_the_end(study_spec_file, tmp_path):
+    """gr00t-n1.6 on one H100 (2026-12-06, study.csv run w3-h100): the baseline's run, which compiled every graph,
+    took 46.1 s past its 10.0 s of profiled steps, and the reserve of 4 pair runs at that kept 3.4 GPU-minutes; the
+    4 runs took 1.8, as the search trials measured to the end (their graphs compiled ahead) took a median 30.6 s.
+    The search stopped with 2.0 of its 8.5 GPU-minutes unspent. A pair's run is now taken at those trials'
+    median once one finished; screens, which stop after one window, say nothing of it."""
+    spec = study_spec_file("pairs", space=SPACE, trials=20,
+                           protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "ab_min_rounds": 2,
+                                     "baseline_repeats": 1})
+    t = _tuner(spec, tmp_path)
+    s, study = t.session, t.study
+    study.set_user_attr("baseline_wall_s", [56.1])
+    study.set_user_attr("baseline_profile_s", 10.0)
+    study.set_user_attr("gpu_s", {"baseline": 56.1})
+    assert reserved_seconds(s) == pytest.approx(4 * 46.1 + 2 * 10.0)  # before a trial finished: a baseline run
+    for state, wall in [(TrialState.COMPLETE, 52.2), (TrialState.PRUNED, 11.2), (TrialState.PRUNED, 15.7),
+                        (TrialState.COMPLETE, 31.6), (TrialState.COMPLETE, 20.5), (TrialState.COMPLETE, 29.6)]:
+        study.add_trial(optuna.trial.create_trial(state=state, value=1000.0 if state == TrialState.COMPLETE else None,
+                                                  user_attrs={"wall_s": wall, "status": state.name.lower()
+                                                              .replace("complete", "ok")}))
+    assert reserved_seconds(s) == pytest.approx(4 * 30.6 + 2 * 10.0)
+    s.gpu_minutes = 8.5
+    assert GpuBudget(s).pairs_left() == math.floor((510.0 - 56.1 - 160.8) / (2 * 30.6))
 
 
 FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and warm-up with its first window; a window

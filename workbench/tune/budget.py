@@ -100,6 +100,17 @@ def _run_seconds(session: StudySession) -> float | None:
     return statistics.median(walls) * session.spec.gpus
 
 
+def _pair_run_seconds(session: StudySession) -> float | None:
+    """Device seconds one run of an A/B pair takes here: the median of the search trials measured to the end
+    (COMPLETE, status ok), whose graphs, like a pair's, were compiled before they ran (by a compile-ahead twin or an
+    earlier run of the config, the pair's being the search trial's and the baseline's); a baseline run where none
+    finished yet (``_run_seconds``, which compiled them: an upper bound)."""
+    walls = [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
+             if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
+             and isinstance(t.user_attrs.get("wall_s"), (int, float)) and t.user_attrs["wall_s"] > 0]
+    return statistics.median(walls) if walls else _run_seconds(session)
+
+
 def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
     """``runs_after_search`` by part: ``ab_pairs`` and ``reference`` at the cap (``protocol.ab_rounds`` pairs),
     and ``ab_min``: the candidates' pairs at ``protocol.ab_min_rounds``, which the budget reserves."""
@@ -129,13 +140,13 @@ def _traces_seconds(session: StudySession) -> float:
 
 def reserved_seconds(session: StudySession) -> float:
     """Device seconds the search leaves for the validation: every candidate's A/B pairs at
-    ``protocol.ab_min_rounds`` (the fewest the sequential A/B takes), each run at the baseline's run time, and the
+    ``protocol.ab_min_rounds`` (the fewest the sequential A/B takes), each run at ``_pair_run_seconds``, and the
     traces of the winner's profiled pair (0 before the baseline ran). A pair past them runs only where the budget
     holds it (``GpuBudget.pairs_left``): the sequential A/B stops most candidates there, and the search is what
     the budget is for. The pairs beside the plain compiled loop are not reserved either: they say how the winner
     compares with a loop the user might run instead and change nothing the study exports, so they run on what
     the budget has left."""
-    run = _run_seconds(session)
+    run = _pair_run_seconds(session)
     return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_min"] + _traces_seconds(session)
 
 
@@ -187,9 +198,9 @@ class GpuBudget:
         return None if room is None else room - trial_seconds(self.session)
 
     def pairs_left(self) -> int | None:
-        """A/B pairs the budget still holds, two runs each at the baseline's run time; None without a GPU-minute
+        """A/B pairs the budget still holds, two runs each at ``_pair_run_seconds``; None without a GPU-minute
         budget or before the baseline ran."""
-        minutes, run = self.session.gpu_minutes, _run_seconds(self.session)
+        minutes, run = self.session.gpu_minutes, _pair_run_seconds(self.session)
         if minutes is None or not run:
             return None
         return max(0, math.floor((minutes * 60 - gpu_seconds_total(self.session)) / (2 * run)))
