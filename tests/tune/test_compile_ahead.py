@@ -19,7 +19,7 @@ from optuna.trial import TrialState
 
 from workbench.config import load_config, merge_overrides, preset_config
 from workbench.tune import Tuner
-from workbench.tune.ahead import CompileAhead, twin_blocks
+from workbench.tune.ahead import CompileAhead, Twin, twin_blocks
 from workbench.tune.budget import GpuBudget, gpu_seconds
 from workbench.tune.records import compile_ahead_record
 from workbench.tune.search import Search
@@ -403,3 +403,39 @@ def test_compile_ahead_depth_defaults_to_2_on_a_gpu_and_is_checked(tmp_path):
         with pytest.raises(ConfigError) as e:
             Protocol(compile_ahead_depth=bad)
         assert e.value.key == "compile_ahead_depth" and "[1, 4]" in str(e.value)
+
+
+def test_each_window_says_whether_a_twin_compiled_beside_it(study_spec_file, tmp_path, events, monkeypatch):
+    """gr00t-n1.6 on one H100 (2026-12-06, w3-h100): trial 3's second window read 54,032 tok/s between 59,155 and
+    58,668 while the next trials' twins compiled, and trial 4's one screening window 53,491, 9% under its family's.
+    Each window now records how many twins were compiling when the tuner read it, and tune.json's compile-ahead
+    record counts the windows read beside one."""
+    compiling = iter([1, 0, 0, 2, 0, 0, 0, 0])
+    running = CompileAhead.running
+    monkeypatch.setattr(CompileAhead, "running", lambda self: next(compiling))
+
+    def run(self, trial, cfg, tdir, on_window):
+        events.append(("run", trial.number))
+        v = 1000.0 * trial.params["micro_batch_size"] + trial.params["num_workers"]
+        for i in range(2):
+            on_window(i, v)
+        return TrialOutcome("ok", Path(tdir), windows=[v, v], value=v, summary={"measured_steps": 6})
+
+    monkeypatch.setattr(Search, "run_search_trial", run)
+    t = _tuner(_spec(study_spec_file, name="beside"), tmp_path)
+    t.search()
+    ran = sorted((x for x in t.study.get_trials() if ("run", x.number) in events), key=lambda x: x.number)
+    assert [x.user_attrs["windows_beside_twins"] for x in ran] == [[1, 0], [0, 2], [0, 0], [0, 0]]
+    assert compile_ahead_record(t.study.get_trials())["windows_beside_twins"] == {"beside": 2, "of": 8}
+    # running: the twins whose process has not exited
+    ahead = CompileAhead(t.session)
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    try:
+        ahead.twins = {5: Twin(5, tmp_path, live), 6: Twin(6, tmp_path, done), 7: Twin(7, tmp_path, None)}
+        assert running(ahead) == 1
+    finally:
+        live.kill()
+        live.wait()
+    assert running(ahead) == 0

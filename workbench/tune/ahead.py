@@ -270,6 +270,10 @@ class CompileAhead:
             else:
                 twin.finish("done" if twin.proc.returncode == 0 else "failed")
 
+    def running(self) -> int:
+        """How many twins are compiling now (their process not yet done)."""
+        return sum(1 for twin in self.twins.values() if twin.proc is not None and twin.proc.poll() is None)
+
     def record(self, number: int) -> dict[str, Any] | None:
         """What trial ``number``'s twin did (None: it had none asked for)."""
         return self.records.get(number)

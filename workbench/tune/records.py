@@ -194,8 +194,9 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
     """What compile-ahead (workbench/tune/ahead.py) did over ``trials``: twins started, finished, failed or
     stopped (of those, stopped as they no longer fit beside the next trial), the trials asked ahead at once
     (``depth``; None before it was recorded) and the twins started beside another, the seconds trials waited,
-    the median compile seconds of the trials that had a finished twin and of those that had none, and why the
-    others got none. None: no trial was asked ahead."""
+    the median compile seconds of the trials that had a finished twin and of those that had none, why the
+    others got none, and ``windows_beside_twins``: of the windows the search measured, how many were read while a
+    twin compiled (``of``). None: no trial was asked ahead."""
     recs = [(t, t.user_attrs["compile_ahead"]) for t in trials if isinstance(t.user_attrs.get("compile_ahead"), dict)]
     if not recs:
         return None
@@ -207,6 +208,7 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
         return round(statistics.median(vals), 2) if vals else None
 
     depths = [r["depth"] for _, r in recs if isinstance(r.get("depth"), int)]
+    beside = [n for t in trials for n in t.user_attrs.get("windows_beside_twins") or []]
     return {"asked_ahead": len(recs), "twins": len(recs) - status["skipped"], "finished": status["done"],
             "failed": status["failed"], "stopped": status["stopped"], "skipped": dict(reasons),
             "depth": max(depths) if depths else None,
@@ -215,7 +217,8 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
             "waited_s": round(sum(float(r.get("waited_s") or 0.0) for _, r in recs), 1),
             "median_compile_s_after_twin": median_compile([t for t, r in recs if r.get("status") == "done"]),
             "median_compile_s_without": median_compile([t for t in trials if t.user_attrs.get("compile_ahead",
-                                                        {}).get("status") != "done"])}
+                                                        {}).get("status") != "done"]),
+            "windows_beside_twins": {"beside": sum(n > 0 for n in beside), "of": len(beside)}}
 
 
 def start_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:

@@ -363,8 +363,11 @@ class Search:
                                          keep=tuple(p.number for p in self.pending), beside=cfg)
             self.ask_ahead(cfg)  # (where compile-ahead or start-ahead is on)
             stop: dict[str, Any] = {}
-            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop))
+            beside: list[int] = []
+            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop, beside))
             out.wall_s += waited  # the GPU waited for the twin: device time of this trial
+            if beside:
+                trial.set_user_attr("windows_beside_twins", beside)
             if stop and out.status == "pruned":  # (a window read after the process ended stops nothing)
                 trial.set_user_attr("stopped_for_budget", stop)
                 out.failure_reason = stop["reason"]
@@ -385,11 +388,13 @@ class Search:
                             else ""))
         return _outcome_of(twin)
 
-    def _on_window(self, trial: optuna.Trial, waited: float = 0.0,
-                   stop: dict[str, Any] | None = None) -> OnWindow:
+    def _on_window(self, trial: optuna.Trial, waited: float = 0.0, stop: dict[str, Any] | None = None,
+                   beside: list[int] | None = None) -> OnWindow:
         """Each measured window's value, reported to the pruner; True: prune the trial. A trial the pruner lets run
         on is stopped too where the GPU-minute budget cannot hold its other windows (``budget_stop``: its record
-        goes to ``stop``). ``waited``: the seconds the trial waited for its twin (its device time too)."""
+        goes to ``stop``). ``waited``: the seconds the trial waited for its twin (its device time too).
+        ``beside`` gets, per window, the compile-ahead twins compiling when the tuner read it (the trial attr
+        ``windows_beside_twins``): a twin runs beside the measured trial, and a window it slowed is told apart."""
         spec = self.session.spec
         multi, screens, last = spec.objective.multi_objective, spec.pruner.screens, spec.protocol.windows - 1
         started = time.monotonic()  # (a run killed from outside and run again: both attempts' seconds count)
@@ -401,6 +406,8 @@ class Search:
             # report; the first window's report follows the launch, compile and warm-up, so its own seconds alone
             pace = max(window_s or 0.0, now - reports[-1]) if reports else window_s
             reports.append(now)
+            if beside is not None and self.ahead is not None:
+                beside.append(self.ahead.running())
             if multi:
                 return False
             # a screening pruner's resource is the count of windows measured; its last rung is the full protocol,
