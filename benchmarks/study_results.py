@@ -6,9 +6,10 @@ validation runs) and metric, with the configuration, the study, the GPU and vers
 
 Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (or ``--storage``: every search trial,
 its status and summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
-Metrics per search trial: the objective (tokens/s/GPU, the median window), the summary's throughput, MFU,
-step time, compile seconds and cache hits, device seconds (``time/trial_wall_s``, the baseline's runs too) and a
-compile-ahead twin's figures, peak reserved memory, seconds per step of each phase and the numerics
+Metrics per search trial: the objective (tokens/s/GPU, the median window), each measured window's (with the
+compile-ahead twins compiling as it was read), the summary's throughput, MFU, step time, compile seconds and
+cache hits, device seconds (``time/trial_wall_s``, the baseline's runs too) and a compile-ahead twin's figures,
+peak reserved memory, seconds per step of each phase and the numerics
 guard's check; the baseline's last-window loss; per study its GPU-minutes by phase and its screening record
 (configs a GPU-minute); a failed trial gets ``status`` and ``failure_reason`` in its row's ``note`` and
 objective 0, as the sampler was told.
@@ -59,6 +60,10 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         rows.append({**base, "metric": "objective/tokens_per_s_per_gpu", "value": value})
         summary = attrs.get("summary") or {}
         rows += [{**base, "metric": m, "value": summary[m]} for m in SUMMARY_METRICS if summary.get(m) is not None]
+        beside = attrs.get("windows_beside_twins") or []  # the compile-ahead twins compiling as each was read
+        rows += [{**base, "metric": "window/tokens_per_s_per_gpu", "value": w,
+                  "note": f"{note}; window {i}" + (f", {beside[i]} twin(s) compiling" if i < len(beside) else "")}
+                 for i, (_, w) in enumerate(sorted(t.intermediate_values.items()))]  # (as told to the pruner)
         rows += [{**base, "metric": f"time/{ph}_s_per_step", "value": v}
                  for ph, v in (summary.get("phase_s_per_step") or {}).items() if v is not None]
         rows += [{**base, "metric": m, "value": summary[m]} for m in CACHE_METRICS if summary.get(m) is not None]
@@ -116,9 +121,14 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         if isinstance(held.get(key), (int, float)):
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"start_ahead/{key}",
                          "value": held[key], "note": "trials run from a held process"})
-    for i, wall in enumerate(study.user_attrs.get("baseline_wall_s") or []):
+    walls = study.user_attrs.get("baseline_wall_s") or []
+    for i, wall in enumerate(walls):
         rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
                      "metric": "time/trial_wall_s", "value": wall})
+    profiled = study.user_attrs.get("baseline_profile_s")
+    if walls and isinstance(profiled, (int, float)):  # the last repeat's steps profiled after its measurement
+        rows.append({**common, "phase": "baseline", "trial": len(walls) - 1, "config": "study base",
+                     "note": "of its wall", "metric": "time/profile_s", "value": profiled})
     val = d / "validation.json"
     if val.exists():
         v = json.loads(val.read_text())

@@ -232,10 +232,16 @@ def _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w):
     assert walls[walls["phase"] == "search"].set_index("trial")["value"].to_dict() == pytest.approx(
         {t.number: t.user_attrs["wall_s"] for t in counted})
     assert len(walls[walls["phase"] == "baseline"]) == len(val["baseline_runs"])
+    attrs = optuna.load_study(study_name="e2e", storage=f"sqlite:///{sdir / 'study.db'}").user_attrs
+    profiled = df[df["metric"] == "time/profile_s"]["value"].tolist()  # the profiled steps past the measurement
+    assert profiled == ([attrs["baseline_profile_s"]] if "baseline_profile_s" in attrs else [])
     assert (walls["value"] > 0).all()
     ends = df[df["metric"] == "timeline/end_s"].set_index("trial")["value"]  # the watchdog's marks of each trial
     assert len(ends) > 0 and ends.to_dict() == pytest.approx(
         {t.number: t.user_attrs["timeline"]["end"] for t in counted if t.user_attrs.get("timeline")})
+    windows = df[df["metric"] == "window/tokens_per_s_per_gpu"].groupby("trial")["value"].apply(list)
+    told = {t.number: [v for _, v in sorted(t.intermediate_values.items())] for t in counted if t.intermediate_values}
+    assert len(windows) > 0 and windows.to_dict() == told  # each window as the pruner was told it
     if w["trial"] is not None:
         v = df[(df["phase"] == "validation") & (df["trial"] == w["trial"])].set_index("metric")["value"]
         assert v["validation/speedup_median"] == pytest.approx(w["speedup_median"])
