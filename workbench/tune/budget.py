@@ -105,9 +105,7 @@ def _pair_run_seconds(session: StudySession) -> float | None:
     (COMPLETE, status ok), whose graphs, like a pair's, were compiled before they ran (by a compile-ahead twin or an
     earlier run of the config, the pair's being the search trial's and the baseline's); a baseline run where none
     finished yet (``_run_seconds``, which compiled them: an upper bound)."""
-    walls = [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
-             if t.state == TrialState.COMPLETE and t.user_attrs.get("status") == "ok"
-             and isinstance(t.user_attrs.get("wall_s"), (int, float)) and t.user_attrs["wall_s"] > 0]
+    walls = _trial_walls(session, to_the_end=True)
     return statistics.median(walls) if walls else _run_seconds(session)
 
 
@@ -150,12 +148,13 @@ def reserved_seconds(session: StudySession) -> float:
     return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_min"] + _traces_seconds(session)
 
 
-def _trial_walls(session: StudySession) -> list[float]:
+def _trial_walls(session: StudySession, to_the_end: bool = False) -> list[float]:
     """Device seconds of each search trial that ran: COMPLETE or PRUNED with a wall time (a screen stopped by the
     pruner as much as a trial measured to the end; a config refused before its run, a repeat answered from an
-    earlier trial and a failure are left out)."""
+    earlier trial and a failure are left out); ``to_the_end``: only those measured to the end (COMPLETE, ok)."""
+    states = (TrialState.COMPLETE,) if to_the_end else (TrialState.COMPLETE, TrialState.PRUNED)
     return [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
-            if t.state in (TrialState.COMPLETE, TrialState.PRUNED)
+            if t.state in states and (not to_the_end or t.user_attrs.get("status") == "ok")
             and isinstance(t.user_attrs.get("wall_s"), (int, float)) and t.user_attrs["wall_s"] > 0]
 
 

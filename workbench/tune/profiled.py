@@ -251,7 +251,7 @@ def warm_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     return _step(incumbent.params, new, choices, asked,
                  lambda config: any(all(n in a and a[n] == v for n, v in config.items()) for a in asked),
                  origin=first.params if first is not None else None,
-                 speeds=[sign * t.values[0] if is_feasible(t) else None for t in others])
+                 speeds=[_speed(t, sign) for t in others])
 
 
 def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> dict[str, Any]:
@@ -269,8 +269,7 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
     incumbent = dict(max(ok, key=lambda t: sign * t.values[0]).params) if ok else dict(walk["base"])
     # the base config counts as asked where the baseline measured it (not where it is the space's nearest config)
     pairs = [(walk["base"] if walk.get("measured", True) else {}, sign * walk["value"]),
-             *((asked_config(t), sign * t.values[0] if is_feasible(t) else None)
-               for t in trials if t.number != number)]
+             *((asked_config(t), _speed(t, sign)) for t in trials if t.number != number)]
     pairs = [(a, v) for a, v in pairs if a]  # (a trial asked ahead but not yet sampled asks for nothing yet)
     asked = [a for a, _ in pairs]
     defaults = walk.get("defaults") or {}
@@ -283,6 +282,11 @@ def cold_neighbour(study: Study, trials: Sequence[FrozenTrial], number: int) -> 
         return start  # the base config has a value outside the space: its nearest config of the space first
     return _step(incumbent, walk["knobs"], walk["choices"], asked, covered, defaults, walk.get("reach"), start,
                  [v for _, v in pairs])
+
+
+def _speed(t: FrozenTrial, sign: float) -> float | None:
+    """Trial ``t``'s objective, sign-adjusted (larger is better), where it is feasible; else None."""
+    return sign * t.values[0] if is_feasible(t) else None
 
 
 def _step(incumbent: Mapping[str, Any], knobs: Sequence[str], choices: Mapping[str, Sequence[Any]],
@@ -434,7 +438,7 @@ def warm_walk(trials: Sequence[FrozenTrial], new: Sequence[str],
 
     def differ(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
         if origin is not None:
-            return [n for n in a if n in b and a[n] != b[n]]
+            return _differ(a, b)
         return [n for n in {*a, *b} if a.get(n) != b.get(n)]
 
     steps = []
