@@ -11,6 +11,7 @@ import itertools
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -439,3 +440,76 @@ def test_each_window_says_whether_a_twin_compiled_beside_it(study_spec_file, tmp
         live.kill()
         live.wait()
     assert running(ahead) == 0
+
+
+def _comes_to(pid: int, stopped: bool) -> bool:
+    """Whether the process comes to be stopped (state T in /proc), or not, within 5 s (a signal lands when the
+    process is next scheduled)."""
+    def now() -> bool:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "T"
+
+    end = time.monotonic() + 5.0
+    while now() != stopped and time.monotonic() < end:
+        time.sleep(0.01)
+    return now() == stopped
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_the_twins_stand_stopped_through_a_measured_trials_windows(tmp_path, monkeypatch):
+    """A twin's device work shares the GPU with the measured trial by time-slicing, so each twin's process is
+    stopped from the trial's last warm-up step to its end (``on_measure`` -> ``pause``, then ``resume``); one
+    started meanwhile waits too; the seconds stood are its record's; a stopped twin asked to stop still ends on
+    SIGTERM at once."""
+    import signal
+
+    import workbench.tune.ahead as ahead_mod
+    import workbench.tune.search as search_mod
+
+    def sleeper(cmd, log, *, env, cwd, nice=0):
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+    monkeypatch.setattr(ahead_mod, "start_process", sleeper)
+    ahead = CompileAhead(_gpu_session(tmp_path, depth=2))
+    try:
+        assert ahead.start(5, _gpu_cfg(), beside=_gpu_cfg())
+        five = ahead.twins[5].proc
+        ahead.pause()
+        time.sleep(0.2)
+        assert ahead.start(6, _gpu_cfg(), beside=_gpu_cfg())  # (started beside the windows: stopped too)
+        six = ahead.twins[6].proc
+        assert _comes_to(five.pid, stopped=True) and _comes_to(six.pid, stopped=True)
+        time.sleep(0.3)
+        ahead.resume()
+        assert _comes_to(five.pid, stopped=False) and _comes_to(six.pid, stopped=False)
+        five_s, six_s = ahead.records[5]["paused_s"], ahead.records[6]["paused_s"]
+        assert six_s >= 0.3 and five_s - six_s >= 0.2  # (six stood from its start)
+        assert ahead.running() == 2
+        ahead.pause()
+        t0 = time.monotonic()
+        ahead.stop(5)
+        assert five.returncode == -signal.SIGTERM and time.monotonic() - t0 < 1.0
+        assert ahead.records[5]["status"] == "stopped"
+        ahead.resume()
+    finally:
+        ahead.stop()
+    rec = compile_ahead_record([SimpleNamespace(user_attrs={"compile_ahead": ahead.records[k]}) for k in (5, 6)])
+    assert rec["paused_s"] == round(ahead.records[5]["paused_s"] + ahead.records[6]["paused_s"], 1) >= 0.8
+
+    # the search hands the trial runner ``pause`` and continues the twins however the trial ends
+    calls = []
+
+    def run_trial(cfg, tdir, **kw):
+        calls.append(kw["on_measure"])
+        kw["on_measure"]()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(search_mod, "run_trial", run_trial)
+    fake = SimpleNamespace(started=None, ahead=SimpleNamespace(pause=lambda: calls.append("pause"),
+                                                               resume=lambda: calls.append("resume")),
+                           session=SimpleNamespace(spec=SimpleNamespace(protocol=SimpleNamespace(
+                               trial_timeout_s=60, heartbeat_timeout_s=30)), launch=None, child_env=lambda: {},
+                               child_cwd=lambda: None),
+                           measurer=SimpleNamespace(on_phase=lambda prefix: None))
+    with pytest.raises(KeyboardInterrupt):
+        Search.run_search_trial(fake, SimpleNamespace(number=3), _gpu_cfg(), tmp_path / "3", None)
+    assert calls == [fake.ahead.pause, "pause", "resume"]

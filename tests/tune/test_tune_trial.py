@@ -136,6 +136,42 @@ def test_a_pruned_trial_that_ignores_sigterm_is_not_waited_for(spec, tmp_path):
     assert out.timeline["end"] - out.timeline["last_window"] < KILL_GRACE_S / 2
 
 
+# A loop stepping every 0.3 s that writes a window of 4 steps after its warm-up (``WARM`` steps).
+STEPPER = """
+import json, os, pathlib, time
+out = pathlib.Path(os.environ['WORKBENCH_OUT'])
+for step in range(1, WARM + 9):
+    time.sleep(0.3)
+    (out / 'heartbeat').write_text(str(step))
+    if step > WARM and (step - WARM) % 4 == 0:
+        with open(out / 'metrics.jsonl', 'a') as f:
+            f.write(json.dumps({'step': step, 'steps': 4, 'time/step_s': 0.3, 'THROUGHPUT': 1000.0}) + '\\n')
+"""
+
+
+def test_the_trial_says_once_when_its_measured_windows_are_next(spec, tmp_path):
+    """``on_measure`` comes once, as the last warm-up step runs (the compile-ahead twins stop there), before the
+    first window; with one warm-up step, as the first step is seen."""
+    from workbench.tune.trial import command_launcher
+
+    for warm in (3, 1):
+        cfg = merge_overrides(spec.trial_config({}), {"training.warmup_measure_steps": warm,
+                                                      "training.max_steps": warm + 8, "training.log_every": 4})
+        calls, windows = [], []
+        d = tmp_path / f"w{warm}"
+
+        def measuring(d=d):
+            calls.append((int((d / "heartbeat").read_text()), len(windows)))
+
+        code = STEPPER.replace("WARM", str(warm)).replace("THROUGHPUT", REAL_TOKENS_PER_S)
+        out = run_trial(cfg, d, timeout_s=60, heartbeat_timeout_s=30, launch=command_launcher(["python", "-c", code]),
+                        on_window=lambda i, v, s: windows.append(v) and False, on_measure=measuring)
+        assert out.status == "ok" and len(out.windows) == 2, out.log_tail
+        assert len(calls) == 1, calls
+        beat, seen = calls[0]
+        assert seen == 0 and max(1, warm - 1) <= beat <= warm, calls  # (a poll may see the next beat)
+
+
 def test_a_real_failure_is_recorded_with_its_log_tail(spec, tmp_path):
     bad = tmp_path / "bad-model.json"
     bad.write_text(json.dumps({"num_attention_heads": 4}))  # no hidden_size: the model cannot be built

@@ -27,13 +27,19 @@ Rules the twins follow:
   every twin running fit the device together (the VLA's capped twins split the free share); on the H200 a screen
   (9-30 s) was often shorter than the next config's twin (16-77 s), so with one twin the GPU waited 108 of the
   study's 468 s for it (2026-12-05, ``sa``);
+* a twin leaves the device to the measured windows beside it: from the trial's last warm-up step to its end,
+  each twin's process is stopped (SIGSTOP; its compile workers, which touch no device, run on) and then
+  continued. Two processes on one GPU share it by time-slicing, and a twin's first steps run the kernels it
+  compiled and Inductor's benchmarks of their configs: a window beside them reads the twin's work as the
+  trial's (on the H100, 2026-12-06, ``w3-h100``: 54,032 tok/s between 59,155 and 58,668, and a screen 9% under
+  its family's). A stopped twin's compile waits as long as the windows run (its record's ``paused_s``);
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
   charged to n+1's device time); the twins of the trials still asked ahead run on, any other is stopped.
 * a proposal for n+1 that the memory model refuses by itself gets no twin: the search tells it (an ``oom``
   without a run) and asks again (``Search.ask_ahead``), so the twin compiles a config that runs.
 
 What each twin did is the trial's ``compile_ahead`` attribute: ``started`` (or why not), the twin's compile
-seconds and its exit, and the seconds its trial waited for it.
+seconds and its exit, the seconds it stood stopped (``paused_s``) and the seconds its trial waited for it.
 
 Start-ahead (``protocol.start_ahead``, ``StartAhead``): the trial asked ahead gets its own process too, started
 beside trial n and held at its gate (``workbench.tune.trial.hold_trial``, ``$WORKBENCH_HOLD``): the interpreter,
@@ -51,6 +57,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -101,6 +108,21 @@ class Twin:
     proc: subprocess.Popen[bytes] | None
     started: float = field(default_factory=time.monotonic)
     record: dict[str, Any] = field(default_factory=dict)
+    stopped_at: float | None = None  # (monotonic) while its process is stopped for a measured trial
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to the twin's own process (not its group: its compile workers touch no device); a
+        SIGSTOP or SIGCONT also keeps the seconds it stood (the record's ``paused_s``)."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(self.proc.pid, sig)
+        now = time.monotonic()
+        if sig == signal.SIGSTOP and self.stopped_at is None:
+            self.stopped_at = now
+        elif sig == signal.SIGCONT and self.stopped_at is not None:
+            self.record["paused_s"] = round(self.record.get("paused_s", 0.0) + now - self.stopped_at, 3)
+            self.stopped_at = None
 
     def finish(self, status: str) -> dict[str, Any]:
         """The twin's record once its process is done (or stopped): its exit and its compile's seconds."""
@@ -122,6 +144,7 @@ class CompileAhead:
         self.twins: dict[int, Twin] = {}
         self.configs: dict[int, Config] = {}  # each running twin's config (the memory it may take)
         self.records: dict[int, dict[str, Any]] = {}
+        self.paused = False  # while a trial's measured windows run (``pause``)
 
     @staticmethod
     def depth_of(session: StudySession) -> int:
@@ -207,7 +230,21 @@ class CompileAhead:
             twin.record["beside_twins"] = len(self.twins)
         self.twins[number], self.configs[number] = twin, cfg
         self.records[number] = twin.record
+        if self.paused:  # (started beside windows being measured: it waits for their end too)
+            twin.signal(signal.SIGSTOP)
         return True
+
+    def pause(self) -> None:
+        """Stop every twin's process: a trial's measured windows are about to run."""
+        self.paused = True
+        for twin in self.twins.values():
+            twin.signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Continue the twins that ``pause`` stopped."""
+        self.paused = False
+        for twin in self.twins.values():
+            twin.signal(signal.SIGCONT)
 
     def _reap(self) -> None:
         """Record the twins whose process is done (their memory is free for the next)."""
@@ -231,6 +268,7 @@ class CompileAhead:
             self._refit(beside)
             return 0.0
         t0 = time.monotonic()
+        twin.signal(signal.SIGCONT)  # (one stopped beside a trial that ended without ``resume``)
         try:
             twin.proc.wait(timeout=max(0.0, timeout_s))
             twin.finish("done" if twin.proc.returncode == 0 else "failed")
@@ -265,13 +303,14 @@ class CompileAhead:
             if twin is None or twin.proc is None:
                 continue
             if twin.proc.poll() is None:
+                twin.signal(signal.SIGCONT)  # (a stopped process holds SIGTERM until it continues)
                 kill_group(twin.proc, grace_s=2.0)
                 twin.finish("stopped")
             else:
                 twin.finish("done" if twin.proc.returncode == 0 else "failed")
 
     def running(self) -> int:
-        """How many twins are compiling now (their process not yet done)."""
+        """How many twins are compiling now, or stopped for a measured window (their process not yet done)."""
         return sum(1 for twin in self.twins.values() if twin.proc is not None and twin.proc.poll() is None)
 
     def record(self, number: int) -> dict[str, Any] | None:

@@ -194,9 +194,10 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
     """What compile-ahead (workbench/tune/ahead.py) did over ``trials``: twins started, finished, failed or
     stopped (of those, stopped as they no longer fit beside the next trial), the trials asked ahead at once
     (``depth``; None before it was recorded) and the twins started beside another, the seconds trials waited,
-    the median compile seconds of the trials that had a finished twin and of those that had none, why the
-    others got none, and ``windows_beside_twins``: of the windows the search measured, how many were read while a
-    twin compiled (``of``). None: no trial was asked ahead."""
+    the seconds the twins stood stopped beside measured windows, the median compile seconds of the trials that
+    had a finished twin and of those that had none, why the others got none, and ``windows_beside_twins``: of the
+    windows the search measured (``of``), how many were read with a twin alive (stopped). None: no trial was asked
+    ahead."""
     recs = [(t, t.user_attrs["compile_ahead"]) for t in trials if isinstance(t.user_attrs.get("compile_ahead"), dict)]
     if not recs:
         return None
@@ -215,6 +216,7 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
             "beside_another_twin": sum(bool(r.get("beside_twins")) for _, r in recs),
             "stopped_to_fit": sum("stopped_for" in r for _, r in recs),
             "waited_s": round(sum(float(r.get("waited_s") or 0.0) for _, r in recs), 1),
+            "paused_s": round(sum(float(r.get("paused_s") or 0.0) for _, r in recs), 1),
             "median_compile_s_after_twin": median_compile([t for t, r in recs if r.get("status") == "done"]),
             "median_compile_s_without": median_compile([t for t in trials if t.user_attrs.get("compile_ahead",
                                                         {}).get("status") != "done"]),

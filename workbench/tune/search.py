@@ -393,8 +393,8 @@ class Search:
         """Each measured window's value, reported to the pruner; True: prune the trial. A trial the pruner lets run
         on is stopped too where the GPU-minute budget cannot hold its other windows (``budget_stop``: its record
         goes to ``stop``). ``waited``: the seconds the trial waited for its twin (its device time too).
-        ``beside`` gets, per window, the compile-ahead twins compiling when the tuner read it (the trial attr
-        ``windows_beside_twins``): a twin runs beside the measured trial, and a window it slowed is told apart."""
+        ``beside`` gets, per window, the compile-ahead twins alive when the tuner read it (the trial attr
+        ``windows_beside_twins``; each stands stopped through the windows, ahead.py)."""
         spec = self.session.spec
         multi, screens, last = spec.objective.multi_objective, spec.pruner.screens, spec.protocol.windows - 1
         started = time.monotonic()  # (a run killed from outside and run again: both attempts' seconds count)
@@ -457,11 +457,16 @@ class Search:
         for attempt in range(2):
             # its process, where one was started ahead for this config (a second attempt launches its own)
             held = self.started.take(n, config_hash(cfg)) if self.started is not None and not attempt else None
-            out = run_trial(cfg, tdir, timeout_s=s.spec.protocol.trial_timeout_s,
-                            heartbeat_timeout_s=s.spec.protocol.heartbeat_timeout_s, on_window=on_window,
-                            on_phase=self.measurer.on_phase(f"trial {n}"), launch=s.launch,
-                            on_launch=lambda pgid: _record_group(trial, pgid), env=s.child_env(),
-                            cwd=s.child_cwd(), held=held)
+            try:  # the twins stand stopped through its measured windows (ahead.py)
+                out = run_trial(cfg, tdir, timeout_s=s.spec.protocol.trial_timeout_s,
+                                heartbeat_timeout_s=s.spec.protocol.heartbeat_timeout_s, on_window=on_window,
+                                on_phase=self.measurer.on_phase(f"trial {n}"), launch=s.launch,
+                                on_launch=lambda pgid: _record_group(trial, pgid),
+                                on_measure=self.ahead.pause if self.ahead is not None else None,
+                                env=s.child_env(), cwd=s.child_cwd(), held=held)
+            finally:
+                if self.ahead is not None:
+                    self.ahead.resume()
             if not out.killed_from_outside or attempt:
                 return out
             kept = tdir.with_name(f"{tdir.name}.killed")

@@ -445,10 +445,14 @@ class Watchdog:
 
     def __init__(self, proc: subprocess.Popen[bytes], trial_dir: Path, cfg: Config, *, timeout_s: float,
                  heartbeat_timeout_s: float, on_window: OnWindow | None,
-                 phase: Callable[[str], None], poll_s: float) -> None:
+                 phase: Callable[[str], None], poll_s: float, on_measure: Callable[[], None] | None = None) -> None:
         self.proc, self.phase, self.on_window, self.poll_s = proc, phase, on_window, poll_s
+        self.on_measure = on_measure
         self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
         self.warm = cfg.training.warmup_measure_steps
+        # the beat at which the measured windows are near: the last warm-up step runs (one step's slack, in which
+        # work queued on the device by another process drains)
+        self.measure_beat = max(1, self.warm - 1)
         self.n_windows = max(1, (cfg.training.max_steps - self.warm) // cfg.training.log_every)
         self.metrics = _MetricsTail(trial_dir / "metrics.jsonl")
         self.heartbeat = trial_dir / "heartbeat"
@@ -490,6 +494,12 @@ class Watchdog:
         if self.t0 is not None and (name == "last_window" or name not in self.seen.timeline):
             self.seen.timeline[name] = round((time.monotonic() if at is None else at) - self.t0, 2)
 
+    def _measuring(self) -> None:
+        """``on_measure``, once: the trial's last warm-up step has started, or a measured window is seen."""
+        if self.on_measure is not None:
+            self.on_measure()
+            self.on_measure = None
+
     def watch(self, t0: float) -> Watch:
         """Poll until the process exits, is pruned or passes a limit (then its group is killed)."""
         seen, n = self.seen, self.n_windows
@@ -498,6 +508,7 @@ class Watchdog:
         while True:
             rc = self.proc.poll()
             for v, window_s in self._new_windows():
+                self._measuring()
                 self.phase(f"measuring window {len(seen.windows) + 1}/{n}" if len(seen.windows) < n else "finishing")
                 if self.on_window is not None and self.on_window(len(seen.windows) - 1, v, window_s) and rc is None:
                     seen.pruned = True
@@ -517,6 +528,8 @@ class Watchdog:
                 self._mark("report")
                 if b.isdigit() and int(b) >= 1:
                     self._mark("first_step")
+                if b.isdigit() and int(b) >= self.measure_beat:
+                    self._measuring()
                 if not seen.windows:
                     in_warmup = b.isdigit() and int(b) <= self.warm
                     self.phase(f"warm-up (step {b}/{self.warm})" if in_warmup else f"measuring window 1/{n}")
@@ -675,6 +688,7 @@ def run_trial(
     on_window: OnWindow | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_launch: Callable[[int], None] | None = None,
+    on_measure: Callable[[], None] | None = None,
     launch: Launcher = launch_command,
     env: dict[str, str] | None = None,
     cwd: str | Path | None = None,
@@ -685,7 +699,8 @@ def run_trial(
 
     ``on_window(i, tokens_per_s, window_s)`` is called for each measured window (``window_s``: its own seconds,
     or None); returning True prunes the trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
-    ``on_launch(pgid)`` is called once the child runs. ``launch`` builds the child's command line.
+    ``on_launch(pgid)`` is called once the child runs; ``on_measure()`` once its last warm-up step has started
+    (its measured windows follow; or the first window is seen first). ``launch`` builds the child's command line.
     ``env``: variables set in the child's environment (the study's shared compile caches); ``cwd``: its working
     directory (default the tuner's). ``held``: the trial's process, started ahead (``hold_trial``) in
     ``trial_dir``: its gate is opened in place of a launch, and the seconds from there are the trial's. A
@@ -704,7 +719,7 @@ def run_trial(
     if isinstance(proc, str):
         return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=proc, log_tail=proc)
     dog = Watchdog(proc, trial_dir, cfg, timeout_s=timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
-                   on_window=on_window, phase=phase, poll_s=poll_s)
+                   on_window=on_window, phase=phase, poll_s=poll_s, on_measure=on_measure)
     try:
         if on_launch is not None:
             on_launch(proc.pid)
