@@ -29,10 +29,10 @@ Rules the twins follow:
   study's 468 s for it (2026-12-05, ``sa``);
 * a twin leaves the device to the measured windows beside it: from the trial's last warm-up step to its end,
   each twin's process is stopped (SIGSTOP; its compile workers, which touch no device, run on) and then
-  continued. Two processes on one GPU share it by time-slicing, and a twin's first steps run the kernels it
-  compiled and Inductor's benchmarks of their configs: a window beside them reads the twin's work as the
-  trial's (on the H100, 2026-12-06, ``w3-h100``: 54,032 tok/s between 59,155 and 58,668, and a screen 9% under
-  its family's). A stopped twin's compile waits as long as the windows run (its record's ``paused_s``);
+  continued. Two processes on one GPU share it by time-slicing, and a twin runs a forward and backward pass
+  per shape and Inductor's benchmarks of its kernels' configs: a window beside them reads the twin's work as
+  the trial's (``benchmarks/results/twins.csv``). A stopped twin's compile waits as long as the windows run
+  (its record's ``paused_s``);
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
   charged to n+1's device time); the twins of the trials still asked ahead run on, any other is stopped.
 * a proposal for n+1 that the memory model refuses by itself gets no twin: the search tells it (an ``oom``
