@@ -494,6 +494,13 @@ def test_the_twins_stand_stopped_through_a_measured_trials_windows(tmp_path, mon
         ahead.stop()
     rec = compile_ahead_record([SimpleNamespace(user_attrs={"compile_ahead": ahead.records[k]}) for k in (5, 6)])
     assert rec["paused_s"] == round(ahead.records[5]["paused_s"] + ahead.records[6]["paused_s"], 1) >= 0.8
+    from workbench.tune.result import gpu_minutes_line
+
+    ahead_rec = {**rec, "twins": 2, "finished": 2, "waited_s": 37.9, "paused_s": 71.9}
+    line = gpu_minutes_line({"device": "cuda", "total": 7.8},
+                            {"stages": [{"windows": 1, "trials": 6}], "compile_ahead": ahead_rec})
+    assert line.endswith("compile-ahead (2 trials ahead): 2 of 2 twins finished before their trial, 38 s waited, "
+                         "72 s stopped through measured windows")
 
     # the search hands the trial runner ``pause`` and continues the twins however the trial ends
     calls = []

@@ -241,7 +241,9 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
             text += (f"; compile-ahead{deep}: {ahead['finished']} of {ahead['twins']} twins finished before their trial"
                      + (f" (median compile {after:.0f} s after a twin" + (f", {without:.0f} s without" if without
                                                                          is not None else "") + ")"
-                        if after is not None else "") + f", {ahead.get('waited_s', 0):.0f} s waited")
+                        if after is not None else "") + f", {ahead.get('waited_s', 0):.0f} s waited"
+                     + (f", {ahead['paused_s']:.0f} s stopped through measured windows" if ahead.get("paused_s")
+                        else ""))
         held = screening.get("start_ahead")
         if held and held.get("held"):
             ready = held.get("median_ready_s")
