@@ -19,6 +19,15 @@
 #                                                     # untuned, with run.prepare's levers, and the workbench's
 #                                                     # own exported gr00t-n1.6 config
 #
+# Issue 38's checks on one H200, a call each (a study named apart, from sampler seed 1, then its export beside the
+# best config known and the FP8 recipe; the VLA's beside the seeded study's export):
+#   NAME=gr00t-n1.6-w5h SEED=1 GPU_MIN=8.5 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh search RUNS OUT
+#   NAME=gr00t-n1.6-w5h WB_ALT=benchmarks/reports/gr00t-n1.6-sa_config_h200_2026-12-05.yaml REFERENCE=wb_alt \
+#     VARIANTS=wb_alt,wb_config,ref_recipe@16,wb_config,wb_alt bash benchmarks/campaign.sh compare RUNS OUT
+#   NAME=gr00t-n1.6-vla-w5h SEED=1 GPU_MIN=9 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh vla-search RUNS OUT
+#   NAME=gr00t-n1.6-vla-w5h VLA_REF=benchmarks/reports/gr00t-n1.6-vla_config_h200_2026-12-01.yaml PROFILE=0 \
+#     VARIANTS=wb_alt,wb_config,wb_alt,wb_config bash benchmarks/campaign.sh vla-compare RUNS OUT
+#
 # RUNS: the tuner's --out (studies, trials, exported config.yaml, report.html); OUT: benchmark results.
 # Each phase prints a short table last; the CSVs land under OUT.
 set -euo pipefail
@@ -30,13 +39,17 @@ export NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 
 case "$phase" in
 search)
-    # stops starting trials after 500 s; a second call resumes the same study (Optuna storage under RUNS).
-    # SEED: the sampler's seed, a study of its own (gr00t-n1.6-sSEED): the same search from another start
-    name=gr00t-n1.6${SEED:+-s$SEED}
-    python -m workbench.tune --study gr00t-n1.6 --study-name "$name" --out "$RUNS" --timeout 500 --no-progress \
-        ${SEED:+--seed "$SEED"} ${STORAGE:+--storage "$STORAGE"}
+    # stops starting trials after 500 s (SEARCH_S); a second call resumes the same study (Optuna storage under
+    # RUNS). SEED: the sampler's seed, a study of its own (gr00t-n1.6-sSEED, or NAME): the same search from another
+    # start. GPU_MIN: a GPU-minute budget (8.5 fits one call with the validation); NO_REF=1: no plain-loop
+    # reference after it (compare measures the references side by side)
+    name=${NAME:-gr00t-n1.6${SEED:+-s$SEED}}
+    python -m workbench.tune --study gr00t-n1.6 --study-name "$name" --out "$RUNS" --timeout "${SEARCH_S:-500}" \
+        --no-progress ${SEED:+--seed "$SEED"} ${STORAGE:+--storage "$STORAGE"} ${GPU_MIN:+--gpu-minutes "$GPU_MIN"} \
+        ${NO_REF:+--no-reference}
     cp "$RUNS/$name/config.yaml" "$OUT/exported-config.yaml"
     cp "$RUNS/$name/report.html" "$OUT/report-$name.html"   # for benchmarks/reports/
+    mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$OUT/$name/"  # study_results.py's
     ;;
 compare)
     # each variant in its own process, interleaved: the exported config, the compiled reference loop and
@@ -44,10 +57,14 @@ compare)
     # (their ratios per pair give the intervals), the recipe at 8 and 24 once (the ratio tables divide by each
     # reference family's fastest member); every ref_* accumulates to the study's global batch of 32 sequences
     # (24 + 8 at micro-batch 24), so optimizer steps per token match. VARIANTS and WB_ALT (a second config, with
-    # WB_ALT_SET overrides) change what runs.
+    # WB_ALT_SET overrides; REFERENCE=wb_alt divides by it) change what runs; NAME: the study whose export runs
+    # (search's NAME). Compiles read that study's compile cache, as its trials did.
+    name=${NAME:-gr00t-n1.6}
+    export TORCHINDUCTOR_CACHE_DIR="$RUNS/$name/compile-cache/inductor" \
+        TRITON_CACHE_DIR="$RUNS/$name/compile-cache/triton"
     python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 --global-batch 32 \
-        --steps "${STEPS:-6}" --warmup 3 --log-every 3 --timeout 200 --wb-config "$RUNS/gr00t-n1.6/config.yaml" \
-        ${WB_ALT:+--wb-alt "$WB_ALT"} ${WB_ALT_SET:+--wb-alt-set "$WB_ALT_SET"} \
+        --steps "${STEPS:-6}" --warmup 3 --log-every 3 --timeout 200 --wb-config "$RUNS/$name/config.yaml" \
+        ${WB_ALT:+--wb-alt "$WB_ALT"} ${WB_ALT_SET:+--wb-alt-set "$WB_ALT_SET"} ${REFERENCE:+--reference "$REFERENCE"} \
         --variants "${VARIANTS:-ref_recipe@16,wb_config,ref_compiled,ref_recipe@8,ref_recipe@24,wb_config,ref_recipe@16,ref_compiled}" \
         --out "$OUT/compare"
     ;;
@@ -66,9 +83,15 @@ replay)
         --out "$OUT/sampler_efficiency"
     ;;
 vla-search)
-    python -m workbench.tune --study gr00t-n1.6-vla --out "$RUNS" --timeout "${SEARCH_S:-380}" --no-progress \
-        ${TRIALS:+--trials "$TRIALS"}  # TRIALS: a smaller budget than the spec's, to end the study in this call
-    cp "$RUNS/gr00t-n1.6-vla/config.yaml" "$OUT/exported-config-vla.yaml"
+    # TRIALS: a smaller budget than the spec's, to end the study in this call; NAME, SEED, GPU_MIN, NO_REF: as
+    # search's (GPU_MIN=9 with SEARCH_S=400 fits one call)
+    name=${NAME:-gr00t-n1.6-vla}
+    python -m workbench.tune --study gr00t-n1.6-vla --study-name "$name" --out "$RUNS" --timeout "${SEARCH_S:-380}" \
+        --no-progress ${TRIALS:+--trials "$TRIALS"} ${SEED:+--seed "$SEED"} ${GPU_MIN:+--gpu-minutes "$GPU_MIN"} \
+        ${NO_REF:+--no-reference}
+    cp "$RUNS/$name/config.yaml" "$OUT/exported-config-vla.yaml"
+    cp "$RUNS/$name/report.html" "$OUT/report-$name.html"
+    mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$OUT/$name/"
     ;;
 vla-compare)
     # a process each, interleaved: the exported config and the base under torch.compile twice each (their ratio
@@ -77,13 +100,15 @@ vla-compare)
     # PROFILE=0: no traces). Compiles read the study's compile cache, as its trials did. VLA_REF: a config to run
     # as wb_alt in place of the compiled base (issue 38's reference: VLA_REF=benchmarks/reports/
     # gr00t-n1.6-vla_config_h200_2026-12-01.yaml, the export of the seeded study).
-    base="$RUNS/gr00t-n1.6-vla/baseline/0/config.yaml"
+    # NAME: the study whose export runs (vla-search's NAME)
+    name=${NAME:-gr00t-n1.6-vla}
+    base="$RUNS/$name/baseline/0/config.yaml"
     alt_set=(--wb-alt-set loongforge.compute_domain.compile=default)
     [ -n "${VLA_REF:-}" ] && alt_set=()
-    export TORCHINDUCTOR_CACHE_DIR="$RUNS/gr00t-n1.6-vla/compile-cache/inductor" \
-        TRITON_CACHE_DIR="$RUNS/gr00t-n1.6-vla/compile-cache/triton"
+    export TORCHINDUCTOR_CACHE_DIR="$RUNS/$name/compile-cache/inductor" \
+        TRITON_CACHE_DIR="$RUNS/$name/compile-cache/triton"
     python benchmarks/loop_bench.py --preset gr00t-n1.6-vla --micro-batch 16 --seq-len 512 --steps 10 --warmup 4 \
-        --log-every 5 --timeout 280 --launch-profile "${PROFILE:-2}" --wb-config "$RUNS/gr00t-n1.6-vla/config.yaml" \
+        --log-every 5 --timeout 280 --launch-profile "${PROFILE:-2}" --wb-config "$RUNS/$name/config.yaml" \
         --wb-base "$base" --wb-alt "${VLA_REF:-$base}" ${alt_set[@]+"${alt_set[@]}"} \
         --reference wb_alt --variants "${VARIANTS:-wb_alt,wb_config,wb_base,wb_alt,wb_config}" --out "$OUT/compare-vla"
     ;;
