@@ -268,7 +268,6 @@ class CompileAhead:
             self._refit(beside)
             return 0.0
         t0 = time.monotonic()
-        twin.signal(signal.SIGCONT)  # (one stopped beside a trial that ended without ``resume``)
         try:
             twin.proc.wait(timeout=max(0.0, timeout_s))
             twin.finish("done" if twin.proc.returncode == 0 else "failed")
