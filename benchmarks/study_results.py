@@ -60,9 +60,10 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         rows.append({**base, "metric": "objective/tokens_per_s_per_gpu", "value": value})
         summary = attrs.get("summary") or {}
         rows += [{**base, "metric": m, "value": summary[m]} for m in SUMMARY_METRICS if summary.get(m) is not None]
-        beside = attrs.get("windows_beside_twins") or []  # the compile-ahead twins compiling as each was read
+        # the compile-ahead twins alive as each was read (compiling beside it before 6b2a494, stopped since)
+        beside = attrs.get("windows_beside_twins") or []
         rows += [{**base, "metric": "window/tokens_per_s_per_gpu", "value": w,
-                  "note": f"{note}; window {i}" + (f", {beside[i]} twin(s) compiling" if i < len(beside) else "")}
+                  "note": f"{note}; window {i}" + (f", {beside[i]} twin(s) beside" if i < len(beside) else "")}
                  for i, (_, w) in enumerate(sorted(t.intermediate_values.items()))]  # (as told to the pruner)
         rows += [{**base, "metric": f"time/{ph}_s_per_step", "value": v}
                  for ph, v in (summary.get("phase_s_per_step") or {}).items() if v is not None]
@@ -74,7 +75,7 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
                  for k, v in tl.items() if isinstance(v, (int, float))]
         ahead = attrs.get("compile_ahead") or {}  # its twin's compile, run while the trial before it ran
         rows += [{**base, "metric": f"compile_ahead/{k}", "value": ahead[k], "note": f"twin {ahead.get('status')}"}
-                 for k in ("wall_s", COMPILE_S, "waited_s") if isinstance(ahead.get(k), (int, float))]
+                 for k in ("wall_s", COMPILE_S, "waited_s", "paused_s") if isinstance(ahead.get(k), (int, float))]
         held = attrs.get("start_ahead") or {}  # its process, started while the trial before it ran
         rows += [{**base, "metric": f"start_ahead/{k}", "value": held[k], "note": "from the launch"}
                  for k in ("held_s", "ready_s") if isinstance(held.get(k), (int, float))]
@@ -112,10 +113,15 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"screen_seconds/{key}",
                          "value": sec[key], "note": f"median over {sec.get('trials')} search trials"})
     ahead = screening.get("compile_ahead") or {}
-    for key in ("twins", "finished", "waited_s", "median_compile_s_after_twin", "median_compile_s_without"):
+    for key in ("twins", "finished", "waited_s", "paused_s", "median_compile_s_after_twin",
+                "median_compile_s_without"):
         if isinstance(ahead.get(key), (int, float)):
             rows.append({**common, "phase": "study", "trial": "", "config": "", "metric": f"compile_ahead/{key}",
                          "value": ahead[key], "note": f"{ahead.get('asked_ahead')} asked ahead"})
+    if isinstance(beside := ahead.get("windows_beside_twins"), dict):
+        rows.append({**common, "phase": "study", "trial": "", "config": "",
+                     "metric": "compile_ahead/windows_beside_twins", "value": beside.get("beside"),
+                     "note": f"of {beside.get('of')} windows the search measured"})
     held = screening.get("start_ahead") or {}
     for key in ("held", "ready_at_gate", "median_ready_s", "waited_s"):
         if isinstance(held.get(key), (int, float)):
