@@ -12,10 +12,11 @@ import importlib
 from typing import Any
 
 __all__ = ["VLAPipeline", "VLABatch", "VLALayout", "AugmentSettings", "augment_image", "sample_rng",
-           "VLA_CONFIG_FIELDS"]
+           "sample_keys", "VLA_CONFIG_FIELDS"]
 
 _FROM = {"VLAPipeline": "pipeline", "VLA_CONFIG_FIELDS": "pipeline", "VLABatch": "staging", "VLALayout": "staging",
-         "AugmentSettings": "augment", "augment_image": "augment", "sample_rng": "augment"}
+         "AugmentSettings": "augment", "augment_image": "augment", "sample_rng": "augment",
+         "sample_keys": "augment"}
 
 
 def __getattr__(name: str) -> Any:

@@ -15,8 +15,9 @@ from typing import Any
 
 import numpy as np
 
-# Separates the augmentation streams from the plans' SeedSequence([seed, epoch]) streams.
+# Separate the augmentation streams and the samples' draw keys from the plans' SeedSequence([seed, epoch]) streams.
 _AUG_STREAM = 0x5A17
+_KEY_STREAM = 0x6E01
 # ITU-R BT.601 luma weights: the grey of torchvision's rgb_to_grayscale, used by contrast and saturation.
 _LUMA = np.array([0.299, 0.587, 0.114], np.float32)
 
@@ -91,6 +92,16 @@ class AugmentSettings:
 def sample_rng(seed: int, epoch: int, record: int) -> np.random.Generator:
     """The generator of one sample's augmentation: a pure function of (seed, epoch, global record id)."""
     return np.random.default_rng(np.random.SeedSequence([seed, epoch, record, _AUG_STREAM]))
+
+
+def sample_keys(seed: int, epoch: int, records: np.ndarray) -> np.ndarray:
+    """Each sample's draw key (int32 in [0, 2**31)): a pure function of (seed, epoch, global record id), new every
+    epoch. A model that draws per sample from its key (the VLA's flow-matching time and noise) draws the same
+    numbers for a sample in any micro-batch, eager, compiled or captured."""
+    out = np.empty(len(records), np.int32)
+    for i, r in enumerate(np.asarray(records).tolist()):
+        out[i] = np.random.SeedSequence([seed, epoch, r, _KEY_STREAM]).generate_state(1)[0] >> 1
+    return out
 
 
 def _axis(n: int, start: float, size: float, shift: float, flip: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -5,7 +5,7 @@ augment the images) and staging blocks as the token pipeline -> fixed-shape ``VL
 reader and assembler threads, epoch plans (one bucket), frame store, staging ring, CUDA side-stream copy, errors
 in batch order, resume and metrics. The record kind, the batch, augmentation and the settings read from a config
 are described in docs/loaders.md ("VLA records"). Public names: ``VLAPipeline``, ``VLABatch``, ``VLALayout``,
-``AugmentSettings``, ``augment_image``, ``sample_rng``, ``VLA_CONFIG_FIELDS``.
+``AugmentSettings``, ``augment_image``, ``sample_rng``, ``sample_keys``, ``VLA_CONFIG_FIELDS``.
 """
 
 from __future__ import annotations
@@ -20,14 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from .augment import AugmentSettings, augment_image, sample_rng
+from .augment import AugmentSettings, augment_image, sample_keys, sample_rng
 from .._plans import EpochPlan, FillPlan
 from .._settings import VLA_CONFIG_FIELDS, check_vla_arguments
 from .staging import VLABatch, VLALayout
 from ..format import ShardSet, VLAFrame
 from ..pipeline import BatchPipeline, Stopped
 
-__all__ = ["VLAPipeline", "VLABatch", "VLALayout", "AugmentSettings", "augment_image", "sample_rng",
+__all__ = ["VLAPipeline", "VLABatch", "VLALayout", "AugmentSettings", "augment_image", "sample_rng", "sample_keys",
            "VLA_CONFIG_FIELDS"]
 
 
@@ -190,6 +190,7 @@ class VLAPipeline(BatchPipeline):
             lengths[row] = L
         for f, n in uses.items():
             self._unref(epoch, f, n)
+        v["keys"][:] = sample_keys(self.seed, epoch, ids)
         return self._ship_vla(i, T, lengths, epoch, k, ids)
 
     def _ship_vla(self, i: int, T: int, lengths: np.ndarray, epoch: int, k: int, ids: np.ndarray) -> VLABatch:
@@ -209,7 +210,8 @@ class VLAPipeline(BatchPipeline):
         t = self.layout.views(src)
         real = int(lengths.sum())
         return VLABatch(images=t["images"], input_ids=t["input_ids"], position_ids=t["position_ids"],
-                        attention_mask=t["attention_mask"], actions=t["actions"], text_lengths=lengths, length=T,
+                        attention_mask=t["attention_mask"], actions=t["actions"], keys=t["keys"],
+                        text_lengths=lengths, length=T,
                         real_tokens=real, padded_tokens=len(ids) * T, epoch=epoch, index=k, record_ids=ids,
                         event=ev, _token=token)
 

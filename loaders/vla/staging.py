@@ -28,9 +28,9 @@ def _up(n: int) -> int:
 
 @dataclass(frozen=True)
 class VLALayout:
-    """Byte offsets of a [B] vla batch in a staging block: actions float32 [B, K, A], input_ids int32 [B, T],
-    position_ids int32 [B, T], attention_mask uint8 [B, T], images uint8 [B, C, H, W], in that order, each
-    64-byte aligned."""
+    """Byte offsets of a [B] vla batch in a staging block: actions float32 [B, K, A], keys int32 [B], input_ids
+    int32 [B, T], position_ids int32 [B, T], attention_mask uint8 [B, T], images uint8 [B, C, H, W], in that
+    order, each 64-byte aligned."""
 
     B: int
     T: int
@@ -41,7 +41,8 @@ class VLALayout:
     def regions(self) -> dict[str, tuple[int, int, torch.dtype, tuple[int, ...]]]:
         """name -> (byte offset, byte length, dtype, shape)."""
         B, T = self.B, self.T
-        parts = [("actions", torch.float32, 4, (B, *self.action_shape)), ("input_ids", torch.int32, 4, (B, T)),
+        parts = [("actions", torch.float32, 4, (B, *self.action_shape)), ("keys", torch.int32, 4, (B,)),
+                 ("input_ids", torch.int32, 4, (B, T)),
                  ("position_ids", torch.int32, 4, (B, T)), ("attention_mask", torch.uint8, 1, (B, T)),
                  ("images", torch.uint8, 1, (B, *self.image_shape))]
         out, off = {}, 0
@@ -83,7 +84,8 @@ class VLABatch:
 
     ``images`` uint8 [B, C, H, W]; ``input_ids`` int32 [B, T], each instruction left-aligned and padded with 0
     to the configured text length ``T``; ``position_ids`` int32 [B, T] (0, 1, ... on the text, 0 on padding);
-    ``attention_mask`` uint8 [B, T] (1 on the text, 0 on padding); ``actions`` float32 [B, K, A].
+    ``attention_mask`` uint8 [B, T] (1 on the text, 0 on padding); ``actions`` float32 [B, K, A]; ``keys`` int32
+    [B], each sample's draw key (``sample_keys``: a function of the pipeline's seed, the epoch and the record).
     ``text_lengths`` (host, int64 [B]) are the instructions' lengths; ``real_tokens`` their sum, ``padded_tokens``
     B x T. Lifetime as the token ``Batch``'s: CUDA tensors may be kept (``ready()`` makes a stream wait for the
     copy); CPU tensors view the staging block and are valid until the next ``next()`` or ``release()``.
@@ -94,6 +96,7 @@ class VLABatch:
     position_ids: torch.Tensor    # int32 [B, T]
     attention_mask: torch.Tensor  # uint8 [B, T]
     actions: torch.Tensor         # float32 [B, K, A]
+    keys: torch.Tensor            # int32 [B]
     text_lengths: np.ndarray      # int64 [B]
     length: int                   # T
     real_tokens: int
@@ -116,7 +119,7 @@ class VLABatch:
         return self.length
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return self.images, self.input_ids, self.position_ids, self.attention_mask, self.actions
+        return self.images, self.input_ids, self.position_ids, self.attention_mask, self.actions, self.keys
 
     def ready(self, stream: Any = None) -> None:
         """Make ``stream`` (default: the current CUDA stream) wait for this batch's copy; no-op on CPU."""

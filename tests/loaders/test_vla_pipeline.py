@@ -14,7 +14,7 @@ import torch
 from conftest import VLA_SPEC
 from loaders.pipeline import EpochPlan
 from loaders.reader import probe_io_uring
-from loaders.vla import AugmentSettings, VLAPipeline, augment_image, sample_rng
+from loaders.vla import AugmentSettings, VLAPipeline, augment_image, sample_keys, sample_rng
 
 MB = 8
 URING_BACKEND = "io_uring" if probe_io_uring()[0] else "threadpool"
@@ -114,6 +114,26 @@ def test_augmentation_is_seeded_per_sample_and_leaves_text_and_actions(vla_dir, 
     with VLAPipeline(vla_dir, micro_batch_size=MB, seed=1, augment=AugmentSettings(enabled=False), epochs=1) as pl:
         for b in pl:
             _check_batch(b, vla_data)
+
+
+def test_each_samples_key_is_its_seed_epoch_and_record(vla_dir):
+    """A batch's ``keys`` are ``sample_keys`` of its records: the same key for a record at any micro-batch and frame
+    order, new each epoch, another under another seed, all in [0, 2**31)."""
+    def keys_by_record(mb: int, seed: int, window: int = 4) -> list[dict[int, int]]:
+        per_epoch: list[dict[int, int]] = [{}, {}]
+        with VLAPipeline(vla_dir, micro_batch_size=mb, seed=seed, shuffle_window_frames=window, epochs=2) as pl:
+            for b in pl:
+                assert b.keys.dtype == torch.int32 and b.keys.shape == (mb,)
+                assert np.array_equal(b.keys.numpy(), sample_keys(seed, b.epoch, b.record_ids))
+                per_epoch[b.epoch].update(zip(b.record_ids.tolist(), b.keys.tolist()))
+        return per_epoch
+
+    a, other, c = keys_by_record(MB, 1), keys_by_record(4, 1, window=1), keys_by_record(MB, 2)
+    common = a[0].keys() & other[0].keys()
+    assert len(common) > 50 and all(a[0][r] == other[0][r] for r in common)
+    assert all(a[0][r] != a[1][r] for r in a[0].keys() & a[1].keys())
+    assert all(a[0][r] != c[0][r] for r in a[0].keys() & c[0].keys())
+    assert all(0 <= k < 2**31 for k in a[0].values()) and len(set(a[0].values())) == len(a[0])
 
 
 def test_augment_image_geometry_and_colour():

@@ -36,8 +36,10 @@ def test_segmented_capture_trains_as_eager_does(tmp_path, subprocess_env):
     for mode in MODES[1:]:
         got = curves[mode]
         assert len(got) == len(eager) == 40
-        # the flow loss draws t and eps on the device: the graphs' draws are other numbers from the same
-        # distribution, so the curves agree in level and fall, not value for value
+        # each sample draws t and eps from its key, so the graphs draw eager's numbers: the curves agree value
+        # for value, the first step to float rounding, later ones within what nondeterministic kernels (attention's
+        # backward) add up to
         early, late = statistics.mean(got[:5]), statistics.mean(got[-10:])
         assert late < 0.8 * early, (mode, got)
-        assert abs(late - statistics.mean(eager[-10:])) < 0.15 * statistics.mean(eager[-10:]), (mode, got, eager)
+        assert got[0] == pytest.approx(eager[0], rel=1e-5), (mode, got, eager)
+        assert got == pytest.approx(eager, rel=1e-2), (mode, got, eager)

@@ -219,14 +219,15 @@ class VisionLanguageAction(Workload):
         return p
 
     def inputs(self, batch: Any) -> tuple[torch.Tensor, ...]:
-        return batch.images, batch.input_ids, batch.position_ids, batch.actions
+        return batch.images, batch.input_ids, batch.position_ids, batch.actions, batch.keys
 
     def dummy_inputs(self, B: int, T: int, device: torch.device) -> tuple[torch.Tensor, ...]:
         a = self.vla_args
         images = torch.zeros(B, a.channels, a.image_size, a.image_size, dtype=torch.uint8, device=device)
         ids = torch.zeros(B, T, dtype=torch.int32, device=device)
         pos = torch.arange(T, dtype=torch.int32, device=device).expand(B, T).contiguous()
-        return images, ids, pos, torch.zeros(B, a.action_horizon, a.action_dim, device=device)
+        keys = torch.arange(B, dtype=torch.int32, device=device)
+        return images, ids, pos, torch.zeros(B, a.action_horizon, a.action_dim, device=device), keys
 
     def summary_fields(self, summary: dict[str, Any]) -> dict[str, Any]:
         tps, text = summary.get(REAL_TOKENS_PER_S), self.cfg.data.text_len or self.vla_args.text_tokens

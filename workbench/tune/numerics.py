@@ -37,11 +37,10 @@ A trial's steps are early training, where the loss is noisy:
   the reference runs' losses, relative to their median, and the tolerance is the protocol's or
   ``NOISE_FACTOR`` times the baseline repeats' own spread (``spread``), whichever is larger. What the base config
   does from run to run, the guard cannot tell from a change of numerics.
-- **Draws.** The VLA's flow-matching loss draws its time and noise inside the step, a micro-batch at a time, and
-  eager and compiled code draw different numbers from one generator state (tests/train/test_vla.py): the same data
-  and weights give another loss at another micro-batch or compile setting. So a VLA trial's twin shares its
-  micro-batch, compile and capture (``data_key``): the baseline repeats serve only a trial that runs as the base
-  does. FP8 on the VLA's blocks leaves the draws alone.
+- **Draws.** The VLA's flow-matching loss draws its time and noise inside the step, each sample's from its own
+  key (the loader's, from the data seed, the epoch and the record), so a sample draws the same numbers at any
+  micro-batch, eager, compiled or captured (tests/train/test_vla.py): the baseline repeats serve a VLA trial at
+  another micro-batch or compile setting, as they serve the language model's.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ NOISE_FACTOR = 2.0
 
 
 def data_key(cfg: Config) -> str:
-    """A hash of what decides the tokens each optimizer step trains on, and the model's initial weights; for the
-    VLA, also what decides its flow loss's noise (the module doc's "Draws"): the micro-batch and how the step is
-    compiled and captured."""
+    """A hash of what decides the tokens each optimizer step trains on (for the VLA, also its flow loss's noise,
+    which the data seed decides: the module doc's "Draws"), and the model's initial weights."""
     d, t = cfg.data, cfg.training
     key: dict[str, Any] = {
         "corpus": d.loongbin_dir, "seq_len": d.seq_len, "min_len": d.min_len, "data_seed": d.seed,
@@ -76,12 +74,10 @@ def data_key(cfg: Config) -> str:
         "global_batch": cfg.effective_global_batch_size(), "gpus": cfg.hardware.gpus, "model_seed": t.seed,
         "model": [cfg.model.name, cfg.model.config_path],
     }
-    if d.packing == "bucket":  # records group into batches by bucket, micro-batch by micro-batch
+    # token records group into batches by bucket, micro-batch by micro-batch (the VLA's one bucket takes records in
+    # the plan's order at any micro-batch)
+    if d.packing == "bucket" and not is_vla(cfg):
         key.update(micro_batch=d.micro_batch_size, bucket_width=d.bucket_width)
-    if is_vla(cfg):  # the flow loss's noise: drawn per micro-batch, by eager or compiled (or captured) code
-        c = cfg.loongforge.compute_domain
-        key.update(micro_batch=d.micro_batch_size, compile=c.compile, compile_scope=c.compile_scope,
-                   compile_shapes=c.compile_shapes, graph_capture=str(c.graph_capture))
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 

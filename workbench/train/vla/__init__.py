@@ -19,10 +19,15 @@ S = I + T backbone tokens, E/D/G the ViT/backbone/head widths, K action horizon,
 
 ``u ** (1 / alpha)`` is Beta(alpha, 1) by inversion (its CDF is x ** alpha), so ``(s - t) / s ~ Beta(1.5, 1)``,
 pi0's time density: it favours the noisy end, t near 0. ``alpha = 1`` is uniform t on [0, s]; s < 1 keeps
-t = 1 (a clean input) out. Both draws are ``torch.rand``/``torch.randn`` on the actions' device inside the
-forward, from torch's default generator: no host sync, no Python branch on a tensor value, so the step can be
-captured in a CUDA graph (the graph advances the generator's offset on each replay) and is reproducible under
-``torch.manual_seed``.
+t = 1 (a clean input) out.
+
+**The draws are the sample's, not the step's**: u and eps come from each sample's key (``keys_B``, int32, the
+loader's ``sample_keys``: its seed, epoch and record) through a counter-based hash (``draws``): integer
+arithmetic on the device, then Box-Muller for eps. A sample draws the same numbers in any micro-batch, and
+eager, compiled and captured code agree (to the rounding of log and cos), so runs of one data stream at other
+micro-batches or compile settings train on the same noise and their losses compare step by step (the tuner's
+numerics guard relies on it). No host sync, no generator state, no Python branch on a tensor value: the step
+can be captured in a CUDA graph, whose replays read the new batch's keys.
 
 **Conditioning**: the action tokens cross-attend to the backbone's final-normed states in every head block;
 the time enters through adaLN (shift and scale of each block's norms from a sinusoidal embedding of t, DiT's
@@ -57,6 +62,7 @@ __all__ = [
     "VLA",
     "VLAArgs",
     "VLA_PRESETS",
+    "draws",
     "get_vla_preset",
     "vla_flops_per_sample",
     "vla_num_params",
@@ -290,6 +296,40 @@ def _checkpointed(mode: str, every: int, n: int) -> list[int]:
     return []
 
 
+# The draws: integers of 32 bits held in int64, so that every product below stays under 2**63 (no overflow in
+# eager, compiled or captured code) and the same key gives the same bits on any device.
+_M32 = 0xFFFFFFFF
+_MIX = 0x45D9F3B  # below 2**27: its product with a 32-bit value is below 2**59
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash of ``x`` (int64 in [0, 2**32)): xor-shift and multiply, twice."""
+    x = ((x >> 16) ^ x) * _MIX & _M32
+    x = ((x >> 16) ^ x) * _MIX & _M32
+    return (x >> 16) ^ x
+
+
+def _unit(bits: torch.Tensor) -> torch.Tensor:
+    """float32 in (0, 1) from 32 hashed bits: the top 24, at the centre of their cell (never 0: log is finite)."""
+    return ((bits >> 8).float() + 0.5) * 2.0 ** -24
+
+
+def draws(keys_B: torch.Tensor, shape: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Counter-based draws of each sample -> ``(u_B ~ U(0, 1), eps ~ N(0, 1) of shape (B, *shape))``, float32.
+
+    Sample b's draws are a pure function of ``keys_B[b]`` and the counter (the element's index): counter i of
+    the sample hashes ``hash(key) + hash(i)``; eps is Box-Muller of counters ``i`` and ``n + i``, u counter
+    ``2n``. So they do not depend on the micro-batch the sample is in, on the generator's state or on whether the
+    code runs eager, compiled or captured."""
+    n = math.prod(shape)
+    base_B1 = _hash32(keys_B.to(torch.int64)[:, None] & _M32)
+    counters = _hash32(torch.arange(2 * n + 1, device=keys_B.device, dtype=torch.int64))
+    bits = _hash32((base_B1 + counters) & _M32)  # (B, 2n + 1)
+    r = torch.sqrt(-2.0 * torch.log(_unit(bits[:, :n])))
+    eps = r * torch.cos((2.0 * math.pi) * _unit(bits[:, n:2 * n]))
+    return _unit(bits[:, 2 * n]), eps.view(-1, *shape)
+
+
 class VLA(nn.Module):
     """The vision-language-action model (module docstring). Submodules, each a unit a per-part
     ``torch.compile`` can address: ``vision`` (``vision.layers.<i>``: ViT blocks), ``projector``, ``backbone``
@@ -406,36 +446,39 @@ class VLA(nn.Module):
         return self.backbone(self.projector(v_BIE), input_ids_BT, position_ids_BT,
                              frozenset(ck.get("backbone", ())))
 
-    def flow_inputs(self, actions_BKA: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Draw t and eps on the actions' device -> ``(x_t_BKA, t_B, velocity_BKA)``, float32 (module doc)."""
+    def flow_inputs(self, actions_BKA: torch.Tensor,
+                    keys_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Draw t and eps from each sample's key -> ``(x_t_BKA, t_B, velocity_BKA)``, float32 (module doc)."""
         a = self.args
         want = (a.action_horizon, a.action_dim)
         if actions_BKA.dim() != 3 or tuple(actions_BKA.shape[1:]) != want or not actions_BKA.is_floating_point():
             raise ValueError(f"actions_BKA must be floating of shape (B, {want[0]}, {want[1]}), got "
                              f"{actions_BKA.dtype} {tuple(actions_BKA.shape)}")
+        if keys_B.shape != actions_BKA.shape[:1] or keys_B.is_floating_point() or keys_B.is_complex():
+            raise ValueError(f"keys_B must be integer of shape ({actions_BKA.shape[0]},), one key per sample, got "
+                             f"{keys_B.dtype} {tuple(keys_B.shape)}")
         actions_BKA = actions_BKA.float()
-        # device-side draws from torch's default generator: no host sync, capturable in a CUDA graph
-        u_B = torch.rand(actions_BKA.shape[0], device=actions_BKA.device)
+        u_B, eps_BKA = draws(keys_B, want)
         t_B = a.flow_t_max * (1.0 - u_B.pow(1.0 / a.flow_beta_alpha))  # (s - t) / s ~ Beta(alpha, 1)
-        eps_BKA = torch.randn_like(actions_BKA)
         t_B11 = t_B[:, None, None]
         return (1.0 - t_B11) * eps_BKA + t_B11 * actions_BKA, t_B, actions_BKA - eps_BKA
 
-    def head_loss(self, h_BSD: torch.Tensor, actions_BKA: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def head_loss(self, h_BSD: torch.Tensor, actions_BKA: torch.Tensor,
+                  keys_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flow-matching loss from the backbone's states -> ``(loss_sum, n)`` (see :meth:`loss`)."""
-        x_BKA, t_B, velocity_BKA = self.flow_inputs(actions_BKA)
+        x_BKA, t_B, velocity_BKA = self.flow_inputs(actions_BKA, keys_B)
         pred_BKA = self.action_head(x_BKA, t_B, h_BSD)
         loss_sum = (pred_BKA.float() - velocity_BKA).square().sum()
         n = torch.full((), velocity_BKA.numel(), dtype=torch.int64, device=velocity_BKA.device)
         return loss_sum, n
 
     def loss(self, images_BCHW: torch.Tensor, input_ids_BT: torch.Tensor, position_ids_BT: torch.Tensor,
-             actions_BKA: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+             actions_BKA: torch.Tensor, keys_B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Flow-matching loss ``(loss_sum, n)``: the squared error of the predicted velocity summed over the
         chunk (0-d float32) and the element count B * K * A (0-d int64), both on the device, not synced. As
         with ``Llama.loss`` the caller divides the summed ``loss_sum`` by the summed ``n`` over micro-batches.
-        t and eps are drawn inside (:meth:`flow_inputs`), so the loss depends on torch's RNG state."""
-        return self.head_loss(self.states(images_BCHW, input_ids_BT, position_ids_BT), actions_BKA)
+        t and eps are drawn inside from the samples' keys ``keys_B`` (:meth:`flow_inputs`, the module doc)."""
+        return self.head_loss(self.states(images_BCHW, input_ids_BT, position_ids_BT), actions_BKA, keys_B)
 
     forward = loss
 
