@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -283,6 +284,39 @@ def test_the_reserve_takes_a_pairs_run_at_the_search_trials_measured_to_the_end(
     assert reserved_seconds(s) == pytest.approx(4 * 30.6 + 2 * 10.0)
     s.gpu_minutes = 8.5
     assert GpuBudget(s).pairs_left() == math.floor((510.0 - 56.1 - 160.8) / (2 * 30.6))
+
+
+def test_a_pairs_run_is_taken_without_the_cold_compile_of_the_trial_it_comes_from(study_spec_file, tmp_path):
+    """gr00t-n1.6-vla on one H100 (2026-12-06, run vlaw5-h100): the first search trial, micro-batch 16 compiled,
+    ran 114.9 s, 90.6 of them compiling on an empty cache. Taken as a pair's run, it made the reserve of 4 runs and
+    the traces 8.3 GPU-minutes of the 9, and the search stopped after that one trial; the validation's 6 runs and
+    traces took 2.9. A pair's runs read the compile cache the search trial filled: a trial that compiled cold counts
+    at its wall less its compile, plus the median compile of the trials that read a compile-ahead twin's cache."""
+    spec = study_spec_file("cold", space=SPACE, trials=20,
+                           protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "ab_min_rounds": 2,
+                                     "baseline_repeats": 1})
+    t = _tuner(spec, tmp_path)
+    s, study = t.session, t.study
+    study.set_user_attr("baseline_wall_s", [55.5])
+    study.set_user_attr("baseline_profile_s", 20.6)
+    study.set_user_attr("gpu_s", {"baseline": 55.5})
+
+    def finished(wall: float, compiled: float, twin: str | None = None) -> None:
+        attrs = {"wall_s": wall, "status": "ok", "timeline": {"first_step": wall - 8, "compile_s": compiled,
+                                                              "last_window": wall - 2, "end": wall}}
+        if twin:
+            attrs["compile_ahead"] = {"status": twin}
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1000.0, user_attrs=attrs))
+
+    finished(114.9, 90.6)
+    assert reserved_seconds(s) == pytest.approx(4 * (114.9 - 90.6) + 2 * 20.6)
+    s.gpu_minutes = 9.0
+    assert GpuBudget(s).left() == pytest.approx(540 - 55.5 - 114.9 - 4 * 24.3 - 41.2 - 114.9)  # room for trial 2
+    finished(40.0, 5.0, twin="done")  # its twin compiled it: its wall is a cached run's
+    finished(60.0, 30.0, twin="failed")  # cold: 60 - 30 + the 5 s a cache read took
+    assert reserved_seconds(s) == pytest.approx(4 * 35.0 + 2 * 20.6)
+    finished(50.0, 2.0)  # a compile under the cache read's: as measured
+    assert reserved_seconds(s) == pytest.approx(4 * statistics.median([29.3, 40.0, 35.0, 50.0]) + 2 * 20.6)
 
 
 FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and warm-up with its first window; a window

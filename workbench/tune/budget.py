@@ -8,11 +8,12 @@ import math
 import statistics
 from typing import Any
 
-from optuna.trial import TrialState
+from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import config_hash
 from workbench.tune.session import StudySession
 from workbench.tune.validation import plain_loop_config, plain_loop_skipped
+from workbench.vocab import COMPILE_S
 
 __all__ = ["COORDINATOR_PHASES", "GPU_PHASES", "GpuBudget", "gpu_record", "gpu_seconds", "gpu_seconds_total",
            "profile_seconds", "reserved_seconds", "runs_after_search", "spend", "trial_seconds"]
@@ -100,13 +101,41 @@ def _run_seconds(session: StudySession) -> float | None:
     return statistics.median(walls) * session.spec.gpus
 
 
+def _compile_seconds(trial: FrozenTrial) -> float | None:
+    """The compile seconds a search trial's loop reported (its ``timeline``'s, else its ``COMPILE_S``)."""
+    tl = trial.user_attrs.get("timeline")
+    v = tl.get("compile_s") if isinstance(tl, dict) else None
+    v = trial.user_attrs.get(COMPILE_S) if v is None else v
+    return float(v) if isinstance(v, (int, float)) and v >= 0 else None
+
+
 def _pair_run_seconds(session: StudySession) -> float | None:
     """Device seconds one run of an A/B pair takes here: the median of the search trials measured to the end
-    (COMPLETE, status ok), whose graphs, like a pair's, were compiled before they ran (by a compile-ahead twin or an
-    earlier run of the config, the pair's being the search trial's and the baseline's); a baseline run where none
-    finished yet (``_run_seconds``, which compiled them: an upper bound)."""
-    walls = _trial_walls(session, to_the_end=True)
-    return statistics.median(walls) if walls else _run_seconds(session)
+    (COMPLETE, status ok), each as a run whose graphs are in the study's compile cache, as a pair's are (the
+    search trial's run, or its twin, put them there; the baseline's did its own). A trial whose compile-ahead twin
+    finished read that cache and counts at its wall. One that compiled cold counts at its wall less its compile
+    seconds plus the median compile of the trials that read a twin's cache (0 where none did): on one H100 the VLA
+    at micro-batch 16, compiled, ran 115 s, 91 of them compiling, and its validation's runs took 22 s each. A
+    baseline run where none finished yet (``_run_seconds``, which compiled them: an upper bound)."""
+    done = [t for t in session.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
+            and t.user_attrs.get("status") == "ok" and isinstance(t.user_attrs.get("wall_s"), (int, float))
+            and t.user_attrs["wall_s"] > 0]
+    if not done:
+        return _run_seconds(session)
+
+    def warm(t: FrozenTrial) -> bool:
+        ahead = t.user_attrs.get("compile_ahead")
+        return isinstance(ahead, dict) and ahead.get("status") == "done"
+
+    read = [c for c in map(_compile_seconds, filter(warm, done)) if c is not None]
+    cache_read = statistics.median(read) if read else 0.0
+    walls = []
+    for t in done:
+        wall, compiled = float(t.user_attrs["wall_s"]), _compile_seconds(t)
+        if not warm(t) and compiled is not None and compiled > cache_read:
+            wall -= compiled - cache_read
+        walls.append(wall * session.spec.gpus)
+    return statistics.median(walls)
 
 
 def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
