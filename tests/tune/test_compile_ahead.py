@@ -287,6 +287,49 @@ def test_a_vla_twin_is_held_to_what_a_feasible_trial_leaves(tmp_path, monkeypatc
     assert full.record(5)["status"] == "skipped" and len(launched) == 1
 
 
+def test_a_failed_twin_keeps_why_in_its_record(tmp_path, monkeypatch):
+    """gr00t-n1.6-vla on one H100 (run vlaw6-h100): the twins at micro-batch 32 exited with the out-of-memory code
+    and trial 3 compiled 101 s cold; the twin's log went with the machine. A failed twin's record now keeps its
+    failure.json (kind, message cut to 600 characters) and a capped twin's record the share it held."""
+    vla = merge_overrides(preset_config("gr00t-n1.6-vla"), {"hardware.device": "cuda", "data.micro_batch_size": 32,
+                                                            "loongforge.compute_domain.compile": "default"})
+    message = "OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. " + "x" * 1000
+
+    class Proc:
+        pid, returncode = 0, 3
+
+        def __init__(self, cmd, **kw):
+            pass
+
+        def poll(self):
+            return 3
+
+        def wait(self, timeout=None):
+            return 3
+
+    monkeypatch.setattr("workbench.tune.ahead.subprocess.Popen", Proc)
+    ahead = CompileAhead(_gpu_session(tmp_path, depth=2))
+    assert ahead.start(3, vla, beside=vla)
+    (tmp_path / "ahead/3/failure.json").write_text(json.dumps({"kind": "oom", "message": message}))
+    assert ahead.wait(3, timeout_s=5) >= 0
+    rec = ahead.record(3)
+    assert rec["status"] == "failed" and rec["rc"] == 3 and rec["memory_share"] == pytest.approx(0.03)
+    assert rec["failure"] == {"kind": "oom", "message": message[:600]}
+    ok = merge_overrides(vla, {"data.micro_batch_size": 16})
+    Proc.returncode = 0
+    assert ahead.start(4, ok, beside=vla) and ahead.wait(4, timeout_s=5) >= 0
+    assert ahead.record(4)["status"] == "done" and "failure" not in ahead.record(4)
+    recs = [{"status": "failed", "rc": 3}, ahead.record(3), ahead.record(4)]
+    rec = compile_ahead_record([SimpleNamespace(user_attrs={"compile_ahead": r}) for r in recs])
+    assert rec["failed"] == 2 and rec["failed_kinds"] == {"oom": 1, "exit 3": 1} and rec["finished"] == 1
+    from workbench.tune.result import gpu_minutes_line
+
+    line = gpu_minutes_line({"device": "cuda", "total": 8.3},
+                            {"stages": [{"windows": 1, "trials": 8}], "compile_ahead": {**rec, "twins": 3}})
+    assert line.endswith("compile-ahead (2 trials ahead): 1 of 3 twins finished before their trial, 2 failed "
+                         "(1 exit 3, 1 oom), 0 s waited")
+
+
 def test_at_depth_2_two_trials_are_compiled_ahead_and_the_next_ones_twin_runs_on(study_spec_file, tmp_path,
                                                                                    events):
     """``protocol.compile_ahead_depth: 2``: as trial 0 starts, trials 1 and 2 are asked and both twins start; each

@@ -82,6 +82,9 @@ NICE = 10
 _CONTEXT_GIB = 1.0
 """A CUDA context and the allocator's slack: what the twin's process holds beyond its tensors."""
 
+_MESSAGE = 600
+"""Characters of a failed twin's message its record keeps (a CUDA out-of-memory message, with what was held)."""
+
 _MARGIN = 0.02
 """The device's share kept free between a feasible trial and a capped twin (both processes' CUDA contexts)."""
 
@@ -125,13 +128,19 @@ class Twin:
             self.stopped_at = None
 
     def finish(self, status: str) -> dict[str, Any]:
-        """The twin's record once its process is done (or stopped): its exit and its compile's seconds."""
+        """The twin's record once its process is done (or stopped): its exit and its compile's seconds; for a
+        failed twin, its ``failure.json``'s kind and message (``failure``, the message cut to ``_MESSAGE``
+        characters: the study keeps why, its directory may not outlive the machine)."""
         rc = self.proc.returncode if self.proc is not None else None
         self.record.update(status=status, rc=rc, wall_s=round(time.monotonic() - self.started, 3))
         with contextlib.suppress(OSError, ValueError):
             s = json.loads((self.dir / "summary.json").read_text())
             self.record.update({k: s[k] for k in (COMPILE_S, "compile/fx_graph_cache_hit",
                                                   "compile/fx_graph_cache_miss") if k in s})
+        if status == "failed":
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                f = json.loads((self.dir / "failure.json").read_text())
+                self.record["failure"] = {"kind": str(f.get("kind")), "message": str(f.get("message"))[:_MESSAGE]}
         return self.record
 
 
@@ -226,6 +235,8 @@ class CompileAhead:
             self.records[number] = {"status": "skipped", "reason": proc}
             return False
         twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks, "depth": self.depth})
+        if "hardware.memory_fraction_limit" in over:  # the share a capped twin held
+            twin.record["memory_share"] = over["hardware.memory_fraction_limit"]
         if len(self.twins):
             twin.record["beside_twins"] = len(self.twins)
         self.twins[number], self.configs[number] = twin, cfg

@@ -192,7 +192,8 @@ def screen_seconds(trials: list[FrozenTrial]) -> dict[str, Any] | None:
 
 def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
     """What compile-ahead (workbench/tune/ahead.py) did over ``trials``: twins started, finished, failed or
-    stopped (of those, stopped as they no longer fit beside the next trial), the trials asked ahead at once
+    stopped (of those, stopped as they no longer fit beside the next trial), the failed ones by failure kind
+    (``failed_kinds``: their ``failure.json``'s, else ``exit <code>``), the trials asked ahead at once
     (``depth``; None before it was recorded) and the twins started beside another, the seconds trials waited,
     the seconds the twins stood stopped beside measured windows, the median compile seconds of the trials that
     had a finished twin and of those that had none, why the others got none, and ``windows_beside_twins``: of the
@@ -210,8 +211,11 @@ def compile_ahead_record(trials: list[FrozenTrial]) -> dict[str, Any] | None:
 
     depths = [r["depth"] for _, r in recs if isinstance(r.get("depth"), int)]
     beside = [n for t in trials for n in t.user_attrs.get("windows_beside_twins") or []]
+    failures = Counter(str((r.get("failure") or {}).get("kind") or f"exit {r.get('rc')}")
+                       for _, r in recs if r.get("status") == "failed")
     return {"asked_ahead": len(recs), "twins": len(recs) - status["skipped"], "finished": status["done"],
-            "failed": status["failed"], "stopped": status["stopped"], "skipped": dict(reasons),
+            "failed": status["failed"], "failed_kinds": dict(failures), "stopped": status["stopped"],
+            "skipped": dict(reasons),
             "depth": max(depths) if depths else None,
             "beside_another_twin": sum(bool(r.get("beside_twins")) for _, r in recs),
             "stopped_to_fit": sum("stopped_for" in r for _, r in recs),

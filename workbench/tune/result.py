@@ -238,10 +238,13 @@ def gpu_minutes_line(gpu: Mapping[str, Any], screening: Mapping[str, Any] | None
         if ahead and ahead.get("twins"):
             after, without = ahead.get("median_compile_s_after_twin"), ahead.get("median_compile_s_without")
             deep = f" ({ahead['depth']} trials ahead)" if (ahead.get("depth") or 1) > 1 else ""
+            kinds = ahead.get("failed_kinds") or {}
+            failed = (f", {ahead['failed']} failed ({', '.join(f'{n} {k}' for k, n in sorted(kinds.items()))})"
+                      if ahead.get("failed") and kinds else "")
             text += (f"; compile-ahead{deep}: {ahead['finished']} of {ahead['twins']} twins finished before their trial"
                      + (f" (median compile {after:.0f} s after a twin" + (f", {without:.0f} s without" if without
                                                                          is not None else "") + ")"
-                        if after is not None else "") + f", {ahead.get('waited_s', 0):.0f} s waited"
+                        if after is not None else "") + failed + f", {ahead.get('waited_s', 0):.0f} s waited"
                      + (f", {ahead['paused_s']:.0f} s stopped through measured windows" if ahead.get("paused_s")
                         else ""))
         held = screening.get("start_ahead")
