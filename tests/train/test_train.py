@@ -463,5 +463,6 @@ def test_the_heap_left_before_the_first_step_is_frozen_for_the_steps_and_returne
         trainer.close()
     frozen, gen2 = seen[0]
     assert frozen > 10_000 and gen2 < frozen  # (torch alone leaves tens of thousands)
-    assert summary["gc/frozen_objects"] == frozen and summary["gc/settle_s"] > 0
+    # (a frozen object still dies when its last reference goes: the count at the first step may be a few lower)
+    assert 0 <= summary["gc/frozen_objects"] - frozen < 0.001 * frozen and summary["gc/settle_s"] > 0
     assert gc.get_freeze_count() == 0  # returned at the run's end
