@@ -440,6 +440,13 @@ def test_compile_ahead_depth_defaults_to_2_on_a_gpu_and_is_checked(tmp_path):
 
     assert CompileAhead.depth_of(_gpu_session(tmp_path, depth=None)) == 2
     assert CompileAhead.depth_of(_gpu_session(tmp_path, depth=3)) == 3
+    # the VLA's twins are capped to what a feasible trial leaves: one at a time holds all of it (0.08, not 0.03)
+    vla = _gpu_session(tmp_path, depth=None)
+    vla.spec.model = "gr00t-n1.6-vla"
+    ahead = CompileAhead(vla)
+    assert ahead.depth == 1 and ahead.twin_share() == pytest.approx(0.08)
+    vla.spec.protocol.compile_ahead_depth = 2
+    assert CompileAhead(vla).twin_share() == pytest.approx(0.03)  # as set
     cpu = SimpleNamespace(hardware={"capabilities": ["cpu"]},
                           spec=SimpleNamespace(protocol=SimpleNamespace(compile_ahead_depth=None)))
     assert CompileAhead.depth_of(cpu) == 1

@@ -24,7 +24,8 @@ Rules the twins follow:
 * it runs niced (``NICE``), without loader workers, with Inductor's compile workers capped so that the measured
   trial keeps a core for its loop and one for each of its loader workers;
 * twins run side by side, each with its share of the compile workers, and a twin starts only where the trial and
-  every twin running fit the device together (the VLA's capped twins split the free share); on the H200 a screen
+  every twin running fit the device together (the VLA's capped twins split the free share, so by default they run
+  one at a time: ``depth_of``); on the H200 a screen
   (9-30 s) was often shorter than the next config's twin (16-77 s), so with one twin the GPU waited 108 of the
   study's 468 s for it (2026-12-05, ``sa``);
 * a twin leaves the device to the measured windows beside it: from the trial's last warm-up step to its end,
@@ -158,11 +159,16 @@ class CompileAhead:
     @staticmethod
     def depth_of(session: StudySession) -> int:
         """``protocol.compile_ahead_depth``; unset: 2 with CUDA (the host's cores are the twins'), else 1 (a CPU
-        trial's compute is the cores)."""
+        trial's compute is the cores), and 1 for a workload whose twins are capped (the VLA: ``twin_share`` splits
+        what a feasible trial leaves among the twins, and on one H100 at depth 2, 0.03 of the device, both twins at
+        micro-batch 32 ran out of it: a one-block twin of gr00t-n1.6-vla peaks at 4.28 GiB reserved at micro-batch
+        32 and 7.03 at 64, and one alone holds 0.08, 6.3 GiB there and 11.2 on an H200)."""
         depth = session.spec.protocol.compile_ahead_depth
-        if depth is None:
-            return 2 if "cuda" in session.hardware.get("capabilities", ()) else 1
-        return int(depth)
+        if depth is not None:
+            return int(depth)
+        if "cuda" not in session.hardware.get("capabilities", ()):
+            return 1
+        return 1 if getattr(session.spec, "model", None) in VLA_PRESETS else 2
 
     @staticmethod
     def enabled(session: StudySession) -> bool:

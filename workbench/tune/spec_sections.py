@@ -224,7 +224,8 @@ class Protocol:
     compile_ahead_depth: int | None = None
     """Search trials asked ahead under compile-ahead, their twins compiling side by side (memory permitting): a
     screen is often shorter than the next config's compile, so a second twin gives each compile a screen more
-    of head start and the host's idle cores; null = 2 on a GPU, 1 on a CPU (whose cores run the trial)."""
+    of head start and the host's idle cores; null = 2 on a GPU, 1 on a CPU (whose cores run the trial) and for
+    the VLA (its twins, capped, split one share of the device: workbench/tune/ahead.py)."""
     start_ahead: bool | None = None
     """Start the next run's process (a search trial's, a baseline repeat's, an A/B run's) while the current one
     runs, held before any device work (its interpreter, imports and config done; a loop of one's own: up to
