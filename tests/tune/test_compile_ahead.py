@@ -204,7 +204,8 @@ def _gpu_cfg(**over):
 def _gpu_session(tmp_path: Path, share_limit: float = 0.9, depth: int | None = 1) -> SimpleNamespace:
     return SimpleNamespace(hardware={"gpu_memory_gib": 139.8, "capabilities": ["cuda"]}, study_dir=tmp_path,
                            spec=SimpleNamespace(objective=SimpleNamespace(memory_share_limit=share_limit),
-                                                protocol=SimpleNamespace(compile_ahead_depth=depth)),
+                                                protocol=SimpleNamespace(compile_ahead_depth=depth),
+                                                model="gr00t-n1.6"),
                            child_env=lambda: {}, child_cwd=lambda: None)
 
 

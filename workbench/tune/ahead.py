@@ -168,7 +168,7 @@ class CompileAhead:
             return int(depth)
         if "cuda" not in session.hardware.get("capabilities", ()):
             return 1
-        return 1 if getattr(session.spec, "model", None) in VLA_PRESETS else 2
+        return 1 if session.spec.model in VLA_PRESETS else 2
 
     @staticmethod
     def enabled(session: StudySession) -> bool:

@@ -117,9 +117,7 @@ def _pair_run_seconds(session: StudySession) -> float | None:
     seconds plus the median compile of the trials that read a twin's cache (0 where none did): on one H100 the VLA
     at micro-batch 16, compiled, ran 115 s, 91 of them compiling, and its validation's runs took 22 s each. A
     baseline run where none finished yet (``_run_seconds``, which compiled them: an upper bound)."""
-    done = [t for t in session.study.get_trials(deepcopy=False) if t.state == TrialState.COMPLETE
-            and t.user_attrs.get("status") == "ok" and isinstance(t.user_attrs.get("wall_s"), (int, float))
-            and t.user_attrs["wall_s"] > 0]
+    done = _ran(session, to_the_end=True)
     if not done:
         return _run_seconds(session)
 
@@ -177,14 +175,19 @@ def reserved_seconds(session: StudySession) -> float:
     return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_min"] + _traces_seconds(session)
 
 
-def _trial_walls(session: StudySession, to_the_end: bool = False) -> list[float]:
-    """Device seconds of each search trial that ran: COMPLETE or PRUNED with a wall time (a screen stopped by the
-    pruner as much as a trial measured to the end; a config refused before its run, a repeat answered from an
-    earlier trial and a failure are left out); ``to_the_end``: only those measured to the end (COMPLETE, ok)."""
+def _ran(session: StudySession, to_the_end: bool = False) -> list[FrozenTrial]:
+    """The search trials that ran: COMPLETE or PRUNED with a wall time (a screen stopped by the pruner as much as
+    a trial measured to the end; a config refused before its run, a repeat answered from an earlier trial and a
+    failure are left out); ``to_the_end``: only those measured to the end (COMPLETE, ok)."""
     states = (TrialState.COMPLETE,) if to_the_end else (TrialState.COMPLETE, TrialState.PRUNED)
-    return [t.user_attrs["wall_s"] * session.spec.gpus for t in session.study.get_trials(deepcopy=False)
+    return [t for t in session.study.get_trials(deepcopy=False)
             if t.state in states and (not to_the_end or t.user_attrs.get("status") == "ok")
             and isinstance(t.user_attrs.get("wall_s"), (int, float)) and t.user_attrs["wall_s"] > 0]
+
+
+def _trial_walls(session: StudySession) -> list[float]:
+    """Device seconds of each search trial that ran (``_ran``)."""
+    return [t.user_attrs["wall_s"] * session.spec.gpus for t in _ran(session)]
 
 
 def trial_seconds(session: StudySession) -> float:
