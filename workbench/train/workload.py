@@ -241,6 +241,14 @@ class VisionLanguageAction(Workload):
         m = self.model
         return [*m.vision.layers, *m.backbone.layers, *m.action_head.layers]  # type: ignore[union-attr]
 
+    def compile_parts(self, *, mode: str, dynamic: bool) -> None:
+        """As every workload's, with the action head's blocks run between the head's graphs, each in its own:
+        traced into ``head_loss``, they would be unrolled into one graph per depth, which a shallow twin does
+        not compile (``keep_blocks``) and which compiles every block's code again (the head has 32)."""
+        head = self.model.action_head  # type: ignore[union-attr]
+        head.run_layers = torch.compiler.disable(head.run_layers)
+        super().compile_parts(mode=mode, dynamic=dynamic)
+
 
 def workload_for(cfg: Config) -> Workload:
     """The workload of ``cfg``'s model: a VLA preset, else a language model."""
