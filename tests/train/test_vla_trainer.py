@@ -150,7 +150,7 @@ def test_a_one_block_twin_traces_every_graph_of_the_full_depth(monkeypatch):
     """A compile-ahead twin (``--compile-only --blocks 1``) fills the cache of the full depth only where every
     graph is the same at any depth: each block of the vision, backbone and action-head stacks is its own graph,
     and the head's graphs around its blocks hold none of them (traced into the head, the blocks were unrolled
-    into one graph per depth, and a trial of gr00t-n1.6-vla compiled it 86 s cold on an H100 after its twin)."""
+    into one graph per depth: in study vlaw2-h200 a trial of gr00t-n1.6-vla compiled 89.5 s after its twin)."""
     one, full = _compiled_graphs(1, monkeypatch), _compiled_graphs(2, monkeypatch)
     assert len(full) >= 5  # a block of each of the three stacks, and the head's graphs before and after its blocks
     assert one == full
