@@ -20,7 +20,7 @@ from optuna.trial import TrialState
 
 from workbench.config import load_config, merge_overrides, preset_config
 from workbench.tune import Tuner
-from workbench.tune.ahead import CompileAhead, Twin, twin_blocks
+from workbench.tune.ahead import CompileAhead, Twin, graph_key, twin_blocks
 from workbench.tune.budget import GpuBudget, gpu_seconds
 from workbench.tune.records import compile_ahead_record
 from workbench.tune.search import Search
@@ -392,23 +392,24 @@ def _sleeping_twins(monkeypatch, done: set[int], envs: list) -> None:
 def test_twins_run_side_by_side_and_one_that_no_longer_fits_is_stopped(tmp_path, monkeypatch):
     """Two twins run at once, each with half the compile workers; before trial 1 starts its twin is waited for
     and trial 2's runs on, unless it no longer fits beside trial 1 (started beside trial 0): then it is
-    stopped, and trial 2 compiles for itself."""
+    stopped, and trial 2 compiles for itself. (Each trial a micro-batch of its own: other graphs, a twin each.)"""
     envs: list = []
     done = {1}
     _sleeping_twins(monkeypatch, done=done, envs=envs)
     monkeypatch.setattr("workbench.tune.ahead.os.cpu_count", lambda: 16)
+    cfg = {n: _gpu_cfg(**{"data.micro_batch_size": 9 - n}) for n in range(1, 6)}
     small, big = _gpu_cfg(), _gpu_cfg(**{"data.micro_batch_size": 32})
     ahead = CompileAhead(_gpu_session(tmp_path, depth=None))
     assert ahead.depth == 2
-    assert ahead.start(1, small, beside=small) and ahead.start(2, small, beside=small)
+    assert ahead.start(1, cfg[1], beside=small) and ahead.start(2, cfg[2], beside=small)
     assert ahead.record(2)["beside_twins"] == 1 and set(ahead.twins) == {1, 2}
     assert [e["TORCHINDUCTOR_COMPILE_THREADS"] for e in envs] == ["6", "6"]  # (16 - 2 loader - 2) // 2 twins
-    assert ahead.wait(1, timeout_s=30, keep=(2,), beside=small) >= 0
+    assert ahead.wait(1, timeout_s=30, keep=(2,), beside=cfg[1]) >= 0
     assert ahead.record(1)["status"] == "done" and set(ahead.twins) == {2}
     assert ahead.record(1)["depth"] == 2 and "beside_twins" not in ahead.record(1)
     assert ahead.twins[2].proc.poll() is None  # still compiling, beside trial 1
     # a trial the twin of 2 does not fit beside: it is stopped, and says why
-    ahead.start(3, small, beside=small)
+    ahead.start(3, cfg[3], beside=cfg[1])
     assert set(ahead.twins) == {2, 3}
     ahead.wait(3, timeout_s=0.5, keep=(2,), beside=big)
     assert ahead.record(3)["status"] == "stopped"  # (its own twin: past its timeout)
@@ -416,11 +417,36 @@ def test_twins_run_side_by_side_and_one_that_no_longer_fits_is_stopped(tmp_path,
     assert ahead.twins == {}
     # a twin that finished before its turn (reaped as another started) is recorded as waited for 0 s
     done.update({4, 5})
-    ahead.start(4, small, beside=small)
+    ahead.start(4, cfg[4], beside=small)
     ahead.twins[4].proc.wait(timeout=30)
-    ahead.start(5, small, beside=small)
+    ahead.start(5, cfg[5], beside=small)
     assert 4 not in ahead.twins and ahead.record(4)["status"] == "done"
-    assert ahead.wait(4, timeout_s=30, keep=(5,), beside=small) == 0.0 and ahead.record(4)["waited_s"] == 0.0
+    assert ahead.wait(4, timeout_s=30, keep=(5,), beside=cfg[4]) == 0.0 and ahead.record(4)["waited_s"] == 0.0
+    ahead.stop()
+
+
+def test_a_config_whose_graphs_are_compiled_gets_no_twin(tmp_path, monkeypatch):
+    """gr00t-n1.6-vla-w7 on one H100: the twins of trials 2, 4 and 6, each the config of a trial before with
+    another capture, found all 13 graphs in the cache, and each trial waited 13-17 s for its twin's start-up. A
+    config's graphs are those of its graph_key (capture, loader and allocator left out); a twin starts only where
+    no trial started, and no twin compiled or compiles, the same key."""
+    _sleeping_twins(monkeypatch, done={1}, envs=[])
+    ahead = CompileAhead(_gpu_session(tmp_path, depth=2))
+    cfg = _gpu_cfg()
+    again = _gpu_cfg(**{"loongforge.compute_domain.graph_capture": "fwd_bwd", "data.num_workers": 2,
+                        "loongforge.memory_domain.allocator.expandable_segments": True})
+    other, fp8 = _gpu_cfg(**{"data.micro_batch_size": 2}), _gpu_cfg(**{"loongforge.compute_domain.fp8": "tensorwise"})
+    assert graph_key(cfg) == graph_key(again) and len({graph_key(cfg), graph_key(other), graph_key(fp8)}) == 3
+    assert ahead.start(1, cfg, beside=other)
+    assert not ahead.start(2, again, beside=other) and 2 not in ahead.twins
+    assert ahead.record(2) == {"status": "skipped", "reason": "its graphs are being compiled by trial 1's twin"}
+    assert ahead.wait(1, timeout_s=30, beside=cfg) >= 0 and ahead.record(1)["status"] == "done"
+    assert not ahead.start(3, again, beside=cfg)
+    assert ahead.record(3)["reason"] == "its graphs are compiled (trial 1)"
+    # a trial that starts fills its key's cache, twin or none; a twin that finished fills its own
+    ahead.wait(4, timeout_s=1, beside=other)
+    assert not ahead.start(5, other, beside=other) and ahead.record(5)["reason"] == "its graphs are compiled (trial 4)"
+    assert ahead.start(6, fp8, beside=other) and ahead.record(6)["status"] == "started"
     ahead.stop()
 
 
@@ -526,7 +552,8 @@ def test_the_twins_stand_stopped_through_a_measured_trials_windows(tmp_path, mon
         five = ahead.twins[5].proc
         ahead.pause()
         time.sleep(0.2)
-        assert ahead.start(6, _gpu_cfg(), beside=_gpu_cfg())  # (started beside the windows: stopped too)
+        # (started beside the windows: stopped too; another micro-batch, graphs of its own)
+        assert ahead.start(6, _gpu_cfg(**{"data.micro_batch_size": 2}), beside=_gpu_cfg())
         six = ahead.twins[6].proc
         assert _comes_to(five.pid, stopped=True) and _comes_to(six.pid, stopped=True)
         time.sleep(0.3)

@@ -34,6 +34,11 @@ Rules the twins follow:
   per shape and Inductor's benchmarks of its kernels' configs: a window beside them reads the twin's work as
   the trial's (``benchmarks/results/twins.csv``). A stopped twin's compile waits as long as the windows run
   (its record's ``paused_s``);
+* a config whose graphs are compiled gets no twin: the graphs are those of its ``graph_key``, its config less
+  what compiles nothing (``_NO_GRAPHS``: the capture, the loader, the allocator, the IO settings), and a trial
+  that started, or a twin that finished or is compiling, of the same key fills the cache it would fill. (In
+  gr00t-n1.6-vla-w7 on one H100 the twins of three configs that differed from the trial before only in capture
+  compiled nothing new, and their trials waited 13-17 s for each: a twin's start-up.);
 * before trial n+1 starts, its unfinished twin is waited for (its compile is the one n+1 would do; the wait is
   charged to n+1's device time); the twins of the trials still asked ahead run on, any other is stopped.
 * a proposal for n+1 that the memory model refuses by itself gets no twin: the search tells it (an ``oom``
@@ -56,6 +61,7 @@ not niced (a niced process cannot take its priority back for its measured run). 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -66,7 +72,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Config, dump_config, merge_overrides
+from workbench.config import Config, dump_config, merge_overrides, to_dict
 from workbench.files import remove_tree
 from workbench.train.hf import model_args
 from workbench.train.memory_model import MODEL_ERROR, predict_peak
@@ -75,7 +81,7 @@ from workbench.tune.session import StudySession
 from workbench.tune.trial import Held, hold_trial, kill_group, start_process
 from workbench.vocab import COMPILE_S
 
-__all__ = ["NICE", "CompileAhead", "StartAhead", "Twin", "twin_blocks"]
+__all__ = ["NICE", "CompileAhead", "StartAhead", "Twin", "graph_key", "twin_blocks"]
 
 NICE = 10
 """Niceness of a twin: the measured trial's threads come first on a busy core."""
@@ -88,6 +94,26 @@ _MESSAGE = 600
 
 _MARGIN = 0.02
 """The device's share kept free between a feasible trial and a capped twin (both processes' CUDA contexts)."""
+
+
+_NO_GRAPHS = ("loongforge.compute_domain.graph_capture", "loongforge.io_domain", "loongforge.memory_domain",
+              "data.num_workers", "data.prefetch_batches", "hardware.memory_fraction_limit", "provenance")
+"""Config keys (or sections) that change no compiled graph: a captured graph replays the compiled kernels, the loader
+and the IO feed the step, the allocator places its tensors."""
+
+
+def graph_key(cfg: Config) -> str:
+    """The graphs ``cfg`` compiles, as a short hash: its config less ``_NO_GRAPHS``. Two configs of one key compile
+    the same graphs, so the compile cache one filled serves the other."""
+    data = to_dict(cfg)
+    for dotted in _NO_GRAPHS:
+        *path, last = dotted.split(".")
+        node = data
+        for part in path:
+            node = node.get(part) or {}
+        node.pop(last, None)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def _shallow(cfg: Config) -> Any:
@@ -113,6 +139,7 @@ class Twin:
     started: float = field(default_factory=time.monotonic)
     record: dict[str, Any] = field(default_factory=dict)
     stopped_at: float | None = None  # (monotonic) while its process is stopped for a measured trial
+    key: str = ""  # the graph_key of its config
 
     def signal(self, sig: signal.Signals) -> None:
         """Send ``sig`` to the twin's own process (not its group: its compile workers touch no device); a
@@ -154,6 +181,7 @@ class CompileAhead:
         self.twins: dict[int, Twin] = {}
         self.configs: dict[int, Config] = {}  # each running twin's config (the memory it may take)
         self.records: dict[int, dict[str, Any]] = {}
+        self.compiled: dict[str, str] = {}  # graph_key -> who compiled its graphs: a trial that started, or a twin
         self.paused = False  # while a trial's measured windows run (``pause``)
 
     @staticmethod
@@ -214,7 +242,8 @@ class CompileAhead:
         running. False (and the reason in the record) when it gets none."""
         self.stop(number)
         self._reap()
-        reason = self.why_not(cfg, beside, tuple(self.configs.values()))
+        key = graph_key(cfg)
+        reason = self.why_not(cfg, beside, tuple(self.configs.values())) or self.compiled_by(key)
         if reason:
             self.records[number] = {"status": "skipped", "reason": reason}
             return False
@@ -240,7 +269,7 @@ class CompileAhead:
         if isinstance(proc, str):
             self.records[number] = {"status": "skipped", "reason": proc}
             return False
-        twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks, "depth": self.depth})
+        twin = Twin(number, d, proc, record={"status": "started", "blocks": blocks, "depth": self.depth}, key=key)
         if "hardware.memory_fraction_limit" in over:  # the share a capped twin held
             twin.record["memory_share"] = over["hardware.memory_fraction_limit"]
         if len(self.twins):
@@ -250,6 +279,20 @@ class CompileAhead:
         if self.paused:  # (started beside windows being measured: it waits for their end too)
             twin.signal(signal.SIGSTOP)
         return True
+
+    def compiled_by(self, key: str) -> str:
+        """Why a config of graph_key ``key`` needs no twin: a trial or twin compiled, or compiles, its graphs ('' when
+        none did)."""
+        for number, twin in self.twins.items():
+            if twin.key == key:
+                return f"its graphs are being compiled by trial {number}'s twin"
+        return f"its graphs are compiled ({self.compiled[key]})" if key in self.compiled else ""
+
+    def _finish(self, twin: Twin, status: str) -> None:
+        """``twin``'s record once its process is done or stopped; a twin that finished filled the cache of its key."""
+        twin.finish(status)
+        if status == "done":
+            self.compiled.setdefault(twin.key, f"trial {twin.number}'s twin")
 
     def pause(self) -> None:
         """Stop every twin's process: a trial's measured windows are about to run."""
@@ -267,14 +310,17 @@ class CompileAhead:
         """Record the twins whose process is done (their memory is free for the next)."""
         for number, twin in list(self.twins.items()):
             if twin.proc is not None and twin.proc.poll() is not None:
-                twin.finish("done" if twin.proc.returncode == 0 else "failed")
+                self._finish(twin, "done" if twin.proc.returncode == 0 else "failed")
                 del self.twins[number]
                 self.configs.pop(number, None)
 
     def wait(self, number: int, timeout_s: float, keep: tuple[int, ...] = (), beside: Config | None = None) -> float:
         """Before trial ``number`` (config ``beside``) starts: wait for its twin to finish (at most ``timeout_s``;
         then it is stopped); the twins of ``keep`` (the trials still asked ahead) run on where they fit beside
-        it, any other is stopped. Returns the seconds waited."""
+        it, any other is stopped. Returns the seconds waited. From here the trial's config fills the cache of its graph
+        key (a twin asked for another config of that key is not started)."""
+        if beside is not None and beside.loongforge.compute_domain.compile != "none":
+            self.compiled.setdefault(graph_key(beside), f"trial {number}")
         for other in [k for k in self.twins if k != number and k not in keep]:
             self.stop(other)
         twin = self.twins.pop(number, None)
@@ -287,10 +333,10 @@ class CompileAhead:
         t0 = time.monotonic()
         try:
             twin.proc.wait(timeout=max(0.0, timeout_s))
-            twin.finish("done" if twin.proc.returncode == 0 else "failed")
+            self._finish(twin, "done" if twin.proc.returncode == 0 else "failed")
         except subprocess.TimeoutExpired:
             kill_group(twin.proc, grace_s=2.0)
-            twin.finish("stopped")
+            self._finish(twin, "stopped")
         waited = round(time.monotonic() - t0, 3)
         twin.record["waited_s"] = waited
         self._refit(beside)
@@ -321,9 +367,9 @@ class CompileAhead:
             if twin.proc.poll() is None:
                 twin.signal(signal.SIGCONT)  # (a stopped process holds SIGTERM until it continues)
                 kill_group(twin.proc, grace_s=2.0)
-                twin.finish("stopped")
+                self._finish(twin, "stopped")
             else:
-                twin.finish("done" if twin.proc.returncode == 0 else "failed")
+                self._finish(twin, "done" if twin.proc.returncode == 0 else "failed")
 
     def running(self) -> int:
         """How many twins are compiling now, or stopped for a measured window (their process not yet done)."""
