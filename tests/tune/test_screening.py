@@ -319,6 +319,39 @@ def test_a_pairs_run_is_taken_without_the_cold_compile_of_the_trial_it_comes_fro
     assert reserved_seconds(s) == pytest.approx(4 * statistics.median([29.3, 40.0, 35.0, 50.0]) + 2 * 20.6)
 
 
+def test_a_pair_is_a_candidates_run_without_its_twin_wait_and_a_base_run_at_the_bases_speed(study_spec_file,
+                                                                                          tmp_path):
+    """gr00t-n1.6-vla-w7 on one H100 (2026-12-06): search trials' walls held 13-28 s of waiting for their twins,
+    which no pair waits for, and the eager base takes 2.0-2.4 times a candidate's seconds a step. Both runs of a
+    pair taken at the trials' median wall (35.4 s) kept 3.0 GPU-minutes for a validation of 2 pairs and the traces
+    that took 1.8. A pair is a candidate's run without its wait, and the same run with its 13 steps at the base's
+    speed: 1.9 GPU-minutes kept."""
+    spec = study_spec_file("pairs", space=SPACE, trials=20,
+                           protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "ab_min_rounds": 2,
+                                     "baseline_repeats": 1})
+    t = _tuner(spec, tmp_path)
+    s, study = t.session, t.study
+    study.set_user_attr("baseline_wall_s", [56.523])
+    study.set_user_attr("baseline_profile_s", 19.033)
+    study.set_user_attr("baseline_runs", [34271.4])
+    trials = [  # wall, waited, compile, step s, tok/s (trials 2, 3, 4, 5 and 7; each with a finished twin)
+        (29.444, 14.557, 4.778, 0.4762, 68814.8), (41.277, 27.593, 4.145, 0.4444, 73768.9),
+        (28.283, 13.002, 5.993, 0.4229, 77485.8), (42.49, 27.196, 5.292, 0.4018, 81560.8),
+        (45.416, 28.342, 7.582, 0.3960, 82747.0)]
+    for wall, waited, compiled, step, value in trials:
+        attrs = {"wall_s": wall, "status": "ok", "steps": 13, "time/step_s": step,
+                 "timeline": {"compile_s": compiled, "end": wall - waited},
+                 "compile_ahead": {"status": "done", "waited_s": waited}}
+        study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=value, user_attrs=attrs))
+    pairs = sorted(2 * (w - wt) + 13 * st * (v / 34271.4 - 1) for w, wt, _, st, v in trials)
+    assert pairs[2] == pytest.approx(37.5, abs=0.1)
+    assert reserved_seconds(s) == pytest.approx(2 * pairs[2] + 2 * 19.033)
+    assert reserved_seconds(s) / 60 == pytest.approx(1.9, abs=0.05)  # (3.0 before; the validation took 1.8)
+    s.gpu_minutes = 9.0
+    study.set_user_attr("gpu_s", {"baseline": 56.523})
+    assert GpuBudget(s).pairs_left() == math.floor((540 - 56.523 - sum(w for w, *_ in trials)) / pairs[2])
+
+
 FIRST_WINDOW_S, WINDOW_S = 20.0, 10.0  # a timed trial's launch, compile and warm-up with its first window; a window
 
 

@@ -12,8 +12,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import config_hash
 from workbench.tune.session import StudySession
-from workbench.tune.validation import plain_loop_config, plain_loop_skipped
-from workbench.vocab import COMPILE_S
+from workbench.tune.validation import baseline_median, plain_loop_config, plain_loop_skipped
+from workbench.vocab import COMPILE_S, STEP_S
 
 __all__ = ["COORDINATOR_PHASES", "GPU_PHASES", "GpuBudget", "gpu_record", "gpu_seconds", "gpu_seconds_total",
            "profile_seconds", "reserved_seconds", "runs_after_search", "spend", "trial_seconds"]
@@ -109,17 +109,33 @@ def _compile_seconds(trial: FrozenTrial) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v >= 0 else None
 
 
-def _pair_run_seconds(session: StudySession) -> float | None:
-    """Device seconds one run of an A/B pair takes here: the median of the search trials measured to the end
-    (COMPLETE, status ok), each as a run whose graphs are in the study's compile cache, as a pair's are (the
-    search trial's run, or its twin, put them there; the baseline's did its own). A trial whose compile-ahead twin
-    finished read that cache and counts at its wall. One that compiled cold counts at its wall less its compile
-    seconds plus the median compile of the trials that read a twin's cache (0 where none did): on one H100 the VLA
-    at micro-batch 16, compiled, ran 115 s, 91 of them compiling, and its validation's runs took 22 s each. A
-    baseline run where none finished yet (``_run_seconds``, which compiled them: an upper bound)."""
+def _waited_s(trial: FrozenTrial) -> float:
+    """The seconds a search trial waited for its compile-ahead twin (counted in its ``wall_s``; a pair waits for
+    none)."""
+    ahead = trial.user_attrs.get("compile_ahead")
+    v = ahead.get("waited_s") if isinstance(ahead, dict) else None
+    return float(v) if isinstance(v, (int, float)) and v > 0 else 0.0
+
+
+def _pair_seconds(session: StudySession) -> float | None:
+    """Device seconds one A/B pair takes here: a run of a candidate and one of the base config, both reading the
+    study's compile cache (the search trial, its twin or the baseline filled it). Before a search trial finished
+    to the end, two baseline runs (``_run_seconds``, which compiled: an upper bound); None before the baseline ran.
+
+    After: the median, over the search trials measured to the end (COMPLETE, status ok), of the pair each makes.
+    Its candidate's run is the trial's wall less the seconds it waited for its twin, and, where no twin's cache
+    served it, less what its compile took beyond the median compile of the trials a twin's cache served (0 where
+    none did): on one H100 the VLA at micro-batch 16, compiled, ran 115 s, 91 of them compiling, and its
+    validation's runs took 22 s each. Its base run is the same run with its steps at the base's speed: the steps
+    take their seconds times the trial's throughput over the baseline's median. (gr00t-n1.6-vla-w7 on one H100:
+    candidates' runs of 14-17 s after 13-28 s of twin waits, an eager base 2.0-2.4 times slower a step; both runs
+    of a pair at the trials' median wall, 35.4 s, kept 3.0 GPU-minutes for a validation that took 1.8.)"""
+    base = _run_seconds(session)
+    if base is None:
+        return None
     done = _ran(session, to_the_end=True)
     if not done:
-        return _run_seconds(session)
+        return 2 * base
 
     def warm(t: FrozenTrial) -> bool:
         ahead = t.user_attrs.get("compile_ahead")
@@ -127,13 +143,19 @@ def _pair_run_seconds(session: StudySession) -> float | None:
 
     read = [c for c in map(_compile_seconds, filter(warm, done)) if c is not None]
     cache_read = statistics.median(read) if read else 0.0
-    walls = []
+    base_value = baseline_median(session)
+    pairs = []
     for t in done:
-        wall, compiled = float(t.user_attrs["wall_s"]), _compile_seconds(t)
+        run, compiled = float(t.user_attrs["wall_s"]) - _waited_s(t), _compile_seconds(t)
         if not warm(t) and compiled is not None and compiled > cache_read:
-            wall -= compiled - cache_read
-        walls.append(wall * session.spec.gpus)
-    return statistics.median(walls)
+            run -= compiled - cache_read
+        step, steps = t.user_attrs.get(STEP_S), t.user_attrs.get("steps")
+        slower = 0.0  # the seconds the base's steps take beyond the trial's
+        if base_value > 0 and t.values and t.values[0] > 0 and isinstance(step, (int, float)) \
+                and isinstance(steps, (int, float)):
+            slower = steps * step * (t.values[0] / base_value - 1.0)
+        pairs.append((2 * run + max(slower, -run)) * session.spec.gpus)
+    return statistics.median(pairs)
 
 
 def _runs_after_search_parts(session: StudySession) -> dict[str, int]:
@@ -165,14 +187,14 @@ def _traces_seconds(session: StudySession) -> float:
 
 def reserved_seconds(session: StudySession) -> float:
     """Device seconds the search leaves for the validation: every candidate's A/B pairs at
-    ``protocol.ab_min_rounds`` (the fewest the sequential A/B takes), each run at ``_pair_run_seconds``, and the
+    ``protocol.ab_min_rounds`` (the fewest the sequential A/B takes), each at ``_pair_seconds``, and the
     traces of the winner's profiled pair (0 before the baseline ran). A pair past them runs only where the budget
     holds it (``GpuBudget.pairs_left``): the sequential A/B stops most candidates there, and the search is what
     the budget is for. The pairs beside the plain compiled loop are not reserved either: they say how the winner
     compares with a loop the user might run instead and change nothing the study exports, so they run on what
     the budget has left."""
-    run = _pair_run_seconds(session)
-    return 0.0 if run is None else run * _runs_after_search_parts(session)["ab_min"] + _traces_seconds(session)
+    pair = _pair_seconds(session)
+    return 0.0 if pair is None else pair * _runs_after_search_parts(session)["ab_min"] / 2 + _traces_seconds(session)
 
 
 def _ran(session: StudySession, to_the_end: bool = False) -> list[FrozenTrial]:
@@ -229,12 +251,12 @@ class GpuBudget:
         return None if room is None else room - trial_seconds(self.session)
 
     def pairs_left(self) -> int | None:
-        """A/B pairs the budget still holds, two runs each at ``_pair_run_seconds``; None without a GPU-minute
-        budget or before the baseline ran."""
-        minutes, run = self.session.gpu_minutes, _pair_run_seconds(self.session)
-        if minutes is None or not run:
+        """A/B pairs the budget still holds, each at ``_pair_seconds``; None without a GPU-minute budget or before
+        the baseline ran."""
+        minutes, pair = self.session.gpu_minutes, _pair_seconds(self.session)
+        if minutes is None or not pair:
             return None
-        return max(0, math.floor((minutes * 60 - gpu_seconds_total(self.session)) / (2 * run)))
+        return max(0, math.floor((minutes * 60 - gpu_seconds_total(self.session)) / pair))
 
     def done(self) -> bool:
         left = self.left()
