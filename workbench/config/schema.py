@@ -183,12 +183,19 @@ _LATER_KEYS = {("metrics", "profile_after_measure"): False, ("hf", "packed_check
 """Keys of older sections added after configs were stored: left out of the hash at their default."""
 
 
-def config_hash(cfg: Config, length: int = 12) -> str:
-    """Short stable hash of the config's content, excluding provenance. A section or key added after configs were
-    stored (:data:`_LATER_SECTIONS`, :data:`_LATER_KEYS`) counts only once it leaves its default, so the hash of
-    an earlier config holds (a stored study's baseline and A/B pairs are still recognised on resume)."""
+def config_hash(cfg: Config, length: int = 12, *, leave_out: tuple[str, ...] = ()) -> str:
+    """Short stable hash of the config's content, excluding provenance and the dotted keys or sections in
+    ``leave_out``. A section or key added after configs were stored (:data:`_LATER_SECTIONS`, :data:`_LATER_KEYS`)
+    counts only once it leaves its default, so the hash of an earlier config holds (a stored study's baseline and
+    A/B pairs are still recognised on resume)."""
     data = to_dict(cfg)
     data.pop("provenance", None)
+    for dotted in leave_out:
+        *path, last = dotted.split(".")
+        node = data
+        for part in path:
+            node = node.get(part) or {}
+        node.pop(last, None)
     for name, default in _LATER_SECTIONS.items():
         if data.get(name) == to_dict(default()):
             data.pop(name)

@@ -61,7 +61,6 @@ not niced (a niced process cannot take its priority back for its measured run). 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import signal
@@ -72,7 +71,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from workbench.config import Config, dump_config, merge_overrides, to_dict
+from workbench.config import Config, config_hash, dump_config, merge_overrides
 from workbench.files import remove_tree
 from workbench.train.hf import model_args
 from workbench.train.memory_model import MODEL_ERROR, predict_peak
@@ -97,7 +96,7 @@ _MARGIN = 0.02
 
 
 _NO_GRAPHS = ("loongforge.compute_domain.graph_capture", "loongforge.io_domain", "loongforge.memory_domain",
-              "data.num_workers", "data.prefetch_batches", "hardware.memory_fraction_limit", "provenance")
+              "data.num_workers", "data.prefetch_batches", "hardware.memory_fraction_limit")
 """Config keys (or sections) that change no compiled graph: a captured graph replays the compiled kernels, the loader
 and the IO feed the step, the allocator places its tensors."""
 
@@ -105,15 +104,7 @@ and the IO feed the step, the allocator places its tensors."""
 def graph_key(cfg: Config) -> str:
     """The graphs ``cfg`` compiles, as a short hash: its config less ``_NO_GRAPHS``. Two configs of one key compile
     the same graphs, so the compile cache one filled serves the other."""
-    data = to_dict(cfg)
-    for dotted in _NO_GRAPHS:
-        *path, last = dotted.split(".")
-        node = data
-        for part in path:
-            node = node.get(part) or {}
-        node.pop(last, None)
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return config_hash(cfg, leave_out=_NO_GRAPHS)
 
 
 def _shallow(cfg: Config) -> Any:
