@@ -12,6 +12,7 @@ import pytest
 from workbench.config import Config, config_hash, merge_overrides
 from workbench.tune.budget import GpuBudget, reserved_seconds, runs_after_search
 from workbench.tune.result import reference_line
+from workbench.tune.stats import pair_ratios, sequential_confidence, speedup_interval
 from workbench.tune.trial import TrialOutcome
 from workbench.tune.validation import PLAIN_LOOP, ab_pairs, against_plain, plain_loop_config
 
@@ -38,9 +39,10 @@ class Stub:
     measurer (a lease check, and a measurement that records what it ran: value by folder, the plain loop 100, the
     winner 130)."""
 
-    def __init__(self, tmp_path, base, *, cuda=True, reference=True, trainer=None, winner=(130.0,)):
+    def __init__(self, tmp_path, base, *, cuda=True, reference=True, trainer=None, winner=(130.0,), baseline=(100.0,)):
         self.measured: list[tuple[str, str]] = []
         self.winner = list(winner)  # the winner's values, pair by pair, the last repeated
+        self.baseline = list(baseline)  # the base's (or reference's), the same way
         self.lines: list[str] = []
         self.session = SimpleNamespace(
             spec=Spec(base, trainer), study_dir=tmp_path, reference=reference, log=self.lines.append,
@@ -56,9 +58,8 @@ class Stub:
     def measure(self, cfg, run_dir, prefix, phase, then=None):
         run_dir.mkdir(parents=True, exist_ok=True)
         self.measured.append((run_dir.name, cfg.loongforge.compute_domain.compile))
-        if not run_dir.name.startswith("trial"):
-            return TrialOutcome("ok", run_dir, value=100.0)
-        return TrialOutcome("ok", run_dir, value=self.winner.pop(0) if len(self.winner) > 1 else self.winner[0])
+        values = self.winner if run_dir.name.startswith("trial") else self.baseline
+        return TrialOutcome("ok", run_dir, value=values.pop(0) if len(values) > 1 else values[0])
 
 
 BEST = {"trial": 4, "params": {"data.micro_batch_size": 8}, "ratios": [1.2, 1.25], "speedup_median": 1.224,
@@ -165,24 +166,35 @@ def test_the_budget_reserves_no_reference_pairs_they_run_on_what_it_has_left(tmp
                            pairs_left=lambda: None)["pairs"] == 3
 
 
-def test_the_budget_reserves_the_fewest_pairs_a_validation_takes_and_a_later_pair_runs_where_it_fits(tmp_path):
-    """The VLA study validates with 2 to 3 A/B pairs (protocol.ab_min_rounds 2, ab_rounds 3): the reserve was the
-    3, 1.4 of its 10 GPU-minutes more than the sequential A/B takes where the interval excludes 1.0 after 2 (as its
-    winner's did, vlaw-h200). The reserve now holds the 2, and a third pair runs only where the budget holds it."""
-    v = Stub(tmp_path, EAGER, winner=(130.0, 80.0, 130.0))  # after 2 pairs the interval still includes 1.0
+def test_the_budget_reserves_the_leaders_pairs_to_the_cap(tmp_path):
+    """gr00t-n1.6-vla-w8 on one H100 (2026-12-06) validates with 2 to 3 A/B pairs (protocol.ab_min_rounds 2,
+    ab_rounds 3), and the reserve held the 2. Its eager base ran 33,767 and 40,125 tok/s beside the candidate's
+    90,268 and 90,023: a 2.46x gain whose interval over 2 pairs, one degree of freedom, was [0.263, 22.771]. The
+    budget held no third pair, and the base config was exported. The reserve now holds the leading candidate's
+    pairs to the cap; a third pair at the search's own runs of the two configs (39,975 and 90,139) settles it."""
+    v = Stub(tmp_path, EAGER, winner=(90268.0, 90023.0, 90139.0), baseline=(33767.0, 40125.0, 39975.0))
     s = v.session
     s.spec.protocol = SimpleNamespace(top_k=1, ab_rounds=3, ab_min_rounds=2, profile_steps=2, baseline_repeats=1)
     s.study.set_user_attr("baseline_wall_s", [41.4])
-    assert reserved_seconds(s) == pytest.approx(4 * 41.4)  # the reference's pairs are not reserved either
+    assert reserved_seconds(s) == pytest.approx(6 * 41.4)  # the reference's pairs are not reserved either
     assert runs_after_search(s) == 6 + 6
+    s.spec.protocol.top_k = 3  # the others keep their fewest pairs: 3 x 2 and the leader's third
+    assert reserved_seconds(s) == pytest.approx(14 * 41.4)
+    s.spec.protocol.top_k = 1
+    s.gpu_minutes = 9.0
+    s.study.set_user_attr("gpu_s", {"baseline": 46.1})
+    budget = GpuBudget(s)
+    s.study.set_user_attr("gpu_s", {"baseline": 46.1, "trials": 540 - 46.1 - reserved_seconds(s)})
+    assert budget.room() == pytest.approx(0.0) and budget.pairs_left() == 3  # the search spent up to the reserve
+    confidence, _ = sequential_confidence(2, 3)
 
     def pairs(name, more):
-        return ab_pairs(s, v, EAGER, {4: COMPILED}, tmp_path / name, max_pairs=3, min_pairs=2, confidence=0.95,
-                        what="validating", more=more)[4]
+        return ab_pairs(s, v, EAGER, {12: COMPILED}, tmp_path / name, max_pairs=3, min_pairs=2,
+                        confidence=confidence, what="validating", more=more)[12]
 
-    r = pairs("short", lambda: False)
-    assert len(r["runs"]) == 2 and r["stopped"] == "budget" and len(v.measured) == 4
-    assert "validating #4: the GPU-minute budget holds no pair past 2; its A/B stops" in v.lines
-    v.winner, v.measured = [130.0, 80.0, 130.0], []
-    r = pairs("room", lambda: True)
+    r = pairs("w8", lambda: budget.pairs_left() > 0)
     assert len(r["runs"]) == 3 and r["stopped"] == "cap" and len(v.measured) == 6
+    two = speedup_interval(pair_ratios(r["runs"][:2], r["baseline_runs"][:2]), confidence)
+    assert two.low == pytest.approx(0.263, rel=1e-2) and two.high == pytest.approx(22.771, rel=1e-2)  # (rounded)
+    three = speedup_interval(pair_ratios(r["runs"], r["baseline_runs"]), confidence)
+    assert three.low > 1.5 and three.median == pytest.approx(90139 / 39975)

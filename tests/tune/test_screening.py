@@ -268,7 +268,7 @@ def test_the_reserve_takes_a_pairs_run_at_the_search_trials_measured_to_the_end(
     The search stopped with 2.0 of its 8.5 GPU-minutes unspent. A pair's run is now taken at those trials'
     median once one finished; screens, which stop after one window, say nothing of it."""
     spec = study_spec_file("pairs", space=SPACE, trials=20,
-                           protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "ab_min_rounds": 2,
+                           protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 2, "ab_min_rounds": 2,
                                      "baseline_repeats": 1})
     t = _tuner(spec, tmp_path)
     s, study = t.session, t.study
@@ -309,14 +309,14 @@ def test_a_pairs_run_is_taken_without_the_cold_compile_of_the_trial_it_comes_fro
         study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1000.0, user_attrs=attrs))
 
     finished(114.9, 90.6)
-    assert reserved_seconds(s) == pytest.approx(4 * (114.9 - 90.6) + 2 * 20.6)
+    assert reserved_seconds(s) == pytest.approx(6 * (114.9 - 90.6) + 2 * 20.6)
     s.gpu_minutes = 9.0
-    assert GpuBudget(s).left() == pytest.approx(540 - 55.5 - 114.9 - 4 * 24.3 - 41.2 - 114.9)  # room for trial 2
+    assert GpuBudget(s).left() == pytest.approx(540 - 55.5 - 114.9 - 6 * 24.3 - 41.2 - 114.9)  # room for trial 2
     finished(40.0, 5.0, twin="done")  # its twin compiled it: its wall is a cached run's
     finished(60.0, 30.0, twin="failed")  # cold: 60 - 30 + the 5 s a cache read took
-    assert reserved_seconds(s) == pytest.approx(4 * 35.0 + 2 * 20.6)
+    assert reserved_seconds(s) == pytest.approx(6 * 35.0 + 2 * 20.6)
     finished(50.0, 2.0)  # a compile under the cache read's: as measured
-    assert reserved_seconds(s) == pytest.approx(4 * statistics.median([29.3, 40.0, 35.0, 50.0]) + 2 * 20.6)
+    assert reserved_seconds(s) == pytest.approx(6 * statistics.median([29.3, 40.0, 35.0, 50.0]) + 2 * 20.6)
 
 
 def test_a_pair_is_a_candidates_run_without_its_twin_wait_and_a_base_run_at_the_bases_speed(study_spec_file,
@@ -325,7 +325,7 @@ def test_a_pair_is_a_candidates_run_without_its_twin_wait_and_a_base_run_at_the_
     which no pair waits for, and the eager base takes 2.0-2.4 times a candidate's seconds a step. Both runs of a
     pair taken at the trials' median wall (35.4 s) kept 3.0 GPU-minutes for a validation of 2 pairs and the traces
     that took 1.8. A pair is a candidate's run without its wait, and the same run with its 13 steps at the base's
-    speed: 1.9 GPU-minutes kept."""
+    speed: 1.9 GPU-minutes kept for 2 pairs, 2.5 with the leader's third (reserved since gr00t-n1.6-vla-w8)."""
     spec = study_spec_file("pairs", space=SPACE, trials=20,
                            protocol={"profile_steps": 2, "top_k": 1, "ab_rounds": 3, "ab_min_rounds": 2,
                                      "baseline_repeats": 1})
@@ -345,8 +345,8 @@ def test_a_pair_is_a_candidates_run_without_its_twin_wait_and_a_base_run_at_the_
         study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=value, user_attrs=attrs))
     pairs = sorted(2 * (w - wt) + 13 * st * (v / 34271.4 - 1) for w, wt, _, st, v in trials)
     assert pairs[2] == pytest.approx(37.5, abs=0.1)
-    assert reserved_seconds(s) == pytest.approx(2 * pairs[2] + 2 * 19.033)
-    assert reserved_seconds(s) / 60 == pytest.approx(1.9, abs=0.05)  # (3.0 before; the validation took 1.8)
+    assert reserved_seconds(s) == pytest.approx(3 * pairs[2] + 2 * 19.033)  # the leader's 3 pairs and its traces
+    assert reserved_seconds(s) / 60 == pytest.approx(2.5, abs=0.05)  # (4.2 at the old pair; 2 pairs took 1.8)
     s.gpu_minutes = 9.0
     study.set_user_attr("gpu_s", {"baseline": 56.523})
     assert GpuBudget(s).pairs_left() == math.floor((540 - 56.523 - sum(w for w, *_ in trials)) / pairs[2])
@@ -649,31 +649,34 @@ def test_the_progress_bar_counts_validation_and_traces():
     assert bar.n == bar.total == 8
 
 
-@pytest.mark.parametrize(("minutes", "pairs", "stopped"), [(10, 2, "budget"), (40, 3, "cap")])
+@pytest.mark.parametrize(("minutes", "second"), [(16, (2, "budget")), (40, (3, "cap"))])
 def test_a_validation_pair_past_the_fewest_runs_only_where_the_budget_holds_it(study_spec_file, tmp_path, fake_search,
-                                                                               monkeypatch, minutes, pairs, stopped):
-    """2 to 3 A/B pairs (ab_min_rounds 2, ab_rounds 3), a minute a run, the candidate's runs alternately 1.3x and
-    0.8x the base (its interval includes 1.0 after 2 pairs). The search spends all but the reserve of 2 pairs, so on
-    10 GPU-minutes the third pair does not fit and the candidate stops for the budget; on 40 the search covers the
-    space first and the third pair runs."""
-    runs = {"trial": 0}
+                                                                               monkeypatch, minutes, second):
+    """Two candidates with 2 to 3 A/B pairs each (top_k 2, ab_min_rounds 2, ab_rounds 3), a minute a run, each
+    candidate's runs alternately 1.3x and 0.8x the base (its interval includes 1.0 after 2 pairs). The reserve is
+    both candidates' 2 pairs and the leader's third: on 16 GPU-minutes the search spends the rest, the leader runs
+    its 3 pairs and the second candidate stops at 2 for the budget; on 40 the search covers the space first and
+    both run 3."""
+    runs: dict[tuple[int, int], int] = {}
 
     def run_trial(cfg, run_dir, **kw):
         Path(run_dir).mkdir(parents=True, exist_ok=True)
-        v = _speed(cfg.data.micro_batch_size, cfg.data.num_workers)
+        key = (cfg.data.micro_batch_size, cfg.data.num_workers)
+        v = _speed(*key)
         if Path(run_dir).name.startswith(".trial-"):  # (its attempt folder)
-            runs["trial"] += 1
-            v *= 1.3 if runs["trial"] % 2 else 0.8
+            runs[key] = runs.get(key, 0) + 1
+            v *= 1.3 if runs[key] % 2 else 0.8
         return TrialOutcome("ok", Path(run_dir), windows=[v, v], value=v, summary={"measured_steps": 6}, wall_s=RUN_S)
 
     monkeypatch.setattr(measure, "run_trial", run_trial)
-    path = _budget_study(study_spec_file, f"abmin{minutes}", minutes, top_k=1, ab_rounds=3)
+    path = _budget_study(study_spec_file, f"abmin{minutes}", minutes, top_k=2, ab_rounds=3)
     spec = yaml.safe_load(path.read_text())
     spec["protocol"]["ab_min_rounds"] = 2
     path.write_text(yaml.safe_dump(spec))
     validation = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False).run()
-    cand = validation["candidates"][0]
-    assert len(cand["ratios"]) == pairs and cand["stopped"] == stopped
+    leader, other = validation["candidates"]
+    assert (len(leader["ratios"]), leader["stopped"]) == (3, "cap")
+    assert (len(other["ratios"]), other["stopped"]) == second
     tune = json.loads((tmp_path / "runs" / f"abmin{minutes}" / "tune.json").read_text())
-    assert tune["gpu_minutes"]["by_phase"]["validation"] == pytest.approx(2 * pairs)
+    assert tune["gpu_minutes"]["by_phase"]["validation"] == pytest.approx(2 * (3 + second[0]))
     assert tune["gpu_minutes"]["total"] <= minutes

@@ -239,8 +239,8 @@ def validate(session: StudySession, measurer: Runs,
              pairs_left: Callable[[], int | None] | None = None) -> dict[str, Any]:
     """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
     ``pairs_left``: the A/B pairs the GPU-minute budget still holds (``GpuBudget.pairs_left``; None without
-    one). The budget reserves each candidate's ``ab_min_rounds`` pairs (``budget.reserved_seconds``); a pair past
-    them runs only where it holds one more, and the pairs beside the plain compiled loop (``against_plain``) are
+    one). The budget reserves each candidate's ``ab_min_rounds`` pairs and the leader's on to ``ab_rounds``
+    (``budget.reserved_seconds``); another pair past them runs only where it holds one more, and the pairs beside the plain compiled loop (``against_plain``) are
     bounded by what it holds after.
 
     validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
