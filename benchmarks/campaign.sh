@@ -50,6 +50,7 @@ search)
     cp "$RUNS/$name/config.yaml" "$OUT/exported-config.yaml"
     cp "$RUNS/$name/report.html" "$OUT/report-$name.html"   # for benchmarks/reports/
     mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$OUT/$name/"  # study_results.py's
+    cp "$RUNS/$name/validation.json" "$OUT/$name/"
     ;;
 compare)
     # each variant in its own process, interleaved: the exported config, the compiled reference loop and
@@ -91,7 +92,8 @@ vla-search)
         ${NO_REF:+--no-reference}
     cp "$RUNS/$name/config.yaml" "$OUT/exported-config-vla.yaml"
     cp "$RUNS/$name/report.html" "$OUT/report-$name.html"
-    mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$OUT/$name/"
+    mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$RUNS/$name/validation.json" \
+        "$OUT/$name/"
     ;;
 vla-compare)
     # a process each, interleaved: the exported config and the base under torch.compile twice each (their ratio

@@ -5,7 +5,8 @@ validation runs) and metric, with the configuration, the study, the GPU and vers
         [--storage URL]  # a study tuned with --storage URL (one storage shared by studies)
 
 Reads what ``workbench.tune`` leaves in a study directory: ``study.db`` (or ``--storage``: every search trial,
-its status and summary), ``validation.json`` (the A/B pairs and the winner's interval), ``environment.json`` and ``tune.json``.
+its status and summary), ``validation.json`` (the A/B pairs and the winner's interval; without it, tune.json's
+result and the study's stored pairs), ``environment.json`` and ``tune.json``.
 Metrics per search trial: the objective (tokens/s/GPU, the median window), each measured window's (with the
 compile-ahead twins compiling as it was read), the summary's throughput, MFU, step time, compile seconds and
 cache hits, device seconds (``time/trial_wall_s``, the baseline's runs too) and a compile-ahead twin's figures,
@@ -136,8 +137,8 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
         rows.append({**common, "phase": "baseline", "trial": len(walls) - 1, "config": "study base",
                      "note": "of its wall", "metric": "time/profile_s", "value": profiled})
     val = d / "validation.json"
-    if val.exists():
-        v = json.loads(val.read_text())
+    v = json.loads(val.read_text()) if val.exists() else _validation_from_storage(tune, study)
+    if v:
         losses = study.user_attrs.get("baseline_losses") or []
         for i, x in enumerate(v.get("baseline_runs", [])):
             rows.append({**common, "phase": "baseline", "trial": i, "config": "study base", "note": "",
@@ -161,6 +162,26 @@ def study_rows(d: Path, storage: str | None = None) -> list[dict]:
                              "note": f"baseline {f.get('baseline')}, candidate {f.get('candidate')}"
                                      + (", profiled" if f.get("profiled") else "") + f": {f.get('reason')}"[:300]})
     return rows
+
+
+def _validation_from_storage(tune: dict, study: optuna.Study) -> dict | None:
+    """validation.json's fields these rows read, where a copy of the study holds tune.json and study.db only:
+    the candidates' intervals from tune.json's result, their pairs from the study attr ``ab_pairs`` (keyed
+    ``validation/<trial>-<round>``, [baseline, candidate] tokens/s)."""
+    result, pairs = tune.get("result") or {}, study.user_attrs.get("ab_pairs") or {}
+    if not result.get("candidates"):
+        return None
+    protocol = result.get("protocol") or {}
+    cands = []
+    for c in result["candidates"]:
+        runs = sorted((int(k.rsplit("-", 1)[1]), p["values"]) for k, p in pairs.items()
+                      if k.startswith(f"validation/{c.get('trial')}-"))
+        cands.append({"trial": c.get("trial"), "params": c.get("params") or {}, "speedup_median": c.get("speedup"),
+                      "ci_low": c.get("ci_low"), "ci_high": c.get("ci_high"), "ratios": [b / a for _, (a, b) in runs],
+                      "runs": [b for _, (_, b) in runs], "baseline_runs": [a for _, (a, _) in runs]})
+    return {"method": protocol.get("method"), "confidence": protocol.get("confidence"),
+            "ab_rounds": protocol.get("max_pairs"), "candidates": cands,
+            "baseline_runs": study.user_attrs.get("baseline_runs") or []}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -258,3 +259,20 @@ def _check_results_csv(tmp_path, subprocess_env, sdir, counted, val, w):
         shared.rename(sdir / "study.db")
     assert p.returncode == 0, p.stdout + p.stderr
     assert pd.read_csv(tmp_path / "shared.csv").equals(df)
+    # a copy of tune.json and study.db alone (benchmarks/campaign.sh's): the same validation and baseline rows
+    copy = tmp_path / "copy" / sdir.name
+    copy.mkdir(parents=True)
+    for name in ("tune.json", "study.db"):
+        shutil.copy(sdir / name, copy / name)
+    p = subprocess.run([sys.executable, str(repo / "benchmarks" / "study_results.py"), str(copy), "--out",
+                        str(tmp_path / "copy.csv")], capture_output=True, text=True, env=subprocess_env, cwd=repo,
+                       timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+    def measured(frame):
+        rows = frame[frame["phase"].isin(["validation", "baseline"]) & frame["metric"].str.match(
+            r"validation/(speedup|ci_|pair)|objective/")]
+        return sorted(zip(rows["phase"], rows["trial"].astype(str), rows["metric"], rows["value"].round(6)))
+
+    assert measured(pd.read_csv(tmp_path / "copy.csv")) == measured(df)
+    assert len(measured(df)) > len(val["baseline_runs"]) or w["trial"] is None
