@@ -31,6 +31,7 @@ from workbench.tune.lease import Lease
 from workbench.tune.measure import Measurer
 from workbench.tune.numerics import stored_losses
 from workbench.tune.opening import params_text
+from workbench.tune.peaks import measured_refusal, peaks
 from workbench.tune.profiled import ProfileLed
 from workbench.tune.samplers import CONSTRAINTS, asked_config, infeasible, untried_config
 from workbench.tune.session import StudySession
@@ -108,6 +109,7 @@ class Search:
         self.pending: list[optuna.Trial] = []  # asked ahead, in the order they run
         self._pending_beats: dict[int, contextlib.ExitStack] = {}  # their storage heartbeats, by trial number
         self._pending_hashes: dict[int, str] = {}  # their configs' hashes, by trial number
+        self._configs: dict[tuple[tuple[str, str], ...], Config] = {}  # trial configs by params (_config_of)
         self.t0 = time.monotonic()  # the search's start (search() sets it): each trial line's elapsed time
 
     # ------------------------------------------------------------------ the loop
@@ -342,12 +344,24 @@ class Search:
         return out
 
     def refused(self, cfg: Config) -> str:
-        """Why the memory model refuses ``cfg`` on this device by itself ('' where it may run; a twin beside it is
-        ``CompileAhead.why_not``'s question). The model is the built-in loop's: a loop of one's own finds its own
-        limit."""
-        if self.session.spec.trainer is not None:
-            return ""
-        return predicted_oom(cfg, self.session.hardware.get("gpu_memory_gib"))
+        """Why ``cfg`` cannot fit this device by itself ('' where it may run; a twin beside it is
+        ``CompileAhead.why_not``'s question): the memory model of the built-in LM, then the study's own runs of
+        configs that differ from it only in micro-batch (``workbench.tune.peaks``: any loop, a loop of one's own
+        and the VLA included)."""
+        s = self.session
+        device = s.hardware.get("gpu_memory_gib")
+        if s.spec.trainer is None and (why := predicted_oom(cfg, device)):
+            return why
+        runs = peaks(s.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
+                                                                 TrialState.FAIL)), self._config_of)
+        return measured_refusal(cfg, runs, device_gib=device, share_limit=s.spec.objective.memory_share_limit)
+
+    def _config_of(self, params: Mapping[str, Any]) -> Config:
+        """A trial's config from its params, built once a set of params."""
+        key = tuple(sorted((k, repr(v)) for k, v in params.items()))
+        if key not in self._configs:
+            self._configs[key] = self.session.spec.trial_config(params)
+        return self._configs[key]
 
     def _run_config(self, trial: optuna.Trial, params: Mapping[str, Any], cfg: Any, tdir: Path) -> TrialOutcome:
         """A config that may run: the result of an earlier trial of the same config, else a run of its own (with
