@@ -45,7 +45,11 @@ def events(monkeypatch):
             raise KeyboardInterrupt
         return TrialOutcome("ok", Path(tdir), windows=[v, v], value=v, summary={"measured_steps": 6})
 
-    def start(self, number, cfg, beside):
+    def start(self, number, cfg, beside, unpaid=""):
+        if unpaid:
+            seen.append(("skip", number))
+            self.records[number] = {"status": "skipped", "reason": unpaid}
+            return False
         seen.append(("start", number))
         self.records[number] = {"status": "done", "waited_s": 0.5}
         return True
@@ -171,6 +175,21 @@ def test_a_proposal_the_memory_model_refuses_is_told_at_once_and_the_next_one_co
     err = capsys.readouterr().err
     assert "trial 1: oom (the memory model predicts" in err and "trial 2: oom (the memory model predicts" in err
     assert err.index("trial 2: oom") < err.index("trial 0: ")  # told while trial 0 ran
+
+
+def test_once_twins_do_not_pay_the_trials_asked_ahead_get_none(study_spec_file, tmp_path, events, monkeypatch):
+    """The search asks ``budget.twins_unpaid`` before each twin: where it gives a reason, the trial asked ahead
+    gets no twin (its record says why) and compiles its graphs itself."""
+    why = "twins do not pay here: trials waited a median 32.5 s for the 2 that finished, and a finished twin ..."
+    judged = iter(["", why, why])
+    monkeypatch.setattr("workbench.tune.search.twins_unpaid", lambda session: next(judged, why))
+    t = _tuner(_spec(study_spec_file, name="unpaid"), tmp_path)
+    for mb, nw in ((2, 0), (8, 0), (8, 1), (2, 1)):  # the proposals, in order
+        t.study.enqueue_trial({"micro_batch_size": mb, "num_workers": nw})
+    t.search()
+    assert [e for e in events if e[0] in ("start", "skip")] == [("start", 1), ("skip", 2), ("skip", 3)]
+    trials = t.study.get_trials()
+    assert [x.user_attrs["compile_ahead"] for x in trials[2:]] == [{"status": "skipped", "reason": why}] * 2
 
 
 def test_refusals_asked_ahead_do_not_take_more_than_the_trial_budget(study_spec_file, tmp_path, events,
@@ -598,3 +617,11 @@ def test_the_twins_stand_stopped_through_a_measured_trials_windows(tmp_path, mon
     with pytest.raises(KeyboardInterrupt):
         Search.run_search_trial(fake, SimpleNamespace(number=3), _gpu_cfg(), tmp_path / "3", None)
     assert calls == [fake.ahead.pause, "pause", "resume"]
+
+
+def test_no_twin_starts_where_twins_do_not_pay(tmp_path, monkeypatch):
+    _sleeping_twins(monkeypatch, done=set(), envs=[])
+    ahead = CompileAhead(_gpu_session(tmp_path, depth=1))
+    why = "twins do not pay here: trials waited a median 32.5 s for the 2 that finished, and a finished twin ..."
+    assert not ahead.start(9, _gpu_cfg(), beside=_gpu_cfg(**{"data.micro_batch_size": 2}), unpaid=why)
+    assert ahead.record(9) == {"status": "skipped", "reason": why} and ahead.twins == {}

@@ -22,7 +22,8 @@ from optuna.trial import TrialState
 import workbench.tune.measure as measure
 from workbench.errors import ConfigError
 from workbench.tune import Tuner
-from workbench.tune.budget import GpuBudget, gpu_seconds, profile_seconds, reserved_seconds, trial_seconds
+from workbench.tune.budget import (GpuBudget, gpu_seconds, profile_seconds, reserved_seconds, trial_seconds,
+                                   twin_worth_s, twins_unpaid)
 from workbench.tune.profiled import warm_start_line, warm_walk
 from workbench.tune.progress import Progress
 from workbench.tune.records import screen_seconds, screening_record
@@ -680,3 +681,45 @@ def test_a_validation_pair_past_the_fewest_runs_only_where_the_budget_holds_it(s
     tune = json.loads((tmp_path / "runs" / f"abmin{minutes}" / "tune.json").read_text())
     assert tune["gpu_minutes"]["by_phase"]["validation"] == pytest.approx(2 * (3 + second[0]))
     assert tune["gpu_minutes"]["total"] <= minutes
+
+
+def test_twins_stop_where_their_trials_wait_longer_for_them_than_they_save(study_spec_file, tmp_path):
+    """gr00t-n1.6-vla-w8 on one H100: trials 0 and 9 compiled their own graphs in 18.4 and 20.9 s, trials 2 and 3
+    read theirs from the cache (skipped as compiled; after a finished twin) in 3.8 and 3.2 s: a finished twin is
+    worth 16.15 s to its trial. A trial with nothing to compile, and one whose twin was stopped (it read part of
+    its graphs), count to neither median. Trials 3 and 5 waited 22.3 and 23.7 s for their twins: from then on no
+    twin starts (w8's trials 7 and 17 waited 24.0 and 26.5 s more, and compiled 6.9 and 6.2 s after)."""
+    t = _tuner(study_spec_file("worth", space=SPACE, trials=20), tmp_path)
+    s, study = t.session, t.study
+    assert twin_worth_s(s) is None and twins_unpaid(s) == ""
+
+    def ran(compiled, ahead=None, state=TrialState.COMPLETE):
+        attrs = {"wall_s": 30.0, "status": "ok" if state == TrialState.COMPLETE else "oom",
+                 "timeline": {"compile_s": compiled}}
+        if ahead is not None:
+            attrs["compile_ahead"] = ahead
+        study.add_trial(optuna.trial.create_trial(state=state, value=1.0 if state == TrialState.COMPLETE else None,
+                                                  user_attrs=attrs))
+
+    ran(18.4)
+    ran(0.0, {"status": "skipped", "reason": "nothing to compile"})
+    assert twin_worth_s(s) is None  # nothing read from the cache yet
+    ran(3.8, {"status": "skipped", "reason": "its graphs are compiled (trial 0)"})
+    assert twin_worth_s(s) == pytest.approx(18.4 - 3.8)
+    ran(3.2, {"status": "done", "waited_s": 22.3})
+    assert twins_unpaid(s) == ""  # one finished twin: not judged yet
+    ran(20.9, {"status": "failed", "waited_s": 0.6})
+    ran(9.0, {"status": "stopped", "waited_s": 16.0})
+    assert twin_worth_s(s) == pytest.approx((18.4 + 20.9) / 2 - (3.8 + 3.2) / 2)
+    ran(3.9, {"status": "done", "waited_s": 23.7})
+    assert twin_worth_s(s) == pytest.approx(19.65 - 3.8)
+    assert twins_unpaid(s) == ("twins do not pay here: trials waited a median 23.0 s for the 2 that finished, and a "
+                               "finished twin saves its trial 15.8 s of compile")
+    # gr00t-n1.6-w4h100: twins that mostly finished beside their trial pay (waits 0.0, 5.7, 1.2 against 6.4)
+    t2 = _tuner(study_spec_file("pays", space=SPACE, trials=20), tmp_path / "pays")
+    s, study = t2.session, t2.study
+    ran(12.6, {"status": "skipped", "reason": "the trial and its twin need 80.8 GiB together"})
+    ran(4.1, {"status": "done", "waited_s": 0.0})
+    ran(5.6, {"status": "done", "waited_s": 5.7})
+    ran(5.9, {"status": "done", "waited_s": 1.2}, state=TrialState.FAIL)  # a failed trial waited too
+    assert twin_worth_s(s) == pytest.approx(12.6 - 4.85) and twins_unpaid(s) == ""

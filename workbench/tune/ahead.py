@@ -228,13 +228,14 @@ class CompileAhead:
         free = 1.0 - self.session.spec.objective.memory_share_limit - _MARGIN * self.depth
         return round(max(0.0, free / self.depth), 4)
 
-    def start(self, number: int, cfg: Config, beside: Config | None) -> bool:
+    def start(self, number: int, cfg: Config, beside: Config | None, unpaid: str = "") -> bool:
         """Start the twin of trial ``number`` (config ``cfg``) beside the running trial of ``beside`` and the twins
-        running. False (and the reason in the record) when it gets none."""
+        running. False (and the reason in the record) when it gets none; ``unpaid``: why twins cost this search
+        more than they save (``budget.twins_unpaid``), and none starts."""
         self.stop(number)
         self._reap()
         key = graph_key(cfg)
-        reason = self.why_not(cfg, beside, tuple(self.configs.values())) or self.compiled_by(key)
+        reason = unpaid or self.why_not(cfg, beside, tuple(self.configs.values())) or self.compiled_by(key)
         if reason:
             self.records[number] = {"status": "skipped", "reason": reason}
             return False

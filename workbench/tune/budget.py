@@ -109,6 +109,54 @@ def _compile_seconds(trial: FrozenTrial) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v >= 0 else None
 
 
+_CACHE_READ = ("its graphs are compiled", "being compiled by")
+"""The reasons a twin is skipped for a config whose graphs a trial or another twin compiles (ahead.py): its trial
+reads them from the cache."""
+
+
+def twin_worth_s(session: StudySession) -> float | None:
+    """The device seconds a finished compile-ahead twin saves its trial: the median compile of the search trials that
+    compiled their own graphs (no twin finished or was stopped for them, none was skipped for graphs already
+    compiled) less the median of those that read theirs from the study's cache (after a finished twin, or skipped
+    so). None until both were measured. The twins of gr00t-n1.6-vla on one H100 ran 35-54 s from their start-up to
+    their last graph, beside trials of 11-18 s; their trials waited 22-38 s, while one that compiled its own graphs
+    took 18-27 s to compile and one that read them 3-11 s (runs vlaw8-h100, vlaw9-h100)."""
+    cold, cached = [], []
+    for t in _ran(session):
+        compiled = _compile_seconds(t)
+        ahead = t.user_attrs.get("compile_ahead")
+        ahead = ahead if isinstance(ahead, dict) else {}
+        if compiled is None or ahead.get("reason") == "nothing to compile" or ahead.get("status") == "stopped":
+            continue  # (a stopped twin's trial read some graphs and compiled the rest: neither)
+        read = ahead.get("status") == "done" or str(ahead.get("reason") or "").startswith(_CACHE_READ)
+        (cached if read else cold).append(compiled)
+    if not cold or not cached:
+        return None
+    return max(0.0, statistics.median(cold) - statistics.median(cached))
+
+
+TWINS_TO_JUDGE = 2
+"""Finished twins the search measures before it judges whether twins pay (``twins_unpaid``)."""
+
+
+def twins_unpaid(session: StudySession) -> str:
+    """Why compile-ahead twins cost this search more device time than they save, so no more start ('' while they
+    pay, or before ``TWINS_TO_JUDGE`` finished): the median seconds their trials waited for the finished twins is
+    at least what a finished twin saves its trial (``twin_worth_s``). A trial without a twin compiles its new
+    graphs itself, which its GPU does anyway while it waits. On one H100 (gr00t-n1.6-vla, runs vlaw8-h100 and
+    vlaw9-h100) the trials after a finished twin took 34-60 s, the two whose twin failed 32 and 39 s."""
+    waits = [_waited_s(t) for t in session.study.get_trials(deepcopy=False)  # (a trial that failed waited too)
+             if (t.user_attrs.get("compile_ahead") or {}).get("status") == "done"]
+    worth = twin_worth_s(session)
+    if len(waits) < TWINS_TO_JUDGE or worth is None:
+        return ""
+    waited = statistics.median(waits)
+    if waited < worth:
+        return ""
+    return (f"twins do not pay here: trials waited a median {waited:.1f} s for the {len(waits)} that finished, "
+            f"and a finished twin saves its trial {worth:.1f} s of compile")
+
+
 def _waited_s(trial: FrozenTrial) -> float:
     """The seconds a search trial waited for its compile-ahead twin (counted in its ``wall_s``; a pair waits for
     none)."""

@@ -26,7 +26,7 @@ from workbench.config import Config, ConfigError, config_hash
 from workbench.files import remove_tree
 from workbench.train.memory_model import predicted_oom
 from workbench.tune.ahead import CompileAhead, StartAhead
-from workbench.tune.budget import GpuBudget, gpu_seconds_total
+from workbench.tune.budget import GpuBudget, gpu_seconds_total, twins_unpaid
 from workbench.tune.lease import Lease
 from workbench.tune.measure import Measurer
 from workbench.tune.numerics import stored_losses
@@ -231,7 +231,7 @@ class Search:
         if h == config_hash(beside) or h in ahead:
             return False
         if self.ahead is not None:
-            self.ahead.start(trial.number, cfg, beside=beside)
+            self.ahead.start(trial.number, cfg, beside=beside, unpaid=twins_unpaid(s))
         if self.started is not None:
             self.started.start(trial.number, cfg, h, s.study_dir / "trials" / str(trial.number))
         return True
