@@ -165,7 +165,8 @@ def test_noise_and_pairs_needed_are_said_in_the_result():
     validation = {"candidates": [lost], "winner": {"trial": None}, "ab_rounds": 3, "ab_min_rounds": 2}
     r = build_result(validation, study="s", base_values=BASE, baseline_repeats=[100, 195, 150], searched=list(BASE),
                      budget={"trials": 4, "trials_run": 4}, data={"source": "synthetic"}, commit="abc")
-    assert r["noise_warning"].startswith("noisy machine: the base config's 3 repeats spread 63%")
+    # the repeats and the pairs' base runs: 6 runs of the base config
+    assert r["noise_warning"].startswith("noisy machine: the base config's 6 runs spread 95%")
     assert r["best"]["pairs_needed"] == 4
     assert r["best"]["why_lost"].endswith("at its spread about 4 pairs would tell (raise protocol.ab_rounds), "
                                           "or quieten the machine")
@@ -186,3 +187,24 @@ def test_a_candidate_the_budget_stopped_says_so():
     assert r["best"]["stopped"] == "budget" and r["best"]["pairs_needed"] is None
     assert r["best"]["why_lost"].endswith("includes 1.0 after 2 pairs; the GPU-minute budget held no more pairs "
                                           "(raise budget.gpu_minutes)")
+
+
+def test_every_run_of_the_base_config_says_how_noisy_it_is():
+    """gr00t-n1.6-vla-w8 on one H100: one baseline run (39,975 tok/s), whose noise floor read "spread 0.0%", and
+    the eager base's runs in the A/B pairs at 33,767 and 40,125: the base config spread 16% in the study, which the
+    result says, with the warning of a noisy machine."""
+    cand = _cand(12, {"micro_batch_size": 64}, [90267.7, 90023.0], [33767.2, 40124.7], confidence=0.975)
+    r = _result([cand], repeats=[39974.8])
+    assert r["noise"]["n"] == 1 and r["noise"]["rel_spread"] == 0.0  # the repeats alone
+    br = r["base_runs"]
+    assert (br["n"], br["repeats"], br["paired"]) == (3, 1, 2)
+    assert br["rel_spread"] == pytest.approx((40124.7 - 33767.2) / 39974.8)
+    assert r["noise_warning"].startswith("noisy machine: the base config's 3 runs spread 16% (above 10%)")
+    lines = result_lines(r)
+    assert "  noise floor: 1 baseline run, 39,975 tok/s/gpu (one run has no spread)" in lines
+    assert "  the base config in the study: 3 runs (1 before the search, 2 in A/B pairs), 33,767 to 40,125 " \
+        "tok/s/gpu, spread 15.9%" in lines
+    # quiet repeats and pairs: no warning, and without candidates the repeats alone
+    quiet = _result([_cand(3, {"micro_batch_size": 8}, [150, 151], [100, 101])], repeats=[100, 99, 101])
+    assert quiet["base_runs"]["n"] == 5 and quiet["noise_warning"] is None
+    assert _result([])["base_runs"] is None

@@ -102,6 +102,11 @@ def build_result(
     measured = [c for c in cands if c["speedup"] is not None]
     best = winner or max(measured, key=lambda c: c["speedup"], default=None)
     nf = noise_floor(baseline_repeats).to_dict() if baseline_repeats else None
+    # every run of the base config in the study: the repeats and the base runs of the candidates' A/B pairs (a
+    # duel's pairs run a candidate in its place, the reference's the plain loop: neither is the base)
+    paired = [x for c in validation.get("candidates") or [] for x in c.get("baseline_runs") or []]
+    base_runs = {**noise_floor([*baseline_repeats, *paired]).to_dict(), "repeats": len(baseline_repeats),
+                 "paired": len(paired)} if paired else None
     if winner is not None:
         verdict = "winner"
     else:
@@ -127,7 +132,9 @@ def build_result(
                          or []],
         "baseline": baseline,
         "noise": nf,
-        "noise_warning": noise_warning(nf),  # one line when the base config's repeats spread above NOISY_SPREAD
+        "base_runs": base_runs,
+        # one line when the base config's runs (else its repeats) spread above NOISY_SPREAD
+        "noise_warning": noise_warning(base_runs, what="runs") if base_runs else noise_warning(nf),
         "protocol": {"method": validation.get("method"), "confidence": validation.get("confidence"),
                      "overall_confidence": validation.get("overall_confidence", validation.get("confidence")),
                      "looks": validation.get("looks", 1), "min_pairs": validation.get("ab_min_rounds"),
@@ -178,9 +185,15 @@ def result_lines(result: Mapping[str, Any]) -> list[str]:
                      f"tok/s/gpu (medians of the interleaved runs); search run {_tps(best['search_tokens_per_s'])}")
     if result.get("head_to_head"):
         lines.append(f"  chosen: {result['winner_rule']}")
-    if nf:
+    if nf and nf["n"] > 1:
         lines.append(f"  noise floor: {nf['n']} baseline repeats, median {_tps(nf['median'])} tok/s/gpu, spread "
                      f"{nf['rel_spread']:.1%} (cv {nf['cv']:.1%})")
+    elif nf:
+        lines.append(f"  noise floor: 1 baseline run, {_tps(nf['median'])} tok/s/gpu (one run has no spread)")
+    if (br := result.get("base_runs")) and br["n"] > 1:
+        lines.append(f"  the base config in the study: {br['n']} runs ({br['repeats']} before the search, "
+                     f"{br['paired']} in A/B pairs), {_tps(br['min'])} to {_tps(br['max'])} tok/s/gpu, spread "
+                     f"{br['rel_spread']:.1%}")
     if result.get("noise_warning"):
         lines.append(f"  {result['noise_warning']}")
     b = result["budget"]

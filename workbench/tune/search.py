@@ -288,8 +288,10 @@ class Search:
         tail = f" | {elapsed // 60:.0f}m{elapsed % 60:02.0f}s" + (f" | {b}" if (b := self.best_text()) else "")
         if out.status == "ok" and out.value is not None:
             # the ratio beside the noise floor: a ratio within the baseline's own spread is no sign of a gain
-            sp = (f", {out.value / statistics.median(base):.2f}x the baseline median (one search run; noise floor "
-                  f"{noise_floor(base).rel_spread:.0%})") if base else ""
+            floor = f"noise floor {noise_floor(base).rel_spread:.0%}" if len(base) > 1 else \
+                "one baseline run: no noise floor"
+            sp = f", {out.value / statistics.median(base):.2f}x the baseline median (one search run; {floor})" \
+                if base else ""
             return f"trial {trial.number}: {out.value:,.0f} tok/s/gpu{sp} [{params}]{tail}"
         return f"trial {trial.number}: {out.status} ({out.failure_reason}) [{params}]{tail}"
 

@@ -73,14 +73,16 @@ def noise_floor(values: Sequence[float]) -> NoiseFloor:
                       runs=tuple(xs))
 
 
-def noise_warning(nf: NoiseFloor | dict[str, Any] | None, threshold: float = NOISY_SPREAD) -> str | None:
-    """One line when the base config's repeats spread more than ``threshold``, with what to do; else None."""
+def noise_warning(nf: NoiseFloor | dict[str, Any] | None, threshold: float = NOISY_SPREAD,
+                  what: str = "repeats") -> str | None:
+    """One line when the base config's ``what`` (its repeats, or every run of it in the study) spread more than
+    ``threshold``, with what to do; else None."""
     if nf is None:
         return None
     d = nf.to_dict() if isinstance(nf, NoiseFloor) else nf
     if d.get("n", 0) < 2 or not d.get("rel_spread", 0.0) > threshold:
         return None
-    return (f"noisy machine: the base config's {d['n']} repeats spread {d['rel_spread']:.0%} (above {threshold:.0%}); "
+    return (f"noisy machine: the base config's {d['n']} {what} spread {d['rel_spread']:.0%} (above {threshold:.0%}); "
             "a gain smaller than that is not a win; stop background jobs, or lengthen the windows "
             "(protocol.window_steps, windows), or add repeats (protocol.baseline_repeats, ab_rounds)")
 
