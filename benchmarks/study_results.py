@@ -169,11 +169,11 @@ def _validation_from_storage(tune: dict, study: optuna.Study) -> dict | None:
     the candidates' intervals from tune.json's result, their pairs from the study attr ``ab_pairs`` (keyed
     ``validation/<trial>-<round>``, [baseline, candidate] tokens/s)."""
     result, pairs = tune.get("result") or {}, study.user_attrs.get("ab_pairs") or {}
-    if not result.get("candidates"):
+    if not result:  # (a study stopped before its result)
         return None
     protocol = result.get("protocol") or {}
     cands = []
-    for c in result["candidates"]:
+    for c in result.get("candidates") or []:  # (none: the baseline repeats alone, as validation.json has them)
         runs = sorted((int(k.rsplit("-", 1)[1]), p["values"]) for k, p in pairs.items()
                       if k.startswith(f"validation/{c.get('trial')}-"))
         cands.append({"trial": c.get("trial"), "params": c.get("params") or {}, "speedup_median": c.get("speedup"),
