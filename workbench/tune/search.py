@@ -354,6 +354,8 @@ class Search:
         device = s.hardware.get("gpu_memory_gib")
         if s.spec.trainer is None and (why := predicted_oom(cfg, device)):
             return why
+        if not device:  # (not a GPU: nothing to refuse)
+            return ""
         runs = peaks(s.study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED,
                                                                  TrialState.FAIL)), self._config_of)
         return measured_refusal(cfg, runs, device_gib=device, share_limit=s.spec.objective.memory_share_limit)
