@@ -292,6 +292,8 @@ def test_summary_says_noise_and_how_the_winner_was_chosen(tmp_path):
                                   data={"source": "synthetic"}, commit="abc")
     (fx.dir / "tune.json").write_text(json.dumps(tune))
     notes = compute_sections(fx.dir).summary.notes
-    assert notes[0].startswith("Noisy machine: the base config's 3 repeats spread 63% (above 10%)")
+    # the spread of every run of the base config: the 3 repeats and the base runs of the candidates' A/B pairs
+    runs = 3 + sum(len(c["baseline_runs"]) for c in validation["candidates"])
+    assert notes[0].startswith(f"Noisy machine: the base config's {runs} runs spread ") and "(above 10%)" in notes[0]
     assert any(n.startswith("Winner chosen: faster than #9 head-to-head") for n in notes)
     assert "Noisy machine: the base config" in build_report(fx.dir).read_text()
