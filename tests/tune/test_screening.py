@@ -723,3 +723,14 @@ def test_twins_stop_where_their_trials_wait_longer_for_them_than_they_save(study
     ran(5.6, {"status": "done", "waited_s": 5.7})
     ran(5.9, {"status": "done", "waited_s": 1.2}, state=TrialState.FAIL)  # a failed trial waited too
     assert twin_worth_s(s) == pytest.approx(12.6 - 4.85) and twins_unpaid(s) == ""
+
+
+def test_a_trial_whose_graphs_another_twin_compiled_read_them_from_the_cache(study_spec_file, tmp_path):
+    """A twin skipped because another twin was compiling the same graph key: its trial read the cache."""
+    t = _tuner(study_spec_file("being", space=SPACE, trials=20), tmp_path)
+    for compiled, ahead in [(20.0, None), (4.0, {"status": "skipped",
+                                                  "reason": "its graphs are being compiled by trial 1's twin"})]:
+        attrs = {"wall_s": 30.0, "status": "ok", "timeline": {"compile_s": compiled},
+                 **({"compile_ahead": ahead} if ahead else {})}
+        t.study.add_trial(optuna.trial.create_trial(state=TrialState.COMPLETE, value=1.0, user_attrs=attrs))
+    assert twin_worth_s(t.session) == pytest.approx(16.0)

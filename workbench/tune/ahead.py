@@ -80,7 +80,8 @@ from workbench.tune.session import StudySession
 from workbench.tune.trial import Held, hold_trial, kill_group, start_process
 from workbench.vocab import COMPILE_S
 
-__all__ = ["NICE", "CompileAhead", "StartAhead", "Twin", "graph_key", "twin_blocks"]
+__all__ = ["BEING_COMPILED", "COMPILED", "NICE", "NOTHING_TO_COMPILE", "CompileAhead", "StartAhead", "Twin", "graph_key",
+           "twin_blocks"]
 
 NICE = 10
 """Niceness of a twin: the measured trial's threads come first on a busy core."""
@@ -93,6 +94,13 @@ _MESSAGE = 600
 
 _MARGIN = 0.02
 """The device's share kept free between a feasible trial and a capped twin (both processes' CUDA contexts)."""
+
+
+NOTHING_TO_COMPILE = "nothing to compile"
+"""A twin's skip reason for a config that compiles nothing (``compile: none``)."""
+
+COMPILED, BEING_COMPILED = "its graphs are compiled", "its graphs are being compiled by"
+"""How the skip reasons of ``CompileAhead.compiled_by`` begin: the trial reads its graphs from the cache."""
 
 
 _NO_GRAPHS = ("loongforge.compute_domain.graph_capture", "loongforge.io_domain", "loongforge.memory_domain",
@@ -201,7 +209,7 @@ class CompileAhead:
         """Why ``cfg`` gets no twin beside a trial of ``beside`` and the twins of ``others`` ('' when it may have
         one)."""
         if cfg.loongforge.compute_domain.compile == "none":
-            return "nothing to compile"
+            return NOTHING_TO_COMPILE
         on_gpu = "cuda" in self.session.hardware.get("capabilities", ())
         if not on_gpu or beside is None or "cpu" in (cfg.hardware.device, beside.hardware.device):
             return ""  # (host memory: a twin takes a fraction of the trial's)
@@ -277,8 +285,8 @@ class CompileAhead:
         none did)."""
         for number, twin in self.twins.items():
             if twin.key == key:
-                return f"its graphs are being compiled by trial {number}'s twin"
-        return f"its graphs are compiled ({self.compiled[key]})" if key in self.compiled else ""
+                return f"{BEING_COMPILED} trial {number}'s twin"
+        return f"{COMPILED} ({self.compiled[key]})" if key in self.compiled else ""
 
     def _finish(self, twin: Twin, status: str) -> None:
         """``twin``'s record once its process is done or stopped; a twin that finished filled the cache of its key."""

@@ -11,6 +11,7 @@ from typing import Any
 from optuna.trial import FrozenTrial, TrialState
 
 from workbench.config import config_hash
+from workbench.tune.ahead import BEING_COMPILED, COMPILED, NOTHING_TO_COMPILE
 from workbench.tune.session import StudySession
 from workbench.tune.validation import baseline_median, plain_loop_config, plain_loop_skipped
 from workbench.vocab import COMPILE_S, STEP_S
@@ -109,11 +110,6 @@ def _compile_seconds(trial: FrozenTrial) -> float | None:
     return float(v) if isinstance(v, (int, float)) and v >= 0 else None
 
 
-_CACHE_READ = ("its graphs are compiled", "being compiled by")
-"""The reasons a twin is skipped for a config whose graphs a trial or another twin compiles (ahead.py): its trial
-reads them from the cache."""
-
-
 def twin_worth_s(session: StudySession) -> float | None:
     """The device seconds a finished compile-ahead twin saves its trial: the median compile of the search trials that
     compiled their own graphs (no twin finished or was stopped for them, none was skipped for graphs already
@@ -126,9 +122,9 @@ def twin_worth_s(session: StudySession) -> float | None:
         compiled = _compile_seconds(t)
         ahead = t.user_attrs.get("compile_ahead")
         ahead = ahead if isinstance(ahead, dict) else {}
-        if compiled is None or ahead.get("reason") == "nothing to compile" or ahead.get("status") == "stopped":
+        if compiled is None or ahead.get("reason") == NOTHING_TO_COMPILE or ahead.get("status") == "stopped":
             continue  # (a stopped twin's trial read some graphs and compiled the rest: neither)
-        read = ahead.get("status") == "done" or str(ahead.get("reason") or "").startswith(_CACHE_READ)
+        read = ahead.get("status") == "done" or str(ahead.get("reason") or "").startswith((COMPILED, BEING_COMPILED))
         (cached if read else cold).append(compiled)
     if not cold or not cached:
         return None
