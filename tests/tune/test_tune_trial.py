@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import statistics
+import sys
 import time
 
 import pytest
@@ -12,7 +13,8 @@ import pytest
 from workbench.config import load_config, merge_overrides
 from workbench.errors import UnsafePathError
 from workbench.tune.study import load_study_spec
-from workbench.tune.trial import TIMELINE, classify, launch_command, not_launched_outcome, run_trial
+from workbench.tune.trial import (TIMELINE, Watchdog, classify, launch_command, not_launched_outcome, run_trial,
+                                  start_process)
 from workbench.vocab import COMPILE_S, EXIT_CODES, LOSS_STEPS, PHASES, REAL_TOKENS_PER_S, STEP_S
 
 
@@ -27,6 +29,7 @@ def test_a_real_trial_reports_its_windows(spec, tmp_path):
                     heartbeat_timeout_s=60, on_window=lambda i, v, s: seen.append((i, v)) or seconds.append(s),
                     on_phase=phases.append)
     assert out.status == "ok", out.log_tail
+    assert out.returncode == 0  # ended at its summary or not, the exit code of a run that went well
     assert len(out.windows) == spec.protocol.windows
     assert seen == list(enumerate(out.windows))
     # each window's own seconds, from its record: its steps at its mean step time (what the budget prices a
@@ -110,6 +113,35 @@ def test_pruning_kills_the_trial_at_once(spec, tmp_path):
     assert out.summary["phase_s_per_step"] == {k: rec[f"time/{k}_s"] for k in PHASES}
     assert out.peak_memory_gib == rec["memory/max_rss_gib"]
     assert out.timeline["first_window"] == out.timeline["last_window"] <= out.timeline["end"]
+
+
+# A loop that writes its summary, then tears down for as long as it is told, leaving a mark if it gets through.
+SLOW_EXIT = """
+import os, pathlib, sys, time
+out = pathlib.Path(os.environ['WORKBENCH_OUT'])
+(out / 'heartbeat').write_text('1')
+(out / 'summary.json').write_text('{}')
+time.sleep(float(sys.argv[1]))
+(out / 'torn-down').write_text('')
+"""
+
+
+def test_the_built_in_loop_is_over_at_its_summary_a_loop_of_ones_own_is_not(spec, tmp_path):
+    # the built-in loop's watchdog (run_trial gives it end_at_summary where the launcher is launch_command)
+    run = tmp_path / "built-in"
+    run.mkdir()
+    proc = start_process([sys.executable, "-c", SLOW_EXIT, "60"], run / "log.txt", env={"WORKBENCH_OUT": str(run)},
+                         cwd=None)
+    dog = Watchdog(proc, run, spec.trial_config({}), timeout_s=120, heartbeat_timeout_s=120, on_window=None,
+                   phase=lambda text: None, poll_s=0.05, end_at_summary=True)
+    t0 = time.monotonic()
+    seen = dog.watch(t0)
+    assert seen.ended_at_summary and proc.returncode == -signal.SIGKILL and time.monotonic() - t0 < 30
+    assert not (run / "torn-down").exists() and not seen.killed_reason
+    # a loop of one's own may still work after its summary (save its model, say): it is left to finish
+    out = run_trial(spec.trial_config({}), tmp_path / "own", timeout_s=60, heartbeat_timeout_s=60,
+                    launch=lambda cfg, config_path, trial_dir: [sys.executable, "-c", SLOW_EXIT, "1"])
+    assert (tmp_path / "own" / "torn-down").exists() and out.returncode == 0
 
 
 # A loop that ignores SIGTERM and writes a window every 0.2 s (the HF Trainer on the H200 outlived the 3 s grace

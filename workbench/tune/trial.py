@@ -13,6 +13,8 @@ i.e. torchrun, when ``hardware.gpus > 1``) with stdout and stderr in
   tokens/s/GPU goes to ``on_window(index, value)``, which returns True to prune
   (the tuner reports it to Optuna and asks ``should_prune``): a pruned trial's
   group is SIGKILLed at once, and its summary is its last window's figures;
+* a run of the built-in loop ends where its ``summary.json`` is written: its group is SIGKILLed then, and it
+  counts as exited with the code it was about to give (what follows is the summary printed and the teardown);
 * the watchdog kills the whole process group (SIGTERM, then SIGKILL after a
   grace) when the trial exceeds its time limit, or when the heartbeat file (the
   step counter, rewritten after every step) has not changed for
@@ -413,6 +415,8 @@ class Watch:
     """``timeout`` or ``no_report`` when the watchdog killed the trial; "" otherwise."""
     killed_reason: str = ""
     pruned: bool = False
+    ended_at_summary: bool = False
+    """The watchdog ended the run once its summary was written (the built-in loop's)."""
     timeline: dict[str, float] = field(default_factory=dict)
     """``TIMELINE``'s marks seen so far: seconds after the launch."""
 
@@ -420,7 +424,7 @@ class Watch:
 TIMELINE = ("report", "first_step", "first_window", "last_window", "end")
 """Where a trial's seconds go, as its watchdog sees them: the heartbeat's first write (the process reports), its
 first step done (imports, model build, compile and one step behind it), its first and last measured windows read,
-and the process gone (exited, or killed once pruned). The rest of a screen's device time is the gaps: before the
+and the process gone (exited, or killed once pruned or once its summary is written). The rest of a screen's device time is the gaps: before the
 first step, the stepping, and after the last window (the summary, a trace, the teardown). Beside the marks, a
 timeline holds ``compile_s``: the compile seconds the first measured window's record reports (the built-in loop
 compiles before its first step), where it reports them."""
@@ -441,13 +445,18 @@ def _window_seconds(rec: dict[str, Any]) -> float | None:
 
 class Watchdog:
     """Polls a running trial (see the module docstring): each measured window of ``metrics`` goes to
-    ``on_window`` (True prunes), the heartbeat file tells progress, and the time limits end the process group."""
+    ``on_window`` (True prunes), the heartbeat file tells progress, and the time limits end the process group.
+    ``end_at_summary``: the run is over once its summary file is written (an atomic write: a file there is
+    whole), and its group is SIGKILLed then; for the built-in loop, which does nothing after its summary but
+    print it and tear down."""
 
     def __init__(self, proc: subprocess.Popen[bytes], trial_dir: Path, cfg: Config, *, timeout_s: float,
                  heartbeat_timeout_s: float, on_window: OnWindow | None,
-                 phase: Callable[[str], None], poll_s: float, on_measure: Callable[[], None] | None = None) -> None:
+                 phase: Callable[[str], None], poll_s: float, on_measure: Callable[[], None] | None = None,
+                 end_at_summary: bool = False) -> None:
         self.proc, self.phase, self.on_window, self.poll_s = proc, phase, on_window, poll_s
         self.on_measure = on_measure
+        self.summary = trial_dir / "summary.json" if end_at_summary else None
         self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
         self.warm = cfg.training.warmup_measure_steps
         # the beat at which the measured windows are near: the last warm-up step runs (one step's slack, in which
@@ -518,6 +527,12 @@ class Watchdog:
                 kill_group(self.proc, grace_s=0)
                 return seen
             if rc is not None:
+                return seen
+            if self.summary is not None and self.summary.exists():
+                # measured and summarised: the printing and the teardown of CUDA, the loader's workers and the
+                # interpreter that follow would hold the device for nothing (2-3 s a run on one H100)
+                kill_group(self.proc, grace_s=0)
+                seen.ended_at_summary = True
                 return seen
             now = time.monotonic()
             b = _read_heartbeat(self.heartbeat)
@@ -719,7 +734,8 @@ def run_trial(
     if isinstance(proc, str):
         return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=proc, log_tail=proc)
     dog = Watchdog(proc, trial_dir, cfg, timeout_s=timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
-                   on_window=on_window, phase=phase, poll_s=poll_s, on_measure=on_measure)
+                   on_window=on_window, phase=phase, poll_s=poll_s, on_measure=on_measure,
+                   end_at_summary=launch is launch_command)
     try:
         if on_launch is not None:
             on_launch(proc.pid)
@@ -739,6 +755,8 @@ def run_trial(
     summary = None
     with contextlib.suppress(OSError, json.JSONDecodeError):
         summary = _slim_summary(json.loads((trial_dir / "summary.json").read_text()))
+    if seen.ended_at_summary and rc == -signal.SIGKILL:  # the exit code the run was about to give
+        rc = EXIT_CODES["interrupted" if (summary or {}).get("interrupted") else "ok"]
     if summary is None and seen.pruned and seen.last_window is not None:
         summary = _pruned_summary(seen.last_window, len(seen.step_losses))
     failure: dict[str, Any] = {}
