@@ -65,6 +65,8 @@ class Runs(Protocol):
 
     def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
+    def base_trace_dir(self) -> Path | None: ...
+
 
 def baseline_median(session: StudySession) -> float:
     """The baseline repeats' median throughput (0 before any): a search trial is a candidate only above it."""
@@ -113,7 +115,7 @@ def _pair_key(vdir: Path, arm: int, r: int) -> str:
 
 def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping[int, Any], vdir: Path, *,
              max_pairs: int, min_pairs: int, confidence: float, what: str, resume: bool = False,
-             phase: str = "validation", profile: Mapping[str, Any] | None = None,
+             phase: str = "validation", profile: Mapping[str, Any] | None = None, base_traced: bool = False,
              more: Callable[[], bool] | None = None) -> dict[int, dict[str, Any]]:
     """Interleaved A/B pairs of each arm's config against ``base_cfg``: per round, for each arm still open, a
     baseline run then the arm's run (``vdir/baseline-<arm>-<round>/``, ``vdir/trial-<arm>-<round>/``). From
@@ -132,9 +134,11 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
     its figures as they are) both runs of each arm's first pair to complete run with those keys, so the pair's
     folders hold a trace of the base config and of the arm (``Measurer.keep_traces`` keeps the winner's). The
     first pair, not the last: under the sequential A/B the last one is known only once it ran. A profiled pair
-    that fails leaves its arm unprofiled from then on (its failure records ``profiled``). A stored pair is
-    taken with or without them (they change no measured figure); one without them (a study stopped by an older
-    version) leaves the profile to the arm's next pair."""
+    that fails leaves its arm unprofiled from then on (its failure records ``profiled``). With ``base_traced``
+    (the last baseline repeat holds the base config's trace, ``Measurer.base_trace_dir``) the pair's baseline run
+    is not profiled again: its trace would be that one's. A stored pair is taken with or without them on either
+    run (they change no measured figure); one whose arm ran without them (a study stopped by an older version)
+    leaves the profile to the arm's next pair."""
     results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                    "stopped": "cap"} for k in arms}
     settled: set[int] = set()
@@ -148,8 +152,10 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
 
     # each arm's pair of configs with their hashes, plain and with the keys that profile after the measurement
     plain = {k: configs(base_cfg, cfg) for k, cfg in arms.items()}
-    profiled = {k: configs(merge_overrides(base_cfg, profile), merge_overrides(cfg, profile))
-                for k, cfg in arms.items()} if profile else plain
+    profiled_base = base_cfg if base_traced or not profile else merge_overrides(base_cfg, profile)
+    profiled = ({k: configs(profiled_base, merge_overrides(cfg, profile)) for k, cfg in arms.items()}
+                if profile else plain)
+    base_hashes = {config_hash(base_cfg), config_hash(merge_overrides(base_cfg, profile)) if profile else None}
     order = list(arms)
 
     def next_baseline(k: int, r: int) -> tuple[Any, Path] | None:
@@ -175,7 +181,8 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
             dirs = (vdir / f"baseline-{k}-{r}", vdir / f"trial-{k}-{r}")
             stored = study.user_attrs.get("ab_pairs", {}).get(key) if resume else None
             # a pair of the same configs, with or without the keys that profile after the measurement
-            fresh = not (stored and stored["hashes"] in (plain[k][1], profiled[k][1]) and all(d.is_dir() for d in dirs))
+            fresh = not (stored and stored["hashes"][0] in base_hashes and stored["hashes"][1] in (
+                plain[k][1][1], profiled[k][1][1]) and all(d.is_dir() for d in dirs))
             if fresh and more is not None and len(res["runs"]) >= min_pairs and not more():
                 settled.add(k)
                 res["stopped"] = "budget"
@@ -185,7 +192,7 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
                 session.log(f"{what} #{k}: pair {len(res['runs']) + 1} taken from the study (measured "
                             f"{stored['finished']})")
                 a_value, b_value = stored["values"]
-                if profile and stored["hashes"] == profiled[k][1]:
+                if profile and stored["hashes"][1] == profiled[k][1][1]:
                     unprofiled.add(k)
             else:
                 prefix = f"{what} #{k}: pair {len(res['runs']) + 1} (at most {max_pairs})"
@@ -240,8 +247,8 @@ def validate(session: StudySession, measurer: Runs,
     """Sequential interleaved A/B re-measurement of the candidates; writes and returns validation.json.
     ``pairs_left``: the A/B pairs the GPU-minute budget still holds (``GpuBudget.pairs_left``; None without
     one). The budget reserves each candidate's ``ab_min_rounds`` pairs and the leader's on to ``ab_rounds``
-    (``budget.reserved_seconds``); another pair past them runs only where it holds one more, and the pairs beside the plain compiled loop (``against_plain``) are
-    bounded by what it holds after.
+    (``budget.reserved_seconds``); another pair past them runs only where it holds one more, and the pairs beside
+    the plain compiled loop (``against_plain``) are bounded by what it holds after.
 
     validation.json: {baseline_runs (the baseline repeats), noise_floor, method, confidence (per look),
     overall_confidence, looks, ab_rounds (most pairs), ab_min_rounds, candidates: [{trial, params,
@@ -271,6 +278,7 @@ def validate(session: StudySession, measurer: Runs,
                      {t.number: spec.trial_config(t.params) for t in cands}, session.study_dir / "validation",
                      max_pairs=rounds, min_pairs=min_rounds, confidence=confidence, what="validating", resume=True,
                      profile=spec.protocol.profile_after_overrides(),
+                     base_traced=measurer.base_trace_dir() is not None,
                      more=None if pairs_left is None else lambda: _holds_a_pair(pairs_left))
     validated = []
     for t in cands:
