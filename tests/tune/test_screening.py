@@ -260,6 +260,12 @@ def test_a_profiled_baseline_runs_past_its_measurement_and_the_reserve_counts_th
         record["line"] and "Raise budget.gpu_minutes to 8 " in record["line"]
     s.gpu_minutes = 8.0
     assert GpuBudget(s).no_room() is None and study.user_attrs["gpu_no_room"] is None
+    # where the last baseline repeat holds the base config's trace, the winner's pair profiles its candidate's
+    # run alone (validation.ab_pairs' base_traced)
+    traced = s.last_baseline_dir()
+    traced.mkdir(parents=True)
+    (traced / "trace.json").write_text("{}")
+    assert reserved_seconds(s) == pytest.approx(6 * 51.6 + 22.0)
 
 
 def test_the_reserve_takes_a_pairs_run_at_the_search_trials_measured_to_the_end(study_spec_file, tmp_path):

@@ -226,9 +226,13 @@ def runs_after_search(session: StudySession) -> int:
 
 
 def _traces_seconds(session: StudySession) -> float:
-    """Device seconds the traces after the search add: the winner's first A/B pair profiles both of its runs
-    (``Measurer.keep_traces``), each taken to add what the base config's profiled steps did."""
-    return 2 * _profile_s(session) * session.spec.gpus if _runs_after_search_parts(session)["ab_pairs"] else 0.0
+    """Device seconds the traces after the search add: the winner's first A/B pair profiles its candidate run,
+    and its baseline run too where the last baseline repeat holds no trace (``validation.ab_pairs``), each taken
+    to add what the base config's profiled steps did."""
+    profile_s = _profile_s(session)
+    if not profile_s or not _runs_after_search_parts(session)["ab_pairs"]:
+        return 0.0
+    return (1 if session.base_trace_dir() is not None else 2) * profile_s * session.spec.gpus
 
 
 def reserved_seconds(session: StudySession) -> float:

@@ -249,27 +249,16 @@ class Measurer:
             return None
         traces: dict[str, Any] = {"steps": n, "winner": None}
         if winner is None:
-            traces["baseline"] = self.trace_record(self.last_baseline_dir(), "baseline", None)
+            traces["baseline"] = self.trace_record(self.session.last_baseline_dir(), "baseline", None)
             return traces
         pairs = list(zip(winner["baseline_dirs"], winner["run_dirs"]))
         base_dir, run_dir = next(((b, r) for b, r in pairs if (Path(r) / "trace.json").exists()),
                                  pairs[0] if pairs else (None, None))
         if base_dir is None or not (Path(base_dir) / "trace.json").exists():
-            base_dir = self.base_trace_dir() or base_dir  # the pair profiled its arm alone (ab_pairs' base_traced)
+            base_dir = self.session.base_trace_dir() or base_dir  # its pair profiled the arm alone (base_traced)
         traces["baseline"] = self.trace_record(base_dir, "baseline", None)
         traces["winner"] = self.trace_record(run_dir, "winner", winner["trial"])
         return traces
-
-    def last_baseline_dir(self) -> Path:
-        """The folder of the last baseline repeat: the one that profiles the base config (``run_baseline``)."""
-        dirs = self.session.study.user_attrs.get("baseline_dirs") or []
-        return Path(dirs[-1]) if dirs else self.session.study_dir / "baseline" / str(
-            self.session.spec.protocol.baseline_repeats - 1)
-
-    def base_trace_dir(self) -> Path | None:
-        """The last baseline repeat's folder where it holds the base config's trace, else None."""
-        last = self.last_baseline_dir()
-        return last if (last / "trace.json").exists() else None
 
     def trace_record(self, run_dir: str | Path | None, name: str, trial: int | None) -> dict[str, Any]:
         """The trace record of a measured run (``run_dir``; None: no completed run) as the ``name``'s."""

@@ -115,6 +115,16 @@ class StudySession:
     def baseline_runs(self) -> list[float]:
         return list(self.study.user_attrs.get("baseline_runs", []))
 
+    def last_baseline_dir(self) -> Path:
+        """The folder of the last baseline repeat: the one that profiles the base config (``run_baseline``)."""
+        dirs = self.study.user_attrs.get("baseline_dirs") or []
+        return Path(dirs[-1]) if dirs else self.study_dir / "baseline" / str(self.spec.protocol.baseline_repeats - 1)
+
+    def base_trace_dir(self) -> Path | None:
+        """The last baseline repeat's folder where it holds the base config's trace, else None."""
+        last = self.last_baseline_dir()
+        return last if (last / "trace.json").exists() else None
+
     def finished_count(self) -> int:
         """Finished trials that used the budget (a repeat replaced by an untried config did not)."""
         return sum((t.state in (TrialState.COMPLETE, TrialState.PRUNED) or infeasible(t))

@@ -65,8 +65,6 @@ class Runs(Protocol):
 
     def keep_traces(self, winner: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
 
-    def base_trace_dir(self) -> Path | None: ...
-
 
 def baseline_median(session: StudySession) -> float:
     """The baseline repeats' median throughput (0 before any): a search trial is a candidate only above it."""
@@ -135,10 +133,10 @@ def ab_pairs(session: StudySession, measurer: Runs, base_cfg: Any, arms: Mapping
     folders hold a trace of the base config and of the arm (``Measurer.keep_traces`` keeps the winner's). The
     first pair, not the last: under the sequential A/B the last one is known only once it ran. A profiled pair
     that fails leaves its arm unprofiled from then on (its failure records ``profiled``). With ``base_traced``
-    (the last baseline repeat holds the base config's trace, ``Measurer.base_trace_dir``) the pair's baseline run
-    is not profiled again: its trace would be that one's. A stored pair is taken with or without them on either
-    run (they change no measured figure); one whose arm ran without them (a study stopped by an older version)
-    leaves the profile to the arm's next pair."""
+    (the last baseline repeat holds the base config's trace, ``StudySession.base_trace_dir``) the pair's baseline
+    run is not profiled again: its trace would be that one's. A stored pair is taken with or without them on
+    either run (they change no measured figure); one whose arm ran without them (a study stopped by an older
+    version) leaves the profile to the arm's next pair."""
     results = {k: {"runs": [], "baseline_runs": [], "run_dirs": [], "baseline_dirs": [], "failures": [],
                    "stopped": "cap"} for k in arms}
     settled: set[int] = set()
@@ -278,7 +276,7 @@ def validate(session: StudySession, measurer: Runs,
                      {t.number: spec.trial_config(t.params) for t in cands}, session.study_dir / "validation",
                      max_pairs=rounds, min_pairs=min_rounds, confidence=confidence, what="validating", resume=True,
                      profile=spec.protocol.profile_after_overrides(),
-                     base_traced=measurer.base_trace_dir() is not None,
+                     base_traced=session.base_trace_dir() is not None,
                      more=None if pairs_left is None else lambda: _holds_a_pair(pairs_left))
     validated = []
     for t in cands:
