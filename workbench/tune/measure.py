@@ -243,7 +243,7 @@ class Measurer:
         without a winner)}, each {trial, run_dir, path, memory_snapshot, status}, with the ``reason`` where the
         run holds no trace (a study measured before traces were folded, a loop that ran no step after its
         measurement); a missing trace costs the study nothing. None when ``profile_steps`` is 0."""
-        spec, study = self.session.spec, self.session.study
+        spec = self.session.spec
         n = spec.protocol.profile_steps
         if n <= 0:
             return None
