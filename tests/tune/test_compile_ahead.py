@@ -38,7 +38,7 @@ def events(monkeypatch):
     """The search's runs and its twins' starts, waits and stops, in order; each run at a known speed."""
     seen: list[tuple] = []
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         seen.append(("run", trial.number))
         v = 1000.0 * trial.params["micro_batch_size"] + trial.params["num_workers"]
         if getattr(self, "interrupt_at", None) == trial.number:
@@ -511,7 +511,7 @@ def test_each_window_says_whether_a_twin_compiled_beside_it(study_spec_file, tmp
     running = CompileAhead.running
     monkeypatch.setattr(CompileAhead, "running", lambda self: next(compiling))
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         events.append(("run", trial.number))
         v = 1000.0 * trial.params["micro_batch_size"] + trial.params["num_workers"]
         for i in range(2):

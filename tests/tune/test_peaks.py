@@ -104,7 +104,7 @@ def test_the_search_refuses_a_micro_batch_its_runs_say_cannot_fit(study_spec_fil
     path.write_text(path.read_text() + "seed_trials:\n" + "".join(f"  - {json.dumps(s)}\n" for s in seeds))
     ran: list[int] = []
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         Path(tdir).mkdir(parents=True, exist_ok=True)
         mb = cfg.data.micro_batch_size
         ran.append(mb)

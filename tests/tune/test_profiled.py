@@ -136,7 +136,7 @@ def profiled_runs(monkeypatch):
                             summary={"measured_steps": 6, "phase_s_per_step": _phases(profile[0], 0.3),
                                      **(profile[1] if len(profile) > 1 else {})})
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         ran.append(dict(trial.params))
         return run_trial(cfg, tdir)
 
@@ -255,7 +255,7 @@ def walked_runs(monkeypatch):
                         "activation_checkpointing": cfg.training.activation_checkpointing,
                         "activation_checkpointing_every": cfg.training.activation_checkpointing_every}, run_dir)
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         ran.append(dict(trial.params))
         return outcome(dict(trial.params), tdir)
 

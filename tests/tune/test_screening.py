@@ -61,7 +61,7 @@ def fake_search(monkeypatch):
     window. Returns the list of (params, windows measured)."""
     ran: list[tuple[dict, int]] = []
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         p = dict(trial.params)
         Path(tdir).mkdir(parents=True, exist_ok=True)
         if (p["micro_batch_size"], p["num_workers"]) == (4, 1):
@@ -200,6 +200,38 @@ def test_a_gpu_minute_budget_stops_the_search_and_still_validates_and_exports(st
     rate = {"stages": [{"windows": 1, "trials": 2}], "configs_per_gpu_minute": 1.5}
     assert gpu_minutes_line(g, rate).endswith("; 1.50 configs a CPU-minute")  # a CPU study's own unit throughout
     assert gpu_minutes_line({**g, "device": "cuda"}, rate).endswith("; 1.50 configs a GPU-minute")
+
+
+def test_a_trial_whose_compile_outlasts_the_budget_is_stopped_before_its_first_window(study_spec_file, tmp_path,
+                                                                                        monkeypatch, fault_launch):
+    """gr00t-n1.6-w5h100 on one H100: a ``packing: bucket`` screen compiled a graph a bucket width, 149.5 s, and
+    the study spent 9.3 of its 8 GPU-minutes. A trial that has measured no window when the budget's room (beside the
+    validation's reserve) runs out is stopped there: pruned for the budget, and the study still exports."""
+    def quick(cfg, run_dir, **kw):  # the baseline's and the validation's runs: 2 s each
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        return TrialOutcome("ok", Path(run_dir), windows=[100.0, 100.0], value=100.0,
+                            summary={"measured_steps": 6}, wall_s=2.0)
+
+    monkeypatch.setattr(measure, "run_trial", quick)
+    # 2 baseline runs (4 s), 2 pairs kept for validation (8 s), 3 s of room: a trial (2 s, a baseline run) starts
+    path = _budget_study(study_spec_file, "compiling", (4.0 + 8.0 + 3.0) / 60, top_k=1, ab_rounds=2)
+    t = Tuner(load_study_spec(str(path)), out_root=tmp_path / "runs", progress=False,
+              launch=fault_launch({"*": "hang"}))  # every trial "compiles" (a step 1 heartbeat) for an hour
+    started = time.monotonic()
+    t.run()
+    assert time.monotonic() - started < 60  # not the trial time limit, nor the hour
+    [first] = t.study.get_trials()
+    assert first.state == TrialState.PRUNED and first.user_attrs["status"] == "pruned"
+    stop = first.user_attrs["stopped_for_budget"]
+    assert stop["after_window"] == 0 and stop["room_s"] == pytest.approx(3.0, abs=0.05)
+    assert stop["reason"] == first.user_attrs["failure_reason"] == (
+        "stopped before its first window for the GPU-minute budget: 3 s of the device were left beside the "
+        "validation's reserve")
+    assert 3.0 <= first.user_attrs["wall_s"] < 10.0
+    assert t.searcher.measured_twin(first.user_attrs["config_hash"], 99) is None  # its config was not measured
+    tune = json.loads((tmp_path / "runs" / "compiling" / "tune.json").read_text())
+    assert tune["screening"]["stopped_for_budget"] == 1
+    assert (tmp_path / "runs" / "compiling" / "config.yaml").exists()
 
 
 def test_the_next_trial_is_estimated_from_every_trial_that_ran_screens_included(study_spec_file, tmp_path, capsys):
@@ -389,7 +421,7 @@ def _timed_runs(monkeypatch, *, own_s: float | None) -> dict[int, int]:
     monkeypatch.setattr("workbench.tune.search.time", SimpleNamespace(monotonic=lambda: clock[0], sleep=time.sleep))
     measured: dict[int, int] = {}
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         Path(tdir).mkdir(parents=True, exist_ok=True)
         v, start = _speed(trial.params["micro_batch_size"], trial.params["num_workers"]), clock[0]
         for i in range(self.session.spec.protocol.windows):
@@ -579,7 +611,7 @@ def test_a_warm_started_startup_walks_the_new_knobs_one_at_a_time(study_spec_fil
     gain = {"num_workers": {1: 300.0}, "activation_checkpointing": {"none": 200.0}, "bucket_width": {64: 100.0}}
     ran: list[dict] = []
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         p = dict(trial.params)
         ran.append(p)
         v = 1000.0 * p["micro_batch_size"] + sum(g.get(p.get(k), 0.0) for k, g in gain.items())

@@ -39,7 +39,7 @@ def fake_runs(monkeypatch):
     """Every search trial 'runs' at its config's known speed; the calls are listed."""
     ran: list[dict] = []
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         params = dict(trial.params)
         ran.append(params)
         v = _speed(params)

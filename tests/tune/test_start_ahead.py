@@ -207,8 +207,8 @@ def test_the_process_held_for_a_trial_the_search_ends_before_is_stopped(study_sp
     t = _tuner(study_spec_file, tmp_path, trials=3)
     orig = t.searcher.run_search_trial
 
-    def run(trial, cfg, tdir, on_window):
-        out = orig(trial, cfg, tdir, on_window)
+    def run(trial, cfg, tdir, on_window, budget_s=None):
+        out = orig(trial, cfg, tdir, on_window, budget_s)
         runs.append(trial.number)
         return out
 
@@ -239,7 +239,7 @@ def test_a_held_process_with_cuda_up_at_its_gate_turns_start_ahead_off(study_spe
     the first trial that says so, no process is started ahead."""
     seen: list[tuple] = []
 
-    def run(self, trial, cfg, tdir, on_window):
+    def run(self, trial, cfg, tdir, on_window, budget_s=None):
         seen.append(("run", trial.number))
         v = 100.0 * trial.params["micro_batch_size"]
         return TrialOutcome("ok", Path(tdir), windows=[v, v], value=v, start_ahead=None if trial.number == 0 else

@@ -245,6 +245,21 @@ def test_watchdog_and_signals(spec, tmp_path, fault_launch, fault, status, words
     assert time.monotonic() - t0 < 30  # killed promptly, not left to its 1 h sleep
 
 
+def test_a_trial_with_no_window_by_its_budget_is_stopped_there(spec, tmp_path, fault_launch):
+    t0 = time.monotonic()
+    out = run_trial(spec.trial_config({}), tmp_path / "b", timeout_s=60, heartbeat_timeout_s=60, budget_s=1.0,
+                    launch=fault_launch({"*": "hang"}))
+    assert out.status == "pruned" and out.stopped_for_budget and out.returncode == -signal.SIGKILL
+    assert out.failure_reason.startswith("stopped before its first window for the GPU-minute budget: 1 s")
+    assert 1.0 <= out.wall_s and time.monotonic() - t0 < 30 and out.windows == []
+    # a trial that measured a window (every 0.2 s here) is the window callback's to stop: the limit is past
+    start = time.monotonic()
+    out = run_trial(spec.trial_config({}), tmp_path / "w", timeout_s=60, heartbeat_timeout_s=60, budget_s=5.0,
+                    launch=lambda cfg, config_path, trial_dir: [sys.executable, "-c", DEAF],
+                    on_window=lambda i, v, s: time.monotonic() - start > 6.0)
+    assert out.status == "pruned" and not out.stopped_for_budget and out.wall_s > 5.0 and len(out.windows) > 3
+
+
 def test_invalid_config_is_recorded_without_launch(tmp_path):
     out = not_launched_outcome(tmp_path / "i", "training.global_batch_size: got 8; must be a multiple of 3")
     assert out.status == "invalid_config" and out.failed

@@ -382,13 +382,18 @@ class Search:
             self.ask_ahead(cfg)  # (where compile-ahead or start-ahead is on)
             stop: dict[str, Any] = {}
             beside: list[int] = []
-            out = self.run_search_trial(trial, cfg, tdir, self._on_window(trial, waited, stop, beside))
+            limit = self.budget_limit_s(waited)
+            on_window = self._on_window(trial, waited, stop, beside)
+            out = self.run_search_trial(trial, cfg, tdir, on_window, budget_s=limit)
             out.wall_s += waited  # the GPU waited for the twin: device time of this trial
             if beside:
                 trial.set_user_attr("windows_beside_twins", beside)
             if stop and out.status == "pruned":  # (a window read after the process ended stops nothing)
                 trial.set_user_attr("stopped_for_budget", stop)
                 out.failure_reason = stop["reason"]
+            elif out.stopped_for_budget and limit is not None:
+                trial.set_user_attr("stopped_for_budget", {"after_window": 0, "room_s": round(limit, 3),
+                                                           "reason": out.failure_reason})
             if out.status == "ok":
                 self.measurer.guard_numerics(trial, params, cfg, out)
             return out
@@ -467,9 +472,22 @@ class Search:
                           f"its other {left} would take about {need / 60:.2f} GPU-minutes at {per_window:.1f} s a "
                           f"window, and {max(0.0, room - spent) / 60:.2f} are left beside validation and traces"}
 
-    def run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any) -> TrialOutcome:
+    def budget_limit_s(self, waited: float) -> float | None:
+        """The seconds a search trial may run before its first measured window: what the GPU-minute budget holds
+        beside the validation's reserve (``GpuBudget.room``, over the GPUs a trial holds), less the seconds it
+        waited for its twin; None without such a budget. A trial starts only where the room holds a median
+        trial; one whose compile runs past the room (gr00t-n1.6-w5h100 on one H100: a ``packing: bucket``
+        screen compiled a graph a bucket width, 149.5 s, and the study spent 9.3 of its 8 GPU-minutes) is
+        stopped there, as a trial whose other windows the budget cannot hold is (``budget_stop``)."""
+        room = self.gpu_budget.room()
+        return None if room is None else max(0.0, room / self.session.spec.gpus - waited)
+
+    def run_search_trial(self, trial: optuna.Trial, cfg: Any, tdir: Path, on_window: Any,
+                         budget_s: float | None = None) -> TrialOutcome:
         """One search trial; a trial killed from outside with no sign of an OOM is run once more before its
-        config is called infeasible (the first attempt is kept as ``trials/<n>.killed``)."""
+        config is called infeasible (the first attempt is kept as ``trials/<n>.killed``). ``budget_s``: the
+        seconds it may run before its first window (``budget_limit_s``; a second attempt gets what the first
+        left)."""
         s = self.session
         n = trial.number
         for attempt in range(2):
@@ -481,12 +499,13 @@ class Search:
                                 on_phase=self.measurer.on_phase(f"trial {n}"), launch=s.launch,
                                 on_launch=lambda pgid: _record_group(trial, pgid),
                                 on_measure=self.ahead.pause if self.ahead is not None else None,
-                                env=s.child_env(), cwd=s.child_cwd(), held=held)
+                                env=s.child_env(), cwd=s.child_cwd(), held=held, budget_s=budget_s)
             finally:
                 if self.ahead is not None:
                     self.ahead.resume()
             if not out.killed_from_outside or attempt:
                 return out
+            budget_s = None if budget_s is None else max(0.0, budget_s - out.wall_s)
             kept = tdir.with_name(f"{tdir.name}.killed")
             remove_tree(kept)
             tdir.rename(kept)

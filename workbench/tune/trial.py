@@ -129,6 +129,9 @@ class TrialOutcome:
     killed_from_outside: bool = False
     """Ended by a SIGKILL that neither the watchdog sent nor an OOM explains (no kernel OOM kill recorded, memory
     not near the host's): the config is not to blame; the tuner runs such a trial once more."""
+    stopped_for_budget: bool = False
+    """Stopped before its first measured window, as its seconds passed ``run_trial``'s ``budget_s`` (status
+    ``pruned``)."""
 
     @property
     def failed(self) -> bool:
@@ -417,6 +420,8 @@ class Watch:
     pruned: bool = False
     ended_at_summary: bool = False
     """The watchdog ended the run once its summary was written (the built-in loop's)."""
+    stopped_for_budget: bool = False
+    """The watchdog stopped the run before its first window, at its ``budget_s``."""
     timeline: dict[str, float] = field(default_factory=dict)
     """``TIMELINE``'s marks seen so far: seconds after the launch."""
 
@@ -448,13 +453,16 @@ class Watchdog:
     ``on_window`` (True prunes), the heartbeat file tells progress, and the time limits end the process group.
     ``end_at_summary``: the run is over once its summary file is written (an atomic write: a file there is
     whole), and its group is SIGKILLed then; for the built-in loop, which does nothing after its summary but
-    print it and tear down."""
+    print it and tear down. ``budget_s``: the seconds after the launch by which a first measured window must be
+    read, else the group is SIGKILLed and the trial is ``pruned`` for the budget (the windows after the first are
+    the ``on_window`` callback's to stop)."""
 
     def __init__(self, proc: subprocess.Popen[bytes], trial_dir: Path, cfg: Config, *, timeout_s: float,
                  heartbeat_timeout_s: float, on_window: OnWindow | None,
                  phase: Callable[[str], None], poll_s: float, on_measure: Callable[[], None] | None = None,
-                 end_at_summary: bool = False) -> None:
+                 end_at_summary: bool = False, budget_s: float | None = None) -> None:
         self.proc, self.phase, self.on_window, self.poll_s = proc, phase, on_window, poll_s
+        self.budget_s = budget_s
         self.on_measure = on_measure
         self.summary = trial_dir / "summary.json" if end_at_summary else None
         self.timeout_s, self.heartbeat_timeout_s = timeout_s, heartbeat_timeout_s
@@ -549,6 +557,13 @@ class Watchdog:
                     in_warmup = b.isdigit() and int(b) <= self.warm
                     self.phase(f"warm-up (step {b}/{self.warm})" if in_warmup else f"measuring window 1/{n}")
             seen.killed_kind, seen.killed_reason = self._limit_passed(t0, now, beat, beat_at)
+            if not seen.killed_reason and self.budget_s is not None and not seen.windows and now - t0 > self.budget_s:
+                seen.stopped_for_budget = True
+                seen.killed_kind = "pruned"
+                seen.killed_reason = (f"stopped before its first window for the GPU-minute budget: {self.budget_s:.0f} "
+                                      "s of the device were left beside the validation's reserve")
+                kill_group(self.proc, grace_s=0)  # nothing of it is wanted: SIGKILL frees the device now
+                return seen
             if seen.killed_reason:
                 kill_group(self.proc)
                 return seen
@@ -709,13 +724,16 @@ def run_trial(
     cwd: str | Path | None = None,
     poll_s: float = 0.2,
     held: Held | None = None,
+    budget_s: float | None = None,
 ) -> TrialOutcome:
     """Run one trial of ``cfg`` in a fresh process group under ``trial_dir`` (see the module docstring).
 
     ``on_window(i, tokens_per_s, window_s)`` is called for each measured window (``window_s``: its own seconds,
     or None); returning True prunes the trial. ``on_phase(text)`` gets "launching", "warm-up (step s/w)", "measuring window k/K".
     ``on_launch(pgid)`` is called once the child runs; ``on_measure()`` once its last warm-up step has started
-    (its measured windows follow; or the first window is seen first). ``launch`` builds the child's command line.
+    (its measured windows follow; or the first window is seen first). ``budget_s``: the seconds from the launch
+    within which a first window must come, else the trial is stopped, ``pruned`` with ``stopped_for_budget``
+    (None: no such limit). ``launch`` builds the child's command line.
     ``env``: variables set in the child's environment (the study's shared compile caches); ``cwd``: its working
     directory (default the tuner's). ``held``: the trial's process, started ahead (``hold_trial``) in
     ``trial_dir``: its gate is opened in place of a launch, and the seconds from there are the trial's. A
@@ -735,7 +753,7 @@ def run_trial(
         return TrialOutcome("invalid_config", trial_dir, config_path, failure_reason=proc, log_tail=proc)
     dog = Watchdog(proc, trial_dir, cfg, timeout_s=timeout_s, heartbeat_timeout_s=heartbeat_timeout_s,
                    on_window=on_window, phase=phase, poll_s=poll_s, on_measure=on_measure,
-                   end_at_summary=launch is launch_command)
+                   end_at_summary=launch is launch_command, budget_s=budget_s)
     try:
         if on_launch is not None:
             on_launch(proc.pid)
@@ -768,6 +786,7 @@ def run_trial(
                        seen.step_losses, dict(seen.timeline), held.record(t0) if held is not None else None)
     if seen.killed_reason:
         out.status, out.failure_reason = seen.killed_kind, seen.killed_reason
+        out.stopped_for_budget = seen.stopped_for_budget
     elif seen.pruned:
         out.status = "pruned"
         out.failure_reason = f"pruned after window {len(windows)} ({windows[-1]:,.0f} tok/s/gpu)"
