@@ -429,10 +429,10 @@ class Watch:
 TIMELINE = ("report", "first_step", "first_window", "last_window", "end")
 """Where a trial's seconds go, as its watchdog sees them: the heartbeat's first write (the process reports), its
 first step done (imports, model build, compile and one step behind it), its first and last measured windows read,
-and the process gone (exited, or killed once pruned or once its summary is written). The rest of a screen's device time is the gaps: before the
-first step, the stepping, and after the last window (the summary, a trace, the teardown). Beside the marks, a
-timeline holds ``compile_s``: the compile seconds the first measured window's record reports (the built-in loop
-compiles before its first step), where it reports them."""
+and the process gone (exited, or killed once pruned or once its summary is written). The rest of a screen's device
+time is the gaps: before the first step, the stepping, and after the last window (the summary, a trace, the
+teardown). Beside the marks, a timeline holds ``compile_s``: the compile seconds the first measured window's record
+reports (the built-in loop compiles before its first step), where it reports them."""
 
 
 OnWindow = Callable[[int, float, float | None], bool]
