@@ -477,8 +477,9 @@ class Search:
         beside the validation's reserve (``GpuBudget.room``, over the GPUs a trial holds), less the seconds it
         waited for its twin; None without such a budget. A trial starts only where the room holds a median
         trial; one whose compile runs past the room (gr00t-n1.6-w5h100 on one H100: a ``packing: bucket``
-        screen compiled a graph a bucket width, 149.5 s, and the study spent 9.3 of its 8 GPU-minutes) is
-        stopped there, as a trial whose other windows the budget cannot hold is (``budget_stop``)."""
+        screen compiled a graph a bucket width, 149.5 s, and the search spent 8.1 of 8 GPU-minutes with 1.2
+        still kept for validation) is stopped there, as a trial whose other windows the budget cannot hold is
+        (``budget_stop``)."""
         room = self.gpu_budget.room()
         return None if room is None else max(0.0, room / self.session.spec.gpus - waited)
 
