@@ -319,3 +319,61 @@ def test_a_search_trial_of_the_twins_config_is_the_twin(study_spec_file, tmp_pat
     assert check["reference_loss"] == pytest.approx(5.0) and check["rel_diff"] == pytest.approx(0.1 / 5.0, rel=0.01)
     assert list(study.user_attrs["numerics_twin_steps"].values()) == [[4.9, 5.0, 5.05, 5.0]]
     assert number == 2
+
+
+# gr00t-n1.6 on one H200, steps 3-8 (benchmarks/storage): FP8 tensorwise at micro-batch 8 (study w6h100, trial 0),
+# the base's one repeat there (spiking at step 8) and the base's repeat of the 2026-12-05 study w1h (same config, data)
+FP8_W6 = [10.17962, 9.95712, 9.50576, 9.63719, 9.12853, 8.76425]
+BASE_W6 = [9.98166, 9.77918, 9.38988, 9.06953, 8.59797, 9.55592]
+BASE_W1H = [9.9784, 9.77029, 9.38735, 9.02147, 8.89161, 8.65589]
+
+
+def test_a_check_failed_against_one_reference_run_is_made_again_after_a_second(study_spec_file, tmp_path,
+                                                                                monkeypatch):
+    """w6h100 on one H200 (2026-12-06): FP8's first trial lay 4.08% from the one baseline repeat, past the 4%
+    tolerance, and the walk went on without FP8 (its export: 0.881x the best known). A failed check against one
+    run of its reference now runs the reference once more and checks again: 1.90% off the nearest of the two, kept.
+    The rerun is stored by data path and serves every later check; a broken run still fails against two runs and
+    runs nothing more; nor does a trial validation would pass over, or one whose loss is not finite."""
+    tuner = _tuner(study_spec_file, tmp_path, monkeypatch, "rerun",
+                   space={"fp8": {"choices": ["none", "tensorwise"]}, "micro_batch_size": {"choices": [2, 4]}},
+                   seeds=[{"fp8": "tensorwise", "micro_batch_size": 2}], trials=4, tolerance=0.04)
+    study = tuner.open()
+    study.set_user_attr("baseline_runs", [1000.0])
+    study.set_user_attr("baseline_losses", [run_loss(BASE_W6)])
+    study.set_user_attr("baseline_step_losses", [BASE_W6])
+    runs = []
+
+    def measure(cfg, run_dir, prefix, phase, then=None):
+        runs.append((Path(run_dir).name, phase, cfg.loongforge.compute_domain.fp8, cfg.data.micro_batch_size))
+        return TrialOutcome("ok", Path(run_dir), wall_s=25.0, step_losses=BASE_W1H)
+
+    monkeypatch.setattr(tuner.measurer, "measure", measure)
+    params = {"fp8": "tensorwise", "micro_batch_size": 2}
+    cfg = tuner.session.spec.trial_config(params)
+
+    def guard(losses: list[float], value: float = 1200.0) -> tuple[TrialOutcome, dict]:
+        trial = study.ask()
+        out = TrialOutcome("ok", tmp_path / str(trial.number), value=value, step_losses=losses)
+        tuner.measurer.guard_numerics(trial, params, cfg, out)
+        return out, study.get_trials()[trial.number].user_attrs
+
+    out, attrs = guard(FP8_W6, value=900.0)  # slower than the base: its failure decides nothing, no rerun
+    assert out.status == "numerics" and runs == [] and attrs["numerics"]["rel_diff"] == pytest.approx(0.04077, 1e-3)
+    out, attrs = guard(FP8_W6[:3] + [math.inf] + FP8_W6[4:])  # a step that is not finite fails outright
+    assert out.status == "numerics" and runs == [] and attrs["numerics"]["rel_diff"] == math.inf
+    out, attrs = guard(FP8_W6)
+    # the base config itself (micro-batch 4, fp32), once, on the same data; counted to the guard's GPU-minutes
+    assert runs == [("numerics-rerun", "numerics", "none", 4)] and attrs["rerun_wall_s"] == 25.0
+    check = attrs["numerics"]
+    assert out.status == "ok" and check["passed"] is True and check["reference_runs"] == 2
+    assert check["rel_diff"] == pytest.approx(0.01903, rel=1e-3) and check["reference"] == "baseline"
+    assert list(study.user_attrs["numerics_reruns"].values()) == [[BASE_W1H]]
+    assert tuner.measurer.session.study.user_attrs["baseline_losses"] == [run_loss(BASE_W6)]  # the repeats unchanged
+    from workbench.tune.budget import gpu_seconds
+    assert gpu_seconds(tuner.session)["numerics"] == pytest.approx(25.0)
+    out, attrs = guard(FP8_W6)  # a later check on the same data: against both runs, no run
+    assert len(runs) == 1 and out.status == "ok" and "rerun_wall_s" not in attrs
+    stuck = [x * 1.13 for x in BASE_W1H]  # 13% off at every step: a run that does not train
+    out, attrs = guard(stuck)
+    assert len(runs) == 1 and out.status == "numerics" and attrs["numerics"]["reference_runs"] == 2

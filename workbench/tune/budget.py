@@ -21,13 +21,14 @@ __all__ = ["COORDINATOR_PHASES", "GPU_PHASES", "GpuBudget", "gpu_record", "gpu_s
 
 GPU_PHASES = ("baseline", "screening", "trials", "numerics", "validation", "traces")
 """Where a study's device time goes: the base config's repeats, search trials stopped at screening (the pruner
-stopped them early), search trials measured to the end (or failed), the numerics guard's twins, validation's A/B
-runs, and the trace runs of studies made before the traces were folded into measured runs (0 since)."""
+stopped them early), search trials measured to the end (or failed), the numerics guard's twins and reruns,
+validation's A/B runs, and the trace runs of studies made before the traces were folded into measured runs (0
+since)."""
 
 COORDINATOR_PHASES = ("baseline", "validation", "traces")
 """Phases only the coordinator runs: their device seconds are one study attribute (``gpu_s``) that no other
-process writes. A search trial's own seconds, and its twin's, are that trial's attributes (``wall_s``,
-``twin_wall_s``), since workers run them."""
+process writes. A search trial's own seconds, and its numerics guard's runs', are that trial's attributes
+(``wall_s``, ``twin_wall_s``, ``rerun_wall_s``), since workers run them."""
 
 
 def spend(session: StudySession, phase: str, wall_s: float) -> None:
@@ -50,11 +51,12 @@ def gpu_seconds(session: StudySession) -> dict[str, float]:
             spent[k] += float(v)
     for t in session.study.get_trials(deepcopy=False):
         a = t.user_attrs
-        wall, twin = a.get("wall_s"), a.get("twin_wall_s")
+        wall = a.get("wall_s")
         if isinstance(wall, (int, float)) and "duplicate_of" not in a:
             spent["screening" if t.state == TrialState.PRUNED else "trials"] += wall * gpus
-        if isinstance(twin, (int, float)):
-            spent["numerics"] += twin * gpus
+        for guard in (a.get("twin_wall_s"), a.get("rerun_wall_s")):  # the numerics guard's runs for the trial
+            if isinstance(guard, (int, float)):
+                spent["numerics"] += guard * gpus
     return {k: round(v, 3) for k, v in spent.items()}
 
 
