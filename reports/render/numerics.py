@@ -33,16 +33,23 @@ def render_numerics(s: NumericsSection, figs: Figures) -> str:
         out.append(f"<p>Run-to-run spread of the base config's median step loss over {len(s.baseline_losses)} "
                    f"baseline repeats (same seed and data): {spread(s.baseline_losses):.3%}.</p>")
     if len(s.checks):
-        out.append("<p>A trial that sets a numerics knob (FP8) off its base value keeps its result only if the "
-                   "median loss of its measured steps is within the tolerance of the reference's on the same data: "
-                   "the baseline repeats, or the trial's twin (the same config with the numerics knobs at their "
-                   "base values). The median passes over a one-step loss spike, which early training has in any "
-                   "precision; the tolerance is the protocol's, or twice the baseline repeats' spread where that "
-                   "is larger.</p>")
+        out.append("<p>A trial that sets a numerics knob (FP8) off its base value keeps its result only if its "
+                   "measured steps' losses lie within the tolerance of the reference's on the same data, step by "
+                   "step (the median over the steps of each step's distance to the nearest reference run): the "
+                   "baseline repeats, or the trial's twin (the same config with the numerics knobs at their base "
+                   "values). The median passes over a one-step loss spike, which early training has in any "
+                   "precision; a check that fails against one reference run is made again after a second. The "
+                   "tolerance is the protocol's, or twice the baseline repeats' spread where that is larger.</p>")
         out.append(html_table(s.checks, cls="compact", headers={"reference_loss": "reference loss",
-                                                             "rel_diff": "difference", "tolerance": "tolerance"},
+                                                             "rel_diff": "difference", "tolerance": "tolerance",
+                                                             "runs": "reference runs"},
                               formats={"rel_diff": lambda v: f"{v:.2%}", "tolerance": lambda v: f"{v:.2%}",
-                                   "loss": lambda v: fmt(v, 5), "reference_loss": lambda v: fmt(v, 5)}))
+                                       "loss": lambda v: fmt(v, 5), "reference_loss": lambda v: fmt(v, 5),
+                                       "runs": lambda v: fmt(v, 0) if v == v else "—"}))
+    if s.reruns:
+        out.append(f"<p>Trial(s) {', '.join(map(str, s.reruns))} failed against the reference's one run, which then "
+                   "ran once more on the same data; the check was made again against the nearest of its runs, and "
+                   "later checks on those data use both.</p>")
     if s.skipped:
         out.append(f"<p>Trial(s) {', '.join(map(str, s.skipped))} changed a numerics knob but ran no faster than "
                    "the baseline median: validation passes over them, so their loss was not checked and no twin "

@@ -56,8 +56,9 @@ def compile_section(data: StudyData) -> CompileSection:
 
 class NumericsSection(NamedTuple):
     checks: pd.DataFrame
-    """trial, status, loss, reference_loss, rel_diff, tolerance, reference, passed: one row per guarded trial
-    (losses: each run's median step loss; tolerance: the one applied, widened by the base's spread)."""
+    """trial, status, loss, reference_loss, rel_diff, tolerance, reference, runs, passed: one row per guarded
+    trial (losses: each run's median step loss; tolerance: the one applied, widened by the base's spread; runs: the
+    reference's runs the check was made against)."""
     baseline_losses: list[float]
     """The base config's median step loss per baseline repeat (their spread is the run-to-run noise)."""
     curves: pd.DataFrame | None
@@ -68,6 +69,8 @@ class NumericsSection(NamedTuple):
     skipped: list[int] = []
     """Trials that changed a numerics knob but were not above the baseline median: no check, no twin ran
     (``numerics_skipped``)."""
+    reruns: list[int] = []
+    """Trials whose check failed against one run of the reference, which then ran once more (``rerun_wall_s``)."""
 
 
 def numerics_section(data: StudyData) -> NumericsSection:
@@ -79,9 +82,9 @@ def numerics_section(data: StudyData) -> NumericsSection:
         rows.append({"trial": t.number, "status": t.user_attrs.get("status"), "loss": num(check.get("loss")),
                      "reference_loss": num(check.get("reference_loss")), "rel_diff": num(check.get("rel_diff")),
                      "tolerance": num(check.get("tolerance")), "reference": check.get("reference"),
-                     "passed": bool(check.get("passed"))})
+                     "runs": num(check.get("reference_runs")), "passed": bool(check.get("passed"))})
     checks = pd.DataFrame(rows, columns=["trial", "status", "loss", "reference_loss", "rel_diff", "tolerance",
-                                         "reference", "passed"])
+                                         "reference", "runs", "passed"])
     curves = tail = None
     path = data.study_dir / CONVERGENCE_FILE
     if path.exists():
@@ -97,7 +100,8 @@ def numerics_section(data: StudyData) -> NumericsSection:
             tail["rel_diff"] = tail["mean_loss"] / tail["mean_loss"].iloc[0] - 1
     losses = [float(x) for x in (data.study_user_attrs.get("baseline_losses") or []) if isinstance(x, (int, float))]
     skipped = [t.number for t in data.trials if t.user_attrs.get("numerics_skipped")]
+    reruns = [t.number for t in data.trials if isinstance(t.user_attrs.get("rerun_wall_s"), (int, float))]
     message = None if (len(checks) or curves is not None or skipped) else \
         "No trial changed a numerics knob (FP8), so no loss was checked; no convergence.csv in the study directory."
     return NumericsSection(checks=checks, baseline_losses=losses, curves=curves, curve_tail=tail, message=message,
-                           skipped=skipped)
+                           skipped=skipped, reruns=reruns)

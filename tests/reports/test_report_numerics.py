@@ -67,6 +67,21 @@ def test_numerics_section_and_the_convergence_plot(tmp_path):
     assert "cold (something compiled from scratch): median 20.0 s" in compile_html
 
 
+def test_a_check_made_again_after_a_rerun_of_the_reference_says_so(tmp_path):
+    """The guard reruns the reference where a check fails against its one run: the table gives the runs each check
+    was made against, and the section names the trials that ran the rerun."""
+    data = _data(tmp_path)
+    data.trials[2].user_attrs["rerun_wall_s"] = 25.0
+    s = numerics_section(data)
+    assert s.reruns == [2] and s.checks["runs"].tolist() == [2]
+    numerics = render_html(compute_report(data)).split('<section id="numerics">', 1)[1].split("</section>", 1)[0]
+    assert "reference runs" in numerics
+    assert "Trial(s) 2 failed against the reference's one run, which then ran once more" in numerics
+    del data.trials[2].user_attrs["rerun_wall_s"]
+    assert numerics_section(data).reruns == []
+    assert "ran once more" not in render_html(compute_report(data))
+
+
 def test_fp8_trials_not_above_the_baseline_are_named_as_unchecked(tmp_path):
     """The guard runs no twin for an FP8 trial that validation would pass over; the section says which trials
     went unchecked, beside the checks or in place of the 'no numerics knob changed' note."""
