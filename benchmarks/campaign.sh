@@ -20,12 +20,13 @@
 #                                                     # own exported gr00t-n1.6 config
 #
 # Issue 38's checks on one H200, a call each (a study named apart, from sampler seed 1, then its export beside the
-# best config known and the FP8 recipe; the VLA's beside the seeded study's export):
-#   NAME=gr00t-n1.6-w5h SEED=1 GPU_MIN=8.5 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh search RUNS OUT
-#   NAME=gr00t-n1.6-w5h WB_ALT=benchmarks/reports/gr00t-n1.6-sa_config_h200_2026-12-05.yaml REFERENCE=wb_alt \
-#     VARIANTS=wb_alt,wb_config,ref_recipe@16,wb_config,wb_alt bash benchmarks/campaign.sh compare RUNS OUT
-#   NAME=gr00t-n1.6-vla-w5h SEED=1 GPU_MIN=9 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh vla-search RUNS OUT
-#   NAME=gr00t-n1.6-vla-w5h VLA_REF=benchmarks/reports/gr00t-n1.6-vla_config_h200_2026-12-01.yaml PROFILE=0 \
+# best config known, the FP8 recipe and the plain compiled loop; the VLA's beside the seeded study's export; the
+# 2026-12-06 runs were w6h100 and vla-w11h200, both on an H200):
+#   NAME=gr00t-n1.6-w7h SEED=1 GPU_MIN=8.5 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh search RUNS OUT
+#   NAME=gr00t-n1.6-w7h WB_ALT=benchmarks/reports/gr00t-n1.6-sa_config_h200_2026-12-05.yaml REFERENCE=wb_alt \
+#     VARIANTS=wb_alt,wb_config,ref_recipe@16,ref_compiled,wb_config,wb_alt bash benchmarks/campaign.sh compare RUNS OUT
+#   NAME=gr00t-n1.6-vla-w7h SEED=1 GPU_MIN=9 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh vla-search RUNS OUT
+#   NAME=gr00t-n1.6-vla-w7h VLA_REF=benchmarks/reports/gr00t-n1.6-vla_config_h200_2026-12-01.yaml PROFILE=0 \
 #     VARIANTS=wb_alt,wb_config,wb_alt,wb_config bash benchmarks/campaign.sh vla-compare RUNS OUT
 #
 # RUNS: the tuner's --out (studies, trials, exported config.yaml, report.html); OUT: benchmark results.
