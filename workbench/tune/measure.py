@@ -344,23 +344,23 @@ class Measurer:
                                                             h: stored_losses(tw.step_losses)})
             twin_steps = (study.user_attrs.get("numerics_twin_steps") or {}).get(h)
             ref_cfg, source, losses, steps = twin_cfg, "twin", [twins[h]], [twin_steps] if twin_steps else []
-        check = self._check_numerics(out, losses, steps, h, source)
+        noise = spread(base_losses)  # the tolerance is widened by the baseline repeats' spread alone
+        check = self._check_numerics(out, losses, steps, h, source, noise)
         if not check.passed and math.isfinite(check.rel_diff) and check.reference_runs < REFERENCE_RUNS \
                 and not self._cannot_be_validated(out) and self._rerun_reference(trial, ref_cfg, out, h, source):
-            check = self._check_numerics(out, losses, steps, h, source)
+            check = self._check_numerics(out, losses, steps, h, source, noise)
         trial.set_user_attr("numerics", check.to_dict())
         if not check.passed:
             out.status, out.failure_reason = "numerics", f"{', '.join(f'{k}={params[k]}' for k in changed)}: " \
                 + check.reason()
 
     def _check_numerics(self, out: TrialOutcome, losses: list[float], steps: list[list], h: str,
-                        source: str) -> NumericsCheck:
+                        source: str, noise: float) -> NumericsCheck:
         """The guard's check of ``out`` against its reference's runs: ``losses`` and ``steps`` (the baseline
         repeats' or the twin's) and the reference's reruns on data path ``h`` (the study attr
-        ``numerics_reruns``); the tolerance widened by the baseline repeats' spread alone."""
+        ``numerics_reruns``); the tolerance widened by ``noise``."""
         study = self.session.study
         extra = [list(r) for r in (study.user_attrs.get("numerics_reruns") or {}).get(h, [])]
-        noise = spread([x for x in study.user_attrs.get("baseline_losses", []) if x is not None])
         refs = [*losses, *(run_loss([float(x) for x in r]) for r in extra)]
         runs = [*steps, *extra] if steps else []
         return check_loss(run_loss(out.step_losses), refs, self.session.spec.protocol.numerics_tolerance,

@@ -41,15 +41,15 @@ A trial's steps are early training, where the loss is noisy:
   key (the loader's, from the data seed, the epoch and the record), so a sample draws the same numbers at any
   micro-batch, eager, compiled or captured (tests/train/test_vla.py): the baseline repeats serve a VLA trial at
   another micro-batch or compile setting, as they serve the language model's.
-- **One reference run.** Whose spikes fall at other steps than the candidate's puts two or three of six steps off:
-  the median then lands on a spike. On one H200 (``study.csv`` run ``w6-h200``), FP8 tensorwise at micro-batch 8 lay
-  2.0, 1.8, 1.2, 6.3, 6.2 and 8.3% from the one baseline repeat at steps 3-8 (the candidate spiked at step 6, the base
-  at step 8): 4.08% off, past the 4% tolerance, where a later trial of the same FP8 passed at 2.6%; against that
-  repeat and the 2026-12-05 study's (same config, same data) it lies 1.90% off. So a check that fails against fewer
-  than ``REFERENCE_RUNS`` runs of its reference, with every candidate step finite and a candidate validation could
-  pass, runs the reference once more on the same data and is made again against the nearest of its runs (the study
-  attr ``numerics_reruns``, by ``data_key``; once a data path, and every later check uses it). A broken run stays
-  broken against two runs; the tolerance is still widened by the baseline repeats' spread alone.
+- **One reference run.** A reference run whose spike falls at another step than the candidate's puts two or three of
+  six steps off: the median then lands on a spike. On one H200 (``study.csv`` run ``w6-h200``), FP8 tensorwise at
+  micro-batch 8 lay 2.0, 1.8, 1.2, 6.3, 6.2 and 8.3% from the one baseline repeat at steps 3-8 (the candidate spiked
+  at step 6, the base at step 8): 4.08% off, past the 4% tolerance, where a later trial of the same FP8 passed at
+  2.6%; against that repeat and the 2026-12-05 study's (same config, same data) it lies 1.90% off. So a check that
+  fails against fewer than ``REFERENCE_RUNS`` runs of its reference, with every candidate step finite and a candidate
+  validation could pass, runs the reference once more on the same data and is made again against the nearest of its
+  runs (the study attr ``numerics_reruns``, by ``data_key``; once a data path, and every later check uses it). A
+  broken run stays broken against two runs; the tolerance is still widened by the baseline repeats' spread alone.
 """
 
 from __future__ import annotations
