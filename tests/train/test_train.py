@@ -200,7 +200,8 @@ training: {{max_steps: 100000, log_every: 4, warmup_measure_steps: 2, checkpoint
 hardware: {{device: cpu}}
 """)
     hb = tmp_path / "hb"
-    cmd = [sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb), "-q"]
+    cmd = [sys.executable, "-m", "workbench.train", "--config", str(cfg), "--heartbeat", str(hb), "-q",
+           "--no-prometheus"]  # :9091 may be another test's: its "cannot serve" line would be a second line
     p = subprocess.Popen(cmd, env=subprocess_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=default_signals)
     _wait_heartbeat(hb, 0, p)  # written before torch is imported: the loop's handlers are not installed yet
