@@ -51,7 +51,7 @@ search)
     cp "$RUNS/$name/config.yaml" "$OUT/exported-config.yaml"
     cp "$RUNS/$name/report.html" "$OUT/report-$name.html"   # for benchmarks/reports/
     mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$OUT/$name/"  # study_results.py's
-    cp "$RUNS/$name/validation.json" "$OUT/$name/"
+    cp "$RUNS/$name/validation.json" "$RUNS/$name/environment.json" "$OUT/$name/"  # versions: environment.json
     ;;
 compare)
     # each variant in its own process, interleaved: the exported config, the compiled reference loop and
@@ -94,7 +94,7 @@ vla-search)
     cp "$RUNS/$name/config.yaml" "$OUT/exported-config-vla.yaml"
     cp "$RUNS/$name/report.html" "$OUT/report-$name.html"
     mkdir -p "$OUT/$name" && cp "$RUNS/$name/tune.json" "$RUNS/$name/study.db" "$RUNS/$name/validation.json" \
-        "$OUT/$name/"
+        "$RUNS/$name/environment.json" "$OUT/$name/"
     ;;
 vla-compare)
     # a process each, interleaved: the exported config and the base under torch.compile twice each (their ratio
