@@ -73,6 +73,18 @@ def pytest_configure(config):
 
 
 @pytest.fixture
+def pg_url():
+    """$WORKBENCH_TEST_PG_URL, the PostgreSQL server of the postgres-marked tests (scripts/services.sh starts one):
+    skipped where it is unset, a failure under CI=true."""
+    url = os.environ.get("WORKBENCH_TEST_PG_URL")
+    if not url:
+        if os.environ.get("CI") == "true":
+            pytest.fail("WORKBENCH_TEST_PG_URL is not set under CI=true: the PostgreSQL tests must run in CI")
+        pytest.skip("WORKBENCH_TEST_PG_URL is not set (scripts/services.sh starts PostgreSQL)")
+    return url
+
+
+@pytest.fixture
 def study_spec_file(tmp_path):
     """Write a small study spec: ``study_spec_file(name, space=..., trials=..., protocol={...})`` -> its path."""
 

@@ -4,10 +4,14 @@ first one's folders; a stale lease (its process gone, or its heartbeat too old) 
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
+import threading
 import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import optuna
 import pandas as pd
@@ -15,7 +19,7 @@ import pytest
 
 import workbench.tune.lease as lease_mod
 from workbench.tune.study import load_study_spec
-from workbench.tune import LEASE_ATTR, TuneError, Tuner
+from workbench.tune import LEASE_ATTR, TuneError, Tuner, make_storage
 
 
 def _cmd(spec):
@@ -62,8 +66,38 @@ def test_two_coordinators_started_at_once_one_runs(study_spec_file, tmp_path, su
     assert "already has a coordinator: pid" in _refusal(loser[1])
 
 
-def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp_path, monkeypatch):
-    monkeypatch.setattr(lease_mod, "LEASE_SETTLE_S", 0.05)
+@pytest.mark.parametrize("db", ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_of_swaps_from_the_same_lease_one_is_written(db, tmp_path, request):
+    """The lease's compare-and-set: each writer expects the lease it read. Of 8 threads that swap from the same
+    lease at once (an INSERT where there was none, then an UPDATE), exactly one writes; a heartbeat that expects
+    the lease as written goes on."""
+    url = request.getfixturevalue("pg_url") if db == "postgres" else f"sqlite:///{tmp_path / 's.db'}"
+    storage = make_storage(url)
+    name = f"lease-{uuid.uuid4().hex[:8]}"
+    optuna.create_study(storage=storage, study_name=name)
+    study_id = storage.get_study_id_from_name(name)
+    try:
+        assert lease_mod.read_lease(storage, study_id) is None
+        for _ in range(2):
+            stored = lease_mod.read_lease(storage, study_id)
+            start = threading.Barrier(8)
+
+            def swap(i, stored=stored, start=start):
+                start.wait()
+                return lease_mod.swap_lease(storage, study_id, stored, {"token": i})
+
+            with ThreadPoolExecutor(8) as pool:
+                written = [w for w in pool.map(swap, range(8)) if w is not None]
+            assert len(written) == 1 and lease_mod.read_lease(storage, study_id) == written[0]
+        assert lease_mod.swap_lease(storage, study_id, stored, {"token": "late"}) is None
+        beat = lease_mod.swap_lease(storage, study_id, written[0], {**json.loads(written[0]), "heartbeat": 1.0})
+        assert beat is not None and optuna.load_study(study_name=name, storage=storage).user_attrs[LEASE_ATTR] \
+            == {**json.loads(written[0]), "heartbeat": 1.0}
+    finally:
+        optuna.delete_study(study_name=name, storage=storage)
+
+
+def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp_path):
     spec = load_study_spec(str(study_spec_file("stale", trials=1)))
     first = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
     study = first.open()
@@ -87,10 +121,9 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
             tuner.lease.release()
 
 
-def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path, monkeypatch):
+def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path):
     """A coordinator measures into its own .<name>.<attempt> folder and moves it into place only while it holds
     the study: one whose lease was taken over keeps nothing, and the next holder removes what it left."""
-    monkeypatch.setattr(lease_mod, "LEASE_SETTLE_S", 0.05)
     spec = load_study_spec(str(study_spec_file("att", trials=1, protocol={"baseline_repeats": 1, "top_k": 0})))
     tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
     tuner.open()

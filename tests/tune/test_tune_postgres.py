@@ -4,7 +4,6 @@ with no trial lost or run twice. Needs $WORKBENCH_TEST_PG_URL (scripts/services.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import uuid
@@ -14,18 +13,6 @@ import pytest
 from optuna.trial import TrialState
 
 from workbench.tune import normalize_storage_url
-
-PG_URL = os.environ.get("WORKBENCH_TEST_PG_URL")
-
-
-@pytest.fixture
-def pg_url():
-    if not PG_URL:
-        if os.environ.get("CI") == "true":
-            pytest.fail("WORKBENCH_TEST_PG_URL is not set under CI=true: the PostgreSQL test must run in CI")
-        pytest.skip("WORKBENCH_TEST_PG_URL is not set (scripts/services.sh starts PostgreSQL)")
-    return PG_URL
-
 
 @pytest.mark.postgres
 def test_two_workers_share_one_study(pg_url, study_spec_file, tmp_path, subprocess_env):
