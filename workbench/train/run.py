@@ -10,18 +10,20 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from loaders.preprocess import preprocess
 from loaders.synth import SynthSpec, VLASynthSpec, generate_documents, write_npy, write_vla_shards
 from workbench.config import (DEFAULT_PROMETHEUS_PORT, Config, dumps_config, load_config, merge_overrides,
                               parse_overrides, preset_config)
-from workbench.train.hf import save_hf
-from workbench.train.reload import ConfigSource
 from workbench.train.context import RunContext, classify_exception
-from workbench.train.trainer import Trainer, build_model_args, preload
-from workbench.train.vla import VLA_PRESETS, VLAArgs, get_vla_preset
 from workbench.vocab import COMPILE_S, MAX_ALLOCATED_GIB, MAX_RESERVED_GIB, MAX_RSS_GIB, REAL_TOKENS_PER_S, STEP_S
+
+if TYPE_CHECKING:
+    from workbench.train.vla import VLAArgs
+
+# The modules that import torch (the trainer, the models, the config reloader) are imported where a run starts:
+# a config error, or --print-config, is told without the second of torch's import.
 
 __all__ = ["cache_root", "classify_exception", "load_run_config", "print_summary", "run", "run_command",
            "synthetic_data_dir", "synthetic_dir_for", "synthetic_vla_dir"]
@@ -86,6 +88,9 @@ def synthetic_vla_dir(args: VLAArgs, *, num_samples: int = 512, seed: int = 0) -
 def synthetic_dir_for(cfg: Config, packing: str = "pack") -> Path:
     """The synthetic corpus a config trains on when it names no shards: VLA records for a VLA preset, else
     token documents of the model's vocabulary at ``data.seq_len`` (``packing``: how short documents are stored)."""
+    from workbench.train.trainer import build_model_args
+    from workbench.train.vla import VLA_PRESETS, get_vla_preset
+
     if cfg.model.name in VLA_PRESETS:
         return synthetic_vla_dir(get_vla_preset(cfg.model.name), seed=cfg.data.seed)
     margs = build_model_args(cfg)
@@ -138,6 +143,10 @@ def run_command(args: argparse.Namespace, context: RunContext) -> str:
 def run(args: argparse.Namespace, context: RunContext | None = None) -> dict[str, Any]:
     """Train as ``args`` say, inside ``context`` (its signals and heartbeat; none: no files); returns the summary."""
     cfg = load_run_config(args)
+    from workbench.train.hf import save_hf
+    from workbench.train.reload import ConfigSource
+    from workbench.train.trainer import Trainer, preload
+
     data_dir = None
     if not cfg.data.loongbin_dir:
         if not args.synthetic:
