@@ -29,19 +29,17 @@ from typing import Any
 import optuna
 import sqlalchemy.exc
 
-from reports import build_report
 from workbench.errors import ConfigError, DiskError, TuneError
 from workbench.files import check_name
-from workbench.memory.lifetimes import study_lifetimes
 from workbench.tune.export import export_config, winner_launch_record
 from workbench.tune.storage import default_storage_url, make_storage, mask_url, normalize_storage_url
 from workbench.tune.study import DEFAULT_STUDY, StudySpec, builtin_studies, load_study_spec, spec_from_dict
-from workbench.tune.trial import ignore_interrupts
-from workbench.tune.tuner import Tuner
-from workbench.tune.verify import verify_lines
 from workbench.vocab import TUNE_EXIT
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_INTERRUPTED = (TUNE_EXIT[k] for k in ("ok", "error", "usage", "interrupted"))
+
+# The tuner, its trial runner, the report's builder and the gradient-lifetime analysis import torch (a second and
+# more): each command imports them where it starts, so an error in the arguments or the spec is told without it.
 
 
 # --------------------------------------------------------------------------- CLI
@@ -216,6 +214,8 @@ def _existing(args: argparse.Namespace) -> tuple[StudySpec, str, Path, str]:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from workbench.tune.tuner import Tuner
+
     spec, name, study_dir, url = _existing(args)
     study = optuna.load_study(study_name=name, storage=make_storage(url))
     tuner = Tuner(spec, study_name=name, out_root=study_dir.parent, storage_url=url, progress=False)
@@ -234,12 +234,17 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from reports import build_report
+
     _spec, name, study_dir, url = _existing(args)
     print(build_report(study_dir, url, name))
     return EXIT_OK
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    from workbench.tune.tuner import Tuner
+    from workbench.tune.verify import verify_lines
+
     spec, name, study_dir, url = _existing(args)
     tuner = Tuner(spec, study_name=name, out_root=study_dir.parent, storage_url=url, progress=False,
                   confirm=_confirm_command(args.yes))
@@ -254,6 +259,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise TuneError(f"--seed {args.seed}: study {stored_name!r} resumes with the spec it holds, seed included; "
                         "to search again with another seed, start a study of its own (--study SPEC --study-name NEW)")
     spec = None if stored_name else _resolve_spec(args)
+    if args.study_name:
+        check_name(args.study_name, "--study-name")  # (before the imports below, as Tuner checks it)
+    from reports import build_report
+    from workbench.memory.lifetimes import study_lifetimes
+    from workbench.tune.trial import ignore_interrupts
+    from workbench.tune.tuner import Tuner
+
     tuner = Tuner(spec, study_name=args.study_name or stored_name, out_root=args.out, storage_url=args.storage, trials=args.trials,
                   timeout_s=args.timeout, gpu_minutes=args.gpu_minutes, worker=args.worker, report=None if args.no_report else build_report,
                   lifetimes=study_lifetimes, progress=not args.no_progress, confirm=_confirm_command(args.yes),
