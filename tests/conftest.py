@@ -22,41 +22,41 @@ FAST_PROTOCOL = {"warmup_steps": 2, "window_steps": 3, "windows": 2, "baseline_r
 
 
 # The files that take longest, longest first (by their totals in a run of the suite as scripts/test.sh runs it on
-# 2 cores, 3 workers: 3,088 worker-seconds in 1,079 s on 2026-12-06):
+# 2 cores, 3 workers: 2,727 worker-seconds in 939 s on 2026-12-07):
 # scripts/test.sh runs the suite on pytest-xdist workers, a file at a time each, in collection order
 # (--no-loadscope-reorder); handing out the long files first leaves the short ones to even out the workers' ends.
 # A file missing here only runs later; keep the order roughly right when a file's cost changes a lot.
 LONGEST_FIRST = [
     "tests/train/test_train.py",
     "tests/train/test_hf_prepare.py",
-    "tests/benchmarks/test_loop_bench.py",
-    "tests/tune/test_screening.py",
-    "tests/tune/test_compile_ahead.py",
     "tests/tune/test_tune_e2e.py",
-    "tests/tune/test_tune_resume.py",
-    "tests/tune/test_tune_signals.py",
-    "tests/kernels/test_kernels_bench.py",
-    "tests/tune/test_numerics.py",
-    "tests/tune/test_traces.py",
+    "tests/benchmarks/test_loop_bench.py",
     "tests/examples/test_examples.py",
-    "tests/tune/test_tune_coordinator.py",
+    "tests/tune/test_compile_ahead.py",
+    "tests/tune/test_tune_signals.py",
+    "tests/tune/test_tune_resume.py",
+    "tests/tune/test_screening.py",
+    "tests/tune/test_traces.py",
+    "tests/kernels/test_kernels_bench.py",
     "tests/tune/test_profiled.py",
+    "tests/tune/test_numerics.py",
+    "tests/tune/test_tune_faults.py",
+    "tests/tune/test_tune_coordinator.py",
     "tests/tune/test_sampler_efficiency.py",
+    "tests/reports/test_report_degraded.py",
     "tests/tune/test_start_ahead.py",
     "tests/train/test_compile_cache.py",
-    "tests/tune/test_tune_failures.py",
-    "tests/kernels/test_kernel_ops.py",
-    "tests/tune/test_search_coverage.py",
-    "tests/tune/test_tune_cli.py",
-    "tests/tune/test_tune_faults.py",
-    "tests/tune/test_tune_postgres.py",
-    "tests/reports/test_report_degraded.py",
     "tests/tune/test_tune_trial.py",
+    "tests/tune/test_tune_cli.py",
+    "tests/tune/test_tune_failures.py",
     "tests/tune/test_optuna_tools.py",
-    "tests/test_background_job.py",
+    "tests/kernels/test_kernel_ops.py",
+    "tests/tune/test_tune_postgres.py",
     "tests/train/test_overlap.py",
+    "tests/test_background_job.py",
+    "tests/tune/test_search_coverage.py",
     "tests/train/test_profiling.py",
-    "tests/reports/test_report_browser.py",
+    "tests/kernels/test_fp8_linear.py",
 ]
 
 
