@@ -21,7 +21,8 @@
 #
 # Issue 38's checks on one H200, a call each (a study named apart, from sampler seed 1, then its export beside the
 # best config known, the FP8 recipe and the plain compiled loop; the VLA's beside the seeded study's export; the
-# 2026-12-06 runs were w6h100 and vla-w11h200, both on an H200):
+# 2026-12-06 runs were w6h100 and vla-w11h200, both on an H200, and guard7, a 3.6-GPU-minute look at the numerics
+# guard on trial 0):
 #   NAME=gr00t-n1.6-w7h SEED=1 GPU_MIN=8.5 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh search RUNS OUT
 #   NAME=gr00t-n1.6-w7h WB_ALT=benchmarks/reports/gr00t-n1.6-sa_config_h200_2026-12-05.yaml REFERENCE=wb_alt \
 #     VARIANTS=wb_alt,wb_config,ref_recipe@16,ref_compiled,wb_config,wb_alt bash benchmarks/campaign.sh compare RUNS OUT
