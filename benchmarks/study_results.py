@@ -40,8 +40,9 @@ CACHE_METRICS = ("compile/fx_graph_cache_hit", "compile/fx_graph_cache_miss", "c
 def study_rows(d: Path, storage: str | None = None) -> list[dict]:
     tune = json.loads((d / "tune.json").read_text())
     env = json.loads((d / "environment.json").read_text()) if (d / "environment.json").exists() else {}
+    versions = tune["hardware"].get("versions") or {}  # (tune.json of 2026-12-07 on: without environment.json)
     common = {"study": tune["study_name"], "gpu": env.get("gpu") or tune["hardware"].get("gpu"),
-              "torch": env.get("torch"), "triton": env.get("triton"), "cuda": env.get("cuda"),
+              **{k: env.get(k) or versions.get(k) for k in ("torch", "triton", "cuda")},
               "timestamp": tune.get("finished") or tune.get("started")}
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=tune["study_name"],

@@ -3,6 +3,7 @@ mismatches, storage URLs, CLI errors, the fallback report."""
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import optuna
 import pytest
+import torch
 from optuna.trial import TrialState
 
 import workbench.tune.opening as tune
@@ -37,6 +39,9 @@ def test_knobs_the_hardware_cannot_use_are_dropped_and_recorded(study_spec_file,
     write_tune_json(tuner.session, Sessions(tuner.study_dir, tuner.study_name), "2026-01-01T00:00:00+00:00", None)
     data = json.loads((tmp_path / "runs" / "drop" / "tune.json").read_text())
     assert data["dropped_knobs"] == tuner.session.dropped and data["hardware"]["capabilities"] == ["io_uring"]
+    # the versions the trials run with, for results written without the export's fingerprint
+    assert data["hardware"]["versions"] == {"torch": torch.__version__, "triton": importlib.metadata.version("triton"),
+                                            "cuda": torch.version.cuda}
     # the sampler only ever sees the kept knobs
     trial = study.ask()
     assert set(tuner.searcher.sample(trial)) == {"micro_batch_size"}

@@ -6,6 +6,7 @@ pruner. ``read_session`` is a stored study as it is, for reading (``python -m wo
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import socket
@@ -343,15 +344,21 @@ def _pruner(spec: StudySpec) -> optuna.pruners.BasePruner:
 
 
 def _hardware(caps: frozenset[str], gpus: int) -> dict[str, Any]:
-    """tune.json's ``hardware``: the capabilities, the GPUs a trial holds, the host, and the GPU's name, count and
-    memory where there is one."""
+    """tune.json's ``hardware``: the capabilities, the GPUs a trial holds, the host, the GPU's name, count and
+    memory where there is one, and the ``versions`` of torch, Triton and CUDA the trials run with (this
+    interpreter's: the trials' unless a trainer command of one's own names another; None where absent)."""
+    import torch
+
     hw: dict[str, Any] = {"capabilities": sorted(caps), "gpus": gpus, "cpu_count": os.cpu_count(),
                           "host": socket.gethostname()}
     if "cuda" in caps:
-        import torch
-
         hw.update(gpu=torch.cuda.get_device_name(0), gpu_count=torch.cuda.device_count(),
                   gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 3))
+    try:
+        triton: str | None = importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        triton = None
+    hw["versions"] = {"torch": torch.__version__, "triton": triton, "cuda": torch.version.cuda}
     return hw
 
 
