@@ -121,6 +121,30 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
             tuner.lease.release()
 
 
+@pytest.mark.parametrize("written, holder", [({"host": "elsewhere", "pid": 4242, "token": "other"}, "pid 4242 on "
+                                                                                                   "elsewhere"),
+                                             (None, "pid None on None")])
+def test_a_heartbeat_that_finds_another_lease_stops_the_coordinator(study_spec_file, tmp_path, monkeypatch,
+                                                                   written, holder):
+    """The heartbeat's swap expects the lease it wrote last: another coordinator's lease, or none (null, released
+    by hand), fails it, and the coordinator stops at its next check."""
+    monkeypatch.setattr(lease_mod, "LEASE_HEARTBEAT_S", 0.05)
+    spec = load_study_spec(str(study_spec_file("gone", trials=1)))
+    tuner = Tuner(spec, out_root=tmp_path / "runs", progress=False, report=False)
+    study = tuner.open()
+    tuner.lease.check()  # its own beats go on
+    time.sleep(0.2)
+    tuner.lease.check()
+    study.set_user_attr(LEASE_ATTR, written and {**written, "heartbeat": time.time()})
+    end = time.monotonic() + 10
+    while tuner.lease.lost is None and time.monotonic() < end:
+        time.sleep(0.05)
+    with pytest.raises(TuneError, match=f"another coordinator took the lease over \\({holder}"):
+        tuner.lease.check()
+    tuner.lease.release()
+    assert study.user_attrs[LEASE_ATTR] == (written and {**written, "heartbeat": pytest.approx(time.time(), abs=15)})
+
+
 def test_measurements_go_through_attempt_folders(study_spec_file, tmp_path):
     """A coordinator measures into its own .<name>.<attempt> folder and moves it into place only while it holds
     the study: one whose lease was taken over keeps nothing, and the next holder removes what it left."""

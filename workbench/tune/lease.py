@@ -122,7 +122,7 @@ class Lease:
                     written = swap_lease(storage, study_id, self._written, {**mine, "heartbeat": time.time()})
                     if written is None:  # another coordinator swapped its own lease in: this one stops
                         now = read_lease(storage, study_id)
-                        self.lost = self.holder(json.loads(now) if now else {})
+                        self.lost = self.holder((json.loads(now) if now else None) or {})  # (null: released)
                         return
                     self._written = written
 
