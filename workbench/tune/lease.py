@@ -71,7 +71,7 @@ class Lease:
         self.lost: str | None = None  # the holder that took the lease over, written by the heartbeat thread
         self._stop: threading.Event | None = None  # the heartbeat's, while this Lease holds a study
         self._beat: threading.Thread | None = None  # the heartbeat thread, while this Lease holds a study
-        self._held: tuple[optuna.storages.RDBStorage, int] | None = None  # the storage and study id held
+        self._held: tuple[optuna.storages.RDBStorage, int] | None = None  # the storage and id of the study asked for
         self._written: str | None = None  # the lease as this Lease last wrote it (the next swap expects it)
 
     @staticmethod
@@ -93,11 +93,12 @@ class Lease:
             return alive(lease["pid"], lease.get("start"))
         return True
 
-    def acquire(self, study: optuna.Study, storage: optuna.storages.RDBStorage) -> None:
+    def acquire(self, storage: optuna.storages.RDBStorage) -> None:
         """Hold the study's coordinator lease (one coordinator per study, SQLite or PostgreSQL alike), or raise
         TuneError naming the live holder. A stale lease (its heartbeat older than LEASE_TTL_S, or its process gone
         from this host) is taken over. ``storage`` is the study's: the lease is swapped in its database."""
         study_id = storage.get_study_id_from_name(self.study_name)
+        self._held = (storage, study_id)
         stored = read_lease(storage, study_id)
         old = json.loads(stored) if stored is not None else None
         if self.is_live(old):
@@ -106,13 +107,11 @@ class Lease:
         mine = {**{k: self.me[k] for k in ("host", "pid", "start")}, "token": self.token, "heartbeat": time.time()}
         written = swap_lease(storage, study_id, stored, mine)
         if written is None:
-            now = study.user_attrs.get(LEASE_ATTR)
-            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self.holder(now or {})}"
+            raise TuneError(f"study {self.study_name!r} already has a coordinator: {self._stored_holder()}"
                             f" (both started at once); start this one with --worker to add trials")
         if isinstance(old, dict) and old.get("token") != self.token and \
                 (old.get("host"), old.get("pid")) != (self.me["host"], self.me["pid"]):
             self.log(f"took over the coordinator lease of {self.holder(old)}: it is gone")
-        self._held = (storage, study_id)
         self._written = written
         stop = self._stop = threading.Event()
 
@@ -121,13 +120,18 @@ class Lease:
                 with contextlib.suppress(Exception):  # a transient DB error: the next beat tries again
                     written = swap_lease(storage, study_id, self._written, {**mine, "heartbeat": time.time()})
                     if written is None:  # another coordinator swapped its own lease in: this one stops
-                        now = read_lease(storage, study_id)
-                        self.lost = self.holder((json.loads(now) if now else None) or {})  # (null: released)
+                        self.lost = self._stored_holder()
                         return
                     self._written = written
 
         self._beat = threading.Thread(target=beat, name="coordinator-lease", daemon=True)
         self._beat.start()
+
+    def _stored_holder(self) -> str:
+        """:meth:`holder` of the lease stored now in the study this Lease asked for (null, released: no one)."""
+        assert self._held is not None
+        stored = read_lease(*self._held)
+        return self.holder((json.loads(stored) if stored else None) or {})
 
     def release(self) -> None:
         """Give the lease back (nothing when this Lease holds none, or another took it over); the same command

@@ -70,7 +70,7 @@ def open_session(req: SessionRequest, lease: Lease, console: Console) -> StudySe
         study = optuna.create_study(storage=storage, study_name=req.study_name, directions=directions,
                                     load_if_exists=True, sampler=optuna.samplers.RandomSampler(0))
     if not req.worker:
-        lease.acquire(study, storage)
+        lease.acquire(storage)
     attrs = study.user_attrs
     stored_spec = attrs.get("spec")
     mine = spec.to_dict()

@@ -266,18 +266,14 @@ class StudySpec:
 
     def base_knob_values(self) -> dict[str, Any]:
         """Each registered knob's value in the base config (what a condition sees for an unsearched knob)."""
-        names = (*knob_names(), *(n for n in self.space if is_user_knob(n)))
-        key = (*self._base_key(), names)
-        if key not in _BASE_KNOB_VALUES:
-            data = to_dict(self.base_config())
-            out: dict[str, Any] = {}
-            for name in names:
-                node: Any = data
-                for part in self.knob(name).key.split("."):
-                    node = node.get(part) if isinstance(node, dict) else None
-                out[name] = node
-            _BASE_KNOB_VALUES[key] = out
-        return copy.deepcopy(_BASE_KNOB_VALUES[key])
+        data = to_dict(self.base_config())
+        out: dict[str, Any] = {}
+        for name in [*knob_names(), *(n for n in self.space if is_user_knob(n))]:
+            node: Any = data
+            for part in self.knob(name).key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            out[name] = node
+        return out
 
     def to_record(self) -> dict[str, Any]:
         """:meth:`to_dict` to write into the study's files: trainer.env values as ``<set>`` (TrainerSpec.record)."""
@@ -307,8 +303,6 @@ def _model_overrides(model: str) -> dict[str, Any]:
 _BASE_CONFIGS: dict[tuple[str, str, int], Config] = {}
 """StudySpec.base_config's configs by what they are made of: every trial config, the budget's estimates and the
 sampler's conditions start from it, and validating a Config costs milliseconds (a copy, a tenth of one)."""
-_BASE_KNOB_VALUES: dict[tuple, dict[str, Any]] = {}
-"""StudySpec.base_knob_values's by the same key and the knob names."""
 
 
 def _base_config(model: str, base: Mapping[str, Any], gpus: int) -> Config:
