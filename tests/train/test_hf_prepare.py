@@ -87,6 +87,7 @@ def test_fp8_converts_the_decoder_linears_only():
     assert not isinstance(model.lm_head, Float8Linear)  # the head stays in the compute dtype
 
 
+@pytest.mark.slow  # the compiled layer with every patch matches the same patches eager: the Liger test below
 def test_compile_each_decoder_layer(tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     _compare({"loongforge.compute_domain.compile": "default", "loongforge.compute_domain.compile_shapes": "static"},

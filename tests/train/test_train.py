@@ -274,13 +274,18 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
     """No measured step compiles: precompile() makes the graphs of every bucket shape (dynamic: one graph with a
     symbolic length for all of them; static: one per shape) before step 1, leaving parameters and gradients as
     they were; the steps after it compile nothing (dynamo's frame counter does not move) and the loss curve is
-    the eager golden one."""
+    the eager golden one. Scope model compiles the model as one unit, in place (parameter names unchanged)."""
     import torch
     from torch._dynamo.utils import counters
 
     real_compile = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda fn=None, **kw: real_compile(
-        fn, backend="aot_eager", **{k: v for k, v in kw.items() if k != "mode"}))
+    calls = []
+
+    def aot_eager_compile(fn=None, **kw):
+        calls.append(kw.pop("mode", None))
+        return real_compile(fn, backend="aot_eager", **kw)
+
+    monkeypatch.setattr(torch, "compile", aot_eager_compile)
     torch._dynamo.reset()
     counters.clear()
     cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
@@ -288,6 +293,7 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
                   "loongforge.compute_domain.compile_shapes": shapes})
     trainer = Trainer(cfg, data_dir=synth, out_dir=tmp_path)
     try:
+        names_before = [n for n, _ in trainer.model.named_parameters()]
         lengths = trainer.bucket_lengths()
         assert lengths == [256, 192, 128, 64]  # records of 64..256 tokens in buckets of 64
         before = [p.detach().clone() for p in trainer.model.parameters()]
@@ -307,17 +313,19 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
         assert counters["stats"]["unique_graphs"] == graphs  # no step compiled
         assert summary["time/compile_s"] > 0
         assert set(pd.read_csv(tmp_path / "phases.csv")["seq_len"]) <= set(lengths)
+        assert calls == ["default"] and [n for n, _ in trainer.model.named_parameters()] == names_before
+        assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in trainer.model.layers)
     finally:
         trainer.close()
     golden = json.loads(GOLDEN.read_text())["losses"]
     assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)
 
 
-@pytest.mark.parametrize("scope", ["model", "layer"])
-def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, scope):
-    """compile: default on both scopes follows the eager golden curve; with scope layer every decoder block and
-    the head are compiled units (in place: parameter names and checkpoints unchanged). The backend is switched to
-    aot_eager (the same graphs and autograd, without inductor's C++ build, ~40 s per graph on 2 cores)."""
+def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch):
+    """compile: default with scope layer follows the eager golden curve, every decoder block and the head
+    compiled units (in place: parameter names and checkpoints unchanged); scope model: the bucket-shape test above.
+    The backend is switched to aot_eager (the same graphs and autograd, without inductor's C++ build, ~40 s per
+    graph on 2 cores)."""
     import torch
 
     real_compile = torch.compile
@@ -332,17 +340,14 @@ def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch, sc
     monkeypatch.setattr(torch, "compile", aot_eager_compile)
     torch._dynamo.reset()
     cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
-                  "loongforge.compute_domain.compile_scope": scope})
+                  "loongforge.compute_domain.compile_scope": "layer"})
     trainer = Trainer(cfg, data_dir=synth, out_dir=tmp_path)
     try:
         names_before = [n for n, _ in trainer.model.named_parameters()]
         trainer.run()
         layers = trainer.model.layers
-        if scope == "layer":
-            assert all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
-            assert len(calls) == len(layers) + 2 and set(calls) == {"default"}  # blocks, the norm, the head
-        else:
-            assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in layers) and calls == ["default"]
+        assert all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
+        assert len(calls) == len(layers) + 2 and set(calls) == {"default"}  # blocks, the norm, the head
         assert [n for n, _ in trainer.model.named_parameters()] == names_before
     finally:
         trainer.close()

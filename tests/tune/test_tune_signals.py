@@ -66,12 +66,12 @@ def test_a_sigstopped_trial_is_killed_by_the_watchdog(study_spec_file, tmp_path,
 
 
 def test_sigterm_stops_the_tuner_like_ctrl_c(study_spec_file, tmp_path, subprocess_env):
-    spec = study_spec_file("term", trials=3, protocol={"baseline_repeats": 1, "top_k": 0, "window_steps": 4,
+    spec = study_spec_file("term", trials=2, protocol={"baseline_repeats": 1, "top_k": 0, "window_steps": 4,
                                                       "windows": 3})
     url = f"sqlite:///{(tmp_path / 'runs' / 'term' / 'study.db').resolve()}"
     proc = subprocess.Popen(_cmd(spec), env=subprocess_env, cwd=tmp_path, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, preexec_fn=default_signals)
-    running = _running_trial(proc, url, tmp_path / "runs" / "term" / "trials" / "1")
+    running = _running_trial(proc, url, tmp_path / "runs" / "term" / "trials" / "0")
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
