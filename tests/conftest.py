@@ -120,6 +120,24 @@ def subprocess_env():
     return env
 
 
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile on the aot_eager backend for the test (the same Dynamo graphs and autograd, without inductor's
+    C++ build, ~40 s a graph on 2 cores); returns the list of the modes it was asked for, a call each."""
+    import torch
+
+    real_compile, modes = torch.compile, []
+
+    def compile_(fn=None, **kw):
+        modes.append(kw.pop("mode", None))
+        if fn is None:  # (used as a decorator factory)
+            return lambda f: real_compile(f, backend="aot_eager", **kw)
+        return real_compile(fn, backend="aot_eager", **kw)
+
+    monkeypatch.setattr(torch, "compile", compile_)
+    return modes
+
+
 # Stand-ins for a trial's process, each testing one watchdog or classification path.
 FAULT_SCRIPTS = {
     # one heartbeat, then silence: the heartbeat watchdog must fire

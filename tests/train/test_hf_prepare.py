@@ -554,20 +554,13 @@ def test_pad_vocab_pads_the_embedding_and_head_and_keeps_the_loss_close():
     assert applied == [] and same.lm_head.weight.shape[0] == 256  # already a multiple: nothing to do
 
 
-def test_a_compiled_fp8_layer_that_breaks_stays_in_the_compute_dtype_and_says_so(tmp_path, monkeypatch):
+def test_a_compiled_fp8_layer_that_breaks_stays_in_the_compute_dtype_and_says_so(tmp_path, monkeypatch, aot_eager):
     """Per-layer compile of FP8 layers asks for one graph each; a layer Dynamo would break (here: a graph break put
     into layer 1's MLP) keeps its Linears in the compute dtype, on the same parameters, and the run says so. The
     break is Dynamo's: the backend is aot_eager (inductor's CPU build of the same layers: the Liger test above)."""
     pytest.importorskip("torchao")
     from torchao.float8.float8_linear import Float8Linear
 
-    real_compile = torch.compile
-
-    def aot_eager_compile(fn=None, **kw):
-        kw.pop("mode", None)
-        return real_compile(fn, backend="aot_eager", **kw)
-
-    monkeypatch.setattr(torch, "compile", aot_eager_compile)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     over = {"loongforge.compute_domain.fp8": "tensorwise", "loongforge.compute_domain.fp8_modules.size_filter": False,
             "loongforge.compute_domain.compile": "default", "loongforge.compute_domain.compile_shapes": "static"}

@@ -270,7 +270,7 @@ hardware: {{device: cpu}}
 
 
 @pytest.mark.parametrize("shapes", ["dynamic", "static"])
-def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, monkeypatch, shapes):
+def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, aot_eager, shapes):
     """No measured step compiles: precompile() makes the graphs of every bucket shape (dynamic: one graph with a
     symbolic length for all of them; static: one per shape) before step 1, leaving parameters and gradients as
     they were; the steps after it compile nothing (dynamo's frame counter does not move) and the loss curve is
@@ -278,14 +278,6 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
     import torch
     from torch._dynamo.utils import counters
 
-    real_compile = torch.compile
-    calls = []
-
-    def aot_eager_compile(fn=None, **kw):
-        calls.append(kw.pop("mode", None))
-        return real_compile(fn, backend="aot_eager", **kw)
-
-    monkeypatch.setattr(torch, "compile", aot_eager_compile)
     torch._dynamo.reset()
     counters.clear()
     cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
@@ -313,7 +305,7 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
         assert counters["stats"]["unique_graphs"] == graphs  # no step compiled
         assert summary["time/compile_s"] > 0
         assert set(pd.read_csv(tmp_path / "phases.csv")["seq_len"]) <= set(lengths)
-        assert calls == ["default"] and [n for n, _ in trainer.model.named_parameters()] == names_before
+        assert aot_eager == ["default"] and [n for n, _ in trainer.model.named_parameters()] == names_before
         assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in trainer.model.layers)
     finally:
         trainer.close()
@@ -321,23 +313,13 @@ def test_every_bucket_shape_is_compiled_before_the_first_step(synth, tmp_path, m
     assert _losses(tmp_path) == pytest.approx(golden, rel=1e-3)
 
 
-def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch):
+def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, aot_eager):
     """compile: default with scope layer follows the eager golden curve, every decoder block and the head
     compiled units (in place: parameter names and checkpoints unchanged); scope model: the bucket-shape test above.
     The backend is switched to aot_eager (the same graphs and autograd, without inductor's C++ build, ~40 s per
     graph on 2 cores)."""
     import torch
 
-    real_compile = torch.compile
-    calls = []
-
-    def aot_eager_compile(fn=None, **kw):
-        calls.append(kw.get("mode"))
-        kw.pop("mode", None)
-        return real_compile(fn, backend="aot_eager", **kw) if fn is not None else \
-            (lambda f: real_compile(f, backend="aot_eager", **kw))
-
-    monkeypatch.setattr(torch, "compile", aot_eager_compile)
     torch._dynamo.reset()
     cfg = _cfg(**{"training.max_steps": 12, "loongforge.compute_domain.compile": "default",
                   "loongforge.compute_domain.compile_scope": "layer"})
@@ -347,7 +329,7 @@ def test_compiled_loop_follows_the_golden_curve(synth, tmp_path, monkeypatch):
         trainer.run()
         layers = trainer.model.layers
         assert all(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
-        assert len(calls) == len(layers) + 2 and set(calls) == {"default"}  # blocks, the norm, the head
+        assert len(aot_eager) == len(layers) + 2 and set(aot_eager) == {"default"}  # blocks, the norm, the head
         assert [n for n, _ in trainer.model.named_parameters()] == names_before
     finally:
         trainer.close()
