@@ -78,13 +78,15 @@ def test_of_swaps_from_the_same_lease_one_is_written(db, tmp_path, request):
     study_id = storage.get_study_id_from_name(name)
     try:
         assert lease_mod.read_lease(storage, study_id) is None
-        for _ in range(2):
+        for round_ in range(2):
             stored = lease_mod.read_lease(storage, study_id)
             start = threading.Barrier(8)
 
-            def swap(i, stored=stored, start=start):
+            # (a token of its own each: a swap that writes the text it expects changes nothing, and the next
+            # writer that expects it would match it too)
+            def swap(i, stored=stored, start=start, round_=round_):
                 start.wait()
-                return lease_mod.swap_lease(storage, study_id, stored, {"token": i})
+                return lease_mod.swap_lease(storage, study_id, stored, {"token": f"{round_}-{i}"})
 
             with ThreadPoolExecutor(8) as pool:
                 written = [w for w in pool.map(swap, range(8)) if w is not None]
