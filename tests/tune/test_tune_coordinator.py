@@ -123,9 +123,10 @@ def test_a_stale_lease_is_taken_over_and_a_live_one_refused(study_spec_file, tmp
             tuner.lease.release()
 
 
-@pytest.mark.parametrize("written, holder", [({"host": "elsewhere", "pid": 4242, "token": "other"}, "pid 4242 on "
-                                                                                                   "elsewhere"),
-                                             (None, "pid None on None")])
+@pytest.mark.parametrize("written, holder", [
+    ({"host": "elsewhere", "pid": 4242, "token": "other"}, "pid 4242 on elsewhere"),
+    (None, "pid None on None"),
+])
 def test_a_heartbeat_that_finds_another_lease_stops_the_coordinator(study_spec_file, tmp_path, monkeypatch,
                                                                    written, holder):
     """The heartbeat's swap expects the lease it wrote last: another coordinator's lease, or none (null, released
