@@ -17,7 +17,7 @@ from reports import build_report
 from workbench.tune import Tuner
 from workbench.tune.knobs import Knob, get_knob
 from workbench.tune.profiled import (HOT_SHARE, _choice_order, cold_neighbour, kernel_profile, knob_weights,
-                                     phase_shares, profile_line, profile_record, walk_order, walk_record)
+                                     phase_shares, profile_line, profile_record, walk_line, walk_order, walk_record)
 from workbench.tune.search import Search
 from workbench.tune.study import load_study_spec
 from workbench.tune.trial import TrialOutcome
@@ -504,3 +504,19 @@ def test_a_key_the_base_leaves_unset_is_walked_from_what_it_runs_with(study_spec
     assert walk["measured"] is True and walk["defaults"]["expandable_segments"] is unset
     assert walked_runs == [{"micro_batch_size": 8, "expandable_segments": unset},
                            {"micro_batch_size": 8, "expandable_segments": not unset}]
+
+
+def test_the_walk_line_names_apart_the_knobs_the_base_config_leaves_inactive():
+    """gr00t-n1.6 on one H200 (study w7h, 2026-12-07): the line listed fused_residual_norm second, but the
+    base runs RMSNorm on torch, where it does not act, and Triton RMSNorm never won, so no trial stepped it."""
+    choices = {"fp8": ["none", "tensorwise"], "fused_residual_norm": [False, True],
+               "rmsnorm_backend": ["torch", "triton"], "fp8_head": [False, True]}
+    knobs = list(choices)
+    base = {"fp8": "none", "rmsnorm_backend": "torch"}
+    line = walk_line(walk_record(knobs, choices, {**base, "fused_residual_norm": False, "fp8_head": False}, base,
+                                 100.0), startup_trials=2)
+    assert line == ("the first 4 trial(s) were to change one knob at a time from the best config so far, starting "
+                    "from the base config: fp8, rmsnorm_backend; then, where the best config so far makes them act, "
+                    "fused_residual_norm, fp8_head")
+    every = walk_line(walk_record(["fp8", "rmsnorm_backend"], choices, base, base, 100.0))
+    assert every.endswith("from the base config: fp8, rmsnorm_backend")

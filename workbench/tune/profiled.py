@@ -483,8 +483,13 @@ def walk_line(record: Mapping[str, Any], startup_trials: int | None = None) -> s
     steps = record.get("steps")
     if not steps:
         n = max(startup_trials or 0, sum(len(c) - 1 for c in (record.get("choices") or {}).values()))
-        return (f"the first {n} trial(s) were to change one knob at a time from the best config so far, starting "
-                f"from the base config: {', '.join(knobs)}")
+        base = record.get("base") or {}
+        later = [k for k in knobs if base and k not in base]  # inactive in the base: a step must open them first
+        line = (f"the first {n} trial(s) were to change one knob at a time from the best config so far, starting "
+                f"from the base config: {', '.join(k for k in knobs if k not in later)}")
+        if later:
+            line += f"; then, where the best config so far makes them act, {', '.join(later)}"
+        return line
     told = []
     for w in steps:
         speed = f"{w['value']:,.0f}" if isinstance(w.get("value"), (int, float)) else w.get("status", "")
