@@ -579,7 +579,9 @@ def test_the_twins_stand_stopped_through_a_measured_trials_windows(tmp_path, mon
         ahead.resume()
         assert _comes_to(five.pid, stopped=False) and _comes_to(six.pid, stopped=False)
         five_s, six_s = ahead.records[5]["paused_s"], ahead.records[6]["paused_s"]
-        assert six_s >= 0.3 and five_s - six_s >= 0.2  # (six stood from its start)
+        # six stood from its start, 0.2 s after five stopped (not from the pause): five stood longer by the sleep,
+        # less the time between the two SIGCONTs, which a loaded machine can stretch (0.186 s in a CI run)
+        assert six_s >= 0.3 and five_s - six_s >= 0.1
         assert ahead.running() == 2
         ahead.pause()
         t0 = time.monotonic()
