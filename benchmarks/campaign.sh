@@ -29,6 +29,11 @@
 #   NAME=gr00t-n1.6-vla-w7h SEED=1 GPU_MIN=9 SEARCH_S=400 NO_REF=1 bash benchmarks/campaign.sh vla-search RUNS OUT
 #   NAME=gr00t-n1.6-vla-w7h VLA_REF=benchmarks/reports/gr00t-n1.6-vla_config_h200_2026-12-01.yaml PROFILE=0 \
 #     VARIANTS=wb_alt,wb_config,wb_alt,wb_config bash benchmarks/campaign.sh vla-compare RUNS OUT
+# What of the best known config's 1% over w7h's export the fused Triton norm holds (w7h's export with and without
+# it, three interleaved pairs):
+#   W7H=benchmarks/reports/gr00t-n1.6-w7h_config_h200_2026-12-07.yaml; WB_CONFIG=$W7H WB_ALT=$W7H REFERENCE=wb_config \
+#     WB_ALT_SET="loongforge.compute_domain.ops.rmsnorm=triton loongforge.compute_domain.fused_residual_norm=true" \
+#     VARIANTS=wb_config,wb_alt,wb_alt,wb_config,wb_config,wb_alt bash benchmarks/campaign.sh compare RUNS OUT
 #
 # RUNS: the tuner's --out (studies, trials, exported config.yaml, report.html); OUT: benchmark results.
 # Each phase prints a short table last; the CSVs land under OUT.
@@ -60,14 +65,17 @@ compare)
     # (their ratios per pair give the intervals), the recipe at 8 and 24 once (the ratio tables divide by each
     # reference family's fastest member); every ref_* accumulates to the study's global batch of 32 sequences
     # (24 + 8 at micro-batch 24), so optimizer steps per token match. VARIANTS and WB_ALT (a second config, with
-    # WB_ALT_SET overrides; REFERENCE=wb_alt divides by it) change what runs; NAME: the study whose export runs
-    # (search's NAME). Compiles read that study's compile cache, as its trials did.
+    # WB_ALT_SET's overrides, KEY=VALUE separated by spaces; REFERENCE=wb_alt divides by it) change what runs;
+    # NAME: the study whose export runs (search's NAME), or WB_CONFIG: a config file in its place. Compiles read
+    # that study's compile cache, as its trials did.
     name=${NAME:-gr00t-n1.6}
+    alt_set=()
+    for kv in ${WB_ALT_SET:-}; do alt_set+=(--wb-alt-set "$kv"); done
     export TORCHINDUCTOR_CACHE_DIR="$RUNS/$name/compile-cache/inductor" \
         TRITON_CACHE_DIR="$RUNS/$name/compile-cache/triton"
     python benchmarks/loop_bench.py --preset gr00t-n1.6 --micro-batch 8 --seq-len 2048 --global-batch 32 \
-        --steps "${STEPS:-6}" --warmup 3 --log-every 3 --timeout 200 --wb-config "$RUNS/$name/config.yaml" \
-        ${WB_ALT:+--wb-alt "$WB_ALT"} ${WB_ALT_SET:+--wb-alt-set "$WB_ALT_SET"} ${REFERENCE:+--reference "$REFERENCE"} \
+        --steps "${STEPS:-6}" --warmup 3 --log-every 3 --timeout 200 --wb-config "${WB_CONFIG:-$RUNS/$name/config.yaml}" \
+        ${WB_ALT:+--wb-alt "$WB_ALT"} ${alt_set[@]+"${alt_set[@]}"} ${REFERENCE:+--reference "$REFERENCE"} \
         --variants "${VARIANTS:-ref_recipe@16,wb_config,ref_compiled,ref_recipe@8,ref_recipe@24,wb_config,ref_recipe@16,ref_compiled}" \
         --out "$OUT/compare"
     ;;
